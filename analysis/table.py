@@ -1,0 +1,106 @@
+"""The tidy results table: the one contract between measurement and statistics.
+
+One row per (run_key, dataset, seed, epoch, layer, token_set, metric) with its ``value``; also
+``layer_index`` (depth order) and ``n_tokens`` (tokens behind the covariance, so conditions can be
+compared at equal sample size). Saved as Parquet (or CSV by extension). This module never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.spectral import METRICS
+from study.errors import StudyError
+
+COLUMNS = [
+    "run_key",
+    "dataset",
+    "seed",
+    "epoch",
+    "layer",
+    "layer_index",
+    "token_set",
+    "n_tokens",
+    "metric",
+    "value",
+]
+
+
+def rows_from_spectra(
+    run_key: str,
+    dataset: str,
+    seed: int,
+    spectra: Mapping[str, np.ndarray],
+    layers: list[str],
+    n_tokens: Mapping[str, int] | None = None,
+    metrics: Iterable[str] | None = None,
+) -> list[dict]:
+    """Tidy rows for one run.
+
+    Args:
+        spectra: eigenvalues ``(D,)`` keyed ``"{epoch}/{layer}/{token_set}"``.
+        layers: observation points in depth order (gives ``layer_index``).
+        n_tokens: token count per ``"{layer}/{token_set}"``.
+        metrics: registered metric names (default: all).
+    """
+    order = {name: i for i, name in enumerate(layers)}
+    names = list(metrics or METRICS)
+    rows = []
+    for key, lam in spectra.items():
+        epoch, layer, tset = key.split("/")
+        for m in names:
+            rows.append(
+                {
+                    "run_key": run_key,
+                    "dataset": dataset,
+                    "seed": int(seed),
+                    "epoch": int(epoch),
+                    "layer": layer,
+                    "layer_index": order.get(layer, -1),
+                    "token_set": tset,
+                    "n_tokens": int((n_tokens or {}).get(f"{layer}/{tset}", -1)),
+                    "metric": m,
+                    "value": float(METRICS[m](lam)),
+                }
+            )
+    return rows
+
+
+def make_table(rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    return df.sort_values(
+        ["dataset", "seed", "epoch", "token_set", "metric", "layer_index"], ignore_index=True
+    )
+
+
+def save_table(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write atomically (temp file, then rename); ``.csv`` writes CSV, anything else Parquet."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".csv":
+        df.to_csv(tmp, index=False)
+    else:
+        df.to_parquet(tmp, index=False)
+    tmp.replace(path)
+    return path
+
+
+def load_table(path: str | Path) -> pd.DataFrame:
+    """Read a tidy table (Parquet or CSV) and check its columns; one-line StudyError otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError("file not found (expected a tidy results table, .parquet or .csv)", str(path))
+    try:
+        df = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - any reader failure is a user-facing input error
+        raise StudyError(f"cannot read table: {type(exc).__name__}: {exc}", str(path)) from None
+    required = {"dataset", "seed", "epoch", "layer", "token_set", "metric", "value"}
+    missing = sorted(required - set(df.columns))
+    if missing:
+        raise StudyError(f"missing columns {missing}; expected {COLUMNS}", str(path))
+    return df

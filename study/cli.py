@@ -1,0 +1,96 @@
+"""``python -m study VERB ...``: run, validate and analyze hypothesis files.
+
+    python -m study validate hypotheses/u_shape.yaml
+    python -m study run hypotheses/u_shape.yaml [--out study_results] [--workers auto] [--force]
+    python -m study analyze hypotheses/u_shape.yaml --table study_results/studies/u_shape/table.parquet [--json]
+
+Bad input prints one line (file, field, what was expected) to stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from study.errors import StudyError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m study", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    v = sub.add_parser("validate", help="check a hypothesis file without running anything")
+    v.add_argument("hypothesis", type=Path)
+
+    r = sub.add_parser("run", help="train the runs a hypothesis needs and test its claims")
+    r.add_argument("hypothesis", type=Path)
+    r.add_argument(
+        "--out", type=Path, default=Path("study_results"), help="output folder (default: study_results)"
+    )
+    r.add_argument("--workers", default="auto", help="parallel training processes ('auto': one per CPU core)")
+    r.add_argument("--force", action="store_true", help="retrain runs even if finished results exist")
+    r.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+
+    a = sub.add_parser("analyze", help="re-test a hypothesis's claims on a saved tidy table (no training)")
+    a.add_argument("hypothesis", type=Path)
+    a.add_argument("--table", type=Path, required=True, help="tidy table (.parquet or .csv)")
+    a.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    return p
+
+
+def _workers(value: str) -> int | str:
+    if value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise StudyError(f"--workers: expected 'auto' or a positive integer, got {value!r}")
+    return int(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        from study.schema import load_hypothesis
+
+        hyp = load_hypothesis(args.hypothesis)
+        if args.verb == "validate":
+            from study.planner import plan_runs
+
+            print(f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), {len(plan_runs(hyp))} run(s) planned")
+            return 0
+        if args.verb == "analyze":
+            from analysis.table import load_table
+            from analysis.verdicts import evaluate_claims, format_verdicts
+
+            table = load_table(args.table)
+            results = evaluate_claims(hyp, table, source=str(args.hypothesis))
+            if args.json:
+                print(json.dumps([r.to_dict() for r in results], indent=1, default=float))
+            else:
+                print(format_verdicts(results))
+            return 0
+        if args.verb == "run":
+            from analysis.verdicts import format_verdicts
+            from study.orchestrate import run_study
+
+            outcome = run_study(
+                hyp,
+                args.hypothesis,
+                args.out,
+                workers=_workers(args.workers),
+                force=args.force,
+                track=not args.no_mlflow,
+            )
+            print()
+            print(format_verdicts(outcome.results))
+            print(f"\nresults: {outcome.study_dir}/ (table.parquet, verdicts.json)")
+            if not args.no_mlflow:
+                from study.tracking import default_tracking_uri
+
+                print(f"mlflow:  mlflow ui --backend-store-uri {default_tracking_uri(args.out)}")
+            return 0
+    except StudyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 1

@@ -1,0 +1,173 @@
+"""Orchestration: plan -> (reuse or train) runs -> tidy table -> verdicts -> files + MLflow.
+
+Output folder layout (``--out``, default ``study_results``)::
+
+    data/                      generated datasets (cached .npz)
+    runs/<run key>/            one folder per training run (result.json marks it finished)
+    studies/<name>/            table.parquet, verdicts.json, verdicts.txt, hypothesis.yaml
+    mlflow.db, mlartifacts/    the embedded MLflow store (unless MLFLOW_TRACKING_URI is set)
+
+A run whose folder holds a finished ``result.json`` is reused, never retrained (``force`` retrains);
+an interrupted run resumes from its last complete epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.table import make_table, rows_from_spectra, save_table
+from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
+from runners.data import load_split
+from study.planner import RunSpec, plan_runs
+from study.schema import Hypothesis
+
+
+@dataclass
+class StudyOutcome:
+    results: list[ClaimResult]
+    table: pd.DataFrame
+    study_dir: Path
+    trained: list[str]
+    reused: list[str]
+    failed: dict[str, str]
+
+
+def read_run(run_dir: Path) -> dict | None:
+    """The run's result.json if the run ended (finished or failed), else None."""
+    path = run_dir / "result.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def run_rows(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
+    result = read_run(run_dir)
+    with np.load(run_dir / "spectra.npz") as f:
+        spectra = {k: f[k] for k in f.files}
+    return pd.DataFrame(
+        rows_from_spectra(spec.key, spec.dataset["name"], spec.seed, spectra, layers, result.get("n_tokens"))
+    )
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def run_study(
+    hyp: Hypothesis,
+    hyp_path: Path,
+    out_dir: Path,
+    workers: int | str = "auto",
+    force: bool = False,
+    log: Callable[[str], None] = print,
+    track: bool = True,
+) -> StudyOutcome:
+    """Run (or reuse) every planned training run, then test the claims. See the module docstring."""
+    from runners.executors import make_executor
+    from runners.jobs import execute_run
+    from runners.train import pick_device
+
+    out_dir = Path(out_dir)
+    plan = plan_runs(hyp)
+    runs_dir, data_dir = out_dir / "runs", out_dir / "data"
+    layers = hyp.design.layers
+
+    todo: list[RunSpec] = []
+    reused: list[str] = []
+    for spec in plan:
+        run_dir = runs_dir / spec.key
+        if force and run_dir.exists():
+            shutil.rmtree(run_dir)
+        result = read_run(run_dir)
+        if result is not None and result.get("status") == "finished":
+            reused.append(spec.key)
+        else:
+            if result is not None:  # a failed run is tried again from scratch
+                shutil.rmtree(run_dir)
+            todo.append(spec)
+    log(f"study {hyp.name}: {len(plan)} runs planned, {len(reused)} reused, {len(todo)} to train")
+
+    # generate each dataset once, here, so parallel workers only read the cache
+    for ds in {json.dumps(s.dataset, sort_keys=True): s for s in todo}.values():
+        t0 = time.perf_counter()
+        for split in ("train", "test"):
+            load_split(ds.dataset, split, data_dir)
+        load_split(ds.dataset, "probe", data_dir, ds.probe["size"], ds.probe["seed"])
+        log(f"data {ds.dataset['name']}: ready ({time.perf_counter() - t0:.1f}s)")
+
+    tracker = None
+    if track:
+        from study.tracking import Tracker
+
+        tracker = Tracker(out_dir, hyp.name).__enter__()
+        tracker.log_study(hyp, hyp_path, plan)
+    try:
+        failed: dict[str, str] = {}
+        executor = make_executor(workers, len(todo), cuda=pick_device().type == "cuda")
+        jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir)) for s in todo]
+        t0 = time.perf_counter()
+        for i, result, exc in executor.map_jobs(execute_run, jobs):
+            spec = todo[i]
+            if exc is not None:
+                failed[spec.key] = f"{type(exc).__name__}: {exc}"
+                log(f"[{spec.label}] FAILED: {failed[spec.key]}")
+                continue
+            if result["status"] != "finished":
+                failed[spec.key] = f"failed at epoch {result.get('failed_epoch')}: {result.get('error')}"
+            log(f"[{spec.label}] {result['status']} ({time.perf_counter() - t0:.0f}s since start)")
+
+        frames, failed_seeds = [], {}
+        for spec in plan:
+            run_dir = runs_dir / spec.key
+            result = read_run(run_dir)
+            if spec.key in failed or result is None or result.get("status") != "finished":
+                reason = failed.get(spec.key, "run did not finish")
+                failed_seeds.setdefault(spec.dataset["name"], {})[spec.seed] = reason
+                if tracker and result is not None:
+                    tracker.log_training_run(spec, result, pd.DataFrame(columns=["value"]), reused=False)
+                continue
+            rows = run_rows(spec, run_dir, layers)
+            frames.append(rows)
+            if tracker and spec.key not in reused:
+                tracker.log_training_run(spec, result, rows, reused=False)
+        table = make_table([r for f in frames for r in f.to_dict(orient="records")])
+        results = evaluate_claims(hyp, table, source=str(hyp_path), failed=failed_seeds)
+
+        study_dir = out_dir / "studies" / hyp.name
+        study_dir.mkdir(parents=True, exist_ok=True)
+        table_path = save_table(table, study_dir / "table.parquet")
+        verdicts_path = study_dir / "verdicts.json"
+        payload = {
+            "hypothesis": hyp.name,
+            "file": str(hyp_path),
+            "runs": [s.key for s in plan],
+            "reused": reused,
+            "failed": failed,
+            "claims": [r.to_dict() for r in results],
+        }
+        _atomic_write(verdicts_path, json.dumps(payload, indent=1, default=float))
+        text_path = study_dir / "verdicts.txt"
+        _atomic_write(text_path, format_verdicts(results) + "\n")
+        shutil.copyfile(hyp_path, study_dir / "hypothesis.yaml")
+        if tracker:
+            tracker.log_results([table_path, verdicts_path, text_path], results)
+    except BaseException as exc:
+        if tracker:
+            tracker.__exit__(type(exc), exc, None)
+        raise
+    if tracker:
+        tracker.__exit__(None, None, None)
+    return StudyOutcome(results, table, study_dir, [s.key for s in todo], reused, failed)

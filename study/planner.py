@@ -1,0 +1,67 @@
+"""Planner: a validated hypothesis -> the training runs it needs (dataset x seed), each with a stable key.
+
+A run's key is a hash of everything that determines the trained model and its measurements (dataset
+spec, resolved model, objective, training settings, seed, checkpoint epochs, probe set, and the
+versions of the data generator and the extraction protocol). Two hypothesis files that need the same
+run get the same key, so the run is trained once and reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pydantic import BaseModel, ConfigDict
+
+from runners.data import GENERATOR_VERSION
+from study.schema import Hypothesis
+
+# Bump when what a run measures changes (observation points, token sets, covariance scheme).
+PROTOCOL_VERSION = 1
+
+
+class RunSpec(BaseModel):
+    """Everything one training run needs; ``key`` identifies it across hypothesis files."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    dataset: dict
+    model: dict
+    objective: str
+    training: dict
+    seed: int
+    checkpoints: list[int]
+    probe: dict
+
+    @property
+    def label(self) -> str:
+        return f"{self.dataset['name']}/seed{self.seed}"
+
+
+def run_key(payload: dict) -> str:
+    """sha256 (first 16 hex digits) of the canonical JSON of a run's determining fields."""
+    payload = {**payload, "protocol_version": PROTOCOL_VERSION, "generator_version": GENERATOR_VERSION}
+    # the dataset's display name does not change what is trained
+    payload["dataset"] = {k: v for k, v in payload["dataset"].items() if k != "name"}
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def plan_runs(hyp: Hypothesis) -> list[RunSpec]:
+    """One RunSpec per (dataset, seed) of the design, in file order."""
+    design = hyp.design
+    runs = []
+    for ds in design.datasets:
+        for seed in design.seeds:
+            payload = {
+                "dataset": ds.model_dump(),
+                "model": design.model.resolved(),
+                "objective": design.objective,
+                "training": design.training.model_dump(),
+                "seed": seed,
+                "checkpoints": design.checkpoint_epochs,
+                "probe": design.probe.model_dump(),
+            }
+            runs.append(RunSpec(key=run_key(payload), **payload))
+    return runs

@@ -1,0 +1,94 @@
+"""Streaming covariance spectra: exact against float64 references, hooks equal timm's intermediates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from runners.extract import _Moments, eigenvalues, extract_spectra, observation_points
+from runners.models import build_model
+from study.errors import RunFailedError
+
+TINY = {
+    "name": "vit_small_patch16_224",
+    "patch_size": 4,
+    "embed_dim": 16,
+    "depth": 3,
+    "num_heads": 2,
+    "drop_path_rate": 0.0,
+}
+
+
+def _reference_eigs(x: np.ndarray) -> np.ndarray:
+    """Two-pass float64 covariance of x: (n, D) -> descending clipped eigenvalues."""
+    x = np.asarray(x, dtype=np.float64)
+    xc = x - x.mean(0)
+    return eigenvalues(xc.T @ xc / (x.shape[0] - 1))
+
+
+@pytest.mark.parametrize("mean", [0.0, 60.0, 1e4])
+def test_streaming_moments_match_two_pass(mean):
+    rng = np.random.default_rng(0)
+    d = 24
+    a = rng.normal(size=(d, d)) * np.linspace(0.05, 2.0, d)  # planted anisotropic covariance
+    x = (rng.normal(size=(5000, d)) @ a.T + mean).astype(np.float32)
+    xt = torch.from_numpy(x)
+    mom = _Moments(shift=xt[:256].double().mean(0))
+    for i in range(0, 5000, 256):
+        mom.add(xt[i : i + 256])
+    lam = eigenvalues(mom.covariance())
+    ref = _reference_eigs(x)
+    np.testing.assert_allclose(lam, ref, rtol=1e-8, atol=1e-10 * ref[0])
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return build_model(TINY, img_size=8, num_classes=5).eval()
+
+
+def test_hooked_points_equal_forward_intermediates():
+    model = _model()
+    x = torch.randn(12, 3, 8, 8)
+    sp = extract_spectra(model, x, batch_size=5)  # batches of 5: streaming across uneven batches
+    with torch.no_grad():
+        blocks = model.forward_intermediates(
+            x, indices=3, return_prefix_tokens=True, norm=False, output_fmt="NLC", intermediates_only=True
+        )
+        final = model.forward_features(x)
+    for i, (patch, prefix) in enumerate(blocks):
+        name = f"block_{i + 1:02d}"
+        full = torch.cat([prefix, patch], 1)
+        np.testing.assert_allclose(
+            sp.eigenvalues[(name, "all")], _reference_eigs(full.reshape(-1, 16).numpy()), rtol=1e-5, atol=1e-7
+        )
+        np.testing.assert_allclose(
+            sp.eigenvalues[(name, "cls")], _reference_eigs(prefix[:, 0].numpy()), rtol=1e-5, atol=1e-7
+        )
+        np.testing.assert_allclose(
+            sp.eigenvalues[(name, "patch")],
+            _reference_eigs(patch.reshape(-1, 16).numpy()),
+            rtol=1e-5,
+            atol=1e-7,
+        )
+    np.testing.assert_allclose(
+        sp.eigenvalues[("norm", "all")], _reference_eigs(final.reshape(-1, 16).numpy()), rtol=1e-5, atol=1e-7
+    )
+    assert sp.n_tokens[("block_01", "all")] == 12 * 5 and sp.n_tokens[("block_01", "cls")] == 12
+    assert sp.n_tokens[("patch_embed", "all")] == 12 * 4  # no class token before pos_embed
+    assert [p[0] for p in observation_points(model)] == [
+        "patch_embed",
+        "pos_embed",
+        "block_01",
+        "block_02",
+        "block_03",
+        "norm",
+    ]
+
+
+def test_nan_activation_names_layer_and_checkpoint():
+    model = _model()
+    with torch.no_grad():
+        model.blocks[1].mlp.fc2.bias.fill_(float("nan"))
+    with pytest.raises(RunFailedError, match="block_02.*epoch 4"):
+        extract_spectra(model, torch.randn(4, 3, 8, 8), epoch=4)
