@@ -23,10 +23,11 @@ class Executor(Protocol):
         ...
 
 
-def _init_worker(threads: int) -> None:
+def _call_with_threads(threads: int, fn: Callable, *job) -> object:
     import torch
 
     torch.set_num_threads(threads)
+    return fn(*job)
 
 
 class InlineExecutor:
@@ -48,10 +49,14 @@ class ProcessExecutor:
 
     def map_jobs(self, fn, jobs):
         ctx = mp.get_context("spawn")  # fork after torch has started threads can deadlock
-        with ProcessPoolExecutor(
-            self.workers, mp_context=ctx, initializer=_init_worker, initargs=(self.threads,)
-        ) as pool:
-            futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+        n = len(jobs)
+        tail = n % self.workers  # jobs of the last, partial wave get the idle workers' threads too
+        cores = self.workers * self.threads
+        with ProcessPoolExecutor(self.workers, mp_context=ctx) as pool:
+            futures = {}
+            for i, job in enumerate(jobs):
+                threads = max(1, cores // tail) if tail and i >= n - tail else self.threads
+                futures[pool.submit(_call_with_threads, threads, fn, *job)] = i
             for fut in as_completed(futures):
                 exc = fut.exception()
                 yield futures[fut], (None if exc else fut.result()), exc
