@@ -209,7 +209,8 @@ class SupervisedObjective(_Strict):
 class DinoObjective(_Strict):
     """DINO self-distillation (Caron et al. 2021): student + EMA teacher, multi-crop, centred teacher.
 
-    Crop sizes default to the dataset's image size (global) and half of it (local). The teacher
+    Global crops are made at the dataset's ``image_size`` (the paper: 224); local crops at
+    ``local_crop_size`` (default: half of it, in whole patches; the paper: 96). The teacher
     temperature rises linearly from ``warmup_teacher_temp`` to ``teacher_temp`` over
     ``warmup_teacher_temp_epochs``; the teacher momentum follows a cosine from ``momentum_teacher`` to 1;
     the weight decay a cosine from ``training.weight_decay`` to ``weight_decay_end``.
@@ -222,7 +223,6 @@ class DinoObjective(_Strict):
     bottleneck_dim: int = Field(64, ge=2)
     norm_last_layer: bool = True  # weight-normed last layer with fixed norm: stabler for small models
     n_local_crops: int = Field(4, ge=0)
-    global_crop_size: int | None = Field(None, ge=8)
     local_crop_size: int | None = Field(None, ge=4)
     global_crop_scale: tuple[float, float] = (0.4, 1.0)
     local_crop_scale: tuple[float, float] = (0.05, 0.4)
@@ -253,8 +253,8 @@ OBJECTIVE_PRESETS: dict[str, dict[str, dict]] = {
         "training": {"lr": 1e-3, "weight_decay": 0.05, "label_smoothing": 0.1},
         "model": {"drop_path_rate": 0.1},
     },
-    # DINO's published ViT-S/16 recipe (main_dino.py defaults + README ViT-S row): 2x224 global and
-    # 8x96 local crops, 65536 prototypes, teacher temp 0.04 -> 0.07 over 30 epochs, momentum 0.996,
+    # DINO's published ViT-S/16 recipe (main_dino.py defaults + README ViT-S row): 2 global crops at the
+    # dataset's image_size (set it to 224) and 8x96 local crops, 65536 prototypes, teacher temp 0.04 -> 0.07 over 30 epochs, momentum 0.996,
     # wd 0.04 -> 0.4, lr 5e-4 per 256 images (the paper's linear scaling rule: set lr = 5e-4 * B / 256).
     "dino_paper": {
         "objective": {
@@ -264,7 +264,6 @@ OBJECTIVE_PRESETS: dict[str, dict[str, dict]] = {
             "bottleneck_dim": 256,
             "norm_last_layer": False,
             "n_local_crops": 8,
-            "global_crop_size": 224,
             "local_crop_size": 96,
             "teacher_temp": 0.07,
             "warmup_teacher_temp": 0.04,
