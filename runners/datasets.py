@@ -6,7 +6,8 @@ Layouts (``spec["path"]`` is the folder; a missing or malformed one raises a one
 :class:`~study.errors.StudyError` naming the path and the expected layout):
 
 * ``cifar100``: the python version: ``train``, ``test``, ``meta`` pickle files (``b"data"``: uint8
-  (N, 3072) channel-major 32x32, ``b"fine_labels"``/``b"coarse_labels"``).
+  (N, 3072) channel-major 32x32, ``b"fine_labels"``/``b"coarse_labels"``; ``meta``:
+  ``b"fine_label_names"``/``b"coarse_label_names"``). The test split is the held-out split.
 * ``tiny_imagenet``: ``train/<wnid>/images/*.JPEG``; ``val/images/*.JPEG`` with
   ``val/val_annotations.txt`` (tab-separated: file, wnid, box). The val split is the held-out split.
 * ``ucmerced``: ``Images/<class>/*.tif``. No official split: a per-class stratified split drawn with
@@ -138,18 +139,23 @@ def _cifar100(spec: dict, root: Path) -> tuple[dict, list[str]]:
     missing = [p.name for p in need if not p.is_file()]
     if missing:
         raise _bad(spec, root, f"missing {', '.join(missing)}")
-    key = b"fine_labels" if spec.get("label", "fine") == "fine" else b"coarse_labels"
-    names_key = b"fine_label_names" if key == b"fine_labels" else b"coarse_label_names"
+    label = spec.get("label", "fine")
+
+    def load(name: str) -> dict:
+        # the official files were pickled by Python 2: keys load as bytes; accept str keys too
+        with open(root / name, "rb") as f:
+            d = pickle.load(f, encoding="bytes")
+        return {k.decode() if isinstance(k, bytes) else k: v for k, v in d.items()}
+
     try:
-        with open(root / "meta", "rb") as f:
-            classes = [n.decode() for n in pickle.load(f, encoding="bytes")[names_key]]
+        names = load("meta")[f"{label}_label_names"]
+        classes = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
         splits = {}
         for split in ("train", "test"):
-            with open(root / split, "rb") as f:
-                d = pickle.load(f, encoding="bytes")
-            data = np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-            splits[split] = (data, np.asarray(d[key], dtype=np.int64))
-    except (pickle.UnpicklingError, KeyError, ValueError, EOFError, TypeError) as exc:
+            d = load(split)
+            data = np.asarray(d["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+            splits[split] = (data, np.asarray(d[f"{label}_labels"], dtype=np.int64))
+    except (pickle.UnpicklingError, KeyError, ValueError, EOFError, TypeError, AttributeError) as exc:
         raise _bad(spec, root, f"unreadable pickle ({type(exc).__name__}: {exc})") from None
     return splits, classes
 
