@@ -240,3 +240,18 @@ def test_tiny_training_on_each_format(kind, objective, roots, tmp_path, monkeypa
     assert ("knn_acc" if objective == "dino" else "test_acc") in result["history"][0]
     with np.load(tmp_path / "run" / "spectra.npz") as f:
         assert "1/block_02/all" in f.files and (f["1/block_02/all"] >= 0).all()
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parent.parent / "hypotheses" / "paper").glob("*.yaml"))
+)
+def test_paper_hypotheses_validate_and_plan_without_data(path, monkeypatch):
+    from study.schema import load_hypothesis
+
+    for var in ("CIFAR100_DIR", "TINY_IMAGENET_DIR", "UCMERCED_DIR", "IMAGENET100_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    hyp = load_hypothesis(path)
+    runs = plan_runs(hyp)
+    assert len(runs) == len(hyp.design.datasets) * len(hyp.design.seeds) >= 5
+    assert all(r.model["name"] == "vit_small_patch16_224" and r.dataset["image_size"] == 224 for r in runs)
+    assert {r.objective["kind"] for r in runs} <= {"supervised", "dino"}
