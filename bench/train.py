@@ -36,10 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from runners.data import generate  # noqa: E402
 from runners.extract import extract_spectra  # noqa: E402
+from runners.inputs import to_input, to_tensor  # noqa: E402
 from runners.models import build_model  # noqa: E402
 from runners.objectives.dino import DinoTrainer  # noqa: E402
 from runners.objectives.supervised import SupervisedTrainer, lr_lambda  # noqa: E402
-from runners.train import pick_device, to_tensor  # noqa: E402
+from runners.train import pick_device  # noqa: E402
 from study.schema import MODEL_PRESETS, OBJECTIVE_PRESETS, DinoObjective  # noqa: E402
 
 IMAGE_SIZE, N_CLASSES = 16, 10
@@ -76,7 +77,7 @@ def _bare_loop(model: torch.nn.Module, batches: list, steps: int, device: torch.
             _sync(device)
             t0 = time.perf_counter()
         xb, yb = batches[i % len(batches)]
-        xb, yb = xb.to(device), yb.to(device)
+        xb, yb = to_input(xb, device), yb.to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             loss = F.cross_entropy(model(xb).float(), yb)
         opt.zero_grad(set_to_none=True)
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     t_start = time.perf_counter()
 
     images, labels = generate("objects", bs * 4, IMAGE_SIZE, N_CLASSES, seed=0)
-    x, y = to_tensor(images), torch.from_numpy(labels)
+    x, y = torch.from_numpy(images), torch.from_numpy(labels)  # uint8 (N, H, W, 3), as train_run holds them
     batches = [(x[i * bs : (i + 1) * bs], y[i * bs : (i + 1) * bs]) for i in range(4)]
 
     # ---- 1. our supervised loop vs a bare loop -----------------------------------------------------

@@ -162,7 +162,7 @@ def test_trainer_step_applies_ema_schedules_and_frozen_last_layer():
         assert torch.equal(ps, pt)  # the teacher starts as a copy of the student
     teacher_before = [p.clone() for p in trainer.teacher.parameters()]
     last_before = [p.clone() for p in trainer.student["head"].last_layer.parameters()]
-    x = torch.randn(4, 3, 16, 16)
+    x = torch.randint(0, 256, (4, 16, 16, 3), dtype=torch.uint8)
     stats = trainer.train_epoch(1, x, torch.zeros(4, dtype=torch.long), torch.arange(4), lambda *a: None)
     m = trainer.momentum[0]
     for before, ps, pt in zip(

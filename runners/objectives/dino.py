@@ -39,10 +39,12 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import roi_align
 
+from runners.inputs import MEAN as _MEAN
+from runners.inputs import STD as _STD
+from runners.inputs import to_input
 from runners.models import build_model
 from study.errors import RunFailedError
 
-_MEAN, _STD = 0.5, 0.25  # must match runners.train.to_tensor: crops' colour ops work in [0, 1]
 AUG_SEED_OFFSET = 104729
 
 
@@ -251,11 +253,14 @@ def knn_accuracy(
 def features(
     backbone: nn.Module, x: torch.Tensor, device: torch.device, batch_size: int = 256
 ) -> torch.Tensor:
-    """Pooled backbone features (N, D) of images (N, 3, H, W), on the CPU."""
+    """Pooled backbone features (N, D), on the CPU, of uint8 images (N, H, W, 3)."""
     was = backbone.training
     backbone.eval()
     out = torch.cat(
-        [backbone(x[i : i + batch_size].to(device)).float().cpu() for i in range(0, len(x), batch_size)]
+        [
+            backbone(to_input(x[i : i + batch_size], device)).float().cpu()
+            for i in range(0, len(x), batch_size)
+        ]
     )
     backbone.train(was)
     return out
@@ -345,7 +350,7 @@ class DinoTrainer:
                 if i == 0:
                     group["weight_decay"] = float(self.wd[it])
             idx = order[step * tr["batch_size"] : (step + 1) * tr["batch_size"]]
-            crops = self.crops(xtr[idx].to(device, non_blocking=True))
+            crops = self.crops(to_input(xtr[idx], device))
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 with torch.no_grad():
                     teacher_out = self.teacher["head"](self.teacher_backbone(torch.cat(crops[:2])))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from runners.inputs import to_input
 from runners.models import build_model
 from study.errors import RunFailedError
 
@@ -32,12 +33,12 @@ def lr_lambda(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
 def accuracy(
     model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device, batch_size: int = 512
 ) -> float:
-    """Top-1 accuracy of ``model`` on ``x`` (N, 3, H, W) with labels ``y`` (N,), in eval mode."""
+    """Top-1 accuracy of ``model`` on uint8 images ``x`` (N, H, W, 3) with labels ``y`` (N,), in eval mode."""
     was = model.training
     model.eval()
     correct = 0
     for i in range(0, x.shape[0], batch_size):
-        logits = model(x[i : i + batch_size].to(device))
+        logits = model(to_input(x[i : i + batch_size], device))
         correct += (logits.argmax(-1).cpu() == y[i : i + batch_size]).sum().item()
     model.train(was)
     return correct / x.shape[0]
@@ -70,13 +71,16 @@ class SupervisedTrainer:
         order: torch.Tensor,
         tick: Callable[[int, float, int], None],
     ) -> dict:
-        """One epoch over ``order`` (a permutation of the training indices). Returns loss/train_acc/lr."""
+        """One epoch over ``order`` (a permutation of the training indices of uint8 ``xtr`` (N, H, W, 3)).
+
+        Returns the epoch's mean loss, training accuracy and last learning rate.
+        """
         tr, device = self.tr, self.device
         self.model.train()
         loss_sum, seen, correct = 0.0, 0, 0
         for step in range(self.steps_per_epoch):
             idx = order[step * tr["batch_size"] : (step + 1) * tr["batch_size"]]
-            xb, yb = xtr[idx].to(device, non_blocking=True), ytr[idx].to(device, non_blocking=True)
+            xb, yb = to_input(xtr[idx], device), ytr[idx].to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 logits = self.forward(xb)
                 loss = F.cross_entropy(logits.float(), yb, label_smoothing=tr["label_smoothing"])
