@@ -1,6 +1,6 @@
 """Training-loop benchmarks, side by side in one process.
 
-    PYTHONPATH=. python bench/train.py [--steps 4] [--repeats 3] [--batch-size 32] [--json out.json]
+    PYTHONPATH=. python bench/train.py [--steps 6] [--repeats 5] [--batch-size 128] [--threads 1] [--json out.json]
 
 Three ratios on the spine's CPU model (``vit_cpu12``: timm ViT, 16 px images, patch 4, D=64, 12 blocks,
 4 heads) and the same batches of procedural images:
@@ -104,12 +104,17 @@ def _our_loop(trainer, x: torch.Tensor, y: torch.Tensor, batch_size: int, steps:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=128)  # the default training batch
+    # one thread, as each CPU worker process of a study runs (runners.executors); on a shared machine
+    # more threads than free cores slow every step several-fold and swamp the ratios with noise
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     device = pick_device()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     bs, steps = args.batch_size, args.steps
     t_start = time.perf_counter()
 
