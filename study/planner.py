@@ -49,7 +49,7 @@ def run_key(payload: dict) -> str:
         k: v for k, v in payload["dataset"].items() if k not in ("name", "path") and v is not None
     }
     # torch.compile changes speed, not the result (beyond float rounding on GPU)
-    payload["training"] = {k: v for k, v in payload["training"].items() if k != "compile" and v is not None}
+    payload["training"] = {k: v for k, v in payload["training"].items() if k != "compile"}
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
