@@ -377,6 +377,13 @@ class Design(_Strict):
         m = self.model.resolved()
         if "embed_dim" in m and "num_heads" in m and m["embed_dim"] % m["num_heads"]:
             raise ValueError(f"embed_dim {m['embed_dim']} is not divisible by num_heads {m['num_heads']}")
+        local = getattr(self.objective, "local_crop_size", None)
+        patch = m.get("patch_size", 16)
+        if local is not None and local % patch:
+            raise _FieldError(
+                "design.objective.local_crop_size",
+                f"expected a multiple of the patch size {patch}, got {local}",
+            )
         return self
 
     @property

@@ -54,6 +54,8 @@ def test_objective_names_presets_and_overrides():
     assert dino.objective.out_dim == 65536 and dino.objective.n_local_crops == 2
     assert dino.training.weight_decay == 0.04 and dino.objective.weight_decay_end == 0.4
     assert _hyp(objective="dino").design.objective.out_dim == 1024
+    with pytest.raises(StudyError, match="local_crop_size: expected a multiple of the patch size 4"):
+        _hyp(objective={"kind": "dino", "local_crop_size": 6})
     with pytest.raises(StudyError, match="design.objective: expected 'supervised', 'dino' or a preset"):
         _hyp(objective="byol")
     with pytest.raises(StudyError, match="design.objective.preset"):
