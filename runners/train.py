@@ -219,9 +219,16 @@ def train_run(
         _log(progress, f"[{label}] FAILED at epoch {epoch}: {msg}")
         return result
 
+    def save_weights(epoch: int) -> None:
+        """The measured network's weights and the run spec at a checkpoint epoch (atomic write)."""
+        ckpt_dir = run_dir / "checkpoints"
+        ckpt_dir.mkdir(exist_ok=True)
+        _atomic_torch_save({"model": model.state_dict(), "run": run}, ckpt_dir / f"epoch_{epoch:03d}.pt")
+
     try:
         if start_epoch == 0 and 0 in run["checkpoints"] and "0/norm/all" not in spectra:
             measure(0)
+            save_weights(0)
         # ---- training loop ---------------------------------------------------------------------------
         for epoch in range(start_epoch + 1, tr["epochs"] + 1):
             t0 = time.perf_counter()
@@ -244,11 +251,7 @@ def train_run(
             )
             if epoch in run["checkpoints"]:
                 measure(epoch)
-                ckpt_dir = run_dir / "checkpoints"
-                ckpt_dir.mkdir(exist_ok=True)
-                _atomic_torch_save(
-                    {"model": model.state_dict(), "run": run}, ckpt_dir / f"epoch_{epoch:03d}.pt"
-                )
+                save_weights(epoch)
             _atomic_torch_save(
                 {
                     "objective": objective.state_dict(),

@@ -157,6 +157,10 @@ def test_result_records_environment_and_checkpoints(tmp_path):
         assert key in env
     assert len(env["git_commit"] or "") == 40 and isinstance(env["git_dirty"], bool)
     assert result["run"] == spec  # the resolved config
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "epoch_000.pt",
+        "epoch_001.pt",
+    ]
     ckpt = torch.load(tmp_path / "run" / "checkpoints" / "epoch_001.pt", weights_only=False)
     assert ckpt["run"] == spec and "blocks.0.attn.qkv.weight" in ckpt["model"]
     assert not (tmp_path / "run" / "resume.pt").exists()
