@@ -175,4 +175,18 @@ def test_progress_bar_and_plain_lines(tmp_path, capsys):
     )
     assert any("epoch 1/1 loss" in ln and "img/s" in ln for ln in lines)
     err = capsys.readouterr().err
-    assert "epoch 1/1" in err and "/4 [" in err and "loss=" in err and "img_s=" in err  # tqdm's bar
+    assert "epoch 1/1" in err and "/4 [" in err  # tqdm's bar: run, epoch, steps
+
+
+def test_progress_bar_shows_loss_and_images_per_second(capsys):
+    from runners.train import _epoch_progress
+
+    with _epoch_progress("ds/seed0", 2, 5, 3, bar=True) as tick:
+        for step in range(3):
+            time.sleep(0.15)  # past tqdm's refresh interval
+            tick(step, 1.234, 32)
+    err = capsys.readouterr().err
+    assert "ds/seed0 epoch 2/5" in err and "loss=1.234" in err and "img_s=" in err
+    with _epoch_progress("ds/seed0", 1, 1, 3, bar=False) as tick:  # no terminal: silent, lines only
+        tick(0, 1.0, 32)
+    assert capsys.readouterr().err == ""
