@@ -193,10 +193,13 @@ def train_run(
     start_epoch = 0
     resume_path = run_dir / "resume.pt"
     if resume_path.exists():
-        state = torch.load(resume_path, map_location=device, weights_only=False)
+        # on the CPU first: RNG states must be CPU byte tensors; load_state_dict moves weights to the device
+        state = torch.load(resume_path, map_location="cpu", weights_only=False)
         objective.load_state_dict(state["objective"])
         data_gen.set_state(state["data_gen"])
         torch.set_rng_state(state["torch_rng"])
+        if state.get("cuda_rng") is not None and device.type == "cuda":
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
         history, spectra, n_tokens, start_epoch = (
             state["history"],
             state["spectra"],
@@ -257,6 +260,7 @@ def train_run(
                     "objective": objective.state_dict(),
                     "data_gen": data_gen.get_state(),
                     "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
                     "history": history,
                     "spectra": spectra,
                     "n_tokens": n_tokens,
