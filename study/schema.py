@@ -222,19 +222,21 @@ class DinoObjective(_Strict):
     hidden_dim: int = Field(256, ge=2)
     bottleneck_dim: int = Field(64, ge=2)
     norm_last_layer: bool = True  # weight-normed last layer with fixed norm: stabler for small models
-    n_local_crops: int = Field(4, ge=0)
+    n_local_crops: int = Field(
+        4, ge=0
+    )  # local-to-global correspondence is DINO's signal; 4 keeps CPU cost ~4x
     local_crop_size: int | None = Field(None, ge=4)
     global_crop_scale: tuple[float, float] = (0.4, 1.0)
     local_crop_scale: tuple[float, float] = (0.05, 0.4)
-    student_temp: float = Field(0.1, gt=0)
-    teacher_temp: float = Field(0.07, gt=0)
-    warmup_teacher_temp: float = Field(0.04, gt=0)
+    student_temp: float = Field(0.1, gt=0)  # DINO's default; the teacher is sharper than the student
+    teacher_temp: float = Field(0.07, gt=0)  # sharpening: with centring, what prevents collapse
+    warmup_teacher_temp: float = Field(0.04, gt=0)  # a lower start is stabler early in training (DINO)
     warmup_teacher_temp_epochs: int = Field(0, ge=0)
-    center_momentum: float = Field(0.9, ge=0, lt=1)
-    momentum_teacher: float = Field(0.996, ge=0, le=1)
-    weight_decay_end: float = Field(0.4, ge=0)
+    center_momentum: float = Field(0.9, ge=0, lt=1)  # DINO's default EMA of the teacher's batch mean
+    momentum_teacher: float = Field(0.996, ge=0, le=1)  # DINO's default for batch 256; -> 1 by cosine
+    weight_decay_end: float = Field(0.4, ge=0)  # DINO raises wd 0.04 -> 0.4 over training
     freeze_last_layer_epochs: int = Field(1, ge=0)  # last layer fixed in the first epoch(s), as in DINO
-    clip_grad: float | None = Field(3.0, gt=0)
+    clip_grad: float | None = Field(3.0, gt=0)  # DINO's per-parameter gradient-norm clip for ViTs
 
     @model_validator(mode="before")
     @classmethod
