@@ -1,6 +1,8 @@
 """Procedural image datasets: generated from a seed, deterministic, cached on disk, no download.
 
-Two variants (``ProceduralDataset.variant``):
+Two variants (``ProceduralDataset.variant``), plus complexity knobs (``texture_reliance``: a cue-mix
+of shape and texture; ``object_scale``; ``clutter``: distractor shapes; ``noise``; and the image size
+and number of classes) described in ``study.schema.ProceduralDataset``:
 
 * ``objects``: the label is the *shape* of one object (disk, square, triangle, plus, ring, star,
   crescent, half-disk, L, dumbbell) drawn at a random position, size, rotation and colour on a random
@@ -41,6 +43,7 @@ TEXTURES = tuple(f"grating_{o}_{f}" for f in ("coarse", "fine") for o in (0, 45,
 )
 _SUPERSAMPLE = 4
 _CHUNK = 512  # images rendered at once: bounds memory at large image sizes
+KNOBS = ("texture_reliance", "object_scale", "clutter", "noise")
 GENERATOR_VERSION = 1  # bump when the pixels a spec produces change (invalidates caches and run keys)
 
 
@@ -114,26 +117,65 @@ def _colourise(rng: np.random.Generator, pattern: np.ndarray) -> np.ndarray:
     return c0 + (c1 - c0) * pattern[..., None]
 
 
-def _render_chunk(rng: np.random.Generator, labels: np.ndarray, variant: str, size: int) -> np.ndarray:
+def _texture_pattern(rng: np.random.Generator, cls: np.ndarray, xx: np.ndarray, yy: np.ndarray, size: int):
+    """(n, H, W) pattern in [0, 1] of texture class ``cls`` (see ``TEXTURES``), random phase."""
+    n = cls.size
+    orient = np.deg2rad(np.array([0, 45, 90, 135] * 2, dtype=np.float32))
+    freqs = np.array([2.0] * 4 + [4.5] * 4, dtype=np.float32) * size / 16  # cycles/image scale with size
+    theta = orient[np.minimum(cls, 7)] + rng.normal(0, 0.08, n).astype(np.float32)
+    freq = freqs[np.minimum(cls, 7)] * rng.uniform(0.9, 1.1, n).astype(np.float32)
+    pattern = _gratings(rng, n, xx, yy, theta, freq)
+    per = (size / 4.0) * rng.uniform(0.9, 1.1, n).astype(np.float32)  # period ~4 px
+    ox, oy = rng.uniform(0, 1, (2, n)).astype(np.float32)
+    gx = (xx * per[:, None, None] + ox[:, None, None]) % 1.0
+    gy = (yy * per[:, None, None] + oy[:, None, None]) % 1.0
+    checker = ((gx < 0.5) ^ (gy < 0.5)).astype(np.float32)
+    dots = (((gx - 0.5) ** 2 + (gy - 0.5) ** 2) < 0.22**2).astype(np.float32)
+    pattern = np.where((cls == 8)[:, None, None], checker, pattern)
+    return np.where((cls == 9)[:, None, None], dots, pattern)
+
+
+def _place(rng: np.random.Generator, cls: np.ndarray, xx, yy, cx, cy, rad, max_rot: float) -> np.ndarray:
+    """Mask (n, H, W) of shape ``cls`` centred at (cx, cy) with radius ``rad`` (image units), random rotation."""
+    n = cls.size
+    rot = rng.uniform(-max_rot, max_rot, n).astype(np.float32)
+    dx = (xx - cx[:, None, None]) / rad[:, None, None]
+    dy = (yy - cy[:, None, None]) / rad[:, None, None]
+    cr, sr = np.cos(rot)[:, None, None], np.sin(rot)[:, None, None]
+    return _shape_mask(cls, cr * dx + sr * dy, -sr * dx + cr * dy)
+
+
+def _clutter(rng: np.random.Generator, img: np.ndarray, xx, yy, clutter: float) -> np.ndarray:
+    """Paint ``round(4 * clutter)`` small distractor shapes of random class, position and colour."""
+    n = img.shape[0]
+    for _ in range(round(4 * clutter)):
+        cls = rng.integers(0, len(SHAPES), n)
+        cx, cy = rng.uniform(0.1, 0.9, (2, n)).astype(np.float32)
+        rad = rng.uniform(0.1, 0.18, n).astype(np.float32)
+        mask = _place(rng, cls, xx, yy, cx, cy, rad, np.pi)
+        colour = rng.uniform(0, 1, (n, 3)).astype(np.float32)
+        img = np.where(mask[..., None], colour[:, None, None, :], img)
+    return img
+
+
+def _render_chunk(
+    rng: np.random.Generator, labels: np.ndarray, variant: str, size: int, knobs: dict
+) -> np.ndarray:
+    """Render (n, size, size, 3) uint8 images of ``labels``; ``knobs`` as in ``ProceduralDataset``.
+
+    The random draws happen in a fixed order and a knob left unset draws nothing extra, so specs
+    written before the knobs existed give the same pixels as before.
+    """
     n = labels.size
     xx, yy = _grid(n, size)
     s = xx.shape[-1]
+    clutter, scale, reliance = knobs.get("clutter"), knobs.get("object_scale"), knobs.get("texture_reliance")
     if variant == "textures":
-        orient = np.deg2rad(np.array([0, 45, 90, 135] * 2, dtype=np.float32))
-        freqs = np.array([2.0] * 4 + [4.5] * 4, dtype=np.float32) * size / 16  # cycles/image scale with size
-        theta = orient[np.minimum(labels, 7)] + rng.normal(0, 0.08, n).astype(np.float32)
-        freq = freqs[np.minimum(labels, 7)] * rng.uniform(0.9, 1.1, n).astype(np.float32)
-        pattern = _gratings(rng, n, xx, yy, theta, freq)
-        per = (size / 4.0) * rng.uniform(0.9, 1.1, n).astype(np.float32)  # period ~4 px
-        ox, oy = rng.uniform(0, 1, (2, n)).astype(np.float32)
-        gx = (xx * per[:, None, None] + ox[:, None, None]) % 1.0
-        gy = (yy * per[:, None, None] + oy[:, None, None]) % 1.0
-        checker = ((gx < 0.5) ^ (gy < 0.5)).astype(np.float32)
-        dots = (((gx - 0.5) ** 2 + (gy - 0.5) ** 2) < 0.22**2).astype(np.float32)
-        pattern = np.where((labels == 8)[:, None, None], checker, pattern)
-        pattern = np.where((labels == 9)[:, None, None], dots, pattern)
-        img = _colourise(rng, pattern)
-        img += rng.normal(0, 0.06, img.shape).astype(np.float32)
+        img = _colourise(rng, _texture_pattern(rng, labels, xx, yy, size))
+        if clutter:
+            img = _clutter(rng, img, xx, yy, clutter)
+        noise = 0.06 if knobs.get("noise") is None else knobs["noise"]
+        img += rng.normal(0, noise, img.shape).astype(np.float32)
     else:
         # background: half oriented gratings of random orientation/frequency, half 1/f noise
         theta = rng.uniform(0, np.pi, n).astype(np.float32)
@@ -142,27 +184,44 @@ def _render_chunk(rng: np.random.Generator, labels: np.ndarray, variant: str, si
             rng.random(n)[:, None, None] < 0.5, _gratings(rng, n, xx, yy, theta, freq), _pink_noise(rng, n, s)
         )
         img = _colourise(rng, bg) * 0.4 + 0.3  # a muted mid-grey-ish background ...
+        if clutter:
+            img = _clutter(rng, img, xx, yy, clutter)
+        shape_cls = labels
+        if reliance is not None:
+            # cue mix: per image, the label is carried by the texture with probability `reliance`,
+            # else by the shape; the other cue is drawn at random, so it carries no label information
+            by_texture = rng.random(n) < reliance
+            other = rng.integers(0, knobs["n_classes"], n)
+            shape_cls = np.where(by_texture, other, labels)
+            texture_cls = np.where(by_texture, labels, other)
         cx, cy = rng.uniform(0.4, 0.6, (2, n)).astype(np.float32)
-        rad = rng.uniform(0.3, 0.4, n).astype(np.float32)
-        rot = rng.uniform(-np.pi / 6, np.pi / 6, n).astype(
-            np.float32
+        lo, hi = (0.3, 0.4) if scale is None else (0.9 * scale, 1.1 * scale)
+        rad = rng.uniform(lo, hi, n).astype(np.float32)
+        mask = _place(
+            rng, shape_cls, xx, yy, cx, cy, rad, np.pi / 6
         )  # +-30 deg: shape, not pose, is the label
-        dx = (xx - cx[:, None, None]) / rad[:, None, None]
-        dy = (yy - cy[:, None, None]) / rad[:, None, None]
-        cr, sr = np.cos(rot)[:, None, None], np.sin(rot)[:, None, None]
-        u, v = cr * dx + sr * dy, -sr * dx + cr * dy
-        mask = _shape_mask(labels, u, v)
         # ... and an object clearly darker or brighter than it, in a random hue
         bright = rng.random(n) < 0.5
         colour = np.where(bright[:, None], rng.uniform(0.75, 1.0, (n, 3)), rng.uniform(0.0, 0.25, (n, 3)))
-        img = np.where(mask[..., None], colour[:, None, None, :].astype(np.float32), img)
-        img += rng.normal(0, 0.03, img.shape).astype(np.float32)
+        fill = np.broadcast_to(colour[:, None, None, :].astype(np.float32), img.shape)
+        if reliance is not None:  # a textured object: high-contrast pattern between dark and bright
+            pattern = _texture_pattern(rng, texture_cls, xx, yy, size)[..., None]
+            fill = colour[:, None, None, :].astype(np.float32) * (0.35 + 0.65 * pattern)
+        img = np.where(mask[..., None], fill, img)
+        noise = 0.03 if knobs.get("noise") is None else knobs["noise"]
+        img += rng.normal(0, noise, img.shape).astype(np.float32)
     img = _downsample(img)
     return (np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8)
 
 
-def generate(variant: str, n: int, size: int, n_classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Generate ``n`` images of one variant from ``seed``.
+def generate(
+    variant: str, n: int, size: int, n_classes: int, seed: int, knobs: dict | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Generate ``n`` images of one variant from ``seed`` (same arguments, same pixels).
+
+    Args:
+        knobs: optional ``texture_reliance``, ``object_scale``, ``clutter``, ``noise`` (see
+            ``study.schema.ProceduralDataset``); None or missing entries keep the variant's defaults.
 
     Returns:
         images: uint8 (n, size, size, 3); labels: int64 (n,) balanced over ``n_classes``.
@@ -172,7 +231,8 @@ def generate(variant: str, n: int, size: int, n_classes: int, seed: int) -> tupl
     rng = np.random.default_rng(seed)
     labels = np.arange(n) % n_classes
     rng.shuffle(labels)
-    chunks = [_render_chunk(rng, labels[i : i + _CHUNK], variant, size) for i in range(0, n, _CHUNK)]
+    knobs = {**(knobs or {}), "n_classes": n_classes}
+    chunks = [_render_chunk(rng, labels[i : i + _CHUNK], variant, size, knobs) for i in range(0, n, _CHUNK)]
     return np.concatenate(chunks), labels.astype(np.int64)
 
 
@@ -203,7 +263,13 @@ def load_split(
         split: ``train`` (data_seed), ``test`` (data_seed + 1) or ``probe`` (its own probe_seed).
         cache_dir: folder for the ``.npz`` cache.
         probe_size, probe_seed: size and seed of the probe split.
+
+    Datasets on disk (``kind`` other than ``procedural``) are read by ``runners.datasets``.
     """
+    if spec.get("kind", "procedural") != "procedural":
+        from runners.datasets import load_disk_split
+
+        return load_disk_split(spec, split, cache_dir, probe_size, probe_seed)
     if split == "train":
         n, seed = spec["n_train"], spec["data_seed"] * 1000 + 1
     elif split == "test":
@@ -220,6 +286,8 @@ def load_split(
         "classes": spec["n_classes"],
         "seed": seed,
     }
+    knobs = {k: spec.get(k) for k in KNOBS if spec.get(k) is not None}
+    key.update(knobs)  # only set knobs enter the hash: caches of older specs stay valid
     path = Path(cache_dir) / f"{spec['variant']}_{split}_{_spec_hash(key)}.npz"
     if path.exists():
         try:
@@ -227,6 +295,15 @@ def load_split(
                 return f["images"], f["labels"]
         except Exception:  # a corrupt cache file is regenerated, never trusted
             path.unlink(missing_ok=True)
-    images, labels = generate(spec["variant"], n, spec["image_size"], spec["n_classes"], seed)
+    images, labels = generate(spec["variant"], n, spec["image_size"], spec["n_classes"], seed, knobs)
     atomic_save_npz(path, images=images, labels=labels)
     return images, labels
+
+
+def num_classes(spec: dict) -> int:
+    """Width of the classifier head for a dataset spec (procedural or on disk)."""
+    if spec.get("kind", "procedural") == "procedural":
+        return spec["n_classes"]
+    from runners.datasets import disk_num_classes
+
+    return disk_num_classes(spec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import sys
 
 from runners.train import train_run
@@ -13,4 +14,6 @@ def _progress(line: str) -> None:
 
 
 def execute_run(run: dict, run_dir: str, data_dir: str) -> dict:
-    return train_run(run, run_dir, data_dir, progress=_progress)
+    # a bar only for a run in the main process on a terminal; spawned workers print plain lines
+    bar = sys.stdout.isatty() and mp.current_process().name == "MainProcess"
+    return train_run(run, run_dir, data_dir, progress=_progress, bar=bar)

@@ -1,18 +1,24 @@
-"""One training run, top to bottom: data -> timm ViT -> supervised loop -> spectra at checkpoints.
+"""One training run, top to bottom: data -> timm ViT -> objective's epoch loop -> spectra at checkpoints.
 
     result = train_run(run_spec_dict, run_dir, data_dir)
 
-Supervised cross-entropy with AdamW and linear warmup + cosine decay per step. Every source of
-randomness comes from the run's seed: ``torch.manual_seed(seed)`` for the initialisation and a separate
-``torch.Generator`` seeded from ``seed`` for the data order. At each checkpoint epoch (0 = at
-initialisation) the covariance spectra of the fixed probe set are measured (``runners.extract``).
+The objective (``runners.objectives``: supervised cross-entropy, or DINO) owns its epoch loop; this
+module owns what every objective shares: data, device, seeding, resume, checkpoints, progress,
+extraction and the result files. Every source of randomness comes from the run's seed:
+``torch.manual_seed(seed)`` for the initialisation, a separate ``torch.Generator`` (``seed + 7919``)
+for the data order and, for DINO, another (``seed + 104729``) for the crops. At each checkpoint epoch
+(0 = at initialisation) the covariance spectra of the fixed probe set are measured
+(``runners.extract``) on the objective's ``measured`` network (DINO: the teacher backbone). On CUDA the
+forward passes run under bf16 autocast (``training.compile`` adds ``torch.compile``); on CPU in fp32.
 
 Files in ``run_dir`` (every write atomic: temp file, then rename):
 
 * ``resume.pt``: model/optimiser/scheduler/generator state, history and spectra so far, after every
   epoch; a killed run started again continues from the last complete epoch.
+* ``checkpoints/epoch_NNN.pt``: the measured network's weights and the run spec, at each checkpoint epoch.
 * ``spectra.npz``: eigenvalues, key ``"{epoch}/{layer}/{token_set}"``; ``result.json``: spec, history,
-  token counts, environment. ``result.json`` is written last: its presence marks a finished run.
+  token counts, environment (seed offsets, package versions, git commit and dirty flag). ``result.json`` is
+  written last: its presence marks a finished run.
 """
 
 from __future__ import annotations
@@ -21,42 +27,29 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from runners.data import atomic_save_npz, load_split
+from runners.data import atomic_save_npz, load_split, num_classes
 from runners.extract import extract_spectra
-from runners.models import build_model
+from runners.inputs import to_tensor
+from runners.objectives import make_objective
+from runners.objectives.dino import AUG_SEED_OFFSET
 from study.errors import RunFailedError
 
-_MEAN, _STD = 0.5, 0.25  # procedural images are uniform-ish in [0, 1]; this puts inputs near N(0, 1)
-
-
-def to_tensor(images: np.ndarray) -> torch.Tensor:
-    """uint8 (N, H, W, 3) -> normalised float32 (N, 3, H, W)."""
-    x = torch.from_numpy(images).permute(0, 3, 1, 2).float().div_(255.0)
-    return (x - _MEAN) / _STD
+DATA_ORDER_SEED_OFFSET = 7919
 
 
 def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _lr_lambda(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
-    def f(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return f
 
 
 def _atomic_torch_save(obj: dict, path: Path) -> None:
@@ -77,17 +70,73 @@ def atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def environment() -> dict:
-    """Versions that matter for reproducing a run."""
-    import timm
+def git_state() -> dict:
+    """Commit and dirty flag of the code that ran (None where this is not a git checkout)."""
+    root = Path(__file__).resolve().parent.parent
 
-    return {
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
+
+
+def environment() -> dict:
+    """Versions, device and code state that matter for reproducing a run."""
+    import PIL
+    import pydantic
+    import timm
+    import torchvision
+
+    env = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
         "timm": timm.__version__,
         "numpy": np.__version__,
+        "pydantic": pydantic.__version__,
+        "pillow": PIL.__version__,
         "platform": platform.platform(),
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch_threads": torch.get_num_threads(),
     }
+    # the run seed s seeds init (s), data order (s + offset) and crops (s + offset): separable streams
+    env["seed_offsets"] = {"init": 0, "data_order": DATA_ORDER_SEED_OFFSET, "augment": AUG_SEED_OFFSET}
+    return {**env, **git_state()}
+
+
+@contextmanager
+def _epoch_progress(
+    label: str, epoch: int, epochs: int, steps: int, bar: bool
+) -> Iterator[Callable[[int, float, int], None]]:
+    """Yield ``tick(step, loss, n_images)``: a tqdm bar (epoch, step, loss, images/s) when ``bar``, else no-op.
+
+    Without a terminal (log files, parallel worker processes) the per-epoch line that
+    ``train_run`` passes to ``progress`` is the only output, so lines of workers never interleave.
+    """
+    if not bar:
+        yield lambda step, loss, n: None
+        return
+    from tqdm.auto import tqdm
+
+    t0, seen = time.perf_counter(), 0
+    with tqdm(total=steps, desc=f"{label} epoch {epoch}/{epochs}", leave=False, dynamic_ncols=True) as pbar:
+
+        def tick(step: int, loss: float, n: int) -> None:
+            nonlocal seen
+            seen += n
+            pbar.set_postfix(
+                loss=f"{loss:.3f}", img_s=f"{seen / (time.perf_counter() - t0):.0f}", refresh=False
+            )
+            pbar.update(1)
+
+        yield tick
 
 
 def _log(progress: Callable[[str], None] | None, msg: str) -> None:
@@ -95,22 +144,12 @@ def _log(progress: Callable[[str], None] | None, msg: str) -> None:
         progress(msg)
 
 
-@torch.no_grad()
-def _accuracy(
-    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device, batch_size: int = 512
-) -> float:
-    was = model.training
-    model.eval()
-    correct = 0
-    for i in range(0, x.shape[0], batch_size):
-        logits = model(x[i : i + batch_size].to(device))
-        correct += (logits.argmax(-1).cpu() == y[i : i + batch_size]).sum().item()
-    model.train(was)
-    return correct / x.shape[0]
-
-
 def train_run(
-    run: dict, run_dir: str | Path, data_dir: str | Path, progress: Callable[[str], None] | None = None
+    run: dict,
+    run_dir: str | Path,
+    data_dir: str | Path,
+    progress: Callable[[str], None] | None = None,
+    bar: bool = False,
 ) -> dict:
     """Train one run and measure its spectra; resumes from ``run_dir/resume.pt`` if present.
 
@@ -119,6 +158,7 @@ def train_run(
         run_dir: this run's folder (created).
         data_dir: cache folder for generated datasets.
         progress: called with one human-readable line per epoch.
+        bar: also show a tqdm bar per epoch (for a terminal; parallel workers keep plain lines).
 
     Returns:
         The ``result.json`` content (status ``finished`` or ``failed`` with the failing epoch).
@@ -133,22 +173,19 @@ def train_run(
     xtr, ytr = load_split(ds, "train", data_dir)
     xte, yte = load_split(ds, "test", data_dir)
     xpr, _ = load_split(ds, "probe", data_dir, run["probe"]["size"], run["probe"]["seed"])
-    xtr, xte, xpr = to_tensor(xtr), to_tensor(xte), to_tensor(xpr)
+    # train/test stay uint8 (N, H, W, 3) and are converted per batch on the device (runners.inputs)
+    xtr, xte, xpr = torch.from_numpy(xtr), torch.from_numpy(xte), to_tensor(xpr)
     ytr, yte = torch.from_numpy(ytr), torch.from_numpy(yte)
 
-    # ---- model and optimiser (init seeded from the run seed) ------------------------------------
+    # ---- objective: its networks and optimiser (init seeded from the run seed) ------------------------
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
-    model = build_model(run["model"], ds["image_size"], ds["n_classes"]).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=tr["lr"], weight_decay=tr["weight_decay"])
     steps_per_epoch = math.ceil(xtr.shape[0] / tr["batch_size"])
     if tr.get("max_steps_per_epoch"):
         steps_per_epoch = min(steps_per_epoch, tr["max_steps_per_epoch"])
-    total = steps_per_epoch * tr["epochs"]
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, _lr_lambda(total, round(tr["warmup_epochs"] * steps_per_epoch))
-    )
-    data_gen = torch.Generator().manual_seed(seed + 7919)  # data order: separate stream from init
+    objective = make_objective(run, num_classes(ds), ds["image_size"], steps_per_epoch, device)
+    model = objective.measured  # the network whose spectra are measured
+    data_gen = torch.Generator().manual_seed(seed + DATA_ORDER_SEED_OFFSET)  # data order: not the init stream
 
     history: list[dict] = []
     spectra: dict[str, np.ndarray] = {}
@@ -156,12 +193,13 @@ def train_run(
     start_epoch = 0
     resume_path = run_dir / "resume.pt"
     if resume_path.exists():
-        state = torch.load(resume_path, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        sched.load_state_dict(state["sched"])
+        # on the CPU first: RNG states must be CPU byte tensors; load_state_dict moves weights to the device
+        state = torch.load(resume_path, map_location="cpu", weights_only=False)
+        objective.load_state_dict(state["objective"])
         data_gen.set_state(state["data_gen"])
         torch.set_rng_state(state["torch_rng"])
+        if state.get("cuda_rng") is not None and device.type == "cuda":
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
         history, spectra, n_tokens, start_epoch = (
             state["history"],
             state["spectra"],
@@ -184,55 +222,45 @@ def train_run(
         _log(progress, f"[{label}] FAILED at epoch {epoch}: {msg}")
         return result
 
+    def save_weights(epoch: int) -> None:
+        """The measured network's weights and the run spec at a checkpoint epoch (atomic write)."""
+        ckpt_dir = run_dir / "checkpoints"
+        ckpt_dir.mkdir(exist_ok=True)
+        _atomic_torch_save({"model": model.state_dict(), "run": run}, ckpt_dir / f"epoch_{epoch:03d}.pt")
+
     try:
         if start_epoch == 0 and 0 in run["checkpoints"] and "0/norm/all" not in spectra:
             measure(0)
+            save_weights(0)
         # ---- training loop ---------------------------------------------------------------------------
-        model.train()
         for epoch in range(start_epoch + 1, tr["epochs"] + 1):
             t0 = time.perf_counter()
             order = torch.randperm(xtr.shape[0], generator=data_gen)
-            loss_sum, seen, correct = 0.0, 0, 0
-            for step in range(steps_per_epoch):
-                idx = order[step * tr["batch_size"] : (step + 1) * tr["batch_size"]]
-                xb, yb = xtr[idx].to(device, non_blocking=True), ytr[idx].to(device, non_blocking=True)
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                    logits = model(xb)
-                    loss = F.cross_entropy(logits.float(), yb, label_smoothing=tr["label_smoothing"])
-                if not torch.isfinite(loss):
-                    return fail(f"non-finite loss at step {step}", epoch)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
-                loss_sum += loss.item() * yb.shape[0]
-                correct += (logits.argmax(-1) == yb).sum().item()
-                seen += yb.shape[0]
+            with _epoch_progress(label, epoch, tr["epochs"], steps_per_epoch, bar) as tick:
+                stats = objective.train_epoch(epoch, xtr, ytr, order, tick)
             elapsed = time.perf_counter() - t0
-            entry = {
-                "epoch": epoch,
-                "loss": loss_sum / seen,
-                "train_acc": correct / seen,
-                "test_acc": _accuracy(model, xte, yte, device),
-                "images_per_s": seen / elapsed,
-                "lr": sched.get_last_lr()[0],
-            }
+            seen = min(xtr.shape[0], steps_per_epoch * tr["batch_size"])
+            entry = {"epoch": epoch, **stats, **objective.evaluate(xtr, ytr, xte, yte)}
+            entry["images_per_s"] = seen / elapsed
+            entry["epoch_s"] = elapsed
             history.append(entry)
+            quality = " ".join(
+                f"{k} {entry[k]:.3f}" for k in ("train_acc", "test_acc", "knn_acc") if k in entry
+            )
             _log(
                 progress,
-                f"[{label}] epoch {epoch}/{tr['epochs']} loss {entry['loss']:.3f} "
-                f"train_acc {entry['train_acc']:.3f} test_acc {entry['test_acc']:.3f} "
+                f"[{label}] epoch {epoch}/{tr['epochs']} loss {entry['loss']:.3f} {quality} "
                 f"{entry['images_per_s']:.0f} img/s",
             )
             if epoch in run["checkpoints"]:
                 measure(epoch)
+                save_weights(epoch)
             _atomic_torch_save(
                 {
-                    "model": model.state_dict(),
-                    "opt": opt.state_dict(),
-                    "sched": sched.state_dict(),
+                    "objective": objective.state_dict(),
                     "data_gen": data_gen.get_state(),
                     "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
                     "history": history,
                     "spectra": spectra,
                     "n_tokens": n_tokens,

@@ -32,6 +32,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--workers", default="auto", help="parallel training processes ('auto': one per CPU core)")
     r.add_argument("--force", action="store_true", help="retrain runs even if finished results exist")
     r.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    r.add_argument(
+        "--data-root",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="folder of the on-disk dataset NAME (overrides its path in the file; repeatable)",
+    )
 
     a = sub.add_parser("analyze", help="re-test a hypothesis's claims on a saved tidy table (no training)")
     a.add_argument("hypothesis", type=Path)
@@ -73,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.verb == "run":
             from analysis.verdicts import format_verdicts
             from study.orchestrate import run_study
+            from study.schema import with_data_roots
+
+            roots = dict(r.partition("=")[::2] for r in args.data_root)
+            if any(not k or not v for k, v in roots.items()) or len(roots) != len(args.data_root):
+                raise StudyError(f"--data-root: expected NAME=PATH, got {args.data_root}")
+            hyp = with_data_roots(hyp, roots, str(args.hypothesis)) if roots else hyp
 
             outcome = run_study(
                 hyp,

@@ -14,7 +14,8 @@ import json
 from pydantic import BaseModel, ConfigDict
 
 from runners.data import GENERATOR_VERSION
-from study.schema import Hypothesis
+from runners.datasets import dataset_fingerprint, resolve_path
+from study.schema import Hypothesis, SupervisedObjective
 
 # Bump when what a run measures changes (observation points, token sets, covariance scheme).
 PROTOCOL_VERSION = 1
@@ -28,7 +29,7 @@ class RunSpec(BaseModel):
     key: str
     dataset: dict
     model: dict
-    objective: str
+    objective: str | dict  # "supervised" (plain) or the objective's settings
     training: dict
     seed: int
     checkpoints: list[int]
@@ -42,8 +43,13 @@ class RunSpec(BaseModel):
 def run_key(payload: dict) -> str:
     """sha256 (first 16 hex digits) of the canonical JSON of a run's determining fields."""
     payload = {**payload, "protocol_version": PROTOCOL_VERSION, "generator_version": GENERATOR_VERSION}
-    # the dataset's display name does not change what is trained
-    payload["dataset"] = {k: v for k, v in payload["dataset"].items() if k != "name"}
+    # The display name and where the files live do not change what is trained (the folder's content
+    # fingerprint does); unset procedural knobs are left out so older files keep their keys.
+    payload["dataset"] = {
+        k: v for k, v in payload["dataset"].items() if k not in ("name", "path") and v is not None
+    }
+    # torch.compile changes speed, not the result (beyond float rounding on GPU)
+    payload["training"] = {k: v for k, v in payload["training"].items() if k != "compile"}
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -52,12 +58,20 @@ def plan_runs(hyp: Hypothesis) -> list[RunSpec]:
     """One RunSpec per (dataset, seed) of the design, in file order."""
     design = hyp.design
     runs = []
+    objective = design.objective
+    # plain supervised stays the string it always was (stable keys); anything else is its settings
+    obj = "supervised" if objective == SupervisedObjective() else objective.model_dump()
     for ds in design.datasets:
+        dataset = ds.model_dump()
+        if "path" in dataset:  # on disk: resolve ${ENV} if set; fingerprint the content if present
+            path = resolve_path(dataset["path"], strict=False)
+            dataset["path"] = str(path) if path is not None else dataset["path"]
+            dataset["fingerprint"] = dataset_fingerprint(dataset) if path is not None else None
         for seed in design.seeds:
             payload = {
-                "dataset": ds.model_dump(),
+                "dataset": dataset,
                 "model": design.model.resolved(),
-                "objective": design.objective,
+                "objective": obj,
                 "training": design.training.model_dump(),
                 "seed": seed,
                 "checkpoints": design.checkpoint_epochs,

@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from analysis.spectral import METRICS
 from study.errors import StudyError
@@ -28,7 +37,19 @@ class _Strict(BaseModel):
 # Design
 # --------------------------------------------------------------------------------------------------
 class ProceduralDataset(_Strict):
-    """A dataset generated from a seed (no download): shapes on textured backgrounds, or textures."""
+    """A dataset generated from a seed (no download): shapes on textured backgrounds, or textures.
+
+    ``variant`` picks the generator family; the knobs below set data complexity and are left out of
+    the run key while unset, so files written before they existed keep their keys and cached images.
+
+    * ``texture_reliance`` (0..1): switches to the cue-mix generator, where each image shows a
+      texture-filled object; with probability ``1 - texture_reliance`` the label is carried by the
+      object's shape (its texture is random), otherwise by its texture (its shape is random). 0 = only
+      shape carries the label, 1 = only texture does.
+    * ``object_scale``: object radius as a fraction of the image side (default 0.3-0.4 at random).
+    * ``clutter`` (0..1): distractor shapes of random class, ``round(4 * clutter)`` per image.
+    * ``noise``: standard deviation of additive Gaussian pixel noise (intensity units, image in [0, 1]).
+    """
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     kind: Literal["procedural"] = "procedural"
@@ -38,9 +59,87 @@ class ProceduralDataset(_Strict):
     n_test: int = Field(2_000, ge=16)
     image_size: int = Field(16, ge=8, le=256)
     data_seed: int = 0  # the images; run seeds change init and data order only
+    texture_reliance: float | None = Field(None, ge=0.0, le=1.0)
+    object_scale: float | None = Field(None, gt=0.05, le=0.5)
+    clutter: float | None = Field(None, ge=0.0, le=1.0)
+    noise: float | None = Field(None, ge=0.0, le=0.5)
+
+    @model_validator(mode="after")
+    def _knobs(self) -> ProceduralDataset:
+        if self.variant == "textures" and (
+            self.texture_reliance is not None or self.object_scale is not None
+        ):
+            raise ValueError("texture_reliance/object_scale need variant 'objects' (textures has no object)")
+        return self
 
 
-DatasetSpec = ProceduralDataset  # more kinds (real datasets on disk) join as a tagged union
+class _DiskDataset(_Strict):
+    """A dataset already on disk. Nothing is downloaded.
+
+    ``path`` may be ``${ENV_VAR}`` (or contain it) and may be replaced with ``--data-root NAME=PATH``.
+    It is resolved when the run starts, not at validation, and is not part of the run key: a
+    fingerprint of the folder's content (file names and sizes) is, when the folder exists.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    path: str = Field(min_length=1)
+    n_train: int | None = Field(None, ge=16)  # a seeded subset of the training split (None: all)
+    n_test: int | None = Field(None, ge=16)  # a seeded subset of the held-out split (None: all)
+    subset_seed: int = 0
+
+
+class Cifar100Dataset(_DiskDataset):
+    """CIFAR-100, python version: ``<path>/train``, ``<path>/test``, ``<path>/meta`` pickle files."""
+
+    kind: Literal["cifar100"]
+    image_size: int = Field(32, ge=8, le=512)
+    label: Literal["fine", "coarse"] = "fine"
+
+
+class TinyImageNetDataset(_DiskDataset):
+    """Tiny ImageNet: ``train/<wnid>/images/*.JPEG``, ``val/images/*.JPEG`` + ``val/val_annotations.txt``."""
+
+    kind: Literal["tiny_imagenet"]
+    image_size: int = Field(64, ge=8, le=512)
+
+
+class UCMercedDataset(_DiskDataset):
+    """UC Merced Land Use: ``Images/<class>/*.tif``; no official split, so a seeded one (recorded)."""
+
+    kind: Literal["ucmerced"]
+    image_size: int = Field(256, ge=8, le=512)
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    split_seed: int = 0  # the per-class stratified train/test split
+
+
+class ImageFolderDataset(_DiskDataset):
+    """Any ``<path>/<train_dir>/<class>/*`` + ``<path>/<test_dir>/<class>/*`` tree (e.g. ImageNet-100).
+
+    ``classes`` restricts and orders the classes (ImageNet-100's class list); default: every folder.
+    """
+
+    kind: Literal["imagefolder"]
+    image_size: int = Field(224, ge=8, le=512)
+    train_dir: str = "train"
+    test_dir: str = "val"
+    classes: list[str] | None = Field(None, min_length=2)
+
+
+def _dataset_kind(v: object) -> str:
+    if isinstance(v, dict):
+        return v.get("kind", "procedural")  # files written before real datasets existed have no kind
+    return getattr(v, "kind", "procedural")
+
+
+DatasetSpec = Annotated[
+    Annotated[ProceduralDataset, Tag("procedural")]
+    | Annotated[Cifar100Dataset, Tag("cifar100")]
+    | Annotated[TinyImageNetDataset, Tag("tiny_imagenet")]
+    | Annotated[UCMercedDataset, Tag("ucmerced")]
+    | Annotated[ImageFolderDataset, Tag("imagefolder")],
+    Discriminator(_dataset_kind),
+]
+DATASET_KINDS = ("procedural", "cifar100", "tiny_imagenet", "ucmerced", "imagefolder")
 
 MODEL_PRESETS: dict[str, dict] = {
     # 12 blocks keep the papers' depth; D=64 with 4 heads is what 2 CPU cores train in minutes.
@@ -85,7 +184,7 @@ class ModelSpec(_Strict):
 
 
 class TrainingSpec(_Strict):
-    """Optimisation settings of one training run (supervised cross-entropy, AdamW, warmup + cosine)."""
+    """Optimisation settings of one training run (AdamW, linear warmup + cosine decay per step)."""
 
     epochs: int = Field(8, ge=1)
     batch_size: int = Field(128, ge=1)
@@ -94,6 +193,121 @@ class TrainingSpec(_Strict):
     warmup_epochs: float = Field(1.0, ge=0)  # short linear warmup keeps early ViT training stable
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     max_steps_per_epoch: int | None = Field(None, ge=1)  # for smoke tests only
+    compile: bool = False  # torch.compile the model (CUDA only; ignored on CPU where compile time dominates)
+
+
+# --------------------------------------------------------------------------------------------------
+# Objectives: each a settings model; named presets fill in every field the file leaves unset
+# --------------------------------------------------------------------------------------------------
+class SupervisedObjective(_Strict):
+    """Cross-entropy on the dataset labels (``label_smoothing`` lives in ``training``)."""
+
+    kind: Literal["supervised"] = "supervised"
+    preset: Literal["tgo_supervised"] | None = None
+
+
+class DinoObjective(_Strict):
+    """DINO self-distillation (Caron et al. 2021): student + EMA teacher, multi-crop, centred teacher.
+
+    Global crops are made at the dataset's ``image_size`` (the paper: 224); local crops at
+    ``local_crop_size`` (default: half of it, in whole patches; the paper: 96). The teacher
+    temperature rises linearly from ``warmup_teacher_temp`` to ``teacher_temp`` over
+    ``warmup_teacher_temp_epochs``; the teacher momentum follows a cosine from ``momentum_teacher`` to 1;
+    the weight decay a cosine from ``training.weight_decay`` to ``weight_decay_end``.
+    """
+
+    kind: Literal["dino"]
+    preset: Literal["dino_paper", "dino_small"] | None = None
+    out_dim: int = Field(1024, ge=2)  # prototypes K of the DINO head's last layer
+    hidden_dim: int = Field(256, ge=2)
+    bottleneck_dim: int = Field(64, ge=2)
+    norm_last_layer: bool = True  # weight-normed last layer with fixed norm: stabler for small models
+    n_local_crops: int = Field(
+        4, ge=0
+    )  # local-to-global correspondence is DINO's signal; 4 keeps CPU cost ~4x
+    local_crop_size: int | None = Field(None, ge=4)
+    global_crop_scale: tuple[float, float] = (0.4, 1.0)
+    local_crop_scale: tuple[float, float] = (0.05, 0.4)
+    student_temp: float = Field(0.1, gt=0)  # DINO's default; the teacher is sharper than the student
+    teacher_temp: float = Field(0.07, gt=0)  # sharpening: with centring, what prevents collapse
+    warmup_teacher_temp: float = Field(0.04, gt=0)  # a lower start is stabler early in training (DINO)
+    warmup_teacher_temp_epochs: int = Field(0, ge=0)
+    center_momentum: float = Field(0.9, ge=0, lt=1)  # DINO's default EMA of the teacher's batch mean
+    momentum_teacher: float = Field(0.996, ge=0, le=1)  # DINO's default for batch 256; -> 1 by cosine
+    weight_decay_end: float = Field(0.4, ge=0)  # DINO raises wd 0.04 -> 0.4 over training
+    freeze_last_layer_epochs: int = Field(1, ge=0)  # last layer fixed in the first epoch(s), as in DINO
+    clip_grad: float | None = Field(3.0, gt=0)  # DINO's per-parameter gradient-norm clip for ViTs
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("preset"):
+            preset = OBJECTIVE_PRESETS.get(data["preset"], {}).get("objective", {})
+            data = {**preset, **data}
+        return data
+
+
+# preset -> the fields it fills (objective, training, model); the file's own values always win.
+OBJECTIVE_PRESETS: dict[str, dict[str, dict]] = {
+    # TGO-I's supervised ViT recipe: AdamW 1e-3, wd 0.05, label smoothing 0.1, drop path 0.1, cosine.
+    "tgo_supervised": {
+        "objective": {"kind": "supervised"},
+        "training": {"lr": 1e-3, "weight_decay": 0.05, "label_smoothing": 0.1},
+        "model": {"drop_path_rate": 0.1},
+    },
+    # DINO's published ViT-S/16 recipe (main_dino.py defaults + README ViT-S row): 2 global crops at the
+    # dataset's image_size (set it to 224) and 8x96 local crops, 65536 prototypes, teacher temp 0.04 -> 0.07 over 30 epochs, momentum 0.996,
+    # wd 0.04 -> 0.4, lr 5e-4 per 256 images (the paper's linear scaling rule: set lr = 5e-4 * B / 256).
+    "dino_paper": {
+        "objective": {
+            "kind": "dino",
+            "out_dim": 65536,
+            "hidden_dim": 2048,
+            "bottleneck_dim": 256,
+            "norm_last_layer": False,
+            "n_local_crops": 8,
+            "local_crop_size": 96,
+            "teacher_temp": 0.07,
+            "warmup_teacher_temp": 0.04,
+            "warmup_teacher_temp_epochs": 30,
+            "momentum_teacher": 0.996,
+            "weight_decay_end": 0.4,
+        },
+        "training": {"lr": 5e-4, "weight_decay": 0.04, "warmup_epochs": 10, "batch_size": 256},
+        "model": {"drop_path_rate": 0.1},
+    },
+    # Scaled for 16-32 px images and minutes of CPU: crops at the image size and half of it, 4 local
+    # crops, 1024 prototypes, a faster EMA (0.99) because runs are hundreds of steps, not 10^5.
+    "dino_small": {
+        "objective": {
+            "kind": "dino",
+            "out_dim": 1024,
+            "hidden_dim": 256,
+            "bottleneck_dim": 64,
+            "norm_last_layer": True,
+            "n_local_crops": 4,
+            "teacher_temp": 0.07,
+            "warmup_teacher_temp": 0.04,
+            "warmup_teacher_temp_epochs": 2,
+            "momentum_teacher": 0.99,
+            "weight_decay_end": 0.4,
+        },
+        "training": {"lr": 5e-4, "weight_decay": 0.04, "warmup_epochs": 1},
+        "model": {},
+    },
+}
+
+
+def _objective_kind(v: object) -> str:
+    if isinstance(v, dict):
+        return v.get("kind", "supervised")
+    return getattr(v, "kind", "supervised")
+
+
+ObjectiveSpec = Annotated[
+    Annotated[SupervisedObjective, Tag("supervised")] | Annotated[DinoObjective, Tag("dino")],
+    Discriminator(_objective_kind),
+]
 
 
 class ProbeSpec(_Strict):
@@ -107,11 +321,45 @@ class ProbeSpec(_Strict):
 class Design(_Strict):
     datasets: list[DatasetSpec] = Field(min_length=1)
     model: ModelSpec = ModelSpec()
-    objective: Literal["supervised"] = "supervised"
+    objective: ObjectiveSpec = SupervisedObjective()
     training: TrainingSpec = TrainingSpec()
     seeds: list[int] = Field(min_length=1)
     checkpoints: list[int] | None = None  # epochs at which spectra are measured; default: last epoch
     probe: ProbeSpec = ProbeSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_objective_preset(cls, data: object) -> object:
+        """``objective: NAME`` (a kind or a preset) -> a mapping; a preset fills unset training/model keys."""
+        if not isinstance(data, dict):
+            return data
+        obj = data.get("objective")
+        if isinstance(obj, str):
+            if obj in OBJECTIVE_PRESETS:
+                obj = {"kind": OBJECTIVE_PRESETS[obj]["objective"]["kind"], "preset": obj}
+            elif obj in ("supervised", "dino"):
+                obj = {"kind": obj}
+            else:
+                raise _FieldError(
+                    "design.objective",
+                    f"expected 'supervised', 'dino' or a preset {sorted(OBJECTIVE_PRESETS)}, got {obj!r}",
+                )
+        if isinstance(obj, dict) and obj.get("preset") in OBJECTIVE_PRESETS:
+            preset = OBJECTIVE_PRESETS[obj["preset"]]
+            if preset["objective"]["kind"] != obj.get("kind", "supervised"):
+                raise _FieldError(
+                    "design.objective.preset",
+                    f"preset {obj['preset']!r} is a {preset['objective']['kind']} preset, "
+                    f"got kind {obj.get('kind', 'supervised')!r}",
+                )
+            data = dict(data)
+            for part in ("training", "model"):
+                given = data.get(part) or {}
+                if isinstance(given, dict):
+                    data[part] = {**preset[part], **given}
+        if obj is not None:
+            data = {**data, "objective": obj}
+        return data
 
     @field_validator("seeds")
     @classmethod
@@ -131,6 +379,13 @@ class Design(_Strict):
         m = self.model.resolved()
         if "embed_dim" in m and "num_heads" in m and m["embed_dim"] % m["num_heads"]:
             raise ValueError(f"embed_dim {m['embed_dim']} is not divisible by num_heads {m['num_heads']}")
+        local = getattr(self.objective, "local_crop_size", None)
+        patch = m.get("patch_size", 16)
+        if local is not None and local % patch:
+            raise _FieldError(
+                "design.objective.local_crop_size",
+                f"expected a multiple of the patch size {patch}, got {local}",
+            )
         return self
 
     @property
@@ -141,6 +396,21 @@ class Design(_Strict):
     def layers(self) -> list[str]:
         """Observation points in depth order: patch_embed, pos_embed, block_01..block_NN, norm."""
         return layer_names(self.model.resolved()["depth"])
+
+
+def with_data_roots(hyp: Hypothesis, roots: dict[str, str], file: str | None = None) -> Hypothesis:
+    """A copy of ``hyp`` whose on-disk datasets named in ``roots`` (name -> folder) get those paths."""
+    known = {d.name: d for d in hyp.design.datasets}
+    for name in roots:
+        if name not in known or not hasattr(known[name], "path"):
+            disk = sorted(n for n, d in known.items() if hasattr(d, "path"))
+            raise StudyError(
+                f"expected the name of an on-disk dataset {disk}, got {name!r}", file, "--data-root"
+            )
+    datasets = [
+        d.model_copy(update={"path": roots[d.name]}) if d.name in roots else d for d in hyp.design.datasets
+    ]
+    return hyp.model_copy(update={"design": hyp.design.model_copy(update={"datasets": datasets})})
 
 
 def layer_names(depth: int) -> list[str]:
@@ -235,7 +505,12 @@ def _loc(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("procedural", "u_shape"):  # discriminator tags pydantic inserts in the path
+        elif part in (
+            *DATASET_KINDS,
+            "u_shape",
+            "supervised",
+            "dino",
+        ):  # discriminator tags pydantic inserts in the path
             continue
         else:
             out += f".{part}" if out else str(part)

@@ -1,0 +1,23 @@
+"""Images as stored (uint8, channels last) -> network inputs (normalised float, channels first).
+
+Datasets stay uint8 ``(N, H, W, 3)`` in memory (4x smaller than float32: CIFAR-100 at 224 px is 7.5 GB
+as uint8, 30 GB as float32) and each batch is converted on the training device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+MEAN, STD = 0.5, 0.25  # procedural images are uniform-ish in [0, 1]; this puts inputs near N(0, 1)
+
+
+def to_input(images: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """uint8 (B, H, W, 3) -> float32 (B, 3, H, W) on ``device``: ``(x / 255 - MEAN) / STD``."""
+    x = images.to(device, non_blocking=True).permute(0, 3, 1, 2).float().div_(255.0)
+    return (x - MEAN) / STD
+
+
+def to_tensor(images: np.ndarray) -> torch.Tensor:
+    """uint8 (N, H, W, 3) numpy -> normalised float32 (N, 3, H, W) (the probe set, kept whole)."""
+    return to_input(torch.from_numpy(images))

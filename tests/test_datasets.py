@@ -1,0 +1,257 @@
+"""On-disk loaders, each on a tiny fixture written here in the dataset's exact published layout."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from runners.datasets import dataset_fingerprint, load_disk_split
+from study.errors import StudyError
+from study.planner import plan_runs
+from study.schema import parse_hypothesis, with_data_roots
+
+N_CLASSES, PER_CLASS = 3, 4  # 12 train and 12 held-out images: enough for an 8-image probe
+
+
+def _rgb(rng: np.random.Generator, size: int, cls: int) -> np.ndarray:
+    """A noisy image whose mean colour encodes the class, so labels can be checked after resizing."""
+    base = np.zeros((size, size, 3)) + 40
+    base[..., cls % 3] = 200
+    return np.clip(base + rng.normal(0, 10, base.shape), 0, 255).astype(np.uint8)
+
+
+def write_cifar100(root: Path) -> Path:
+    """train/test/meta pickles as the official python version: bytes keys, (N, 3072) channel-major."""
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True)
+    for split in ("train", "test"):
+        labels = [c for c in range(N_CLASSES) for _ in range(PER_CLASS)]
+        data = np.stack([_rgb(rng, 32, c).transpose(2, 0, 1).reshape(-1) for c in labels])
+        d = {
+            b"data": data,
+            b"fine_labels": labels,
+            b"coarse_labels": [c % 2 for c in labels],
+            b"filenames": [],
+        }
+        (root / split).write_bytes(pickle.dumps(d, protocol=2))
+    meta = {
+        b"fine_label_names": [f"fine{i}".encode() for i in range(100)],
+        b"coarse_label_names": [f"coarse{i}".encode() for i in range(20)],
+    }
+    (root / "meta").write_bytes(pickle.dumps(meta, protocol=2))
+    return root
+
+
+def write_tiny_imagenet(root: Path) -> Path:
+    """train/<wnid>/images/<wnid>_<i>.JPEG (+ boxes file), val/images + val_annotations.txt, wnids.txt."""
+    rng = np.random.default_rng(1)
+    wnids = [f"n0{i}000000" for i in range(N_CLASSES)]
+    (root / "val" / "images").mkdir(parents=True)
+    ann = []
+    for c, w in enumerate(wnids):
+        d = root / "train" / w / "images"
+        d.mkdir(parents=True)
+        for i in range(PER_CLASS):
+            Image.fromarray(_rgb(rng, 64, c)).save(d / f"{w}_{i}.JPEG", quality=95)
+            fn = f"val_{c * PER_CLASS + i}.JPEG"
+            Image.fromarray(_rgb(rng, 64, c)).save(root / "val" / "images" / fn, quality=95)
+            ann.append(f"{fn}\t{w}\t0\t0\t63\t63")
+        (root / "train" / w / f"{w}_boxes.txt").write_text("")
+    (root / "val" / "val_annotations.txt").write_text("\n".join(ann) + "\n")
+    (root / "wnids.txt").write_text("\n".join(wnids) + "\n")
+    return root
+
+
+def write_ucmerced(root: Path) -> Path:
+    """Images/<class>/<class>NN.tif (the archive's own layout)."""
+    rng = np.random.default_rng(2)
+    for c, name in enumerate(["agricultural", "airplane", "beach"][:N_CLASSES]):
+        d = root / "Images" / name
+        d.mkdir(parents=True)
+        for i in range(2 * PER_CLASS):
+            Image.fromarray(_rgb(rng, 40, c)).save(d / f"{name}{i:02d}.tif")
+    return root
+
+
+def write_imagefolder(root: Path) -> Path:
+    """train/<class>/*.JPEG and val/<class>/*.JPEG (ImageNet-100 style), non-square images."""
+    rng = np.random.default_rng(3)
+    for split in ("train", "val"):
+        for c in range(N_CLASSES + 1):  # one class more than the class list keeps
+            d = root / split / f"n1{c}"
+            d.mkdir(parents=True)
+            for i in range(PER_CLASS):
+                Image.fromarray(_rgb(rng, 48, c)[:, :36]).save(d / f"img{i}.JPEG")
+    return root
+
+
+WRITERS = {
+    "cifar100": write_cifar100,
+    "tiny_imagenet": write_tiny_imagenet,
+    "ucmerced": write_ucmerced,
+    "imagefolder": write_imagefolder,
+}
+EXTRA = {"imagefolder": {"classes": ["n10", "n11", "n12"]}, "ucmerced": {"test_fraction": 0.5}}
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("datasets")
+    return {kind: write(base / kind) for kind, write in WRITERS.items()}
+
+
+def _spec(kind: str, path: Path, **kw) -> dict:
+    return {"name": kind, "kind": kind, "path": str(path), "image_size": 8, **EXTRA.get(kind, {}), **kw}
+
+
+@pytest.mark.parametrize("kind", sorted(WRITERS))
+def test_loader_reads_fixture(kind, roots, tmp_path):
+    spec = _spec(kind, roots[kind])
+    xtr, ytr = load_disk_split(spec, "train", tmp_path)
+    xte, yte = load_disk_split(spec, "test", tmp_path)
+    assert xtr.shape[1:] == (8, 8, 3) and xtr.dtype == np.uint8 and ytr.dtype == np.int64
+    assert set(ytr.tolist()) == set(yte.tolist()) == set(range(N_CLASSES))
+    assert len(xtr) + len(xte) == (2 * N_CLASSES * PER_CLASS)
+    # labels survive decoding and resizing: each class's dominant channel is its class index mod 3
+    for x, y in ((xtr, ytr), (xte, yte)):
+        assert (x.reshape(len(x), -1, 3).mean(1).argmax(1) == y % 3).all()
+    probe, _ = load_disk_split(spec, "probe", tmp_path, probe_size=8, probe_seed=5)
+    assert probe.shape == (8, 8, 8, 3)
+    assert all(any((p == t).all() for t in xte) for p in probe)  # drawn from the held-out split
+    np.testing.assert_array_equal(load_disk_split(spec, "probe", tmp_path, 8, 5)[0], probe)  # cache
+
+
+def test_subsets_are_seeded(roots, tmp_path):
+    spec = _spec("cifar100", roots["cifar100"], n_train=5)
+    full, _ = load_disk_split({**spec, "n_train": None}, "train", tmp_path)
+    a, _ = load_disk_split(spec, "train", tmp_path / "a")
+    b, _ = load_disk_split(spec, "train", tmp_path / "b")
+    c, _ = load_disk_split({**spec, "subset_seed": 3}, "train", tmp_path / "c")
+    assert len(full) == 12 and len(a) == 5
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_ucmerced_split_is_seeded_stratified_and_disjoint(roots, tmp_path):
+    spec = {**_spec("ucmerced", roots["ucmerced"]), "test_fraction": 0.25}
+    xtr, ytr = load_disk_split(spec, "train", tmp_path)
+    xte, yte = load_disk_split(spec, "test", tmp_path)
+    assert np.bincount(yte).tolist() == [2] * N_CLASSES and np.bincount(ytr).tolist() == [6] * N_CLASSES
+    assert not any((t == x).all() for t in xte for x in xtr)
+    other, _ = load_disk_split({**spec, "split_seed": 1}, "test", tmp_path / "b")
+    assert not np.array_equal(other, xte)
+
+
+def test_cifar_coarse_labels(roots, tmp_path):
+    _, y = load_disk_split(_spec("cifar100", roots["cifar100"], label="coarse"), "train", tmp_path)
+    assert set(y.tolist()) == {0, 1}
+
+
+@pytest.mark.parametrize("kind", sorted(WRITERS))
+def test_missing_folder_is_one_line_error(kind, tmp_path):
+    with pytest.raises(StudyError) as err:
+        load_disk_split(_spec(kind, tmp_path / "nowhere"), "train", tmp_path)
+    msg = str(err.value)
+    assert "\n" not in msg and str(tmp_path / "nowhere") in msg and "expected" in msg and kind in msg
+
+
+def test_malformed_layouts_name_what_is_wrong(roots, tmp_path):
+    bad = tmp_path / "tiny"
+    shutil.copytree(roots["tiny_imagenet"], bad)
+    (bad / "val" / "val_annotations.txt").unlink()
+    with pytest.raises(StudyError, match="val_annotations.txt"):
+        load_disk_split(_spec("tiny_imagenet", bad), "train", tmp_path)
+    cifar = tmp_path / "cifar"
+    shutil.copytree(roots["cifar100"], cifar)
+    (cifar / "train").write_bytes(b"not a pickle")
+    with pytest.raises(StudyError, match="unreadable pickle"):
+        load_disk_split(_spec("cifar100", cifar), "train", tmp_path)
+    with pytest.raises(StudyError, match="n99"):
+        load_disk_split(_spec("imagefolder", roots["imagefolder"], classes=["n10", "n99"]), "train", tmp_path)
+
+
+def test_env_path_resolution_and_unset_variable(roots, tmp_path, monkeypatch):
+    monkeypatch.setenv("STUDY_TEST_UCM", str(roots["ucmerced"]))
+    x, _ = load_disk_split(_spec("ucmerced", "${STUDY_TEST_UCM}"), "train", tmp_path)
+    assert len(x) > 0
+    monkeypatch.delenv("STUDY_TEST_UCM")
+    with pytest.raises(StudyError, match="STUDY_TEST_UCM is not set"):
+        load_disk_split(_spec("ucmerced", "${STUDY_TEST_UCM}"), "train", tmp_path)
+
+
+HYP = """\
+name: disk
+design:
+  datasets:
+    - {name: ucm, kind: ucmerced, path: "${STUDY_TEST_DATA}", image_size: 8, test_fraction: 0.5}
+  model: {preset: vit_cpu12, embed_dim: 16, depth: 2, num_heads: 2}
+  training: {epochs: 1, batch_size: 8, max_steps_per_epoch: 2}
+  seeds: [0]
+  probe: {size: 8}
+claims:
+  - {name: u, kind: u_shape, metric: eed_pct, subset: {dataset: ucm},
+     regions: {early: [block_01], bottleneck: [block_02], late: [norm]}}
+"""
+
+
+def test_run_key_uses_content_not_path(roots, tmp_path, monkeypatch):
+    hyp = parse_hypothesis(yaml.safe_load(HYP))
+    monkeypatch.delenv("STUDY_TEST_DATA", raising=False)
+    assert plan_runs(hyp)[0].dataset["fingerprint"] is None  # plans without the data present
+    monkeypatch.setenv("STUDY_TEST_DATA", str(roots["ucmerced"]))
+    key = plan_runs(hyp)[0].key
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(roots["ucmerced"], copy)
+    moved = with_data_roots(hyp, {"ucm": str(copy)})
+    assert plan_runs(moved)[0].dataset["path"] == str(copy) and plan_runs(moved)[0].key == key
+    next((copy / "Images" / "beach").iterdir()).unlink()
+    assert plan_runs(moved)[0].key != key
+    assert dataset_fingerprint({"path": str(tmp_path / "absent")}) is None
+    with pytest.raises(StudyError, match="--data-root"):
+        with_data_roots(hyp, {"nope": "/x"})
+
+
+@pytest.mark.parametrize("objective", ["supervised", "dino"])
+@pytest.mark.parametrize("kind", sorted(WRITERS))
+def test_tiny_training_on_each_format(kind, objective, roots, tmp_path, monkeypatch):
+    """A depth-2 ViT trains 2 steps with each objective on each format and yields spectra."""
+    from runners.train import train_run
+
+    monkeypatch.setenv("STUDY_TEST_DATA", str(roots[kind]))
+    data = yaml.safe_load(HYP)
+    data["design"]["datasets"] = [
+        {"name": "ds", "kind": kind, "path": "${STUDY_TEST_DATA}", **EXTRA.get(kind, {})}
+    ]
+    data["design"]["datasets"][0]["image_size"] = 8
+    data["claims"][0]["subset"]["dataset"] = "ds"
+    if objective == "dino":
+        data["design"]["objective"] = {"kind": "dino", "preset": "dino_small", "out_dim": 32, "hidden_dim": 16,
+                                       "bottleneck_dim": 8, "n_local_crops": 2}  # fmt: skip
+    spec = plan_runs(parse_hypothesis(data))[0].model_dump()
+    result = train_run(spec, tmp_path / "run", tmp_path / "data")
+    assert result["status"] == "finished", result.get("error")
+    assert np.isfinite(result["history"][0]["loss"])
+    assert ("knn_acc" if objective == "dino" else "test_acc") in result["history"][0]
+    with np.load(tmp_path / "run" / "spectra.npz") as f:
+        assert "1/block_02/all" in f.files and (f["1/block_02/all"] >= 0).all()
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parent.parent / "hypotheses" / "paper").glob("*.yaml"))
+)
+def test_paper_hypotheses_validate_and_plan_without_data(path, monkeypatch):
+    from study.schema import load_hypothesis
+
+    for var in ("CIFAR100_DIR", "TINY_IMAGENET_DIR", "UCMERCED_DIR", "IMAGENET100_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    hyp = load_hypothesis(path)
+    runs = plan_runs(hyp)
+    assert len(runs) == len(hyp.design.datasets) * len(hyp.design.seeds) >= 5
+    assert all(r.model["name"] == "vit_small_patch16_224" and r.dataset["image_size"] == 224 for r in runs)
+    assert {r.objective["kind"] for r in runs} <= {"supervised", "dino"}

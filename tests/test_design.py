@@ -1,0 +1,82 @@
+"""Design part of the schema: dataset kinds, objective presets, run keys (stable across versions)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from study.cli import main
+from study.errors import StudyError
+from study.planner import plan_runs
+from study.schema import DinoObjective, SupervisedObjective, parse_hypothesis
+from tests.conftest import TINY_HYPOTHESIS
+
+BASE = yaml.safe_load(TINY_HYPOTHESIS)
+
+
+def _hyp(**design):
+    data = copy.deepcopy(BASE)
+    data["design"].update(design)
+    return parse_hypothesis(data, "h.yaml")
+
+
+def test_run_keys_of_the_spine_are_unchanged():
+    """Keys computed by the spine (commit f7700c0) for hypotheses/u_shape.yaml: old runs are reused."""
+    from study.schema import load_hypothesis
+
+    keys = [r.key for r in plan_runs(load_hypothesis("hypotheses/u_shape.yaml"))]
+    assert keys[:3] == ["61bfe3783c174e5d", "cdc09d74a18a7f3a", "5906d89f0ca08e77"]
+
+
+def test_dataset_without_kind_is_procedural_and_kinds_are_checked():
+    assert _hyp().design.datasets[0].kind == "procedural"
+    with pytest.raises(StudyError, match=r"design.datasets\[0\]"):
+        _hyp(datasets=[{"name": "x", "kind": "mnist", "path": "/x"}])
+    with pytest.raises(StudyError, match=r"design.datasets\[0\].path: required field is missing"):
+        _hyp(datasets=[{"name": "x", "kind": "cifar100"}])
+    with pytest.raises(StudyError, match="texture_reliance"):
+        _hyp(datasets=[{"name": "t", "variant": "textures", "texture_reliance": 0.5}])
+    with pytest.raises(StudyError, match="texture_reliance"):
+        _hyp(datasets=[{"name": "t", "texture_reliance": 1.5}])
+
+
+def test_objective_names_presets_and_overrides():
+    assert _hyp().design.objective == SupervisedObjective()
+    assert _hyp(objective="supervised").design.objective == SupervisedObjective()
+    tgo = _hyp(objective="tgo_supervised").design
+    assert (tgo.training.label_smoothing, tgo.training.lr, tgo.model.drop_path_rate) == (0.1, 1e-3, 0.1)
+    kept = _hyp(objective="tgo_supervised", training={"epochs": 2, "batch_size": 32, "label_smoothing": 0.2})
+    assert kept.design.training.label_smoothing == 0.2  # the file's own value wins over the preset
+    dino = _hyp(objective={"kind": "dino", "preset": "dino_paper", "n_local_crops": 2}).design
+    assert isinstance(dino.objective, DinoObjective)
+    assert dino.objective.out_dim == 65536 and dino.objective.n_local_crops == 2
+    assert dino.training.weight_decay == 0.04 and dino.objective.weight_decay_end == 0.4
+    assert _hyp(objective="dino").design.objective.out_dim == 1024
+    with pytest.raises(StudyError, match="local_crop_size: expected a multiple of the patch size 4"):
+        _hyp(objective={"kind": "dino", "local_crop_size": 6})
+    with pytest.raises(StudyError, match="design.objective: expected 'supervised', 'dino' or a preset"):
+        _hyp(objective="byol")
+    with pytest.raises(StudyError, match="design.objective.preset"):
+        _hyp(objective={"kind": "supervised", "preset": "dino_small"})
+    with pytest.raises(StudyError, match=r"design.objective.out_dim: unknown key"):
+        _hyp(objective={"kind": "supervised", "out_dim": 3})
+
+
+def test_objective_and_compile_in_run_key():
+    sup, dino = plan_runs(_hyp())[0], plan_runs(_hyp(objective="dino_small"))[0]
+    assert sup.objective == "supervised" and dino.objective["kind"] == "dino" and sup.key != dino.key
+    compiled = plan_runs(_hyp(training={"epochs": 2, "batch_size": 32, "compile": True}))[0]
+    assert compiled.key == sup.key  # compiling changes speed, not what is trained
+    knob = plan_runs(_hyp(datasets=[{**BASE["design"]["datasets"][0], "clutter": 0.5}]))[0]
+    assert knob.key != sup.key
+
+
+def test_cli_data_root_flag_errors(tmp_path, capsys):
+    path = tmp_path / "h.yaml"
+    path.write_text(TINY_HYPOTHESIS)
+    assert main(["run", str(path), "--out", str(tmp_path), "--data-root", "objects"]) == 2
+    assert "--data-root: expected NAME=PATH" in capsys.readouterr().err
+    assert main(["run", str(path), "--out", str(tmp_path), "--data-root", "objects=/x"]) == 2
+    assert "expected the name of an on-disk dataset" in capsys.readouterr().err

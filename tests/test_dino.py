@@ -1,0 +1,182 @@
+"""DINO mechanics, each checked directly: loss, centring, EMA, schedules, head, crops, k-NN."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from runners.objectives.dino import (
+    DINOHead,
+    DINOLoss,
+    DinoTrainer,
+    MultiCrop,
+    cosine_schedule,
+    ema_update,
+    knn_accuracy,
+    teacher_temp_schedule,
+)
+
+
+def _np_softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_loss_matches_hand_computation_and_centre_updates():
+    """B=1, K=3, 2 global + 1 local crop; pairs (t0,s1), (t0,s2), (t1,s0), (t1,s2)."""
+    s = np.array([[1.0, 0.0, -1.0], [0.5, 0.2, 0.1], [-0.3, 0.4, 0.0]])  # student logits per crop
+    t = np.array([[0.2, 0.1, 0.0], [0.0, 0.3, 0.1]])  # teacher logits per global crop
+    c = np.array([[0.05, -0.05, 0.0]])
+    tau_s, tau_t = 0.1, 0.04
+    q = _np_softmax((t - c) / tau_t)
+    logp = np.log(_np_softmax(s / tau_s))
+    pairs = [(0, 1), (0, 2), (1, 0), (1, 2)]
+    expected = np.mean([-(q[i] * logp[j]).sum() for i, j in pairs])
+
+    loss_fn = DINOLoss(out_dim=3, n_crops=3, student_temp=tau_s, center_momentum=0.9)
+    loss_fn.center.copy_(torch.tensor(c))
+    loss = loss_fn(torch.tensor(s, dtype=torch.float64), torch.tensor(t, dtype=torch.float64), tau_t)
+    assert loss.item() == pytest.approx(expected, rel=1e-6)  # centre buffer is float32
+    # centre: c <- 0.9 c + 0.1 mean_b teacher
+    np.testing.assert_allclose(loss_fn.center.numpy(), 0.9 * c + 0.1 * t.mean(0, keepdims=True), rtol=1e-6)
+
+
+def test_loss_excludes_same_view_pairs():
+    """Identical student and teacher outputs on the same view contribute nothing: only cross pairs count."""
+    loss_fn = DINOLoss(out_dim=4, n_crops=2, student_temp=1.0, center_momentum=0.0)
+    t = torch.tensor([[5.0, 0, 0, 0], [0, 5.0, 0, 0]])
+    s_same = t.clone()
+    s_swapped = t.flip(0)
+    assert loss_fn(s_swapped, t, 1.0) < loss_fn(s_same, t, 1.0)
+
+
+def test_ema_update():
+    student, teacher = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        for p in student.parameters():
+            p.fill_(1.0)
+        for p in teacher.parameters():
+            p.fill_(0.0)
+    ema_update(student, teacher, 0.9)
+    for p in teacher.parameters():
+        torch.testing.assert_close(p, torch.full_like(p, 0.1))
+    ema_update(student, teacher, 1.0)  # momentum 1: the teacher is frozen
+    for p in teacher.parameters():
+        torch.testing.assert_close(p, torch.full_like(p, 0.1))
+
+
+def test_teacher_temperature_schedule():
+    np.testing.assert_allclose(teacher_temp_schedule(0.04, 0.07, 3, 5), [0.04, 0.055, 0.07, 0.07, 0.07])
+    np.testing.assert_allclose(teacher_temp_schedule(0.04, 0.07, 0, 2), [0.07, 0.07])
+
+
+def test_cosine_schedules_for_weight_decay_momentum_and_lr():
+    wd = cosine_schedule(0.04, 0.4, epochs=2, steps_per_epoch=5)
+    assert len(wd) == 10 and wd[0] == pytest.approx(0.04) and wd[5] == pytest.approx(0.22)
+    assert np.all(np.diff(wd) > 0) and wd[-1] < 0.4
+    mom = cosine_schedule(0.996, 1.0, 3, 4)
+    assert mom[0] == pytest.approx(0.996) and np.all(np.diff(mom) > 0) and mom[-1] <= 1.0
+    lr = cosine_schedule(1e-3, 1e-6, 2, 5, warmup_epochs=1)
+    np.testing.assert_allclose(lr[:5], [0, 2e-4, 4e-4, 6e-4, 8e-4])
+    assert lr[5] == pytest.approx(1e-3) and np.all(np.diff(lr[5:]) < 0)
+
+
+def test_head_with_normed_last_layer_has_bounded_logits():
+    head = DINOHead(8, 16, hidden_dim=12, bottleneck_dim=4, norm_last_layer=True)
+    g = head.last_layer.parametrizations.weight.original0
+    assert not g.requires_grad
+    out = head(torch.randn(5, 8) * 100)
+    assert out.shape == (5, 16) and out.abs().max() <= 1.0 + 1e-5  # unit vector . unit rows
+
+
+def _crops(seed: int, x: torch.Tensor) -> list[torch.Tensor]:
+    return MultiCrop(16, 8, 3, (0.4, 1.0), (0.05, 0.4), torch.Generator().manual_seed(seed))(x)
+
+
+def test_crop_pipeline_shapes_range_and_determinism():
+    x01 = torch.rand(6, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    x = (x01 - 0.5) / 0.25
+    crops = _crops(1, x)
+    assert [tuple(c.shape) for c in crops] == [(6, 3, 16, 16)] * 2 + [(6, 3, 8, 8)] * 3
+    for c in crops:
+        c01 = c * 0.25 + 0.5
+        assert torch.isfinite(c).all() and c01.min() >= -1e-5 and c01.max() <= 1 + 1e-5
+    again = _crops(1, x)
+    assert all(torch.equal(a, b) for a, b in zip(crops, again, strict=True))
+    other = _crops(2, x)
+    assert not torch.equal(crops[0], other[0])
+    assert not torch.equal(crops[0], crops[1])  # two global views differ
+
+
+def test_crop_of_uniform_image_keeps_it_uniform_per_image():
+    """Cropping and blurring a constant image cannot create structure; only colour ops change values."""
+    x = torch.zeros(4, 3, 16, 16)
+    for c in _crops(3, x):
+        flat = c.reshape(4, 3, -1)
+        assert (flat.std(-1) < 1e-4).all()
+
+
+def test_knn_accuracy_on_separable_and_random_features():
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(4, 16, generator=g) * 5
+    ytr, yte = torch.arange(200) % 4, torch.arange(80) % 4
+    ftr = centres[ytr] + torch.randn(200, 16, generator=g)
+    fte = centres[yte] + torch.randn(80, 16, generator=g)
+    assert knn_accuracy(ftr, ytr, fte, yte) == 1.0
+    assert knn_accuracy(torch.randn(200, 16, generator=g), ytr, torch.randn(80, 16, generator=g), yte) < 0.5
+
+
+RUN = {
+    "seed": 0,
+    "model": {"name": "vit_small_patch16_224", "patch_size": 4, "embed_dim": 16, "depth": 2, "num_heads": 2},
+    "training": {"epochs": 2, "batch_size": 4, "lr": 1e-3, "weight_decay": 0.04, "warmup_epochs": 0},
+    "objective": {
+        "kind": "dino",
+        "out_dim": 32,
+        "hidden_dim": 16,
+        "bottleneck_dim": 8,
+        "norm_last_layer": True,
+        "n_local_crops": 2,
+        "local_crop_size": None,
+        "global_crop_scale": (0.4, 1.0),
+        "local_crop_scale": (0.05, 0.4),
+        "student_temp": 0.1,
+        "teacher_temp": 0.07,
+        "warmup_teacher_temp": 0.04,
+        "warmup_teacher_temp_epochs": 1,
+        "center_momentum": 0.9,
+        "momentum_teacher": 0.9,
+        "weight_decay_end": 0.4,
+        "freeze_last_layer_epochs": 1,
+        "clip_grad": 3.0,
+    },
+}
+
+
+def test_trainer_step_applies_ema_schedules_and_frozen_last_layer():
+    torch.manual_seed(0)
+    trainer = DinoTrainer(RUN, 2, 16, steps_per_epoch=1, device=torch.device("cpu"))
+    assert trainer.local_size == 8 and trainer.measured is trainer.teacher["backbone"]
+    for ps, pt in zip(trainer.student.parameters(), trainer.teacher.parameters(), strict=True):
+        assert torch.equal(ps, pt)  # the teacher starts as a copy of the student
+    teacher_before = [p.clone() for p in trainer.teacher.parameters()]
+    last_before = [p.clone() for p in trainer.student["head"].last_layer.parameters()]
+    x = torch.randint(0, 256, (4, 16, 16, 3), dtype=torch.uint8)
+    stats = trainer.train_epoch(1, x, torch.zeros(4, dtype=torch.long), torch.arange(4), lambda *a: None)
+    m = trainer.momentum[0]
+    for before, ps, pt in zip(
+        teacher_before, trainer.student.parameters(), trainer.teacher.parameters(), strict=True
+    ):
+        torch.testing.assert_close(pt, m * before + (1 - m) * ps.detach())
+    for before, p in zip(last_before, trainer.student["head"].last_layer.parameters(), strict=True):
+        assert torch.equal(before, p)  # frozen in the first epoch
+    assert stats["teacher_temp"] == 0.04 and stats["weight_decay"] == pytest.approx(0.04)
+    assert trainer.opt.param_groups[1]["weight_decay"] == 0.0  # biases and norms: no decay
+    assert float(trainer.loss_fn.center.abs().sum()) > 0  # centring moved from its zero start
+    stats = trainer.train_epoch(2, x, torch.zeros(4, dtype=torch.long), torch.arange(4), lambda *a: None)
+    assert stats["teacher_temp"] == 0.07 and stats["weight_decay"] == pytest.approx(0.22)
+    assert not all(
+        torch.equal(b, p)
+        for b, p in zip(last_before, trainer.student["head"].last_layer.parameters(), strict=True)
+    )

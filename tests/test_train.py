@@ -1,0 +1,192 @@
+"""Training scaffolding: resume after SIGKILL in a real subprocess, NaN handling, reproducibility records."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from study.planner import plan_runs
+from study.schema import parse_hypothesis
+from tests.conftest import TINY_HYPOTHESIS
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Runs one training run; with PAUSE=EPOCH:STEP it prints MIDEPOCH after that step and sleeps, so the
+# test can SIGKILL it at a known point in the middle of an epoch (after the step's optimiser update).
+DRIVER = """
+import contextlib, json, os, sys, time
+import runners.train as T
+spec = json.loads(open(sys.argv[1]).read())
+pause = os.environ.get("PAUSE")
+if pause:
+    pe, ps = map(int, pause.split(":"))
+
+    @contextlib.contextmanager
+    def progress(label, epoch, epochs, steps, bar):
+        def tick(step, loss, n):
+            if (epoch, step) == (pe, ps):
+                print("MIDEPOCH", flush=True)
+                time.sleep(600)
+        yield tick
+
+    T._epoch_progress = progress
+T.train_run(spec, sys.argv[2], sys.argv[3])
+"""
+
+DINO = {
+    "kind": "dino",
+    "preset": "dino_small",
+    "out_dim": 32,
+    "hidden_dim": 16,
+    "bottleneck_dim": 8,
+    "n_local_crops": 2,
+}
+
+
+def _spec(objective: str | dict, epochs: int = 3) -> dict:
+    data = yaml.safe_load(TINY_HYPOTHESIS)
+    data["design"]["training"].update(epochs=epochs, batch_size=16)  # 64 images: 4 steps per epoch
+    data["design"]["checkpoints"] = [0, epochs]
+    data["design"]["objective"] = objective
+    return plan_runs(parse_hypothesis(data))[0].model_dump()
+
+
+def _run(spec_file: Path, run_dir: Path, data_dir: Path, pause: str | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("PAUSE", None)
+    if pause:
+        env["PAUSE"] = pause
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(spec_file), str(run_dir), str(data_dir)],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("objective", ["supervised", pytest.param("dino", marks=pytest.mark.slow)])
+def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted(objective, tmp_path):
+    """Bitwise on CPU: history, spectra and final weights. (DINO: slow-marked, ~30 s of subprocesses.)"""
+    from runners.data import load_split
+    from runners.train import train_run
+
+    spec = _spec(DINO if objective == "dino" else "supervised")
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    data_dir = tmp_path / "data"
+    for split in ("train", "test"):
+        load_split(spec["dataset"], split, data_dir)
+
+    # 1) killed with SIGKILL in the middle of epoch 2 (after step 1 of 4)
+    proc = _run(spec_file, tmp_path / "a", data_dir, pause="2:1")
+    deadline = time.time() + 120
+    line = ""
+    while time.time() < deadline and "MIDEPOCH" not in line:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+    assert "MIDEPOCH" in line, proc.stderr.read()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    state = torch.load(tmp_path / "a" / "resume.pt", weights_only=False)
+    assert state["epoch"] == 1 and not (tmp_path / "a" / "result.json").exists()
+    assert not list((tmp_path / "a").glob("*.tmp*"))  # no half-written file left behind
+
+    # 2) the same command again resumes from epoch 1 and finishes
+    proc = _run(spec_file, tmp_path / "a", data_dir)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    resumed = json.loads((tmp_path / "a" / "result.json").read_text())
+
+    # 3) an uninterrupted run of the same spec
+    straight = train_run(spec, tmp_path / "b", data_dir)
+
+    timing = ("images_per_s", "epoch_s")  # wall-clock, not results
+    assert [{k: v for k, v in h.items() if k not in timing} for h in resumed["history"]] == [
+        {k: v for k, v in h.items() if k not in timing} for h in straight["history"]
+    ]
+    with np.load(tmp_path / "a" / "spectra.npz") as fa, np.load(tmp_path / "b" / "spectra.npz") as fb:
+        assert sorted(fa.files) == sorted(fb.files)
+        for k in fa.files:
+            np.testing.assert_array_equal(fa[k], fb[k])
+    wa = torch.load(tmp_path / "a" / "checkpoints" / "epoch_003.pt", weights_only=False)["model"]
+    wb = torch.load(tmp_path / "b" / "checkpoints" / "epoch_003.pt", weights_only=False)["model"]
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_nan_loss_fails_the_run_with_its_epoch(tmp_path, monkeypatch):
+    import runners.objectives.supervised as sup
+    from runners.train import train_run
+
+    real = sup.F.cross_entropy
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] > 5 else loss  # epoch 2 (4 steps per epoch)
+
+    monkeypatch.setattr(sup.F, "cross_entropy", poisoned)
+    result = train_run(_spec("supervised"), tmp_path / "run", tmp_path / "data")
+    assert result["status"] == "failed" and result["failed_epoch"] == 2
+    assert "non-finite loss" in result["error"]
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["failed_epoch"] == 2
+
+
+def test_result_records_environment_and_checkpoints(tmp_path):
+    from runners.train import train_run
+
+    spec = _spec("tgo_supervised", epochs=1)
+    assert spec["training"]["label_smoothing"] == 0.1 and spec["model"]["drop_path_rate"] == 0.1
+    result = train_run(spec, tmp_path / "run", tmp_path / "data")
+    env = result["environment"]
+    for key in ("torch", "timm", "numpy", "git_commit", "git_dirty", "seed_offsets"):
+        assert key in env
+    assert len(env["git_commit"] or "") == 40 and isinstance(env["git_dirty"], bool)
+    assert result["run"] == spec  # the resolved config
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "epoch_000.pt",
+        "epoch_001.pt",
+    ]
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "epoch_001.pt", weights_only=False)
+    assert ckpt["run"] == spec and "blocks.0.attn.qkv.weight" in ckpt["model"]
+    assert not (tmp_path / "run" / "resume.pt").exists()
+
+
+def test_progress_bar_and_plain_lines(tmp_path, capsys):
+    from runners.train import train_run
+
+    lines: list[str] = []
+    train_run(
+        _spec("supervised", epochs=1), tmp_path / "run", tmp_path / "data", progress=lines.append, bar=True
+    )
+    assert any("epoch 1/1 loss" in ln and "img/s" in ln for ln in lines)
+    err = capsys.readouterr().err
+    assert "epoch 1/1" in err and "/4 [" in err  # tqdm's bar: run, epoch, steps
+
+
+def test_progress_bar_shows_loss_and_images_per_second(capsys):
+    from runners.train import _epoch_progress
+
+    with _epoch_progress("ds/seed0", 2, 5, 3, bar=True) as tick:
+        for step in range(3):
+            time.sleep(0.15)  # past tqdm's refresh interval
+            tick(step, 1.234, 32)
+    err = capsys.readouterr().err
+    assert "ds/seed0 epoch 2/5" in err and "loss=1.234" in err and "img_s=" in err
+    with _epoch_progress("ds/seed0", 1, 1, 3, bar=False) as tick:  # no terminal: silent, lines only
+        tick(0, 1.0, 32)
+    assert capsys.readouterr().err == ""
