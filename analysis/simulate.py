@@ -92,3 +92,94 @@ def simulate_layer_table(
             "value": prof.ravel(),
         }
     )
+
+
+def simulate_trends(
+    n_seeds: int,
+    n_points: int,
+    mean_slope: float,
+    rng: np.random.Generator,
+    slope_sd: float = 1.0,
+    seed_sd: float = 1.0,
+    noise_sd: float = 1.0,
+    ar: float = 0.5,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-seed series with random slopes and AR(1) noise: the least favourable null of ``trend`` at 0.
+
+    ``y[s, t] = offset_s + (mean_slope + u_s) * x_t + eps[s, t]``, ``u_s ~ N(0, slope_sd)``, eps stationary
+    AR(1) (coefficient ``ar``, marginal SD ``noise_sd``), ``x_t = 0..n_points-1``.
+
+    Returns:
+        x (n_points,), y (n_seeds, n_points).
+    """
+    x = np.arange(n_points, dtype=float)
+    eps = np.empty((n_seeds, n_points))
+    eps[:, 0] = rng.normal(0, noise_sd, n_seeds)
+    innov = rng.normal(0, noise_sd * np.sqrt(1 - ar**2), (n_seeds, n_points))
+    for i in range(1, n_points):
+        eps[:, i] = ar * eps[:, i - 1] + innov[:, i]
+    slope = mean_slope + rng.normal(0, slope_sd, (n_seeds, 1))
+    offset = rng.normal(0, seed_sd, (n_seeds, 1))
+    return x, offset + slope * x + eps
+
+
+def simulate_study_table(
+    n_seeds: int = 5,
+    datasets: tuple[str, ...] = ("objects", "mixed", "textures"),
+    n_blocks: int = 12,
+    epochs: tuple[int, ...] = tuple(range(11)),
+    metrics: tuple[str, ...] = (
+        "eed_pct",
+        "effective_rank",
+        "spectral_entropy",
+        "spectral_entropy_norm",
+        "stable_rank",
+        "participation_ratio",
+        "spectral_anisotropy",
+        "spectral_flatness",
+    ),
+    token_sets: tuple[str, ...] = ("all", "cls"),
+    seed: int = 0,
+) -> pd.DataFrame:
+    """A synthetic study in the tidy-table format: seeds x datasets x (n_blocks + 3) layers x epochs x metrics.
+
+    Values follow a U over depth whose dip shrinks with the dataset's position in ``datasets`` (texture
+    reliance), grow over epochs (anisotropy falls), put the final-norm CLS token highest, plus seed
+    offsets and noise. Sized by default like a full CPU study (5 x 3 x 15 x 11 x 8, two token sets); used
+    by ``bench/analyze.py`` and the end-to-end claim tests.
+    """
+    rng = np.random.default_rng(seed)
+    layers = layer_names(n_blocks)
+    n_l, n_e = len(layers), len(epochs)
+    depth = np.linspace(0, 1, n_l)
+    frames = []
+    for d_i, ds in enumerate(datasets):
+        dip = 10.0 * (1 - d_i / max(len(datasets) - 1, 1))
+        shape = 50 - dip * np.exp(-(((depth - 0.35) / 0.15) ** 2))
+        for tset in token_sets:
+            bonus = np.where(np.array(layers) == "norm", 8.0, 0.0) if tset == "cls" else np.zeros(n_l)
+            for metric in metrics:
+                sign = -1.0 if metric == "spectral_anisotropy" else 1.0
+                growth = sign * 0.8 * np.asarray(epochs, float)[:, None]  # (E, 1)
+                base = (shape + bonus)[None, :] + growth  # (E, L)
+                vals = (
+                    base[None] + rng.normal(0, 1.0, (n_seeds, 1, 1)) + rng.normal(0, 0.7, (n_seeds, n_e, n_l))
+                )
+                s, e, l_ = np.meshgrid(np.arange(n_seeds), np.arange(n_e), np.arange(n_l), indexing="ij")
+                frames.append(
+                    pd.DataFrame(
+                        {
+                            "run_key": [f"{ds}-s{x}" for x in s.ravel()],
+                            "dataset": ds,
+                            "seed": s.ravel(),
+                            "epoch": np.asarray(epochs)[e.ravel()],
+                            "layer": np.asarray(layers)[l_.ravel()],
+                            "layer_index": l_.ravel(),
+                            "token_set": tset,
+                            "n_tokens": -1,
+                            "metric": metric,
+                            "value": vals.ravel(),
+                        }
+                    )
+                )
+    return pd.concat(frames, ignore_index=True)
