@@ -187,60 +187,45 @@ def jt_statistic(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
 def jonckheere_terpstra(
     y: np.ndarray, direction: str = "increasing", n_permutations: int = 4999, seed: int = 0
 ) -> dict:
-    """Jonckheere-Terpstra test for ordered groups with a permutation p-value (scipy has none).
+    """Jonckheere-Terpstra test for ordered conditions with a within-seed permutation p-value.
+
+    The labels are permuted within each seed (row), which is exact under the null that a seed's K
+    summaries are exchangeable, whether or not seeds differ in level (scipy has no JT test).
 
     Args:
-        y: (S, K) per-seed summaries of K conditions in their claimed order (NaN = missing).
+        y: (S, K) per-seed summaries of K conditions in their claimed order (complete rows).
         direction: ``increasing`` (values rise with the order) or ``decreasing``.
-        n_permutations: Monte Carlo permutations when the exact set of distinct labellings is larger
-            than this; otherwise every distinct labelling is enumerated (exact p).
+        n_permutations: Monte Carlo permutations when the (K!)^S distinct labellings are more than
+            this; otherwise all are enumerated (exact p).
 
     Returns:
-        dict with ``stat`` (JT in the claimed direction), ``p`` (one-sided permutation p:
-        (1 + #perm >= observed) / (1 + n) for Monte Carlo, #>= / total when exact), ``exact``,
-        ``n_labellings``.
+        dict with ``stat`` (JT in the claimed direction), ``p`` (one-sided: share of labellings with a
+        statistic >= the observed one, counting the observed one: (1 + #>=) / (1 + n) for Monte Carlo),
+        ``exact``, ``n_labellings``. ``p`` is NaN for S < 2 or K < 2.
     """
     y = np.asarray(y, dtype=np.float64)
     if direction == "decreasing":
         y = -y
-    k = y.shape[1]
-    labels = np.repeat(np.arange(k)[None, :], y.shape[0], axis=0)
-    ok = ~np.isnan(y)
-    values, groups = y[ok], labels[ok]
-    sizes = np.bincount(groups, minlength=k)
-    obs = float(jt_statistic(values, groups))
-    n_distinct = math.factorial(len(values))
-    for m in sizes:
-        n_distinct //= math.factorial(int(m))
-    if len(values) < 2 or (sizes > 0).sum() < 2:
+    n_seeds, k = y.shape
+    values = y.ravel()
+    obs = float(jt_statistic(values, np.tile(np.arange(k), n_seeds)))
+    if n_seeds < 2 or k < 2:
         return {"stat": obs, "p": float("nan"), "exact": False, "n_labellings": 0}
-    if n_distinct <= max(n_permutations, 1):
-        perms = np.array(list(_distinct_labellings(sizes)))
-        null = jt_statistic(values, perms)
-        p = float(np.mean(null >= obs - 1e-9))
-        return {"stat": obs, "p": p, "exact": True, "n_labellings": len(perms)}
+    n_distinct = math.factorial(k) ** n_seeds
+    if n_distinct <= n_permutations:
+        perms = np.array(list(itertools.permutations(range(k))))
+        labellings = np.array([np.concatenate(rows) for rows in itertools.product(perms, repeat=n_seeds)])
+        null = jt_statistic(values, labellings)
+        return {
+            "stat": obs,
+            "p": float(np.mean(null >= obs - 1e-9)),
+            "exact": True,
+            "n_labellings": n_distinct,
+        }
     rng = np.random.default_rng(seed)
-    perms = rng.permuted(np.tile(groups, (n_permutations, 1)), axis=1)
-    null = jt_statistic(values, perms)
+    labellings = rng.permuted(np.tile(np.arange(k), (n_permutations, n_seeds, 1)), axis=2).reshape(
+        n_permutations, -1
+    )
+    null = jt_statistic(values, labellings)
     p = float((1 + np.sum(null >= obs - 1e-9)) / (1 + n_permutations))
     return {"stat": obs, "p": p, "exact": False, "n_labellings": n_permutations}
-
-
-def _distinct_labellings(sizes: np.ndarray):
-    """Every distinct assignment of group labels with the given group sizes (multiset permutations)."""
-    n = int(sizes.sum())
-
-    def rec(pos_free: list[int], g: int):
-        if g == len(sizes):
-            yield []
-            return
-        for chosen in itertools.combinations(pos_free, int(sizes[g])):
-            rest = [p for p in pos_free if p not in chosen]
-            for tail in rec(rest, g + 1):
-                yield [(g, chosen), *tail]
-
-    for assignment in rec(list(range(n)), 0):
-        lab = np.empty(n, dtype=np.int64)
-        for g, chosen in assignment:
-            lab[list(chosen)] = g
-        yield lab
