@@ -136,9 +136,11 @@ class TableView:
         missing = [layer for layer in layers if layer not in have]
         if missing:
             raise StudyError(f"layers {missing} are not in the table (it has {sorted(have)})", where, fld)
-        return df[df.layer.isin(layers)].pivot_table(
-            index="seed", columns="layer", values="value", aggfunc="mean"
-        )[layers]
+        wide = df[df.layer.isin(layers)].pivot_table(
+            index="seed", columns="layer", values="value", aggfunc="mean", dropna=False
+        )
+        # a seed whose values are all NaN in these layers must stay visible, so it is reported as excluded
+        return wide.reindex(index=sorted(df.seed.unique()), columns=layers)
 
 
 def select(table: pd.DataFrame | TableView, claim, where: str) -> tuple[pd.DataFrame, int]:

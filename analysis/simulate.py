@@ -210,7 +210,7 @@ def simulate_claim_study(label: str, n_seeds: int, effect: float, rng: np.random
 
     ``effect`` = 0 is the least favourable null; > 0 an alternative of that size (per-seed noise SD
     units: dip depth, mean slope per epoch, shift per ordered step, lead over the closest competitor,
-    distance inside the margin, difference). Returns ``p`` (one-sided in the claimed direction; NaN if
+    distance inside the margin of 1 (capped at 1), difference). Returns ``p`` (one-sided in the claimed direction; NaN if
     no test was possible), ``covered`` (whether the 95% CI of the kind's effect covers the truth; None
     where the effect has no known true value) and ``warned`` (the fit recorded a warning).
     """
@@ -257,7 +257,7 @@ def simulate_claim_study(label: str, n_seeds: int, effect: float, rng: np.random
         ci = st["tests"][0]["ci"]
         return {"p": st["p"], "covered": bool(ci[0] <= effect <= ci[1]), "warned": False}
     if label == "equivalence":
-        truth = 1.0 - effect  # margin 1: effect = how far inside the margin the truth lies
+        truth = 1.0 - min(effect, 1.0)  # margin 1: effect = how far inside the margin (capped at the centre)
         a = rng.normal(0, 1, s) + truth
         st = equivalence_statistics(a, np.zeros(s), 1.0)
         return {"p": st["p"], "covered": bool(st["ci"][0] <= truth <= st["ci"][1]), "warned": False}

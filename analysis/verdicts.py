@@ -127,10 +127,16 @@ def evaluate_claims(
     view = TableView.of(table)
     outcomes = []
     for i, claim in enumerate(hyp.claims):
-        excluded: dict[int, str] = {}
+        reasons: dict[int, dict[str, str]] = {}
         for ds in claim.datasets_named():
             for seed, why in (failed or {}).get(ds, {}).items():
-                excluded[seed] = why if seed not in excluded else f"{excluded[seed]}; {why}"
+                reasons.setdefault(int(seed), {})[ds] = why
+        excluded = {
+            seed: next(iter(set(r.values())))
+            if len(set(r.values())) == 1
+            else "; ".join(f"{d}: {w}" for d, w in r.items())
+            for seed, r in reasons.items()
+        }
         outcomes.append(TESTS[claim.kind](view, claim, where=f"{source}: claims[{i}]", excluded=excluded))
     families: dict[str, list[int]] = {}
     for i, c in enumerate(hyp.claims):
