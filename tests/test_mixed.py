@@ -59,3 +59,25 @@ def test_degenerate_inputs_return_nan_with_reason():
     assert np.isnan(fit["p"]) and fit["warnings"]
     fit = fit_random_slopes(np.arange(4.0), np.ones((1, 4)) * np.arange(4.0))
     assert np.isnan(fit["p"]) and fit["warnings"]
+
+
+def test_zero_slope_with_converged_true_is_flagged(monkeypatch):
+    # statsmodels issue 10239: lbfgs can return a fixed effect of exactly 0 with converged=True
+    import analysis.mixed as mixed
+
+    class _Fit:
+        fe_params = pd.Series({"Intercept": 1.0, "x": 0.0})
+        bse_fe = pd.Series({"Intercept": 0.1, "x": 0.05})
+        cov_re = np.eye(2)
+        scale = 1.0
+        converged = True
+
+    class _Model:
+        def fit(self, **kw):
+            return _Fit()
+
+    monkeypatch.setattr(mixed.smf, "mixedlm", lambda *a, **k: _Model())
+    x = np.arange(6.0)
+    y = 2.0 * x + np.random.default_rng(0).normal(0, 0.1, (4, 6))
+    fit = mixed.fit_random_slopes(x, y)
+    assert any("disagrees with OLS" in w for w in fit["warnings"])
