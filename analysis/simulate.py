@@ -193,6 +193,7 @@ CALIBRATION_KINDS = {
     # kind label: (claim kind, description of the least favourable null)
     "u_shape": ("u_shape", "monotone step-down (early >> bottleneck = late)"),
     "u_shape_convex": ("u_shape", "monotone convex decay"),
+    "u_shape_loso": ("u_shape", "monotone step-down; bottleneck chosen leave-one-seed-out"),
     "trend_slope": ("trend", "per-seed random slopes (mean 0) + AR(1) noise, 6 epochs"),
     "trend_kendall": ("trend", "per-seed random slopes (mean 0) + AR(1) noise, 6 epochs"),
     "trend_mixed": ("trend", "per-seed random slopes (mean 0) + AR(1) noise, 6 epochs"),
@@ -218,11 +219,17 @@ def simulate_claim_study(label: str, n_seeds: int, effect: float, rng: np.random
         compare_statistics,
         equivalence_statistics,
         extremum_statistics,
+        u_shape_loso_statistics,
         u_shape_statistics,
     )
     from analysis.trends import ordering_statistics, trend_statistics
 
     s = n_seeds
+    if label == "u_shape_loso":
+        prof = simulate_profiles("u" if effect > 0 else "step_down", s, effect if effect > 0 else 20.0, rng)
+        cand = prof[:, 2:9]  # blocks 3-9: strictly between the early (1-2) and late (10-12) regions
+        st = u_shape_loso_statistics(prof[:, [0, 1]].mean(1), cand, prof[:, [9, 10, 11]].mean(1))
+        return {"p": st["p"], "covered": None, "warned": False}
     if label in ("u_shape", "u_shape_convex"):
         shape = "u" if effect > 0 else ("step_down" if label == "u_shape" else "decreasing_convex")
         prof = simulate_profiles(shape, s, effect if effect > 0 else 20.0, rng)
