@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 from scipy import stats
@@ -122,12 +123,19 @@ def power_and_seeds_needed(d: float, n: int, alpha: float, target: float = 0.8) 
     power = float(analysis.power(effect_size=d, nobs=n, alpha=alpha, alternative="larger"))
     if d <= 0:
         return (power, None)
-    try:
-        needed = analysis.solve_power(effect_size=d, power=target, alpha=alpha, alternative="larger")
-        needed = int(math.ceil(float(np.asarray(needed).ravel()[0])))
-    except (ValueError, RuntimeError):  # the root finder fails for tiny d: far beyond any seed budget
-        return (power, None)
-    return (power, max(needed, 2))
+    with warnings.catch_warnings():
+        # the root finder warns (and may return junk) for tiny d; the check below decides instead
+        warnings.simplefilter("ignore")
+        try:
+            needed = analysis.solve_power(effect_size=d, power=target, alpha=alpha, alternative="larger")
+            needed = int(math.ceil(float(np.asarray(needed).ravel()[0])))
+        except (ValueError, RuntimeError, OverflowError):
+            return (power, None)
+        needed = max(needed, 2)
+        achieved = analysis.power(effect_size=d, nobs=needed, alpha=alpha, alternative="larger")
+    if not (math.isfinite(achieved) and achieved >= target - 1e-6):
+        return (power, None)  # far beyond any seed budget
+    return (power, needed)
 
 
 def per_seed_slopes(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -43,6 +43,10 @@ def trend_statistics(
     sign = 1.0 if direction == "increasing" else -1.0
     values = per_seed_kendall(x, y) if method == "kendall" else per_seed_slopes(x, y)
     t = t_test(values, alt)
+    if method == "kendall" and len(values) >= 2 and math.isnan(t["p"]) and t["mean"] != 0:
+        # every seed has the same tau (typically all +-1: perfectly monotone series); the t test is
+        # undefined, the exact sign test is not: P(all S taus on the claimed side | symmetric null) = 2^-S
+        t["p"] = 0.5 ** len(values) if sign * t["mean"] > 0 else 1.0
     out = {
         "p": t["p"],
         "effect": t["mean"],
@@ -52,6 +56,8 @@ def trend_statistics(
         "mixed": None,
         "warnings": _few_seeds_warning(len(values), t["p"]),
     }
+    if method == "kendall" and len(values) >= 2 and t["sd"] == 0 and t["mean"] != 0:
+        out["warnings"].append("every seed has the same Kendall tau: exact sign test p = 2^-S used")
     if method == "mixed":
         fit = fit_random_slopes(x, y, alt)
         out.update(p=fit["p"], effect=fit["slope"], ci=fit["ci"], mixed=fit)

@@ -212,6 +212,13 @@ def format_verdicts(results: list[ClaimResult]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     for r in results:
+        loc, depth = r.details.get("bottleneck_location"), r.details.get("bottleneck_depth")
+        if loc and depth and r.n_seeds >= 2:
+            lines.append(
+                f"  - {r.name}: bottleneck at layer index {_fmt(loc['mean_layer_index'], 1)} "
+                f"({_fmt(loc['ci'][0], 1)}, {_fmt(loc['ci'][1], 1)}), depth {_fmt(depth['mean'], 2)} "
+                f"({_fmt(depth['ci'][0], 2)}, {_fmt(depth['ci'][1], 2)})"
+            )
         if r.verdict == INCONCLUSIVE and r.n_seeds >= 2:
             need = (
                 f"{r.seeds_needed} seeds"

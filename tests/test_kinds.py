@@ -290,3 +290,25 @@ def test_calibration_smoke_mixed():
     rng = np.random.default_rng(5)
     p = np.array([simulate_claim_study("trend_mixed", 5, 0.0, rng)["p"] for _ in range(40)])
     assert np.mean(p < 0.05) <= 0.2
+
+
+@pytest.mark.parametrize(
+    "kind,change,expected",
+    [
+        ("trend", {"aggregate": "all", "layers": ["block_01", "block_12"]}, ACCEPTED),
+        ("trend", {"aggregate": "any", "layers": ["block_01", "block_12"]}, ACCEPTED),
+        ("trend", {"method": "kendall"}, ACCEPTED),
+        ("trend", {"method": "mixed"}, None),  # verdict depends on the fit; must run and record warnings
+        ("trend", {"over": "layer", "layers": [f"block_{i:02d}" for i in range(7, 13)]}, ACCEPTED),
+        ("ordering", {"levels": [0.0, 0.3, 1.0]}, ACCEPTED),
+        ("ordering", {"levels": [0.0, 0.3, 1.0], "method": "mixed"}, None),
+        ("ordering", {"summary": "argmin"}, None),
+        ("ordering", {"summary": "range", "direction": "decreasing"}, ACCEPTED),
+    ],
+)
+def test_variants_run_from_yaml(kind, change, expected, table):
+    r = evaluate_claims(_hyp({**CLAIMS[kind], **change}), table)[0]
+    if expected:
+        assert r.verdict == expected, (r.p_adjusted, r.warnings)
+    assert r.verdict in (ACCEPTED, REJECTED, INCONCLUSIVE) and math.isfinite(r.effect)
+    json.dumps(r.to_dict(), allow_nan=False)
