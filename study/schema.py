@@ -181,6 +181,13 @@ class Regions(_Strict):
     bottleneck: list[str] | Literal["leave_one_seed_out"] = Field(min_length=1)
     late: list[str] = Field(min_length=1)
 
+    @field_validator("bottleneck", mode="before")
+    @classmethod
+    def _list_or_loso(cls, v: object) -> object:
+        if isinstance(v, str) and v != "leave_one_seed_out":
+            raise ValueError("expected a list of layers or 'leave_one_seed_out'")
+        return v
+
 
 class _ClaimBase(_Strict):
     name: str
