@@ -31,7 +31,7 @@ def fit_random_slopes(x: np.ndarray, y: np.ndarray, alternative: str = "greater"
 
     Returns:
         dict with ``slope``, ``se`` (model-based), ``t`` = slope / se, ``p`` (t(S-1)), ``ci`` (95%,
-        t(S-1) quantile), ``intercept`` (at the mean of x), ``cov_re`` (2x2 random-effects covariance:
+        t(S-1) quantile), ``intercept`` (at the mean of x) and ``se_intercept``, ``cov_re`` (2x2 random-effects covariance:
         intercept, slope), ``scale`` (residual variance), ``ols_slope``, ``converged``, ``warnings``
         (list of strings: every warning raised by the fit, plus boundary / OLS-mismatch notes).
         Never raises on degenerate data: a failed fit returns NaN numbers and says why in ``warnings``.
@@ -53,6 +53,7 @@ def fit_random_slopes(x: np.ndarray, y: np.ndarray, alternative: str = "greater"
         "p": float("nan"),
         "ci": (float("nan"), float("nan")),
         "intercept": float("nan"),
+        "se_intercept": float("nan"),
         "cov_re": [[float("nan")] * 2] * 2,
         "scale": float("nan"),
         "ols_slope": float("nan"),
@@ -102,6 +103,7 @@ def fit_random_slopes(x: np.ndarray, y: np.ndarray, alternative: str = "greater"
         p=float(p),
         ci=(slope - q * se, slope + q * se),
         intercept=float(fit.fe_params["Intercept"]),
+        se_intercept=float(fit.bse_fe["Intercept"]),
         cov_re=cov_re.tolist(),
         scale=float(fit.scale),
         converged=bool(fit.converged),

@@ -30,6 +30,7 @@ def test_mixedlm_matches_lme4(name):
         "fe_intercept": fit["intercept"],
         "fe_x": fit["slope"],
         "se_x": fit["se"],
+        "se_intercept": fit["se_intercept"],
         "var_intercept": fit["cov_re"][0][0],
         "var_x": fit["cov_re"][1][1],
         "cov_intercept_x": fit["cov_re"][0][1],
