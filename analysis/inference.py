@@ -60,6 +60,41 @@ def t_test_greater(x: np.ndarray) -> dict:
     return t_test(x, "greater")
 
 
+def sign_flip_p(x: np.ndarray, alternative: str = "greater", n_flips: int = 4999, seed: int = 0) -> float:
+    """Exact sign-flip randomisation p-value for mean(x) against 0 (x symmetric about 0 under the null).
+
+    Used where per-seed values are discrete and bounded (Kendall tau), so a t test with few seeds is not
+    calibrated (measured: 0.084 at S = 3 for a nominal 0.05). The flips preserve sum(x^2), so the mean
+    is an equivalent statistic to t.
+
+    Args:
+        x: (S,) one value per seed.
+        alternative: ``greater``, ``less`` or ``two-sided`` (|mean|).
+        n_flips: Monte Carlo flips when 2^S exceeds it; otherwise all 2^S sign vectors (exact).
+
+    Returns:
+        Share of sign vectors whose mean is at least as extreme as the observed one (counting the
+        identity); NaN for S < 2. Its smallest value is 2^-S (0.125 at S = 3, 0.031 at S = 5).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    n = x.size
+    if n < 2:
+        return float("nan")
+    if 2**n <= n_flips:
+        flips = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1)
+    else:
+        rng = np.random.default_rng(seed)
+        flips = np.vstack([np.ones(n, int), rng.choice([-1, 1], size=(n_flips, n))])
+    means = flips @ x / n
+    obs = x.mean()
+    tol = 1e-12 * max(1.0, float(np.abs(x).max()))
+    if alternative == "greater":
+        return float(np.mean(means >= obs - tol))
+    if alternative == "less":
+        return float(np.mean(means <= obs + tol))
+    return float(np.mean(np.abs(means) >= abs(obs) - tol))
+
+
 def tost(x: np.ndarray, margin: float) -> dict:
     """Two one-sided t-tests (TOST) of equivalence: H1 is ``-margin < mean(x) < margin``.
 
