@@ -327,10 +327,10 @@ def test_u_shape(
     if not between:
         raise StudyError("no layer lies between the early and the late region", where, "regions")
     bott_layers = between if loso else list(regions.bottleneck)
-    needed = list(dict.fromkeys([*regions.early, *bott_layers, *regions.late, *between]))
-    wide = view.wide(df, needed, where, "regions")
+    needed = list(dict.fromkeys([*regions.early, *bott_layers, *regions.late]))
+    wide = view.wide(df, list(dict.fromkeys([*needed, *between])), where, "regions")
     excluded = dict(excluded or {})
-    seeds = complete_seeds([wide], excluded)
+    seeds = complete_seeds([wide[needed]], excluded)  # only the layers the test uses decide exclusion
     wide = wide.loc[seeds]
     early = wide[regions.early].mean(axis=1).to_numpy()
     late = wide[regions.late].mean(axis=1).to_numpy()
@@ -344,11 +344,8 @@ def test_u_shape(
         stat = u_shape_statistics(early, bottleneck, late)
         chosen = None
     mid = wide[between].to_numpy()
-    location = (
-        t_test(np.array([order[between[i]] for i in np.argmin(mid, axis=1)], float), "two-sided")
-        if len(seeds)
-        else t_test(np.array([]))
-    )
+    mid = mid[np.isfinite(mid).all(axis=1)]  # location only from seeds with every in-between layer
+    location = t_test(np.array([order[between[i]] for i in np.argmin(mid, axis=1)], float), "two-sided")
     depth = t_test((early + late) / 2 - bottleneck, "two-sided")
     profile = (
         df[df.seed.isin(seeds)].groupby(["layer_index", "layer"]).value.agg(["mean", "std"]).reset_index()

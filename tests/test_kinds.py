@@ -312,3 +312,10 @@ def test_variants_run_from_yaml(kind, change, expected, table):
         assert r.verdict == expected, (r.p_adjusted, r.warnings)
     assert r.verdict in (ACCEPTED, REJECTED, INCONCLUSIVE) and math.isfinite(r.effect)
     json.dumps(r.to_dict(), allow_nan=False)
+
+
+def test_u_shape_excludes_only_on_the_layers_it_tests(table):
+    bad = table.copy()
+    bad.loc[(bad.seed == 1) & (bad.layer == "block_08"), "value"] = np.nan  # not in any declared region
+    r = evaluate_claims(_hyp(CLAIMS["u_shape"]), bad)[0]
+    assert r.n_seeds == 5 and not r.seeds_excluded
