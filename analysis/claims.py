@@ -66,6 +66,7 @@ class Outcome:
     effect_values: list[float] = field(default_factory=list)
     std_effect: float = float("nan")
     two_sided: bool = False
+    labellings_per_seed: int = 0  # randomisation tests: K! (JT) or 2 (sign flips); p >= this^-S. 0 = t-based
 
 
 def _std(test: dict, sign: float = 1.0) -> float:
@@ -378,6 +379,7 @@ def test_u_shape(
         details=details,
         effect_values=(-stat["contrasts"][stat["binding"]]).tolist(),
         std_effect=stat["std_effect"],
+        labellings_per_seed=2 if loso else 0,
     )
 
 

@@ -209,6 +209,7 @@ def test_trend(table, claim, where: str = "claim", excluded: dict[int, str] | No
         details=details,
         effect_values=np.asarray(b["values"], float).tolist() if claim.method != "mixed" else [],
         std_effect=b["std_effect"],
+        labellings_per_seed=2 if claim.method == "kendall" else 0,
     )
 
 
@@ -275,4 +276,5 @@ def test_ordering(table, claim, where: str = "claim", excluded: dict[int, str] |
         details=details,
         effect_values=np.asarray(stat["values"], float).tolist(),
         std_effect=stat["std_effect"],
+        labellings_per_seed=math.factorial(len(claim.datasets)) if claim.levels is None else 0,
     )

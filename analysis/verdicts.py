@@ -155,6 +155,13 @@ def evaluate_claims(
             power, needed = power_and_seeds_needed(
                 o.std_effect, len(o.seeds_used), claim.alpha / 2 if o.two_sided else claim.alpha
             )
+            if o.labellings_per_seed > 1:
+                # a randomisation p cannot go below labellings^-S: below that many seeds nothing is accepted
+                s_min = int(math.floor(math.log(1 / claim.alpha) / math.log(o.labellings_per_seed))) + 1
+                if len(o.seeds_used) < s_min:
+                    power = 0.0
+                if needed is not None:
+                    needed = max(needed, s_min)
         results.append(
             ClaimResult(
                 name=claim.name,

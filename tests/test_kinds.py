@@ -319,3 +319,9 @@ def test_u_shape_excludes_only_on_the_layers_it_tests(table):
     bad.loc[(bad.seed == 1) & (bad.layer == "block_08"), "value"] = np.nan  # not in any declared region
     r = evaluate_claims(_hyp(CLAIMS["u_shape"]), bad)[0]
     assert r.n_seeds == 5 and not r.seeds_excluded
+
+
+def test_randomisation_tests_report_the_seeds_they_need(table):
+    claim = {**CLAIMS["ordering"], "datasets": ["objects", "textures"]}  # K = 2: p >= 2^-S, needs S >= 5
+    r = evaluate_claims(_hyp(claim), table[table.seed < 3])[0]
+    assert r.verdict == INCONCLUSIVE and r.power == 0.0 and r.seeds_needed >= 5
