@@ -158,6 +158,8 @@ def power_and_seeds_needed(d: float, n: int, alpha: float, target: float = 0.8) 
     power = float(analysis.power(effect_size=d, nobs=n, alpha=alpha, alternative="larger"))
     if d <= 0:
         return (power, None)
+    if analysis.power(effect_size=d, nobs=2, alpha=alpha, alternative="larger") >= target:
+        return (power, 2)  # a huge effect: the root finder would fail, 2 seeds already suffice
     with warnings.catch_warnings():
         # the root finder warns (and may return junk) for tiny d; the check below decides instead
         warnings.simplefilter("ignore")
