@@ -30,7 +30,10 @@ __all__ = [
     "compare_statistics",
     "equivalence_statistics",
     "extremum_statistics",
+    "loso_bottleneck",
+    "sign_flip_loso_p",
     "t_test_greater",
+    "u_shape_loso_statistics",
     "u_shape_statistics",
 ]
 
