@@ -1,12 +1,15 @@
-"""From test outcomes to verdicts: Holm across confirmatory claims, then the verdict rule.
+"""From test outcomes to verdicts: multiplicity adjustment, then the verdict rule.
 
-Verdict rule (also in the README):
+Verdict rule (also in the README, "Read a verdict"):
 
-* ACCEPTED: the Holm-adjusted p-value (across the file's confirmatory claims) is below the claim's alpha
+* ACCEPTED: the adjusted p-value (Holm across the file's confirmatory claims) is below the claim's alpha
   in the claimed direction;
-* REJECTED: otherwise, if the evidence excludes the claimed effect (its 95% CI lies entirely on the
-  wrong side of zero for a required contrast);
-* INCONCLUSIVE: otherwise (including too few seeds or data that allow no test).
+* REJECTED: otherwise, if the evidence excludes the claimed effect: its 95% CI lies entirely on the wrong
+  side of zero (for an intersection-union claim: for any required contrast), i.e. the opposite is
+  significant at 2.5% one-sided; for ``equivalence``, the CI lies entirely outside the margin; or, for an
+  effect claim that declares a ``margin``, equivalence within that margin holds (TOST p < alpha);
+* INCONCLUSIVE: otherwise (including too few seeds or data that allow no test), reported with the
+  achieved power and the seeds needed for 80% power at the observed effect.
 """
 
 from __future__ import annotations
@@ -14,16 +17,25 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
-from analysis.claims import TESTS, Outcome
+from analysis.claims import TESTS, Outcome, TableView
+from analysis.inference import bootstrap_ci, power_and_seeds_needed, tost
 
 ACCEPTED, REJECTED, INCONCLUSIVE = "ACCEPTED", "REJECTED", "INCONCLUSIVE"
 
 
 @dataclass
 class ClaimResult:
+    """One claim's verdict and every number behind it (``to_dict`` is JSON-safe: NaN becomes null).
+
+    ``power`` and ``seeds_needed`` are filled for INCONCLUSIVE claims: the power a lone one-sided
+    t(S-1) test at the claim's alpha has at the observed standardised effect, and the seeds that would
+    give 80% (None when the observed effect points the other way or is undefined).
+    """
+
     name: str
     kind: str
     metric: str
@@ -40,36 +52,71 @@ class ClaimResult:
     seeds_excluded: dict[int, str]
     warnings: list[str] = field(default_factory=list)
     details: dict = field(default_factory=dict)
+    bootstrap_ci: tuple[float, float] = (float("nan"), float("nan"))
+    adjustment: str = "holm"
+    reason: str = ""
+    power: float = float("nan")
+    seeds_needed: int | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["seeds_excluded"] = {str(k): v for k, v in self.seeds_excluded.items()}
-        return d
+        return _json_safe(d)
+
+
+def _json_safe(obj):
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _json_safe(obj.tolist())
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 def holm(pvalues: list[float]) -> list[float]:
     """Holm-adjusted p-values; NaN entries stay NaN and do not count towards the family size."""
+    return adjust(pvalues, "holm")
+
+
+def adjust(pvalues: list[float], method: str) -> list[float]:
+    """Adjusted p-values (``holm``, ``bh`` = Benjamini-Hochberg, ``none``); NaN entries stay NaN."""
     finite = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
     out = [float("nan")] * len(pvalues)
-    if finite:
-        adj = multipletests([pvalues[i] for i in finite], method="holm")[1]
+    if finite and method != "none":
+        adj = multipletests([pvalues[i] for i in finite], method={"holm": "holm", "bh": "fdr_bh"}[method])[1]
         for i, a in zip(finite, adj, strict=True):
             out[i] = float(a)
+    elif finite:
+        for i in finite:
+            out[i] = float(pvalues[i])
     return out
 
 
-def decide(outcome: Outcome, p_adjusted: float, alpha: float) -> str:
+def decide(outcome: Outcome, p_adjusted: float, alpha: float, margin: float | None = None) -> tuple[str, str]:
+    """The verdict rule (module docstring) and a one-phrase reason."""
     if not math.isnan(p_adjusted) and p_adjusted < alpha:
-        return ACCEPTED
+        return ACCEPTED, f"adjusted p < {alpha:g} in the claimed direction"
     if outcome.contradicted:
-        return REJECTED
-    return INCONCLUSIVE
+        return REJECTED, "the 95% CI excludes the claimed effect"
+    if margin is not None and len(outcome.effect_values) >= 2:
+        eq = tost(np.asarray(outcome.effect_values), margin)
+        if not math.isnan(eq["p"]) and eq["p"] < alpha:
+            return REJECTED, f"equivalence within +-{margin:g} holds (TOST p = {eq['p']:.3g})"
+    return INCONCLUSIVE, "neither the claim nor its negation is supported"
 
 
 def evaluate_claims(
     hyp, table: pd.DataFrame, source: str = "hypothesis", failed: dict[str, dict[int, str]] | None = None
 ) -> list[ClaimResult]:
-    """Test every claim of a hypothesis on a tidy table and apply Holm and the verdict rule.
+    """Test every claim of a hypothesis on a tidy table, adjust for multiplicity, apply the verdict rule.
+
+    Confirmatory claims form one Holm family; exploratory claims (``confirmatory: false``) are adjusted
+    among themselves with their ``adjust`` method (holm, bh or none).
 
     Args:
         hyp: a validated ``study.schema.Hypothesis``.
@@ -77,16 +124,44 @@ def evaluate_claims(
         source: the hypothesis file name, for error messages.
         failed: per dataset, the seeds whose runs failed (seed -> reason); reported as excluded.
     """
+    view = TableView.of(table)
     outcomes = []
     for i, claim in enumerate(hyp.claims):
-        excluded = dict((failed or {}).get(claim.subset.dataset, {}))
-        outcomes.append(TESTS[claim.kind](table, claim, where=f"{source}: claims[{i}]", excluded=excluded))
-    confirm = [i for i, c in enumerate(hyp.claims) if c.confirmatory]
-    adjusted = {i: o.p_value for i, o in enumerate(outcomes)}
-    for i, a in zip(confirm, holm([outcomes[i].p_value for i in confirm]), strict=True):
-        adjusted[i] = a
+        reasons: dict[int, dict[str, str]] = {}
+        for ds in claim.datasets_named():
+            for seed, why in (failed or {}).get(ds, {}).items():
+                reasons.setdefault(int(seed), {})[ds] = why
+        excluded = {
+            seed: next(iter(set(r.values())))
+            if len(set(r.values())) == 1
+            else "; ".join(f"{d}: {w}" for d, w in r.items())
+            for seed, r in reasons.items()
+        }
+        outcomes.append(TESTS[claim.kind](view, claim, where=f"{source}: claims[{i}]", excluded=excluded))
+    families: dict[str, list[int]] = {}
+    for i, c in enumerate(hyp.claims):
+        families.setdefault("confirmatory" if c.confirmatory else f"exploratory/{c.adjust}", []).append(i)
+    adjusted, method_of = {}, {}
+    for fam, idx in families.items():
+        method = "holm" if fam == "confirmatory" else fam.split("/")[1]
+        for i, a in zip(idx, adjust([outcomes[i].p_value for i in idx], method), strict=True):
+            adjusted[i], method_of[i] = a, method
     results = []
     for i, (claim, o) in enumerate(zip(hyp.claims, outcomes, strict=True)):
+        margin = getattr(claim, "margin", None) if claim.kind != "equivalence" else None
+        verdict, reason = decide(o, adjusted[i], claim.alpha, margin)
+        power, needed = float("nan"), None
+        if verdict == INCONCLUSIVE:
+            power, needed = power_and_seeds_needed(
+                o.std_effect, len(o.seeds_used), claim.alpha / 2 if o.two_sided else claim.alpha
+            )
+            if o.labellings_per_seed > 1:
+                # a randomisation p cannot go below labellings^-S: below that many seeds nothing is accepted
+                s_min = int(math.floor(math.log(1 / claim.alpha) / math.log(o.labellings_per_seed))) + 1
+                if len(o.seeds_used) < s_min:
+                    power = 0.0
+                if needed is not None:
+                    needed = max(needed, s_min)
         results.append(
             ClaimResult(
                 name=claim.name,
@@ -94,7 +169,7 @@ def evaluate_claims(
                 metric=claim.metric,
                 subset=claim.subset.model_dump(),
                 alpha=claim.alpha,
-                verdict=decide(o, adjusted[i], claim.alpha),
+                verdict=verdict,
                 effect=o.effect,
                 ci_low=o.ci[0],
                 ci_high=o.ci[1],
@@ -105,6 +180,13 @@ def evaluate_claims(
                 seeds_excluded=o.seeds_excluded,
                 warnings=o.warnings,
                 details=o.details,
+                bootstrap_ci=bootstrap_ci(np.asarray(o.effect_values))
+                if o.effect_values
+                else (float("nan"),) * 2,
+                adjustment=method_of[i],
+                reason=reason,
+                power=power,
+                seeds_needed=needed,
             )
         )
     return results
@@ -137,6 +219,22 @@ def format_verdicts(results: list[ClaimResult]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     for r in results:
+        loc, depth = r.details.get("bottleneck_location"), r.details.get("bottleneck_depth")
+        if loc and depth and r.n_seeds >= 2:
+            lines.append(
+                f"  - {r.name}: bottleneck at layer index {_fmt(loc['mean_layer_index'], 1)} "
+                f"({_fmt(loc['ci'][0], 1)}, {_fmt(loc['ci'][1], 1)}), depth {_fmt(depth['mean'], 2)} "
+                f"({_fmt(depth['ci'][0], 2)}, {_fmt(depth['ci'][1], 2)})"
+            )
+        if r.verdict == INCONCLUSIVE and r.n_seeds >= 2:
+            need = (
+                f"{r.seeds_needed} seeds"
+                if r.seeds_needed
+                else "no number of seeds (effect points the other way)"
+            )
+            lines.append(
+                f"  ? {r.name}: power {_fmt(r.power, 2)} at the observed effect; 80% power needs {need}"
+            )
         for w in r.warnings:
             lines.append(f"  ! {r.name}: {w}")
         for seed, why in r.seeds_excluded.items():

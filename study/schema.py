@@ -423,32 +423,50 @@ def layer_names(depth: int) -> list[str]:
 class Subset(_Strict):
     """Which slice of the tidy table a claim is tested on."""
 
-    dataset: str
+    dataset: str | None = None  # required by u_shape and trend; the default for conditions otherwise
     token_set: Literal["all", "cls", "patch"] = "all"
     epoch: int | Literal["last"] = "last"
 
 
-class Regions(_Strict):
-    """Layer regions of a U-shape, declared before looking at the data."""
+class Condition(_Strict):
+    """One per-seed quantity: the metric averaged over ``layers``; unset fields come from the claim's subset.
 
-    early: list[str] = Field(min_length=1)
-    bottleneck: list[str] = Field(min_length=1)
-    late: list[str] = Field(min_length=1)
-
-
-class UShapeClaim(_Strict):
-    """The metric dips in the bottleneck region and is higher both before and after it.
-
-    Tested as an intersection-union test of two per-seed contrasts (see ``analysis.claims``).
+    Used by ``compare``, ``equivalence`` and ``extremum``. Seeds are paired across conditions by seed id.
     """
 
+    dataset: str | None = None
+    token_set: Literal["all", "cls", "patch"] | None = None
+    epoch: int | Literal["last"] | None = None
+    layers: list[str] = Field(min_length=1)
+
+
+class Regions(_Strict):
+    """Layer regions of a U-shape, declared before looking at the data.
+
+    ``bottleneck: leave_one_seed_out`` chooses it per seed as the layer (strictly between the early and
+    the late region) where the other seeds' mean profile is lowest: never the argmin of the same data.
+    """
+
+    early: list[str] = Field(min_length=1)
+    bottleneck: list[str] | Literal["leave_one_seed_out"] = Field(min_length=1)
+    late: list[str] = Field(min_length=1)
+
+    @field_validator("bottleneck", mode="before")
+    @classmethod
+    def _list_or_loso(cls, v: object) -> object:
+        if isinstance(v, str) and v != "leave_one_seed_out":
+            raise ValueError("expected a list of layers or 'leave_one_seed_out'")
+        return v
+
+
+class _ClaimBase(_Strict):
     name: str
-    kind: Literal["u_shape"]
     metric: str
     subset: Subset
-    regions: Regions
     alpha: float = Field(0.05, gt=0, lt=0.5)
     confirmatory: bool = True  # Holm-adjusted together with the file's other confirmatory claims
+    # Exploratory claims (confirmatory: false) are adjusted among themselves: holm (default) or bh (FDR).
+    adjust: Literal["holm", "bh", "none"] = "holm"
 
     @field_validator("metric")
     @classmethod
@@ -457,8 +475,159 @@ class UShapeClaim(_Strict):
             raise ValueError(f"unknown metric {v!r}; expected one of {sorted(METRICS)}")
         return v
 
+    @model_validator(mode="after")
+    def _adjust_only_exploratory(self):
+        if self.confirmatory and self.adjust != "holm":
+            raise ValueError(
+                "confirmatory claims are always Holm-adjusted; set confirmatory: false for bh/none"
+            )
+        if self.kind in ("u_shape", "trend") and self.subset.dataset is None:
+            raise ValueError(f"a {self.kind} claim needs subset.dataset")
+        for fld in ("a", "b", "target"):
+            cond = getattr(self, fld, None)
+            if isinstance(cond, Condition) and cond.dataset is None and self.subset.dataset is None:
+                raise ValueError(f"{fld}.dataset or subset.dataset is required")
+        for cond in getattr(self, "competitors", None) or []:
+            if cond.dataset is None and self.subset.dataset is None:
+                raise ValueError("competitors[].dataset or subset.dataset is required")
+        return self
 
-Claim = Annotated[UShapeClaim, Field(discriminator="kind")]
+    def named(self) -> list[tuple[str, str, object]]:
+        """Every (field, what, value) the claim names, with what in {dataset, layer, epoch}: for validation."""
+        out: list[tuple[str, str, object]] = [("subset.epoch", "epoch", self.subset.epoch)]
+        if self.subset.dataset is not None:
+            out.append(("subset.dataset", "dataset", self.subset.dataset))
+        for fld in ("a", "b", "target"):
+            cond = getattr(self, fld, None)
+            if isinstance(cond, Condition):
+                out += _named_condition(fld, cond)
+        for i, cond in enumerate(getattr(self, "competitors", None) or []):
+            out += _named_condition(f"competitors[{i}]", cond)
+        for fld in ("layers", "datasets", "epochs"):
+            values = getattr(self, fld, None)
+            if isinstance(values, list):
+                what = {"layers": "layer", "datasets": "dataset", "epochs": "epoch"}[fld]
+                out += [(fld, what, v) for v in values]
+        return out
+
+    def datasets_named(self) -> list[str]:
+        return sorted({str(v) for _, what, v in self.named() if what == "dataset"})
+
+
+def _named_condition(fld: str, cond: Condition) -> list[tuple[str, str, object]]:
+    out: list[tuple[str, str, object]] = [(f"{fld}.layers", "layer", layer) for layer in cond.layers]
+    if cond.dataset is not None:
+        out.append((f"{fld}.dataset", "dataset", cond.dataset))
+    if cond.epoch is not None:
+        out.append((f"{fld}.epoch", "epoch", cond.epoch))
+    return out
+
+
+class UShapeClaim(_ClaimBase):
+    """The metric dips in the bottleneck region and is higher both before and after it.
+
+    Tested as an intersection-union test of two per-seed contrasts (see ``analysis.claims``).
+    """
+
+    kind: Literal["u_shape"]
+    regions: Regions
+
+    def named(self) -> list[tuple[str, str, object]]:
+        out = super().named()
+        for region in ("early", "bottleneck", "late"):
+            layers = getattr(self.regions, region)
+            if isinstance(layers, list):
+                out += [(f"regions.{region}", "layer", layer) for layer in layers]
+        return out
+
+
+class TrendClaim(_ClaimBase):
+    """The metric increases (or decreases) over epochs (or over layers, in depth order).
+
+    ``layers`` lists the observation points; ``aggregate`` says how several are combined: ``pooled``
+    (per seed, the mean over the layers, one test), ``all`` (every layer must show the trend:
+    intersection-union) or ``any`` (at least one: Holm across layers). ``method``: per-seed OLS
+    ``slope`` or Kendall ``kendall`` tau tested across seeds with t(S-1), or ``mixed`` (MixedLM,
+    random intercept and slope by seed, t(S-1)).
+    """
+
+    kind: Literal["trend"]
+    direction: Literal["increasing", "decreasing"]
+    over: Literal["epoch", "layer"] = "epoch"
+    layers: list[str] = Field(min_length=1)  # over: layer, the layers in depth order the trend runs over
+    aggregate: Literal["pooled", "all", "any"] = "pooled"
+    method: Literal["slope", "kendall", "mixed"] = "slope"
+    epochs: list[int] | None = None  # over: epoch, the epochs used (default: all in the table)
+    margin: float | None = Field(None, gt=0)  # slope per unit; equivalence within it REJECTS the trend
+
+
+class OrderingClaim(_ClaimBase):
+    """A per-seed summary of each dataset is ordered as the datasets are listed.
+
+    Per seed and dataset the metric is summarised over ``layers`` (``mean``, ``min``, ``argmin``: the
+    depth index of the minimum, or ``range``: max - min). Without ``levels``: Jonckheere-Terpstra with
+    a permutation p-value. With ``levels`` (a continuous knob value per dataset): per-seed slopes of
+    the summary on the level, t(S-1) (``method: mixed`` fits MixedLM instead).
+    """
+
+    kind: Literal["ordering"]
+    datasets: list[str] = Field(min_length=2)
+    direction: Literal["increasing", "decreasing"]
+    layers: list[str] = Field(min_length=1)
+    summary: Literal["mean", "min", "argmin", "range"] = "mean"
+    levels: list[float] | None = None
+    method: Literal["slope", "mixed"] = "slope"
+    n_permutations: int = Field(4999, ge=99)  # exact enumeration is used when it is smaller
+    margin: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _levels_match(self) -> OrderingClaim:
+        if self.levels is not None and len(self.levels) != len(self.datasets):
+            raise ValueError(
+                f"levels needs one value per dataset ({len(self.datasets)}), got {len(self.levels)}"
+            )
+        if len(set(self.datasets)) != len(self.datasets):
+            raise ValueError("datasets must be distinct")
+        return self
+
+
+class ExtremumClaim(_ClaimBase):
+    """``target`` is the highest (or lowest) of itself and every listed competitor.
+
+    Per seed, differences target - competitor; each one-sided t(S-1); intersection-union over them.
+    """
+
+    kind: Literal["extremum"]
+    direction: Literal["highest", "lowest"] = "highest"
+    target: Condition
+    competitors: list[Condition] = Field(min_length=1)
+    margin: float | None = Field(None, gt=0)
+
+
+class EquivalenceClaim(_ClaimBase):
+    """Condition ``a`` minus condition ``b`` lies within +-``margin`` (TOST, t(S-1)): "stays flat"."""
+
+    kind: Literal["equivalence"]
+    a: Condition
+    b: Condition
+    margin: float = Field(gt=0)  # in the metric's units; declared before looking at the data
+
+
+class CompareClaim(_ClaimBase):
+    """Condition ``a`` differs from ``b`` (paired by seed): ``greater``, ``less`` or ``two-sided``."""
+
+    kind: Literal["compare"]
+    a: Condition
+    b: Condition
+    alternative: Literal["greater", "less", "two-sided"] = "greater"
+    margin: float | None = Field(None, gt=0)
+
+
+CLAIM_KINDS = ("u_shape", "trend", "ordering", "extremum", "equivalence", "compare")
+Claim = Annotated[
+    UShapeClaim | TrendClaim | OrderingClaim | ExtremumClaim | EquivalenceClaim | CompareClaim,
+    Field(discriminator="kind"),
+]
 
 
 class Hypothesis(_Strict):
@@ -469,27 +638,21 @@ class Hypothesis(_Strict):
 
     @model_validator(mode="after")
     def _check_claims(self) -> Hypothesis:
-        datasets = {d.name for d in self.design.datasets}
+        """Every dataset, layer and epoch a claim names must exist in the design."""
+        datasets = sorted(d.name for d in self.design.datasets)
         layers = set(self.design.layers)
+        epochs = self.design.checkpoint_epochs
         for i, claim in enumerate(self.claims):
-            where = f"claims[{i}]"
-            if claim.subset.dataset not in datasets:
-                raise _FieldError(
-                    f"{where}.subset.dataset",
-                    f"expected one of the design's datasets {sorted(datasets)}, got {claim.subset.dataset!r}",
-                )
-            if claim.subset.epoch != "last" and claim.subset.epoch not in self.design.checkpoint_epochs:
-                raise _FieldError(
-                    f"{where}.subset.epoch",
-                    f"expected a checkpoint epoch {self.design.checkpoint_epochs} or 'last', got {claim.subset.epoch}",
-                )
-            for region in ("early", "bottleneck", "late"):
-                for layer in getattr(claim.regions, region):
-                    if layer not in layers:
-                        raise _FieldError(
-                            f"{where}.regions.{region}",
-                            f"unknown layer {layer!r}; expected one of {self.design.layers}",
-                        )
+            for fld, what, value in claim.named():
+                where = f"claims[{i}].{fld}"
+                if what == "dataset" and value not in datasets:
+                    raise _FieldError(
+                        where, f"expected one of the design's datasets {datasets}, got {value!r}"
+                    )
+                if what == "layer" and value not in layers:
+                    raise _FieldError(where, f"unknown layer {value!r}; expected one of {self.design.layers}")
+                if what == "epoch" and value != "last" and value not in epochs:
+                    raise _FieldError(where, f"expected a checkpoint epoch {epochs} or 'last', got {value}")
         return self
 
 
@@ -505,12 +668,7 @@ def _loc(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in (
-            *DATASET_KINDS,
-            "u_shape",
-            "supervised",
-            "dino",
-        ):  # discriminator tags pydantic inserts in the path
+        elif part in (*DATASET_KINDS, *CLAIM_KINDS, "supervised", "dino"):  # discriminator tags pydantic inserts
             continue
         else:
             out += f".{part}" if out else str(part)

@@ -1,0 +1,59 @@
+"""Time the statistics of a full-size study: every shipped claim on a synthetic tidy table.
+
+    PYTHONPATH=. python bench/analyze.py [--seeds 5]
+
+The table has seeds x 3 datasets x 15 observation points x 11 checkpoints x 8 metrics x 2 token sets
+(``analysis.simulate.simulate_study_table``; datasets named objects, mixed, textures). Every file in
+``hypotheses/`` is validated and its claims tested with ``evaluate_claims`` exactly as
+``python -m study analyze`` does (the table is re-read from Parquet, as ``analyze`` does). Prints the
+table size, the time per file and the total; the budget is 10 s on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from analysis.simulate import simulate_study_table
+from analysis.table import load_table, save_table
+from analysis.verdicts import evaluate_claims
+from study.schema import load_hypothesis
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    args = ap.parse_args(argv)
+    table = simulate_study_table(n_seeds=args.seeds)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = save_table(table, Path(tmp) / "table.parquet")
+        t0 = time.perf_counter()
+        table = load_table(path)
+        t_load = time.perf_counter() - t0
+        files = sorted((ROOT / "hypotheses").glob("*.yaml"))
+        n_claims, lines = 0, []
+        for f in files:
+            t = time.perf_counter()
+            results = evaluate_claims(load_hypothesis(f), table, source=f.name)
+            n_claims += len(results)
+            verdicts = ", ".join(r.verdict for r in results)
+            lines.append(
+                f"  {f.name:22s} {len(results)} claim(s) {time.perf_counter() - t:6.2f} s  [{verdicts}]"
+            )
+        total = time.perf_counter() - t0
+    dims = {c: table[c].nunique() for c in ("seed", "dataset", "layer", "epoch", "metric", "token_set")}
+    print(
+        f"table: {len(table):,} rows ({' x '.join(f'{v} {k}s' for k, v in dims.items())}); load {t_load:.2f} s"
+    )
+    print("\n".join(lines))
+    print(f"total: {n_claims} claims in {len(files)} files, {total:.2f} s (budget 10 s)")
+    return 0 if total <= 10 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
