@@ -205,3 +205,31 @@ def test_force_retrains(study):
     assert sorted(forced.trained) == sorted(first.trained) and forced.reused == []
     children = [r for r in _runs(out, "first") if r.data.tags.get("study.role") == "training"]
     assert len(children) == 4  # two from the first invocation, two retrained
+
+
+def test_log_model_is_opt_in(tmp_path, monkeypatch):
+    """Weight files in a run folder are logged under model/ only with log_model=True."""
+    import pandas as pd
+
+    from study.tracking import Tracker
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "h.yaml").write_text(FIRST)
+    hyp = load_hypothesis(tmp_path / "h.yaml")
+    spec = plan_runs(hyp)[0]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "model.pt").write_bytes(b"weights")
+    result = {"status": "finished", "history": [{"epoch": 1, "loss": 1.0}]}
+    rows = pd.DataFrame(
+        [{"metric": "eed%", "layer": "block_01", "token_set": "all", "epoch": 1, "value": 5.0}]
+    )
+    ids = {}
+    for flag in (False, True):
+        with Tracker(tmp_path / "out", "h", log_model=flag) as tracker:
+            ids[flag] = tracker.log_training_run(spec, result, rows, run_dir=run_dir)
+    client = _client(tmp_path / "out")
+    assert "model" not in {a.path for a in client.list_artifacts(ids[False])}
+    assert [a.path for a in client.list_artifacts(ids[True], "model")] == ["model/model.pt"]
+    assert client.get_run(ids[True]).data.tags["model_weights"] == "logged"
+    assert "eed_/block_01/all" in client.get_run(ids[True]).data.metrics  # sanitised name
