@@ -104,10 +104,6 @@ def run_study(
         report: write ``report.html``/``report.md`` into the study folder (and log them to MLflow).
         command: the command line that started this, recorded in MLflow and the report.
     """
-    from runners.executors import make_executor
-    from runners.jobs import execute_run
-    from runners.train import pick_device
-
     out_dir = Path(out_dir)
     plan = plan_runs(hyp)
     runs_dir, data_dir = out_dir / "runs", out_dir / "data"
@@ -175,10 +171,16 @@ def run_study(
         )
     try:
         failed: dict[str, str] = {}
-        executor = make_executor(workers, len(todo), cuda=pick_device().type == "cuda")
-        jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir)) for s in todo]
+        executor, jobs = None, []
+        if todo:  # torch is imported only when something is trained: a cached rerun stays quick
+            from runners.executors import make_executor
+            from runners.jobs import execute_run
+            from runners.train import pick_device
+
+            executor = make_executor(workers, len(todo), cuda=pick_device().type == "cuda")
+            jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir)) for s in todo]
         t0 = time.perf_counter()
-        for i, result, exc in executor.map_jobs(execute_run, jobs):
+        for i, result, exc in executor.map_jobs(execute_run, jobs) if executor else []:
             spec = todo[i]
             if exc is not None:
                 failed[spec.key] = f"{type(exc).__name__}: {exc}"
