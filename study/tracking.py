@@ -119,7 +119,8 @@ class Tracker:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.uri = default_tracking_uri(self.out_dir)
         self.log_model = log_model
-        mlflow.set_tracking_uri(self.uri)
+        # no mlflow.set_tracking_uri: it also sets MLFLOW_TRACKING_URI in os.environ, which would send
+        # every later study in this process (and its subprocesses) to this store; the client is explicit
         self.client = MlflowClient(self.uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:

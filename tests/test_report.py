@@ -174,11 +174,11 @@ def test_cli_report_and_ui(tmp_path, capsys, monkeypatch):
     assert main(["report", str(tmp_path / "nowhere")]) == 2
     assert "verdicts.json" in capsys.readouterr().err
 
-    assert main(["ui", "--out", str(tmp_path / "empty")]) == 2  # no store yet
-    (tmp_path / "out" / "mlflow.db").write_bytes(b"")
     calls = []
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setattr("subprocess.call", lambda cmd: calls.append(cmd) or 0)
+    monkeypatch.setattr("subprocess.call", lambda cmd: calls.append(cmd) or 0)  # never start a server
+    assert main(["ui", "--out", str(tmp_path / "empty")]) == 2 and calls == []  # no store yet
+    (tmp_path / "out" / "mlflow.db").write_bytes(b"")
     assert main(["ui", "--out", str(tmp_path / "out"), "--port", "5077"]) == 0
     cmd = calls[0]
     assert cmd[1:4] == ["-m", "mlflow", "ui"] and cmd[cmd.index("--host") + 1] == "127.0.0.1"

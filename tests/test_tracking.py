@@ -77,6 +77,13 @@ def study(tmp_path_factory):
     mp.undo()
 
 
+def test_tracker_leaves_the_environment_alone(study):
+    """mlflow.set_tracking_uri would export MLFLOW_TRACKING_URI and send later studies to this store."""
+    import os
+
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+
+
 def test_sanitize_metric_name():
     assert sanitize_metric_name("eed_pct/block_05/all") == "eed_pct/block_05/all"
     assert sanitize_metric_name("eed%/block 1:cls") == "eed_/block 1_cls"
@@ -207,16 +214,14 @@ def test_force_retrains(study):
     assert len(children) == 4  # two from the first invocation, two retrained
 
 
-def test_log_model_is_opt_in(tmp_path, monkeypatch):
+def test_log_model_is_opt_in(study, tmp_path):
     """Weight files in a run folder are logged under model/ only with log_model=True."""
     import pandas as pd
 
     from study.tracking import Tracker
 
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    (tmp_path / "h.yaml").write_text(FIRST)
-    hyp = load_hypothesis(tmp_path / "h.yaml")
-    spec = plan_runs(hyp)[0]
+    root, out, _ = study  # the module's store: creating a fresh sqlite store costs seconds
+    spec = plan_runs(load_hypothesis(root / "first.yaml"))[0]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "model.pt").write_bytes(b"weights")
@@ -226,9 +231,9 @@ def test_log_model_is_opt_in(tmp_path, monkeypatch):
     )
     ids = {}
     for flag in (False, True):
-        with Tracker(tmp_path / "out", "h", log_model=flag) as tracker:
+        with Tracker(out, "log_model_test", log_model=flag) as tracker:
             ids[flag] = tracker.log_training_run(spec, result, rows, run_dir=run_dir)
-    client = _client(tmp_path / "out")
+    client = _client(out)
     assert "model" not in {a.path for a in client.list_artifacts(ids[False])}
     assert [a.path for a in client.list_artifacts(ids[True], "model")] == ["model/model.pt"]
     assert client.get_run(ids[True]).data.tags["model_weights"] == "logged"
