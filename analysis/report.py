@@ -425,7 +425,8 @@ def _verdict_rows(claims: list[dict]) -> list[list[str]]:
     rows = []
     for c in claims:
         unit = " pp" if str(c.get("metric", "")).endswith("_pct") else ""
-        seeds = str(c.get("n_seeds", c.get("seeds", "")))
+        seeds = c.get("n_seeds", c.get("seeds", ""))
+        seeds = str(len(seeds)) if isinstance(seeds, list | tuple) else str(seeds)
         rows.append(
             [
                 str(c.get("name", "")),
@@ -540,6 +541,10 @@ def _markdown(rep: dict, vers: dict, fig_paths: dict[str, str]) -> str:
     out.append("")
     for c in rep["claims"]:
         out += [f"- ! {c.get('name')}: {w}" for w in c.get("warnings") or []]
+        out += [
+            f"- ! {c.get('name')}: seed {k} excluded ({v})"
+            for k, v in (c.get("seeds_excluded") or {}).items()
+        ]
     for sec in rep["sections"]:
         out += ["", f"## {sec.title}", ""]
         for f in sec.figures:

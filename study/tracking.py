@@ -7,7 +7,8 @@ Layout, chosen to read naturally in the MLflow UI:
   ``spec_hash`` (sha256 of the hypothesis file), ``command``, ``verdict.N`` per claim and
   ``reused_runs`` (the runs taken from earlier invocations, ``label=key@mlflow_run_id``); artifacts: the
   hypothesis file, the tidy table, the verdicts, ``reused_runs.json`` and the report
-  (``report.html``, ``report.md``); its description (``mlflow.note.content``) is the verdict table;
+  (``report.html``, ``report.md``); metrics ``claim_N/{effect,ci_low,ci_high,p_value,p_adjusted}``;
+  its description (``mlflow.note.content``) is the verdict table;
 * a nested **child run** per trained model: its spec as params; tags ``run_key``, ``git_commit``,
   ``git_dirty``, ``spec_hash`` (sha256 of the run spec); ``train/*`` metrics per epoch and spectral
   metrics named ``{metric}/{layer}/{token_set}`` with step = epoch (names reduced to the characters
@@ -184,8 +185,19 @@ class Tracker:
         for path in artifacts:
             if Path(path).exists():
                 self.client.log_artifact(self.parent_id, str(path))
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = []
         for i, r in enumerate(results):
             self.client.set_tag(self.parent_id, f"verdict.{i}", f"{r.verdict}: {r.name}"[:_TAG_MAX])
+            # per-claim numbers as metrics, so invocations can be compared side by side in the UI
+            for field in ("effect", "ci_low", "ci_high", "p_value", "p_adjusted"):
+                value = getattr(r, field, None)
+                if value is not None and np.isfinite(value):
+                    metrics.append(Metric(f"claim_{i}/{field}", float(value), now, 0))
+        if metrics:
+            self.client.log_batch(self.parent_id, metrics=metrics)
         if summary:
             # shown as the run's description in the UI
             self.client.set_tag(self.parent_id, "mlflow.note.content", summary[:_TAG_MAX])

@@ -123,6 +123,7 @@ def test_mlflow_layout(study):
     parent_arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"first.yaml", "table.parquet", "verdicts.json", "report.html", "report.md"} <= parent_arts
     assert "u" in parent.data.tags["mlflow.note.content"]
+    assert {"claim_0/effect", "claim_0/ci_low", "claim_0/ci_high"} <= set(parent.data.metrics)
 
 
 def test_second_file_reuses_runs_from_the_store(study):
