@@ -3,6 +3,8 @@
     python -m study validate hypotheses/u_shape.yaml
     python -m study run hypotheses/u_shape.yaml [--out study_results] [--workers auto] [--force]
     python -m study analyze hypotheses/u_shape.yaml --table study_results/studies/u_shape/table.parquet [--json]
+    python -m study report study_results/studies/u_shape   (or the hypothesis file) [--out study_results]
+    python -m study ui [--out study_results] [--port 5000]
 
 Bad input prints one line (file, field, what was expected) to stderr and exits with status 2.
 """
@@ -39,12 +41,61 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME=PATH",
         help="folder of the on-disk dataset NAME (overrides its path in the file; repeatable)",
     )
+    r.add_argument(
+        "--log-model",
+        action="store_true",
+        help="also log weight files to MLflow (off: ~88 MB per ViT-S seed)",
+    )
+    r.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
 
     a = sub.add_parser("analyze", help="re-test a hypothesis's claims on a saved tidy table (no training)")
     a.add_argument("hypothesis", type=Path)
     a.add_argument("--table", type=Path, required=True, help="tidy table (.parquet or .csv)")
     a.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    _add_results_verbs(sub)
     return p
+
+
+# ---- results people can look at: report and ui ---------------------------------------------------------
+def _add_results_verbs(sub) -> None:
+    rp = sub.add_parser("report", help="write report.html and report.md for a finished study")
+    rp.add_argument("study", type=Path, help="a study folder (<out>/studies/<name>) or its hypothesis file")
+    rp.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
+    u = sub.add_parser("ui", help="start the MLflow UI on the study store (127.0.0.1)")
+    u.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
+    u.add_argument("--port", type=int, default=5000)
+
+
+def _results_verbs(args) -> int | None:
+    """Run ``report`` / ``ui``; None for any other verb."""
+    if args.verb == "report":
+        from analysis.report import write_report
+
+        study_dir = args.study
+        if study_dir.is_file():
+            from study.schema import load_hypothesis
+
+            study_dir = args.out / "studies" / load_hypothesis(study_dir).name
+        if not (study_dir / "verdicts.json").is_file():
+            raise StudyError(
+                "expected a study folder with verdicts.json (run the study first)", str(study_dir)
+            )
+        html_path, md_path = write_report(study_dir, runs_dir=study_dir.parent.parent / "runs")
+        print(f"report: {html_path}\nsummary: {md_path}")
+        return 0
+    if args.verb == "ui":
+        import subprocess
+
+        from study.tracking import default_tracking_uri
+
+        uri = default_tracking_uri(args.out)
+        if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+            raise StudyError("no MLflow store here (run a study first)", uri.removeprefix("sqlite:///"))
+        cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri]
+        cmd += ["--host", "127.0.0.1", "--port", str(args.port)]
+        print("starting: mlflow " + " ".join(cmd[3:]), flush=True)
+        return subprocess.call(cmd)
+    return None
 
 
 def _workers(value: str) -> int | str:
@@ -58,6 +109,9 @@ def _workers(value: str) -> int | str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        done = _results_verbs(args)
+        if done is not None:
+            return done
         from study.schema import load_hypothesis
 
         hyp = load_hypothesis(args.hypothesis)
@@ -94,10 +148,15 @@ def main(argv: list[str] | None = None) -> int:
                 workers=_workers(args.workers),
                 force=args.force,
                 track=not args.no_mlflow,
+                log_model=args.log_model,
+                report=not args.no_report,
+                command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
             )
             print()
             print(format_verdicts(outcome.results))
             print(f"\nresults: {outcome.study_dir}/ (table.parquet, verdicts.json)")
+            if outcome.report:
+                print(f"report:  {outcome.report}")
             if not args.no_mlflow:
                 from study.tracking import default_tracking_uri
 

@@ -8,7 +8,11 @@ Output folder layout (``--out``, default ``study_results``)::
     mlflow.db, mlartifacts/    the embedded MLflow store (unless MLFLOW_TRACKING_URI is set)
 
 A run whose folder holds a finished ``result.json`` is reused, never retrained (``force`` retrains);
-an interrupted run resumes from its last complete epoch.
+so is a finished run found in the MLflow store by its key (its artifacts are downloaded into
+``runs/<key>/`` first), e.g. one trained by another hypothesis file over the same design. A store
+artifact that is missing or corrupt stops the study with one line naming the run and the artifact
+(``--force`` retrains instead). An interrupted run resumes from its last complete epoch. At the end,
+``studies/<name>/report.html`` and ``report.md`` are written (``analysis.report``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import pandas as pd
 from analysis.table import make_table, rows_from_spectra, save_table
 from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
 from runners.data import load_split
+from study.errors import StudyError
 from study.planner import RunSpec, plan_runs
 from study.schema import Hypothesis
 
@@ -38,6 +43,8 @@ class StudyOutcome:
     trained: list[str]
     reused: list[str]
     failed: dict[str, str]
+    reused_from: dict[str, str] | None = None  # key -> "local" or "mlflow:<run id>"
+    report: Path | None = None
 
 
 def read_run(run_dir: Path) -> dict | None:
@@ -66,6 +73,18 @@ def _atomic_write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def _rows_or_error(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
+    """``run_rows`` with a one-line error naming the run and the artifact when its spectra are unreadable."""
+    try:
+        return run_rows(spec, run_dir, layers)
+    except Exception as exc:  # noqa: BLE001 - a missing/truncated npz surfaces as many exception types
+        raise StudyError(
+            f"run {spec.label} (key {spec.key}): artifact spectra.npz is missing or corrupt "
+            f"({type(exc).__name__}: {exc}); rerun with --force to retrain it",
+            str(run_dir / "spectra.npz"),
+        ) from None
+
+
 def run_study(
     hyp: Hypothesis,
     hyp_path: Path,
@@ -74,19 +93,34 @@ def run_study(
     force: bool = False,
     log: Callable[[str], None] = print,
     track: bool = True,
+    log_model: bool = False,
+    report: bool = True,
+    command: str | None = None,
 ) -> StudyOutcome:
-    """Run (or reuse) every planned training run, then test the claims. See the module docstring."""
-    from runners.executors import make_executor
-    from runners.jobs import execute_run
-    from runners.train import pick_device
+    """Run (or reuse) every planned training run, then test the claims. See the module docstring.
 
+    Args:
+        log_model: log weight files of newly trained runs to MLflow (off: ~88 MB per ViT-S seed).
+        report: write ``report.html``/``report.md`` into the study folder (and log them to MLflow).
+        command: the command line that started this, recorded in MLflow and the report.
+    """
     out_dir = Path(out_dir)
     plan = plan_runs(hyp)
     runs_dir, data_dir = out_dir / "runs", out_dir / "data"
     layers = hyp.design.layers
 
+    tracker = None
+    stored: dict[str, object] = {}
+    if track:
+        from study.tracking import Tracker
+
+        tracker = Tracker(out_dir, hyp.name, log_model=log_model)
+        if not force:
+            stored = tracker.finished_runs()
+
     todo: list[RunSpec] = []
     reused: list[str] = []
+    reused_from: dict[str, str] = {}
     for spec in plan:
         run_dir = runs_dir / spec.key
         if force and run_dir.exists():
@@ -94,11 +128,23 @@ def run_study(
         result = read_run(run_dir)
         if result is not None and result.get("status") == "finished":
             reused.append(spec.key)
+            reused_from[spec.key] = "local"
+        elif spec.key in stored:
+            if run_dir.exists():  # a partial or failed local attempt; the store has the finished run
+                shutil.rmtree(run_dir)
+            tracker.fetch_run(stored[spec.key], spec, run_dir)
+            reused.append(spec.key)
+            reused_from[spec.key] = f"mlflow:{stored[spec.key].info.run_id}"
         else:
             if result is not None:  # a failed run is tried again from scratch
                 shutil.rmtree(run_dir)
             todo.append(spec)
     log(f"study {hyp.name}: {len(plan)} runs planned, {len(reused)} reused, {len(todo)} to train")
+    for spec in plan:
+        if spec.key in reused_from:
+            src = reused_from[spec.key]
+            where = "runs/ folder" if src == "local" else f"MLflow run {src.split(':', 1)[1]}"
+            log(f"  reused {spec.label} (key {spec.key}, from {where})")
 
     # generate each dataset once, here, so parallel workers only read the cache
     for ds in {json.dumps(s.dataset, sort_keys=True): s for s in todo}.values():
@@ -108,18 +154,33 @@ def run_study(
         load_split(ds.dataset, "probe", data_dir, ds.probe["size"], ds.probe["seed"])
         log(f"data {ds.dataset['name']}: ready ({time.perf_counter() - t0:.1f}s)")
 
-    tracker = None
-    if track:
-        from study.tracking import Tracker
-
-        tracker = Tracker(out_dir, hyp.name).__enter__()
-        tracker.log_study(hyp, hyp_path, plan)
+    if tracker:
+        tracker.__enter__()
+        tracker.log_study(hyp, hyp_path, plan, command=command)
+        tracker.log_reused(
+            [
+                {
+                    "key": s.key,
+                    "label": s.label,
+                    "source": reused_from[s.key].split(":")[0],
+                    "mlflow_run_id": stored[s.key].info.run_id if s.key in stored else None,
+                }
+                for s in plan
+                if s.key in reused_from
+            ]
+        )
     try:
         failed: dict[str, str] = {}
-        executor = make_executor(workers, len(todo), cuda=pick_device().type == "cuda")
-        jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir)) for s in todo]
+        executor, jobs = None, []
+        if todo:  # torch is imported only when something is trained: a cached rerun stays quick
+            from runners.executors import make_executor
+            from runners.jobs import execute_run
+            from runners.train import pick_device
+
+            executor = make_executor(workers, len(todo), cuda=pick_device().type == "cuda")
+            jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir)) for s in todo]
         t0 = time.perf_counter()
-        for i, result, exc in executor.map_jobs(execute_run, jobs):
+        for i, result, exc in executor.map_jobs(execute_run, jobs) if executor else []:
             spec = todo[i]
             if exc is not None:
                 failed[spec.key] = f"{type(exc).__name__}: {exc}"
@@ -137,12 +198,12 @@ def run_study(
                 reason = failed.get(spec.key, "run did not finish")
                 failed_seeds.setdefault(spec.dataset["name"], {})[spec.seed] = reason
                 if tracker and result is not None:
-                    tracker.log_training_run(spec, result, pd.DataFrame(columns=["value"]), reused=False)
+                    tracker.log_training_run(spec, result, pd.DataFrame(columns=["value"]), run_dir=run_dir)
                 continue
-            rows = run_rows(spec, run_dir, layers)
+            rows = _rows_or_error(spec, run_dir, layers)
             frames.append(rows)
             if tracker and spec.key not in reused:
-                tracker.log_training_run(spec, result, rows, reused=False)
+                tracker.log_training_run(spec, result, rows, reused=False, run_dir=run_dir)
         table = make_table([r for f in frames for r in f.to_dict(orient="records")])
         results = evaluate_claims(hyp, table, source=str(hyp_path), failed=failed_seeds)
 
@@ -154,20 +215,40 @@ def run_study(
             "hypothesis": hyp.name,
             "file": str(hyp_path),
             "runs": [s.key for s in plan],
+            "labels": {s.key: s.label for s in plan},
             "reused": reused,
+            "reused_from": reused_from,
             "failed": failed,
+            "command": command,
             "claims": [r.to_dict() for r in results],
         }
         _atomic_write(verdicts_path, json.dumps(payload, indent=1, default=float))
         text_path = study_dir / "verdicts.txt"
         _atomic_write(text_path, format_verdicts(results) + "\n")
         shutil.copyfile(hyp_path, study_dir / "hypothesis.yaml")
+        report_paths: list[Path] = []
+        if report:
+            from analysis.report import write_report
+
+            t0 = time.perf_counter()
+            report_paths = list(write_report(study_dir, runs_dir=runs_dir, command=command))
+            log(f"report: {report_paths[0]} ({time.perf_counter() - t0:.1f}s)")
         if tracker:
-            tracker.log_results([table_path, verdicts_path, text_path], results)
+            summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(results)}\n```"
+            tracker.log_results([table_path, verdicts_path, text_path, *report_paths], results, summary)
     except BaseException as exc:
-        if tracker:
+        if tracker and tracker.parent_id:
             tracker.__exit__(type(exc), exc, None)
         raise
     if tracker:
         tracker.__exit__(None, None, None)
-    return StudyOutcome(results, table, study_dir, [s.key for s in todo], reused, failed)
+    return StudyOutcome(
+        results,
+        table,
+        study_dir,
+        [s.key for s in todo],
+        reused,
+        failed,
+        reused_from,
+        report_paths[0] if report_paths else None,
+    )

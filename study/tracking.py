@@ -1,9 +1,23 @@
 """The one module that talks to MLflow.
 
-Layout: an experiment per hypothesis name; a parent run per invocation (params of the design, the
-hypothesis file, the tidy table and the verdicts as artifacts, a tag per claim verdict); a nested child
-run per trained model (its spec as params, per-epoch training metrics, per-layer spectral metrics with
-step = epoch, named ``{metric}/{layer}/{token_set}``).
+Layout, chosen to read naturally in the MLflow UI:
+
+* an **experiment** per hypothesis (study) name;
+* a **parent run** per invocation: the design as params; tags ``git_commit``, ``git_dirty``,
+  ``spec_hash`` (sha256 of the hypothesis file), ``command``, ``verdict.N`` per claim and
+  ``reused_runs`` (the runs taken from earlier invocations, ``label=key@mlflow_run_id``); artifacts: the
+  hypothesis file, the tidy table, the verdicts, ``reused_runs.json`` and the report
+  (``report.html``, ``report.md``); metrics ``claim_N/{effect,ci_low,ci_high,p_value,p_adjusted}``;
+  its description (``mlflow.note.content``) is the verdict table;
+* a nested **child run** per trained model: its spec as params; tags ``run_key``, ``git_commit``,
+  ``git_dirty``, ``spec_hash`` (sha256 of the run spec); ``train/*`` metrics per epoch and spectral
+  metrics named ``{metric}/{layer}/{token_set}`` with step = epoch (names reduced to the characters
+  MLflow allows); artifacts ``spectra.npz`` (the eigenvalues), ``result.json`` and, when recorded,
+  ``covariances.npz``; the dataset through ``log_inputs`` (a numpy dataset whose digest is the dataset
+  spec hash and whose source carries the spec). Model weights only with ``log_model=True``.
+
+A finished child run is found again by its ``run_key`` tag (searched across experiments), so another
+hypothesis file that needs the same run reuses it instead of training again (:meth:`Tracker.fetch_run`).
 
 The default store is embedded and local: ``sqlite:///<out>/mlflow.db`` with artifacts under
 ``<out>/mlartifacts`` (no server). ``MLFLOW_TRACKING_URI`` overrides it. Telemetry is off.
@@ -11,21 +25,69 @@ The default store is embedded and local: ``sqlite:///<out>/mlflow.db`` with arti
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
+import shutil
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+
+from study.errors import StudyError
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 _BATCH = 1000  # MLflow's log_batch limit on metrics per call
+_TAG_MAX = 5000  # MLflow's limit on a tag value's length
+# artifacts of a child run that a reuse needs (required) or carries along when present (optional)
+RUN_ARTIFACTS_REQUIRED = ("spectra.npz", "result.json")
+RUN_ARTIFACTS_OPTIONAL = ("covariances.npz",)
+# files a runner may leave as the trained weights; logged under model/ only with log_model=True
+_WEIGHT_PATTERNS = ("model*.pt", "model*.safetensors", "weights*.pt", "checkpoint*.pt")
 
 
 def default_tracking_uri(out_dir: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(out_dir).resolve() / 'mlflow.db'}"
+
+
+def sanitize_metric_name(name: str) -> str:
+    """Replace every character MLflow rejects in a metric name (it allows letters, digits, ``_ - . /``
+    and spaces) with ``_``: ``"eed%/block 1"`` -> ``"eed_/block 1"``."""
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name)
+
+
+def git_state(repo: Path | None = None) -> tuple[str, bool | None]:
+    """(commit sha, dirty flag) of the code's git checkout; ``("unknown", None)`` outside git."""
+    repo = repo or Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if sha.returncode != 0:
+            return "unknown", None
+        status = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return sha.stdout.strip(), bool(status.stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", None
+
+
+def sha256_of(obj) -> str:
+    """sha256 hex of a file's bytes (``Path``) or of an object's canonical JSON."""
+    if isinstance(obj, Path):
+        return hashlib.sha256(obj.read_bytes()).hexdigest()
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _flatten(prefix: str, obj, out: dict) -> dict:
@@ -38,16 +100,28 @@ def _flatten(prefix: str, obj, out: dict) -> dict:
 
 
 class Tracker:
-    """Logs one study invocation to MLflow. Use as a context manager around the whole invocation."""
+    """Logs one study invocation to MLflow and finds earlier runs by key.
 
-    def __init__(self, out_dir: Path, experiment: str):
+    Use as a context manager around the invocation (``__enter__`` opens the parent run); the store
+    look-ups (:meth:`finished_runs`, :meth:`fetch_run`) work before that.
+
+    Args:
+        out_dir: the study output folder (holds the default sqlite store).
+        experiment: the experiment name (the hypothesis name).
+        log_model: also log weight files a run folder holds (off by default: ~88 MB per ViT-S seed).
+    """
+
+    def __init__(self, out_dir: Path, experiment: str, log_model: bool = False):
         import mlflow
         from mlflow.tracking import MlflowClient
 
         self.mlflow = mlflow
         self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
         self.uri = default_tracking_uri(self.out_dir)
-        mlflow.set_tracking_uri(self.uri)
+        self.log_model = log_model
+        # no mlflow.set_tracking_uri: it also sets MLFLOW_TRACKING_URI in os.environ, which would send
+        # every later study in this process (and its subprocesses) to this store; the client is explicit
         self.client = MlflowClient(self.uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
@@ -57,12 +131,19 @@ class Tracker:
             exp_id = exp.experiment_id
         self.experiment_id = exp_id
         self.parent_id: str | None = None
+        self.git_commit, self.git_dirty = git_state()
 
+    # ---- the parent run ---------------------------------------------------------------------------
     def __enter__(self) -> Tracker:
         run = self.client.create_run(
             self.experiment_id,
             run_name=time.strftime("study %Y-%m-%d %H:%M:%S"),
-            tags={"study.role": "study"},
+            tags={
+                "study.role": "study",
+                "git_commit": self.git_commit,
+                "git_dirty": str(self.git_dirty).lower(),
+                "mlflow.source.git.commit": self.git_commit,
+            },
         )
         self.parent_id = run.info.run_id
         return self
@@ -70,7 +151,7 @@ class Tracker:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.client.set_terminated(self.parent_id, "FAILED" if exc_type else "FINISHED")
 
-    def log_study(self, hyp, hyp_path: Path, plan) -> None:
+    def log_study(self, hyp, hyp_path: Path, plan, command: str | None = None) -> None:
         params = {
             "hypothesis": hyp.name,
             "n_runs": len(plan),
@@ -79,10 +160,64 @@ class Tracker:
             "objective": hyp.design.objective,
         }
         self._log_params(self.parent_id, params)
+        self.client.set_tag(self.parent_id, "spec_hash", sha256_of(Path(hyp_path)))
+        if command:
+            self.client.set_tag(self.parent_id, "command", command[:_TAG_MAX])
         self.client.log_artifact(self.parent_id, str(hyp_path))
 
-    def log_training_run(self, spec, result: dict, rows: pd.DataFrame, reused: bool) -> None:
-        """A nested child run for one trained model: params, per-epoch metrics, per-layer spectra."""
+    def log_reused(self, reused: list[dict]) -> None:
+        """Link the runs this invocation reused: ``[{key, label, source, mlflow_run_id}]``.
+
+        A reused run is not logged again as a child; the parent names it in tag ``reused_runs`` and in
+        the artifact ``reused_runs.json`` (with the MLflow run id of the original child, when known).
+        """
+        if not reused:
+            return
+        text = ", ".join(f"{r['label']}={r['key']}@{r.get('mlflow_run_id') or 'local'}" for r in reused)
+        self.client.set_tag(self.parent_id, "reused_runs", text[:_TAG_MAX])
+        self.client.set_tag(self.parent_id, "n_reused", str(len(reused)))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "reused_runs.json"
+            path.write_text(json.dumps(reused, indent=1))
+            self.client.log_artifact(self.parent_id, str(path))
+
+    def log_results(self, artifacts: list[Path], results, summary: str | None = None) -> None:
+        for path in artifacts:
+            if Path(path).exists():
+                self.client.log_artifact(self.parent_id, str(path))
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = []
+        for i, r in enumerate(results):
+            self.client.set_tag(self.parent_id, f"verdict.{i}", f"{r.verdict}: {r.name}"[:_TAG_MAX])
+            # per-claim numbers as metrics, so invocations can be compared side by side in the UI
+            for field in ("effect", "ci_low", "ci_high", "p_value", "p_adjusted"):
+                value = getattr(r, field, None)
+                if value is not None and np.isfinite(value):
+                    metrics.append(Metric(f"claim_{i}/{field}", float(value), now, 0))
+        if metrics:
+            self.client.log_batch(self.parent_id, metrics=metrics)
+        if summary:
+            # shown as the run's description in the UI
+            self.client.set_tag(self.parent_id, "mlflow.note.content", summary[:_TAG_MAX])
+
+    # ---- child runs -------------------------------------------------------------------------------
+    def log_training_run(
+        self, spec, result: dict, rows: pd.DataFrame, reused: bool = False, run_dir: Path | None = None
+    ) -> str:
+        """A nested child run for one trained model; returns its MLflow run id.
+
+        Args:
+            spec: the ``RunSpec``.
+            result: its ``result.json`` content.
+            rows: its tidy rows (columns ``metric, layer, token_set, epoch, value``).
+            reused: kept for callers of the old signature; reused runs are not logged again.
+            run_dir: the run folder; its ``spectra.npz``, ``result.json`` and ``covariances.npz`` become
+                artifacts (and weight files, with ``log_model``).
+        """
+        from mlflow.entities import Metric
+
         status = "FINISHED" if result.get("status") == "finished" else "FAILED"
         tags = {
             "mlflow.parentRunId": self.parent_id,
@@ -91,6 +226,10 @@ class Tracker:
             "seed": str(spec.seed),
             "reused": str(reused).lower(),
             "study.role": "training",
+            "git_commit": self.git_commit,
+            "git_dirty": str(self.git_dirty).lower(),
+            "mlflow.source.git.commit": self.git_commit,
+            "spec_hash": sha256_of(spec.model_dump()),
         }
         if result.get("environment"):
             tags.update({f"env.{k}": str(v) for k, v in result["environment"].items()})
@@ -98,30 +237,144 @@ class Tracker:
         rid = run.info.run_id
         params = _flatten("", {k: v for k, v in spec.model_dump().items() if k != "key"}, {})
         self._log_params(rid, params)
-        from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         metrics = []
         for h in result.get("history", []):
             for k, v in h.items():
                 if k != "epoch" and v is not None:
-                    metrics.append(Metric(f"train/{k}", float(v), now, int(h["epoch"])))
+                    metrics.append(Metric(sanitize_metric_name(f"train/{k}"), float(v), now, int(h["epoch"])))
         for r in rows.itertuples(index=False):
             if pd.notna(r.value):
-                metrics.append(
-                    Metric(f"{r.metric}/{r.layer}/{r.token_set}", float(r.value), now, int(r.epoch))
-                )
+                name = sanitize_metric_name(f"{r.metric}/{r.layer}/{r.token_set}")
+                metrics.append(Metric(name, float(r.value), now, int(r.epoch)))
         for i in range(0, len(metrics), _BATCH):
             self.client.log_batch(rid, metrics=metrics[i : i + _BATCH])
+        self._log_dataset(rid, spec, run_dir)
+        if run_dir is not None:
+            for name in RUN_ARTIFACTS_REQUIRED + RUN_ARTIFACTS_OPTIONAL:
+                if (Path(run_dir) / name).is_file():
+                    self.client.log_artifact(rid, str(Path(run_dir) / name))
+            if self.log_model:
+                weights = [p for pat in _WEIGHT_PATTERNS for p in sorted(Path(run_dir).glob(pat))]
+                for p in weights:
+                    self.client.log_artifact(rid, str(p), artifact_path="model")
+                # the runner may not keep final weights at all; say so rather than log nothing silently
+                self.client.set_tag(rid, "model_weights", "logged" if weights else "none in run folder")
         if status == "FAILED":
             self.client.set_tag(rid, "failed_epoch", str(result.get("failed_epoch")))
         self.client.set_terminated(rid, status)
+        return rid
 
-    def log_results(self, artifacts: list[Path], results) -> None:
-        for path in artifacts:
-            self.client.log_artifact(self.parent_id, str(path))
-        for i, r in enumerate(results):
-            self.client.set_tag(self.parent_id, f"verdict.{i}", f"{r.verdict}: {r.name}"[:5000])
+    def _log_dataset(self, rid: str, spec, run_dir: Path | None) -> None:
+        """Record the training data as an MLflow dataset input (context ``training``).
+
+        The dataset is the cached train split when it is on disk (features ``(N, H, W, 3)`` uint8, targets
+        ``(N,)``), else the spec alone; its digest is the sha256 of the dataset spec (the images are a
+        pure function of it) and its source (a ``code`` source) carries the spec itself.
+        """
+        import mlflow.data
+        from mlflow.data.code_dataset_source import CodeDatasetSource
+        from mlflow.entities import DatasetInput, InputTag
+
+        ds = spec.dataset
+        digest = sha256_of(ds)[:16]
+        source = CodeDatasetSource(tags={"dataset_spec": json.dumps(ds, sort_keys=True)})
+        features = np.asarray([[ds.get("n_train", 0), ds.get("image_size", 0), ds.get("n_classes", 0)]])
+        targets = None
+        data_dir = self.out_dir / "data"
+        cached = sorted(data_dir.glob(f"{ds.get('variant', '')}_train_*.npz")) if data_dir.is_dir() else []
+        if cached:
+            try:
+                from runners.data import load_split  # numpy-only reader of the generator's cache
+
+                features, targets = load_split(ds, "train", data_dir)
+            except Exception:  # noqa: BLE001 - the spec-only dataset still identifies the data
+                pass
+        dataset = mlflow.data.from_numpy(
+            features, source=source, targets=targets, name=ds["name"], digest=digest
+        )
+        inp = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "training")])
+        self.client.log_inputs(rid, datasets=[inp])
+
+    # ---- reuse ------------------------------------------------------------------------------------
+    def finished_runs(self) -> dict[str, object]:
+        """Finished child runs in the whole store (every experiment), newest per ``run_key`` tag."""
+        from mlflow.entities import ViewType
+
+        exp_ids = [e.experiment_id for e in self.client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+        found: dict[str, object] = {}
+        token = None
+        while exp_ids:
+            page = self.client.search_runs(
+                exp_ids,
+                filter_string="tags.`study.role` = 'training' and attributes.status = 'FINISHED'",
+                order_by=["attributes.end_time DESC"],
+                max_results=1000,
+                page_token=token,
+            )
+            for r in page:
+                key = r.data.tags.get("run_key")
+                if key and key not in found:
+                    found[key] = r
+            token = page.token
+            if not token:
+                break
+        return found
+
+    def fetch_run(self, run, spec, run_dir: Path) -> None:
+        """Download a stored run's artifacts into ``run_dir`` (``result.json`` last, so it marks a finished
+        run only once the spectra are in place). Checks that ``spectra.npz`` loads and matches the result.
+
+        Raises:
+            StudyError: one line naming the run, the artifact and what is wrong with it.
+        """
+        rid = run.info.run_id
+        where = f"run {spec.label} (key {spec.key}, MLflow run {rid})"
+        with tempfile.TemporaryDirectory() as tmp:
+            listed = {a.path for a in self.client.list_artifacts(rid)}
+            got: dict[str, Path] = {}
+            for name in RUN_ARTIFACTS_REQUIRED + RUN_ARTIFACTS_OPTIONAL:
+                if name not in listed:
+                    if name in RUN_ARTIFACTS_REQUIRED:
+                        raise StudyError(
+                            f"{where}: artifact {name} is missing from the tracking store; "
+                            "rerun with --force to retrain it",
+                            self.uri,
+                        )
+                    continue
+                try:
+                    got[name] = Path(self.client.download_artifacts(rid, name, tmp))
+                except Exception as exc:  # noqa: BLE001 - any store failure is reported as one line
+                    raise StudyError(
+                        f"{where}: artifact {name} cannot be downloaded ({type(exc).__name__}: {exc})",
+                        self.uri,
+                    ) from None
+            try:
+                result = json.loads(got["result.json"].read_text())
+                if result.get("status") != "finished":
+                    raise ValueError(f"status {result.get('status')!r}, expected 'finished'")
+            except (OSError, ValueError) as exc:
+                raise StudyError(f"{where}: artifact result.json is corrupt ({exc})", self.uri) from None
+            try:
+                with np.load(got["spectra.npz"]) as f:
+                    keys = list(f.files)
+                    for k in keys:
+                        f[k]  # noqa: B018 - reading every array is what detects a truncated file
+                if not keys or not all(k.count("/") == 2 for k in keys):
+                    raise ValueError("no '{epoch}/{layer}/{token_set}' keys")
+            except Exception as exc:  # noqa: BLE001 - zip/pickle/value errors all mean a corrupt file
+                raise StudyError(
+                    f"{where}: artifact spectra.npz is corrupt ({type(exc).__name__}: {exc}); "
+                    "rerun with --force to retrain it",
+                    self.uri,
+                ) from None
+            run_dir = Path(run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            for name, path in got.items():
+                if name != "result.json":
+                    shutil.copyfile(path, run_dir / name)
+            shutil.copyfile(got["result.json"], run_dir / "result.json")
 
     def _log_params(self, run_id: str, params: dict) -> None:
         from mlflow.entities import Param

@@ -1,0 +1,260 @@
+"""study/tracking.py + run reuse: the MLflow layout, reuse across hypothesis files through the store,
+cached reruns, --force, and one-line errors for missing/corrupt store artifacts. Tiny runs (seconds)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+
+from study.cli import main
+from study.errors import StudyError
+from study.orchestrate import run_study
+from study.planner import plan_runs
+from study.schema import load_hypothesis
+from study.tracking import sanitize_metric_name
+
+DESIGN = """\
+design:
+  datasets: [{name: objects, variant: objects, n_train: 32, n_test: 16, image_size: 8}]
+  model: {preset: vit_cpu12, embed_dim: 16, depth: 3, num_heads: 2}
+  training: {epochs: 1, batch_size: 16, max_steps_per_epoch: 2}
+  seeds: [0, 1]
+  checkpoints: [0, 1]
+  probe: {size: 8}
+"""
+FIRST = (
+    "name: first\ndescription: the first file\n"
+    + DESIGN
+    + """claims:
+  - name: u
+    kind: u_shape
+    metric: eed_pct
+    subset: {dataset: objects}
+    regions: {early: [block_01], bottleneck: [block_02], late: [block_03]}
+"""
+)
+# another file over the same design, with another claim: it needs exactly the same runs
+SECOND = (
+    "name: second\ndescription: another claim, same design\n"
+    + DESIGN
+    + """claims:
+  - name: u on effective rank at init
+    kind: u_shape
+    metric: effective_rank
+    subset: {dataset: objects, epoch: 0}
+    regions: {early: [block_01], bottleneck: [block_02], late: [block_03]}
+"""
+)
+
+
+def _client(out):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{(out / 'mlflow.db').resolve()}")
+
+
+def _runs(out, name):
+    client = _client(out)
+    exp = client.get_experiment_by_name(name)
+    return [] if exp is None else client.search_runs([exp.experiment_id])
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tracking")
+    (root / "first.yaml").write_text(FIRST)
+    (root / "second.yaml").write_text(SECOND)
+    out = root / "out"
+    mp = pytest.MonkeyPatch()
+    mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+    outcome = run_study(
+        load_hypothesis(root / "first.yaml"), root / "first.yaml", out, workers=1, log=lambda s: None
+    )
+    yield root, out, outcome
+    mp.undo()
+
+
+def test_tracker_leaves_the_environment_alone(study):
+    """mlflow.set_tracking_uri would export MLFLOW_TRACKING_URI and send later studies to this store."""
+    import os
+
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+
+
+def test_sanitize_metric_name():
+    assert sanitize_metric_name("eed_pct/block_05/all") == "eed_pct/block_05/all"
+    assert sanitize_metric_name("eed%/block 1:cls") == "eed_/block 1_cls"
+
+
+def test_mlflow_layout(study):
+    root, out, outcome = study
+    assert len(outcome.trained) == 2 and outcome.reused == []
+    client = _client(out)
+    runs = _runs(out, "first")
+    parents = [r for r in runs if r.data.tags.get("study.role") == "study"]
+    children = [r for r in runs if r.data.tags.get("study.role") == "training"]
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    keys = {s.key for s in plan_runs(load_hypothesis(root / "first.yaml"))}
+    assert {c.data.tags["run_key"] for c in children} == keys
+    for r in (parent, *children):
+        tags = r.data.tags
+        assert len(tags["spec_hash"]) == 64 and tags["git_dirty"] in {"true", "false", "none"}
+        assert tags["git_commit"] == tags["mlflow.source.git.commit"]
+    assert parent.data.tags["verdict.0"].endswith(": u") and len(parent.data.tags["spec_hash"]) == 64
+    child = children[0]
+    assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
+    assert "eed_pct/block_02/all" in child.data.metrics and "train/loss" in child.data.metrics
+    assert sorted(m.step for m in client.get_metric_history(child.info.run_id, "eed_pct/block_02/all")) == [
+        0,
+        1,
+    ]
+    assert child.data.params["dataset.n_train"] == "32" and child.data.params["seed"] in {"0", "1"}
+    # the dataset as an MLflow input, its digest the spec hash and its source the spec
+    (inp,) = client.get_run(child.info.run_id).inputs.dataset_inputs
+    assert inp.dataset.name == "objects" and len(inp.dataset.digest) == 16
+    assert json.loads(json.loads(inp.dataset.source)["tags"]["dataset_spec"])["n_train"] == 32
+    assert {t.key: t.value for t in inp.tags}["mlflow.data.context"] == "training"
+    arts = {a.path for a in client.list_artifacts(child.info.run_id)}
+    assert {"spectra.npz", "result.json"} <= arts and "model" not in arts  # no weights by default
+    parent_arts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"first.yaml", "table.parquet", "verdicts.json", "report.html", "report.md"} <= parent_arts
+    assert "u" in parent.data.tags["mlflow.note.content"]
+    assert {"claim_0/effect", "claim_0/ci_low", "claim_0/ci_high"} <= set(parent.data.metrics)
+
+
+def test_second_file_reuses_runs_from_the_store(study):
+    root, out, first = study
+    shutil.rmtree(out / "runs")  # only the tracking store has them now
+    lines: list[str] = []
+    second = run_study(
+        load_hypothesis(root / "second.yaml"), root / "second.yaml", out, workers=1, log=lines.append
+    )
+    assert second.trained == [] and sorted(second.reused) == sorted(first.trained)
+    assert all(v.startswith("mlflow:") for v in second.reused_from.values())
+    assert sum("reused objects/seed" in ln and "from MLflow run" in ln for ln in lines) == 2
+    # the reused runs are linked from the new parent, not logged again as children
+    runs = _runs(out, "second")
+    assert [r.data.tags["study.role"] for r in runs] == ["study"]
+    assert runs[0].data.tags["n_reused"] == "2"
+    assert all(k in runs[0].data.tags["reused_runs"] for k in first.trained)
+    assert (out / "studies" / "second" / "report.html").is_file()
+
+
+def test_cached_rerun_trains_nothing_and_is_fast(study, capsys):
+    root, out, first = study
+    t0 = time.perf_counter()
+    assert main(["run", str(root / "first.yaml"), "--out", str(out), "--workers", "1"]) == 0
+    elapsed = time.perf_counter() - t0
+    text = capsys.readouterr().out
+    assert "2 reused, 0 to train" in text and "reused objects/seed0" in text and "report:" in text
+    assert elapsed < 30, elapsed
+    print(f"cached rerun: {elapsed:.1f}s")
+
+
+def test_missing_or_corrupt_store_artifact_is_one_line(study, capsys):
+    root, out, first = study
+    children = [r for r in _runs(out, "first") if r.data.tags.get("study.role") == "training"]
+    child = next(c for c in children if c.data.tags["seed"] == "0")
+    art_dir = _client(out).get_run(child.info.run_id).info.artifact_uri.removeprefix("file://")
+    spectra = f"{art_dir}/spectra.npz"
+    original = open(spectra, "rb").read()
+    try:
+        shutil.rmtree(out / "runs")
+        open(spectra, "wb").write(b"truncated")
+        assert main(["run", str(root / "second.yaml"), "--out", str(out), "--workers", "1"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "objects/seed0" in err and "spectra.npz is corrupt" in err
+        assert child.data.tags["run_key"] in err and child.info.run_id in err
+
+        import os
+
+        os.remove(spectra)
+        with pytest.raises(StudyError, match=r"objects/seed0 .*spectra.npz is missing"):
+            run_study(
+                load_hypothesis(root / "second.yaml"),
+                root / "second.yaml",
+                out,
+                workers=1,
+                log=lambda s: None,
+            )
+    finally:
+        open(spectra, "wb").write(original)
+    # the store is whole again: the same command reuses everything
+    again = run_study(
+        load_hypothesis(root / "second.yaml"), root / "second.yaml", out, workers=1, log=lambda s: None
+    )
+    assert again.trained == []
+
+
+def test_corrupt_local_spectra_is_one_line(study):
+    root, out, first = study
+    key = first.trained[0]
+    run_study(load_hypothesis(root / "first.yaml"), root / "first.yaml", out, workers=1, log=lambda s: None)
+    (out / "runs" / key / "spectra.npz").write_bytes(b"bad")
+    with pytest.raises(StudyError, match=rf"key {key}\): artifact spectra.npz is missing or corrupt"):
+        run_study(load_hypothesis(root / "first.yaml"), root / "first.yaml", out, workers=1, track=False)
+    shutil.rmtree(out / "runs" / key)
+
+
+def test_force_retrains(study):
+    root, out, first = study
+    forced = run_study(
+        load_hypothesis(root / "first.yaml"),
+        root / "first.yaml",
+        out,
+        workers=1,
+        force=True,
+        log=lambda s: None,
+    )
+    assert sorted(forced.trained) == sorted(first.trained) and forced.reused == []
+    children = [r for r in _runs(out, "first") if r.data.tags.get("study.role") == "training"]
+    assert len(children) == 4  # two from the first invocation, two retrained
+
+
+def test_log_model_is_opt_in(study, tmp_path):
+    """Weight files in a run folder are logged under model/ only with log_model=True."""
+    import pandas as pd
+
+    from study.tracking import Tracker
+
+    root, out, _ = study  # the module's store: creating a fresh sqlite store costs seconds
+    spec = plan_runs(load_hypothesis(root / "first.yaml"))[0]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "model.pt").write_bytes(b"weights")
+    result = {"status": "finished", "history": [{"epoch": 1, "loss": 1.0}]}
+    rows = pd.DataFrame(
+        [{"metric": "eed%", "layer": "block_01", "token_set": "all", "epoch": 1, "value": 5.0}]
+    )
+    ids = {}
+    for flag in (False, True):
+        with Tracker(out, "log_model_test", log_model=flag) as tracker:
+            ids[flag] = tracker.log_training_run(spec, result, rows, run_dir=run_dir)
+    client = _client(out)
+    assert "model" not in {a.path for a in client.list_artifacts(ids[False])}
+    assert [a.path for a in client.list_artifacts(ids[True], "model")] == ["model/model.pt"]
+    assert client.get_run(ids[True]).data.tags["model_weights"] == "logged"
+    assert "eed_/block_01/all" in client.get_run(ids[True]).data.metrics  # sanitised name
+
+
+def test_shipped_files_over_one_design_share_run_keys():
+    """Shipped hypothesis files with the same design plan the same run keys, so the second one reuses
+    the first one's runs (the store reuse itself is tested above on tiny designs)."""
+    from pathlib import Path
+
+    import yaml
+
+    groups: dict[str, list[Path]] = {}
+    for path in sorted((Path(__file__).parent.parent / "hypotheses").glob("*.yaml")):
+        design = yaml.safe_load(path.read_text())["design"]
+        groups.setdefault(json.dumps(design, sort_keys=True), []).append(path)
+    shared = [paths for paths in groups.values() if len(paths) > 1]
+    if not shared:
+        pytest.skip("no two shipped hypothesis files share a design yet")
+    for paths in shared:
+        keys = [[s.key for s in plan_runs(load_hypothesis(p))] for p in paths]
+        assert all(k == keys[0] for k in keys), [p.name for p in paths]
