@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from runners.data import atomic_save_npz, load_split
-from runners.extract import extract_spectra
+from runners.extract import extract_spectra, save_covariances, save_observables, snapshot_epochs
 from runners.models import build_model
 from study.errors import RunFailedError
 
@@ -172,10 +172,17 @@ def train_run(
 
     def measure(epoch: int) -> None:
         t0 = time.perf_counter()
-        sp = extract_spectra(model, xpr, run["probe"]["batch_size"], epoch=epoch)
+        probe = run["probe"]
+        snap = epoch in snapshot_epochs(probe.get("covariance_epochs", "none"), run["checkpoints"])
+        sp = extract_spectra(model, xpr, probe["batch_size"], epoch=epoch, covariances=snap)
         for (layer, tset), lam in sp.eigenvalues.items():
             spectra[f"{epoch}/{layer}/{tset}"] = lam
             n_tokens[f"{layer}/{tset}"] = sp.n_tokens[(layer, tset)]
+        # observables and covariance snapshots go straight to run_dir (read-merge-write, atomic), so they
+        # survive a resume without joining resume.pt; re-measuring an epoch overwrites the same keys
+        save_observables(run_dir / "scalars.json", epoch, sp)
+        if snap:
+            save_covariances(run_dir / "covariances.npz", epoch, sp)
         _log(progress, f"[{label}] spectra at epoch {epoch} ({time.perf_counter() - t0:.1f}s)")
 
     def fail(msg: str, epoch: int) -> dict:

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from analysis.spectral import METRICS
+from analysis.observables import ALL_METRICS
 from study.errors import StudyError
 
 TOKEN_SETS = ("all", "cls", "patch")
@@ -102,6 +102,9 @@ class ProbeSpec(_Strict):
     size: int = Field(512, ge=8)
     seed: int = 12345  # its own seed: never one of the training seeds' streams
     batch_size: int = Field(256, ge=1)
+    # float32 covariance matrices of token set `all` per layer, saved to covariances.npz for heatmaps:
+    # first and last checkpoint by default (2 x layers x D^2 x 4 bytes: ~3 MB at D = 64, 15 points)
+    covariance_epochs: Literal["first_last", "none"] | list[int] = "first_last"
 
 
 class Design(_Strict):
@@ -131,6 +134,13 @@ class Design(_Strict):
         m = self.model.resolved()
         if "embed_dim" in m and "num_heads" in m and m["embed_dim"] % m["num_heads"]:
             raise ValueError(f"embed_dim {m['embed_dim']} is not divisible by num_heads {m['num_heads']}")
+        if isinstance(self.probe.covariance_epochs, list):
+            for ep in self.probe.covariance_epochs:
+                if ep not in self.checkpoint_epochs:
+                    raise _FieldError(
+                        "design.probe.covariance_epochs",
+                        f"expected checkpoint epochs {self.checkpoint_epochs}, got {ep}",
+                    )
         return self
 
     @property
@@ -183,8 +193,8 @@ class UShapeClaim(_Strict):
     @field_validator("metric")
     @classmethod
     def _known_metric(cls, v: str) -> str:
-        if v not in METRICS:
-            raise ValueError(f"unknown metric {v!r}; expected one of {sorted(METRICS)}")
+        if v not in ALL_METRICS:
+            raise ValueError(f"unknown metric {v!r}; expected one of {list(ALL_METRICS)}")
         return v
 
 
