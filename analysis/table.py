@@ -2,7 +2,8 @@
 
 One row per (run_key, dataset, seed, epoch, layer, token_set, metric) with its ``value``; also
 ``layer_index`` (depth order) and ``n_tokens`` (tokens behind the covariance, so conditions can be
-compared at equal sample size). Metrics are the eigenvalue metrics of ``analysis.spectral`` (recomputed
+compared at equal sample size). A value that is undefined (NaN: e.g. any spectral metric of a token set
+with zero variance, such as the class token before the first block) gets no row. Metrics are the eigenvalue metrics of ``analysis.spectral`` (recomputed
 here from saved eigenvalues) and the activation observables of ``analysis.observables`` (measured at
 extraction time, read from the run's ``scalars.json``). Saved as Parquet (or CSV by extension). This module never imports torch.
 """
@@ -60,7 +61,7 @@ def rows_from_spectra(
     rows = []
     for key, value in (scalars or {}).items():
         epoch, layer, tset, m = key.split("/")
-        if m in obs:
+        if m in obs and np.isfinite(value):
             rows.append(
                 {
                     "run_key": run_key,
@@ -78,6 +79,9 @@ def rows_from_spectra(
     for key, lam in spectra.items():
         epoch, layer, tset = key.split("/")
         for m in names:
+            value = float(METRICS[m](lam))
+            if not np.isfinite(value):
+                continue
             rows.append(
                 {
                     "run_key": run_key,
@@ -89,7 +93,7 @@ def rows_from_spectra(
                     "token_set": tset,
                     "n_tokens": int((n_tokens or {}).get(f"{layer}/{tset}", -1)),
                     "metric": m,
-                    "value": float(METRICS[m](lam)),
+                    "value": value,
                 }
             )
     return rows

@@ -15,7 +15,8 @@ Token sets: ``all`` (every token of every probe image), ``cls`` (the class token
 Per point the covariance is accumulated by streaming float64 sums of shifted activations ``y = x - k``
 (``k``: the first batch's mean at that point, a shift that keeps float64 sums exact even for
 activations with large means): ``n``, ``s = sum y``, ``Q = sum y y^T``; then
-``C = (Q - s s^T / n) / (n - 1)``, symmetrised, ``eigh`` in float64, negative eigenvalues clipped to 0.
+``C = (Q - s s^T / n) / (n - 1)``, symmetrised, ``eigh`` in float64, eigenvalues below the round-off
+level ``D * eps64 * max_i Q_ii / (n - 1)`` (negative ones included) set to 0.
 Only two Grams are formed per batch and point: ``all`` (every token) and the prefix (the class token,
 one per image); ``patch = all - prefix`` exactly, because both share the point's shift. Memory is O(D^2) per point plus a
 fixed token subsample, independent of the number of probe images. Sums live on the model's device.
@@ -45,7 +46,11 @@ SUBSAMPLE_SEED = 0  # fixed: every checkpoint and run that shares a probe set se
 
 @dataclass
 class _Moments:
-    """Streaming shifted float64 moments: ``n``, ``s = sum (x - shift)``, ``q = sum (x - shift)(x - shift)^T``."""
+    """Streaming shifted float64 moments: ``n``, ``s = sum (x - shift)``, ``q = sum (x - shift)(x - shift)^T``.
+
+    Everything runs in torch on the activations' device (one thread pool on CPU: mixing in a second BLAS
+    pool, e.g. scipy's ``dsyrk``, made both pools spin against each other on a loaded 2-core machine).
+    """
 
     shift: torch.Tensor  # (D,) float64
     n: int = 0
@@ -54,7 +59,7 @@ class _Moments:
 
     def add(self, x: torch.Tensor) -> None:
         """x: (n_tokens, D) in any float dtype."""
-        y = x.to(torch.float64) - self.shift
+        y = torch.sub(x, self.shift)  # float64 by type promotion: one pass, no float64 copy of x first
         if self.q is None:
             self.s, self.q = y.sum(0), y.T @ y
         else:
@@ -74,6 +79,15 @@ class _Moments:
         cov = (self.q - torch.outer(self.s, self.s) / self.n) / (self.n - 1)
         cov = 0.5 * (cov + cov.T)
         return cov.cpu().numpy()
+
+    def roundoff(self) -> float:
+        """Absolute round-off level of ``covariance()`` entries: ``D * eps64 * max_i Q_ii / (n - 1)``.
+
+        ``Q - s s^T / n`` cancels terms of size ``Q_ii``; eigenvalues below this level are noise (e.g. a
+        token set whose tokens are all identical, such as the class token before the first block).
+        """
+        d = self.q.shape[0]
+        return float(d * np.finfo(np.float64).eps * self.q.diagonal().max().item() / max(self.n - 1, 1))
 
 
 @dataclass
@@ -105,7 +119,8 @@ def observation_points(model: torch.nn.Module) -> list[tuple[str, torch.nn.Modul
 
 def eigenvalues(cov: np.ndarray) -> np.ndarray:
     """Descending, clipped eigenvalues of a symmetric matrix, computed in float64."""
-    lam = np.linalg.eigvalsh(np.asarray(cov, dtype=np.float64))
+    # torch's LAPACK: the same thread pool as the forward pass (see _Moments)
+    lam = torch.linalg.eigvalsh(torch.from_numpy(np.array(cov, dtype=np.float64))).numpy()
     return np.clip(lam[::-1], 0.0, None).copy()
 
 
@@ -142,7 +157,139 @@ class _Subsampler:
         return torch.cat(self.parts[key]).numpy() if key in self.parts else np.zeros((0, 0), np.float32)
 
 
-@torch.inference_mode()
+class SpectralObserver:
+    """Hooks on every observation point that stream each forward pass into covariance moments.
+
+    Use as a context manager (hooks attached and eval mode set on entry, both undone on exit)::
+
+        with SpectralObserver(model, n_images=len(images)) as obs:
+            for batch in batches:          # in probe order: the subsample positions follow it
+                obs.observe(batch)
+        spectra = obs.result()
+
+    ``extract_spectra`` is this loop; the benchmark drives it batch by batch to time it side by side with
+    a plain forward pass.
+
+    Args:
+        model: a timm VisionTransformer.
+        n_images: probe images that will be observed in total (fixes the subsample positions).
+        epoch: the checkpoint epoch, only for error messages.
+        covariances: also keep the float32 ``(D, D)`` covariance of token set ``all`` per point.
+        subsample: at most this many tokens per (point, token set) for cosine anisotropy and TwoNN.
+        subsample_seed: seed of the subsample positions.
+        observables: compute ``analysis.observables`` (off: eigenvalues only).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        n_images: int,
+        epoch: int | None = None,
+        covariances: bool = False,
+        subsample: int = SUBSAMPLE,
+        subsample_seed: int = SUBSAMPLE_SEED,
+        observables: bool = True,
+    ):
+        self.model, self.epoch, self.covariances = model, epoch, covariances
+        self.device = next(model.parameters()).device
+        self.n_prefix = int(getattr(model, "num_prefix_tokens", 1))
+        self.has_cls = bool(getattr(model, "cls_token", None) is not None)
+        self.moments: dict[tuple[str, str], _Moments] = {}
+        self.sampler = _Subsampler(n_images, subsample, subsample_seed) if observables else None
+        self.first_image = 0
+        self._handles: list = []
+        self._was_training = model.training
+
+    def _record(self, name: str, x: torch.Tensor) -> None:
+        d = x.shape[-1]
+        flat = x.reshape(-1, d)
+        if (name, "all") not in self.moments:  # one shift per point, shared by its token sets
+            self.moments[(name, "all")] = _Moments(shift=flat.to(torch.float64).mean(0))
+        mom = self.moments[(name, "all")]
+        mom.add(flat)
+        # a NaN/Inf activation makes the float64 running sum non-finite: one (D,) check, not a full pass
+        if not torch.isfinite(mom.s).all():
+            raise RunFailedError(
+                f"non-finite activation at layer {name} (checkpoint epoch {self.epoch})", self.epoch
+            )
+        prefixed = name != "patch_embed" and self.n_prefix > 0
+        if prefixed:
+            # prefix tokens (class token, plus any register tokens) are subtracted from `all` for `patch`
+            pre = x[:, : self.n_prefix].reshape(-1, d)
+            self.moments.setdefault((name, "prefix"), _Moments(shift=mom.shift)).add(pre)
+            if self.has_cls and self.n_prefix > 1:
+                self.moments.setdefault((name, "cls"), _Moments(shift=mom.shift)).add(x[:, 0])
+        if self.sampler is not None:
+            self.sampler.add((name, "all"), x, self.first_image)
+            if prefixed:
+                self.sampler.add((name, "patch"), x[:, self.n_prefix :], self.first_image)
+                if self.has_cls:
+                    self.sampler.add((name, "cls"), x[:, :1], self.first_image)
+
+    def __enter__(self) -> SpectralObserver:
+        for name, module, kind in observation_points(self.model):
+            if kind == "pre":
+                hook = module.register_forward_pre_hook(
+                    lambda m, args, name=name: self._record(name, args[0])
+                )
+            else:
+                hook = module.register_forward_hook(lambda m, args, out, name=name: self._record(name, out))
+            self._handles.append(hook)
+        self._was_training = self.model.training
+        self.model.eval()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self.model.train(self._was_training)
+
+    @torch.inference_mode()
+    def observe(self, batch: torch.Tensor) -> None:
+        """One forward pass of ``batch: (B, 3, H, W)`` (the next B probe images, in order)."""
+        batch = batch.to(self.device, non_blocking=True)
+        if self.device.type == "cuda":
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                self.model.forward_features(batch)
+        else:
+            self.model.forward_features(batch)
+        self.first_image += batch.shape[0]
+
+    def result(self) -> Spectra:
+        """Covariances -> eigenvalues (and observables) of every (point, token set) seen so far."""
+        out = Spectra()
+        for name, _, _ in observation_points(self.model):
+            full = self.moments[(name, "all")]
+            sets = {"all": full}
+            if (name, "prefix") in self.moments:
+                sets["patch"] = full.minus(self.moments[(name, "prefix")])
+                if self.has_cls:
+                    sets["cls"] = self.moments.get((name, "cls"), self.moments[(name, "prefix")])
+            else:
+                sets["patch"] = full  # patch_embed has no prefix token: all tokens are patches
+            for tset, mom in sets.items():
+                cov, floor = mom.covariance(), mom.roundoff()
+                dead = np.diag(cov) <= floor  # variance at round-off level: a constant dimension
+                cov[dead, :] = 0.0
+                cov[:, dead] = 0.0
+                lam = eigenvalues(cov)
+                lam[lam <= floor] = 0.0
+                out.eigenvalues[(name, tset)] = lam
+                out.n_tokens[(name, tset)] = mom.n
+                if self.covariances and tset == "all":
+                    out.covariances[name] = cov.astype(np.float32)
+                if self.sampler is None:
+                    continue
+                key = (name, tset) if (name, tset) in self.sampler.parts else (name, "all")
+                sample = self.sampler.get(key)
+                out.n_subsample[(name, tset)] = int(sample.shape[0])
+                out.scalars[(name, tset, "diagonality")] = diagonality(cov)
+                out.scalars[(name, tset, "cosine_anisotropy")] = cosine_anisotropy(sample)
+                out.scalars[(name, tset, "twonn_id")] = twonn_id(sample)
+        return out
+
+
 def extract_spectra(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -168,84 +315,13 @@ def extract_spectra(
     Raises:
         RunFailedError: an activation is NaN or Inf (names the layer and checkpoint).
     """
-    device = next(model.parameters()).device
-    n_prefix = int(getattr(model, "num_prefix_tokens", 1))
-    has_cls = bool(getattr(model, "cls_token", None) is not None)
-    moments: dict[tuple[str, str], _Moments] = {}
-    sampler = _Subsampler(images.shape[0], subsample, subsample_seed) if observables else None
-    first_image = 0
-
-    def record(name: str, x: torch.Tensor) -> None:
-        d = x.shape[-1]
-        flat = x.reshape(-1, d)
-        if (name, "all") not in moments:  # one shift per point, shared by its token sets
-            moments[(name, "all")] = _Moments(shift=flat.to(torch.float64).mean(0))
-        mom = moments[(name, "all")]
-        mom.add(flat)
-        # a NaN/Inf activation makes the float64 running sum non-finite: one (D,) check, not a full pass
-        if not torch.isfinite(mom.s).all():
-            raise RunFailedError(f"non-finite activation at layer {name} (checkpoint epoch {epoch})", epoch)
-        with_cls = name != "patch_embed" and has_cls
-        if name != "patch_embed" and n_prefix > 0:
-            # prefix tokens (class token, plus any register tokens) are subtracted from `all` for `patch`
-            moments.setdefault((name, "prefix"), _Moments(shift=mom.shift)).add(
-                x[:, :n_prefix].reshape(-1, d)
-            )
-            if with_cls and n_prefix > 1:
-                moments.setdefault((name, "cls"), _Moments(shift=mom.shift)).add(x[:, 0])
-        if sampler is not None:
-            sampler.add((name, "all"), x, first_image)
-            if with_cls:
-                sampler.add((name, "cls"), x[:, :1], first_image)
-            if name != "patch_embed":
-                sampler.add((name, "patch"), x[:, n_prefix:], first_image)
-
-    handles = []
-    for name, module, kind in observation_points(model):
-        if kind == "pre":
-            handles.append(module.register_forward_pre_hook(lambda m, args, name=name: record(name, args[0])))
-        else:
-            handles.append(module.register_forward_hook(lambda m, args, out, name=name: record(name, out)))
-    was_training = model.training
-    model.eval()
-    try:
+    observer = SpectralObserver(
+        model, images.shape[0], epoch, covariances, subsample, subsample_seed, observables
+    )
+    with observer:
         for i in range(0, images.shape[0], batch_size):
-            first_image = i
-            batch = images[i : i + batch_size].to(device, non_blocking=True)
-            if device.type == "cuda":
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    model.forward_features(batch)
-            else:
-                model.forward_features(batch)
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
-
-    out = Spectra()
-    for name, _, _ in observation_points(model):
-        full = moments[(name, "all")]
-        sets = {"all": full}
-        if (name, "prefix") in moments:
-            sets["patch"] = full.minus(moments[(name, "prefix")])
-            if has_cls:
-                sets["cls"] = moments.get((name, "cls"), moments[(name, "prefix")])
-        else:
-            sets["patch"] = full  # patch_embed has no prefix token: all tokens are patches
-        for tset, mom in sets.items():
-            cov = mom.covariance()
-            out.eigenvalues[(name, tset)] = eigenvalues(cov)
-            out.n_tokens[(name, tset)] = mom.n
-            if covariances and tset == "all":
-                out.covariances[name] = cov.astype(np.float32)
-            if sampler is None:
-                continue
-            sample = sampler.get((name, tset) if (name, tset) in sampler.parts else (name, "all"))
-            out.n_subsample[(name, tset)] = int(sample.shape[0])
-            out.scalars[(name, tset, "diagonality")] = diagonality(cov)
-            out.scalars[(name, tset, "cosine_anisotropy")] = cosine_anisotropy(sample)
-            out.scalars[(name, tset, "twonn_id")] = twonn_id(sample)
-    return out
+            observer.observe(images[i : i + batch_size])
+    return observer.result()
 
 
 def snapshot_epochs(covariance_epochs: str | list[int], checkpoints: list[int]) -> list[int]:
