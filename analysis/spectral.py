@@ -1,7 +1,8 @@
 """Spectral metrics of a covariance spectrum, registered by name so hypothesis files can name them.
 
 Every metric here is a plain function of the eigenvalues ``lam: (D,)`` of one (centred) token
-covariance matrix, in any order; negative values (round-off from ``eigh``) are clipped to 0 first.
+covariance matrix, in any order; values at or below ``1e-11 * max(lam)`` (round-off from ``eigh``,
+negatives included) are set to 0 first.
 With ``p_i = lam_i / sum(lam)``:
 
 =====================  ===============================================  ==============
@@ -58,9 +59,21 @@ def register_metric(name: str) -> Callable[[MetricFn], MetricFn]:
     return wrap
 
 
+NUMERICAL_ZERO = (
+    1e-11  # relative to max(lam): float64 eigh noise is ~D * eps64 * max(lam) < 1e-12 (D <= 4096)
+)
+
+
 def _clean(lam: np.ndarray) -> np.ndarray:
-    lam = np.asarray(lam, dtype=np.float64).ravel()
-    return np.clip(lam, 0.0, None)
+    """float64 copy with round-off removed: values <= 1e-11 * max(lam) (negatives included) become 0.
+
+    Without this, metrics that weigh small eigenvalues up (``effective_rank_sv`` through sqrt,
+    ``powerlaw_alpha`` through log) would depend on the eigensolver's noise on rank-deficient spectra.
+    """
+    lam = np.asarray(lam, dtype=np.float64).ravel().copy()
+    top = lam.max() if lam.size else 0.0
+    lam[lam <= NUMERICAL_ZERO * max(top, 0.0)] = 0.0
+    return lam
 
 
 def _probs(lam: np.ndarray) -> np.ndarray:

@@ -21,7 +21,9 @@ What is measured, side by side in one process, on the same probe tensor:
    ``--naive per-layer`` runs one forward per layer instead, keeping only that layer's stack (the
    memory-frugal naive variant, ~15x the forward time). ``naive_speedup`` = naive time / streaming time;
    ``naive_memory`` = naive peak / streaming peak, where a peak is the largest resident-set size (sampled
-   every 2 ms from ``/proc/self/statm``) above the resident size just before that phase started.
+   every 2 ms from ``/proc/self/statm``) above the resident size just before that phase started. Each of
+   the two phases runs in its own fresh (spawned) process that first builds the same model and probe and
+   runs one warm-up batch, so neither inherits the other's allocator state.
 3. **max_rel_err**: every eigenvalue metric of ``analysis.spectral`` on our eigenvalues against the same
    metric on the naive float64 two-pass eigenvalues of the identical stacked activations, max over
    metrics, points and token sets of ``|ours - ref| / |ref|``.
@@ -130,35 +132,28 @@ def naive_spectra(
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--images", type=int, default=5900, help="probe images (x17 tokens; 5900 -> 100,300)")
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--offset", type=float, default=60.0, help="added to pos_embed: large activation means")
-    ap.add_argument("--naive", choices=["one-pass", "per-layer"], default="one-pass")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
-    args = ap.parse_args()
+def _setup(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.Tensor, torch.device]:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = build(args.offset, device)
     images = torch.randn(args.images, 3, 16, 16, generator=torch.Generator().manual_seed(1)).to(device)
-    n_tokens = args.images * 17
-    print(
-        f"model: ViT-Small width D=384, 12 blocks, 16x16 px, patch 4; device {device}; torch threads {torch.get_num_threads()}"
-    )
-    print(f"probe: {args.images} images x 17 tokens = {n_tokens} tokens; pos_embed offset {args.offset}")
+    with torch.inference_mode():  # warm-up: allocator, kernels, BLAS threads (before any memory baseline)
+        model.forward_features(images[: args.batch_size])
+    return model, images, device
+
+
+def phase_streaming(args: argparse.Namespace) -> dict:
+    """Plain forward and hooked streaming extraction, interleaved batch by batch (in a fresh process)."""
+    model, images, device = _setup(args)
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    with torch.inference_mode():  # warm-up: allocator, kernels, BLAS threads
-        model.forward_features(images[: args.batch_size])
-    # ---- 1. plain forward vs hooked streaming, interleaved batch by batch -----------------------------
     t_plain = t_stream = 0.0
     observer = SpectralObserver(model, args.images, observables=False)
-    with PeakRSS() as mem_stream:
+    with PeakRSS() as mem:
         for i in range(0, args.images, args.batch_size):
             batch = images[i : i + args.batch_size]
             sync()
@@ -173,19 +168,52 @@ def main() -> None:
             t_plain += t1 - t0
             t_stream += time.perf_counter() - t1
         t0 = time.perf_counter()
-        ours = observer.result().eigenvalues
+        eig = observer.result().eigenvalues
         t_stream += time.perf_counter() - t0
-    print(f"plain forward:        {t_plain:8.2f} s")
-    print(f"streaming extraction: {t_stream:8.2f} s  (45 spectra; peak +{mem_stream.peak / 2**20:.0f} MiB)")
+    return {"t_plain": t_plain, "t_stream": t_stream, "peak": mem.peak, "eig": eig, "device": str(device)}
 
-    # ---- 2. naive: stack, np.cov, eigh, layer by layer ------------------------------------------------
-    with PeakRSS() as mem_naive:
+
+def phase_naive(args: argparse.Namespace) -> dict:
+    """The naive approach (in a fresh process, so its memory peak starts from the same state)."""
+    model, images, _ = _setup(args)
+    with PeakRSS() as mem:
         t0 = time.perf_counter()
-        ref = naive_spectra(model, images, args.batch_size, per_layer=args.naive == "per-layer")
+        eig = naive_spectra(model, images, args.batch_size, per_layer=args.naive == "per-layer")
         t_naive = time.perf_counter() - t0
-    print(f"naive ({args.naive}):     {t_naive:8.2f} s  (peak +{mem_naive.peak / 2**20:.0f} MiB)")
+    return {"t_naive": t_naive, "peak": mem.peak, "eig": eig}
 
-    # ---- 3. agreement of every eigenvalue metric with the float64 two-pass reference --------------------
+
+def _in_child(fn, args: argparse.Namespace) -> dict:
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, (args,))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--images", type=int, default=5900, help="probe images (x17 tokens; 5900 -> 100,300)")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--offset", type=float, default=60.0, help="added to pos_embed: large activation means")
+    ap.add_argument("--naive", choices=["one-pass", "per-layer"], default="one-pass")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    args = ap.parse_args()
+    print(
+        f"probe: {args.images} images x 17 tokens = {args.images * 17} tokens; pos_embed offset {args.offset}"
+    )
+    stream = _in_child(phase_streaming, args)
+    print(
+        f"model: ViT-Small width D=384, 12 blocks, 16x16 px, patch 4; device {stream['device']}; "
+        f"torch threads {args.threads or torch.get_num_threads()}"
+    )
+    t_plain, t_stream, ours = stream["t_plain"], stream["t_stream"], stream["eig"]
+    print(f"plain forward:        {t_plain:8.2f} s")
+    print(f"streaming extraction: {t_stream:8.2f} s  (45 spectra; peak +{stream['peak'] / 2**20:.0f} MiB)")
+    naive = _in_child(phase_naive, args)
+    t_naive, ref = naive["t_naive"], naive["eig"]
+    print(f"naive ({args.naive}):     {t_naive:8.2f} s  (peak +{naive['peak'] / 2**20:.0f} MiB)")
+
+    # ---- agreement of every eigenvalue metric with the float64 two-pass reference -------------------
     worst, where, degenerate = 0.0, "", []
     for key, lam_ref in ref.items():
         if not lam_ref.any():  # a constant token set (the class token before block 1): no spectrum at all
@@ -205,7 +233,7 @@ def main() -> None:
     print(f"zero-variance token sets, skipped: {', '.join(degenerate) or 'none'}")
     print(
         f"overhead={t_stream / t_plain:.3f} naive_speedup={t_naive / t_stream:.2f} "
-        f"naive_memory={mem_naive.peak / max(mem_stream.peak, 1):.1f} max_rel_err={worst:.2e}"
+        f"naive_memory={naive['peak'] / max(stream['peak'], 1):.1f} max_rel_err={worst:.2e}"
     )
 
 

@@ -119,8 +119,14 @@ def observation_points(model: torch.nn.Module) -> list[tuple[str, torch.nn.Modul
 
 def eigenvalues(cov: np.ndarray) -> np.ndarray:
     """Descending, clipped eigenvalues of a symmetric matrix, computed in float64."""
-    # torch's LAPACK: the same thread pool as the forward pass (see _Moments)
-    lam = torch.linalg.eigvalsh(torch.from_numpy(np.array(cov, dtype=np.float64))).numpy()
+    # torch's LAPACK (the forward pass's thread pool, see _Moments), on one thread: a D ~ 384 eigh is too
+    # small to split, and two threads took ~10x longer than one on a loaded 2-core machine (measured)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        lam = torch.linalg.eigvalsh(torch.from_numpy(np.array(cov, dtype=np.float64))).numpy()
+    finally:
+        torch.set_num_threads(threads)
     return np.clip(lam[::-1], 0.0, None).copy()
 
 
