@@ -1,7 +1,8 @@
 """Spectral metrics of a covariance spectrum, registered by name so hypothesis files can name them.
 
 Every metric here is a plain function of the eigenvalues ``lam: (D,)`` of one (centred) token
-covariance matrix, in any order; negative values (round-off from ``eigh``) are clipped to 0 first.
+covariance matrix, in any order; values at or below ``1e-11 * max(lam)`` (round-off from ``eigh``,
+negatives included) are set to 0 first.
 With ``p_i = lam_i / sum(lam)``:
 
 =====================  ===============================================  ==============
@@ -16,18 +17,29 @@ participation_ratio    (sum lam)^2 / sum lam^2                          [1, D]
 spectral_flatness      geometric mean / arithmetic mean (floored)       (0, 1]
 spectral_anisotropy    max lam / sum lam                                [1/D, 1]
 numerical_rank         #{lam_i > 1e-6 * max lam}                        [0, D]
+effective_rank_sv      exp(-sum q_i log q_i), q_i = s_i / sum s,        [1, D]
+                       s_i = sqrt(lam_i) (singular-value form)
+powerlaw_alpha         -slope of log lam_i vs log i, i = 2..max(4, D//2)  (any real)
+powerlaw_r2            R^2 of that least-squares fit                    [0, 1]
 =====================  ===============================================  ==============
 
+All metrics use the eigenvalues of the *centred* covariance (the extraction centres every token set on
+its own mean); none re-centres here.
+
 The effective rank here is the *eigenvalue* form (entropy of normalised covariance eigenvalues). The
-Roy & Vetterli / RankMe form normalises *singular values* of the data matrix and gives different
-numbers; it is not mixed in under this name. This module never imports torch.
+Roy & Vetterli / RankMe form normalises *singular values* of the centred data matrix and gives different
+numbers; it lives under its own name, ``effective_rank_sv``, and is never mixed in under
+``effective_rank``. This module never imports torch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
+
+from study.errors import StudyError
 
 MetricFn = Callable[[np.ndarray], float]
 METRICS: dict[str, MetricFn] = {}
@@ -47,9 +59,21 @@ def register_metric(name: str) -> Callable[[MetricFn], MetricFn]:
     return wrap
 
 
+NUMERICAL_ZERO = (
+    1e-11  # relative to max(lam): float64 eigh noise is ~D * eps64 * max(lam) < 1e-12 (D <= 4096)
+)
+
+
 def _clean(lam: np.ndarray) -> np.ndarray:
-    lam = np.asarray(lam, dtype=np.float64).ravel()
-    return np.clip(lam, 0.0, None)
+    """float64 copy with round-off removed: values <= 1e-11 * max(lam) (negatives included) become 0.
+
+    Without this, metrics that weigh small eigenvalues up (``effective_rank_sv`` through sqrt,
+    ``powerlaw_alpha`` through log) would depend on the eigensolver's noise on rank-deficient spectra.
+    """
+    lam = np.asarray(lam, dtype=np.float64).ravel().copy()
+    top = lam.max() if lam.size else 0.0
+    lam[lam <= NUMERICAL_ZERO * max(top, 0.0)] = 0.0
+    return lam
 
 
 def _probs(lam: np.ndarray) -> np.ndarray:
@@ -127,6 +151,100 @@ def numerical_rank(lam: np.ndarray, tol: float = 1e-6) -> float:
     return float((lam > tol * lam.max()).sum()) if lam.max() > 0 else 0.0
 
 
+@register_metric("effective_rank_sv")
+def effective_rank_sv(lam: np.ndarray) -> float:
+    """Roy & Vetterli (2007) / RankMe (Garrido et al. 2023) effective rank, singular-value form.
+
+    The singular values of the centred data matrix ``X: (n, D)`` are ``s_i = sqrt((n - 1) lam_i)``; the
+    factor ``sqrt(n - 1)`` cancels in the normalisation, so ``q_i = sqrt(lam_i) / sum_j sqrt(lam_j)`` and
+    the metric is ``exp(-sum q_i log q_i)`` (0 log 0 = 0). Range [1, D]; a flat rank-k spectrum gives k,
+    as the eigenvalue form does, but any non-flat spectrum gives a *larger* value than ``effective_rank``.
+    """
+    return float(np.exp(spectral_entropy(np.sqrt(_clean(lam)))))
+
+
+POWERLAW_FIRST_INDEX = 2  # skip lam_1: the top direction is often a separate spike (e.g. a mean-like mode)
+
+
+def _powerlaw_fit(lam: np.ndarray) -> tuple[float, float]:
+    """(alpha, R^2) of ``log lam_i = c - alpha log i`` by least squares over the default index range.
+
+    Range: 1-based ranks ``i = POWERLAW_FIRST_INDEX .. max(4, D // 2)`` of the descending spectrum; the
+    upper half is left out because its tail is dominated by the finite-sample noise floor and, on
+    rank-deficient spectra, by zeros. Within the range only ``lam_i > 0`` enter the fit; with fewer than
+    3 such points both values are NaN.
+    """
+    lam = np.sort(_clean(lam))[::-1]
+    hi = min(lam.size, max(4, lam.size // 2))
+    idx = np.arange(POWERLAW_FIRST_INDEX, hi + 1)
+    vals = lam[idx - 1]
+    keep = vals > 0
+    if keep.sum() < 3:
+        return float("nan"), float("nan")
+    x, y = np.log(idx[keep].astype(np.float64)), np.log(vals[keep])
+    slope, intercept = np.polyfit(x, y, 1)
+    resid = y - (slope * x + intercept)
+    ss_tot = ((y - y.mean()) ** 2).sum()
+    ss_res = (resid**2).sum()
+    # a constant log-spectrum is fitted exactly: R^2 = 1 rather than 0/0
+    r2 = 1.0 if ss_tot <= 1e-24 * max(1.0, (y**2).sum()) else 1.0 - ss_res / ss_tot
+    return float(-slope), float(max(0.0, min(1.0, r2)))
+
+
+@register_metric("powerlaw_alpha")
+def powerlaw_alpha(lam: np.ndarray) -> float:
+    """Power-law decay exponent: ``-slope`` of ``log lam_i`` against ``log i`` (least squares).
+
+    Fit range: ranks ``i = 2 .. max(4, D // 2)`` of the descending spectrum, positive eigenvalues only
+    (see ``_powerlaw_fit``). Positive for a decaying spectrum (``lam_i = i^-a`` gives exactly ``a``), 0 for
+    a flat one. Scale invariant (a scale only moves the intercept). NaN with < 3 positive points in range.
+    """
+    return _powerlaw_fit(lam)[0]
+
+
+@register_metric("powerlaw_r2")
+def powerlaw_r2(lam: np.ndarray) -> float:
+    """Coefficient of determination R^2 = 1 - SS_res / SS_tot of the ``powerlaw_alpha`` fit, in [0, 1].
+
+    1 for an exact power law (and for a flat spectrum, fitted exactly with alpha = 0).
+    """
+    return _powerlaw_fit(lam)[1]
+
+
 def compute_metrics(lam: np.ndarray, names: list[str] | None = None) -> dict[str, float]:
     """All (or the named) registered metrics of one spectrum ``lam: (D,)``."""
     return {name: METRICS[name](lam) for name in (names or METRICS)}
+
+
+ROUNDOFF = 1e-12  # negatives down to -ROUNDOFF * max|lam| are eigh round-off (clipped), not bad input
+
+
+def load_spectrum(path: str | Path) -> np.ndarray:
+    """Read a spectrum from a ``.npy`` file: a 1-D, non-empty, finite, non-negative numeric vector.
+
+    Values down to ``-1e-12 * max|lam|`` are accepted as ``eigh`` round-off (the metrics clip them).
+
+    Raises:
+        StudyError: one line naming the file and what was expected (missing, unreadable, wrong shape,
+            wrong dtype, NaN/Inf, negative values).
+    """
+    path = Path(path)
+    expect = "expected a .npy file holding a 1-D non-negative finite numeric vector of eigenvalues"
+    if not path.is_file():
+        raise StudyError(f"file not found ({expect})", str(path))
+    try:
+        lam = np.load(path, allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001 - any reader failure is a user-facing input error
+        raise StudyError(f"cannot read: {type(exc).__name__} ({expect})", str(path)) from None
+    if not isinstance(lam, np.ndarray):
+        raise StudyError(f"holds several arrays, not one vector ({expect})", str(path))
+    if lam.dtype.kind not in "iuf":
+        raise StudyError(f"dtype {lam.dtype} is not real numeric ({expect})", str(path))
+    if lam.ndim != 1 or lam.size == 0:
+        raise StudyError(f"shape {lam.shape} ({expect})", str(path))
+    lam = lam.astype(np.float64)
+    if not np.isfinite(lam).all():
+        raise StudyError(f"{int((~np.isfinite(lam)).sum())} NaN/Inf value(s) ({expect})", str(path))
+    if lam.min() < -ROUNDOFF * np.abs(lam).max():
+        raise StudyError(f"negative value {lam.min():.6g} ({expect})", str(path))
+    return lam

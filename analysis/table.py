@@ -2,17 +2,22 @@
 
 One row per (run_key, dataset, seed, epoch, layer, token_set, metric) with its ``value``; also
 ``layer_index`` (depth order) and ``n_tokens`` (tokens behind the covariance, so conditions can be
-compared at equal sample size). Saved as Parquet (or CSV by extension). This module never imports torch.
+compared at equal sample size). A value that is undefined (NaN: e.g. any spectral metric of a token set
+with zero variance, such as the class token before the first block) gets no row. Metrics are the eigenvalue metrics of ``analysis.spectral`` (recomputed
+here from saved eigenvalues) and the activation observables of ``analysis.observables`` (measured at
+extraction time, read from the run's ``scalars.json``). Saved as Parquet (or CSV by extension). This module never imports torch.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from analysis.observables import OBSERVABLES
 from analysis.spectral import METRICS
 from study.errors import StudyError
 
@@ -38,6 +43,7 @@ def rows_from_spectra(
     layers: list[str],
     n_tokens: Mapping[str, int] | None = None,
     metrics: Iterable[str] | None = None,
+    scalars: Mapping[str, float] | None = None,
 ) -> list[dict]:
     """Tidy rows for one run.
 
@@ -45,14 +51,17 @@ def rows_from_spectra(
         spectra: eigenvalues ``(D,)`` keyed ``"{epoch}/{layer}/{token_set}"``.
         layers: observation points in depth order (gives ``layer_index``).
         n_tokens: token count per ``"{layer}/{token_set}"``.
-        metrics: registered metric names (default: all).
+        metrics: metric names, eigenvalue metrics and/or observables (default: all).
+        scalars: observables keyed ``"{epoch}/{layer}/{token_set}/{observable}"`` (``load_scalars``).
     """
     order = {name: i for i, name in enumerate(layers)}
-    names = list(metrics or METRICS)
+    wanted = list(metrics) if metrics is not None else [*METRICS, *OBSERVABLES]
+    names = [m for m in wanted if m in METRICS]
+    obs = set(wanted) & set(OBSERVABLES)
     rows = []
-    for key, lam in spectra.items():
-        epoch, layer, tset = key.split("/")
-        for m in names:
+    for key, value in (scalars or {}).items():
+        epoch, layer, tset, m = key.split("/")
+        if m in obs and np.isfinite(value):
             rows.append(
                 {
                     "run_key": run_key,
@@ -64,10 +73,43 @@ def rows_from_spectra(
                     "token_set": tset,
                     "n_tokens": int((n_tokens or {}).get(f"{layer}/{tset}", -1)),
                     "metric": m,
-                    "value": float(METRICS[m](lam)),
+                    "value": float(value),
+                }
+            )
+    for key, lam in spectra.items():
+        epoch, layer, tset = key.split("/")
+        for m in names:
+            value = float(METRICS[m](lam))
+            if not np.isfinite(value):
+                continue
+            rows.append(
+                {
+                    "run_key": run_key,
+                    "dataset": dataset,
+                    "seed": int(seed),
+                    "epoch": int(epoch),
+                    "layer": layer,
+                    "layer_index": order.get(layer, -1),
+                    "token_set": tset,
+                    "n_tokens": int((n_tokens or {}).get(f"{layer}/{tset}", -1)),
+                    "metric": m,
+                    "value": value,
                 }
             )
     return rows
+
+
+def load_scalars(path: str | Path) -> dict[str, float]:
+    """Observables ``{"{epoch}/{layer}/{token_set}/{observable}": value}`` from a run's ``scalars.json``.
+
+    JSON ``null`` (a NaN at extraction) becomes NaN; a missing file gives ``{}`` (runs measured before
+    observables existed).
+    """
+    path = Path(path)
+    if not path.exists():
+        return {}
+    values = json.loads(path.read_text()).get("values", {})
+    return {k: float("nan") if v is None else float(v) for k, v in values.items()}
 
 
 def make_table(rows: list[dict]) -> pd.DataFrame:

@@ -1,5 +1,7 @@
 """Layer-wise token covariance spectra of a ViT over a fixed probe set, in one hooked forward pass.
 
+    sp = extract_spectra(model, probe_images, batch_size=256, epoch=8, covariances=True)
+
 Observation points (timm ``VisionTransformer``), in depth order:
 
 * ``patch_embed``: output of the patch embedding (patch tokens only, before any prefix token);
@@ -10,55 +12,104 @@ Observation points (timm ``VisionTransformer``), in depth order:
 Token sets: ``all`` (every token of every probe image), ``cls`` (the class token only) and ``patch``
 (patch tokens only). ``patch_embed`` has no class token, so its ``all`` equals its ``patch``.
 
-Per (point, token set) the covariance is accumulated by streaming float64 sums of shifted activations
-``y = x - k`` (``k``: the first batch's mean at that point, a shift that keeps float64 sums exact even for
+Per point the covariance is accumulated by streaming float64 sums of shifted activations ``y = x - k``
+(``k``: the first batch's mean at that point, a shift that keeps float64 sums exact even for
 activations with large means): ``n``, ``s = sum y``, ``Q = sum y y^T``; then
-``C = (Q - s s^T / n) / (n - 1)``, symmetrised, ``eigh`` in float64, negative eigenvalues clipped to 0.
-Memory is O(D^2) per point, independent of the number of probe images. Sums live on the model's device.
+``C = (Q - s s^T / n) / (n - 1)``, symmetrised, ``eigh`` in float64, eigenvalues below the round-off
+level ``(D + n) * eps64 * max_i Q_ii / (n - 1)`` (negative ones included) set to 0.
+Only two Grams are formed per batch and point: ``all`` (every token) and the prefix (the class token,
+one per image); ``patch = all - prefix`` exactly, because both share the point's shift. Memory is O(D^2) per point plus a
+fixed token subsample, independent of the number of probe images. Sums live on the model's device.
+
+Besides eigenvalues, each (point, token set) gets the observables of ``analysis.observables``:
+``diagonality`` from its covariance, ``cosine_anisotropy`` and ``twonn_id`` from a fixed, seeded
+subsample of at most ``subsample`` tokens (the same token positions at every point, drawn with
+``subsample_seed``, so identical across checkpoints and runs that share the probe set).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from analysis.observables import cosine_anisotropy, diagonality, twonn_id
 from study.errors import RunFailedError
 
 TOKEN_SETS = ("all", "cls", "patch")
+SUBSAMPLE = 1024  # tokens per (point, token set) for cosine anisotropy / TwoNN: O(m^2) distances stay cheap
+SUBSAMPLE_SEED = 0  # fixed: every checkpoint and run that shares a probe set sees the same token positions
 
 
 @dataclass
 class _Moments:
+    """Streaming shifted float64 moments: ``n``, ``s = sum (x - shift)``, ``q = sum (x - shift)(x - shift)^T``.
+
+    Everything runs in torch on the activations' device (one thread pool on CPU: mixing in a second BLAS
+    pool, e.g. scipy's ``dsyrk``, made both pools spin against each other on a loaded 2-core machine).
+    """
+
     shift: torch.Tensor  # (D,) float64
     n: int = 0
-    s: torch.Tensor | None = None  # (D,)
-    q: torch.Tensor | None = None  # (D, D)
+    s: torch.Tensor | None = None  # (D,) float64
+    q: torch.Tensor | None = None  # (D, D) float64
 
     def add(self, x: torch.Tensor) -> None:
         """x: (n_tokens, D) in any float dtype."""
-        y = x.to(torch.float64) - self.shift
-        s, q = y.sum(0), y.T @ y
-        self.s = s if self.s is None else self.s + s
-        self.q = q if self.q is None else self.q + q
+        y = torch.sub(x, self.shift)  # float64 by type promotion: one pass, no float64 copy of x first
+        if self.q is None:
+            self.s, self.q = y.sum(0), y.T @ y
+        else:
+            self.s += y.sum(0)
+            self.q.addmm_(y.T, y)  # in place: no (D, D) temporary per batch
         self.n += y.shape[0]
 
     def merged(self, other: _Moments) -> _Moments:
         return _Moments(self.shift, self.n + other.n, self.s + other.s, self.q + other.q)
 
+    def minus(self, other: _Moments) -> _Moments:
+        """Moments of the tokens in ``self`` but not in ``other`` (same shift): exact in float64."""
+        return _Moments(self.shift, self.n - other.n, self.s - other.s, self.q - other.q)
+
     def covariance(self) -> np.ndarray:
+        """(D, D) float64 numpy: ``(Q - s s^T / n) / (n - 1)``, symmetrised."""
         cov = (self.q - torch.outer(self.s, self.s) / self.n) / (self.n - 1)
         cov = 0.5 * (cov + cov.T)
         return cov.cpu().numpy()
 
+    def roundoff(self) -> float:
+        """Absolute round-off level of ``covariance()`` entries: ``(D + n) eps64 max_i Q_ii / (n - 1)``.
+
+        ``Q - s s^T / n`` cancels terms of size ``Q_ii``, each a sum of ``n`` products (worst-case relative
+        summation error ~ ``n eps64``); eigenvalues below this level are noise, e.g. of a token set whose
+        tokens are all identical, such as the class token before the first block (measured: with
+        ``D eps64`` alone, 5,900 identical class tokens at mean 60 left a spurious eigenvalue).
+        """
+        d = self.q.shape[0]
+        eps = np.finfo(np.float64).eps
+        return float((d + self.n) * eps * self.q.diagonal().max().item() / max(self.n - 1, 1))
+
 
 @dataclass
 class Spectra:
-    """Eigenvalues per (layer, token set), descending, float64 ``(D,)``; token counts per entry."""
+    """What one extraction measured.
+
+    Attributes:
+        eigenvalues: ``(layer, token_set) -> (D,)`` float64, descending, clipped at 0.
+        n_tokens: ``(layer, token_set) -> tokens behind that covariance``.
+        scalars: ``(layer, token_set, observable) -> value`` for ``analysis.observables.OBSERVABLES``.
+        covariances: ``layer -> (D, D)`` float32 covariance of token set ``all`` (only if requested).
+        n_subsample: ``(layer, token_set) -> tokens in the observables' subsample``.
+    """
 
     eigenvalues: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
     n_tokens: dict[tuple[str, str], int] = field(default_factory=dict)
+    scalars: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    covariances: dict[str, np.ndarray] = field(default_factory=dict)
+    n_subsample: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def observation_points(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
@@ -71,77 +122,260 @@ def observation_points(model: torch.nn.Module) -> list[tuple[str, torch.nn.Modul
 
 def eigenvalues(cov: np.ndarray) -> np.ndarray:
     """Descending, clipped eigenvalues of a symmetric matrix, computed in float64."""
-    lam = np.linalg.eigvalsh(np.asarray(cov, dtype=np.float64))
+    # torch's LAPACK (the forward pass's thread pool, see _Moments), on one thread: a D ~ 384 eigh is too
+    # small to split, and two threads took ~10x longer than one on a loaded 2-core machine (measured)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        lam = torch.linalg.eigvalsh(torch.from_numpy(np.array(cov, dtype=np.float64))).numpy()
+    finally:
+        torch.set_num_threads(threads)
     return np.clip(lam[::-1], 0.0, None).copy()
 
 
-@torch.no_grad()
+class _Subsampler:
+    """Fixed seeded token positions per token count, gathered batch by batch.
+
+    Positions index the flattened ``(image, token)`` grid of one token set: ``image * T + t``. They depend
+    only on (number of images, tokens per image, m, seed), so every point with the same token count, every
+    checkpoint and every run on the same probe set sees the same tokens.
+    """
+
+    def __init__(self, n_images: int, m: int, seed: int):
+        self.n_images, self.m, self.seed = n_images, m, seed
+        self._idx: dict[int, np.ndarray] = {}
+        self.parts: dict[tuple[str, str], list[torch.Tensor]] = {}
+
+    def positions(self, tokens_per_image: int) -> np.ndarray:
+        if tokens_per_image not in self._idx:
+            total = self.n_images * tokens_per_image
+            rng = np.random.default_rng([self.seed, tokens_per_image])
+            self._idx[tokens_per_image] = np.sort(rng.choice(total, size=min(self.m, total), replace=False))
+        return self._idx[tokens_per_image]
+
+    def add(self, key: tuple[str, str], tokens: torch.Tensor, first_image: int) -> None:
+        """tokens: (B, T, D) of one token set for images ``first_image .. first_image + B - 1``."""
+        b, t, d = tokens.shape
+        pos = self.positions(t)
+        lo, hi = np.searchsorted(pos, [first_image * t, (first_image + b) * t])
+        if hi > lo:
+            sel = torch.as_tensor(pos[lo:hi] - first_image * t, device=tokens.device)
+            self.parts.setdefault(key, []).append(tokens.reshape(-1, d)[sel].float().cpu())
+
+    def get(self, key: tuple[str, str]) -> np.ndarray:
+        return torch.cat(self.parts[key]).numpy() if key in self.parts else np.zeros((0, 0), np.float32)
+
+
+class SpectralObserver:
+    """Hooks on every observation point that stream each forward pass into covariance moments.
+
+    Use as a context manager (hooks attached and eval mode set on entry, both undone on exit)::
+
+        with SpectralObserver(model, n_images=len(images)) as obs:
+            for batch in batches:          # in probe order: the subsample positions follow it
+                obs.observe(batch)
+        spectra = obs.result()
+
+    ``extract_spectra`` is this loop; the benchmark drives it batch by batch to time it side by side with
+    a plain forward pass.
+
+    Args:
+        model: a timm VisionTransformer.
+        n_images: probe images that will be observed in total (fixes the subsample positions).
+        epoch: the checkpoint epoch, only for error messages.
+        covariances: also keep the float32 ``(D, D)`` covariance of token set ``all`` per point.
+        subsample: at most this many tokens per (point, token set) for cosine anisotropy and TwoNN.
+        subsample_seed: seed of the subsample positions.
+        observables: compute ``analysis.observables`` (off: eigenvalues only).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        n_images: int,
+        epoch: int | None = None,
+        covariances: bool = False,
+        subsample: int = SUBSAMPLE,
+        subsample_seed: int = SUBSAMPLE_SEED,
+        observables: bool = True,
+    ):
+        self.model, self.epoch, self.covariances = model, epoch, covariances
+        self.device = next(model.parameters()).device
+        self.n_prefix = int(getattr(model, "num_prefix_tokens", 1))
+        self.has_cls = bool(getattr(model, "cls_token", None) is not None)
+        self.moments: dict[tuple[str, str], _Moments] = {}
+        self.sampler = _Subsampler(n_images, subsample, subsample_seed) if observables else None
+        self.first_image = 0
+        self._handles: list = []
+        self._was_training = model.training
+
+    def _record(self, name: str, x: torch.Tensor) -> None:
+        d = x.shape[-1]
+        flat = x.reshape(-1, d)
+        if (name, "all") not in self.moments:  # one shift per point, shared by its token sets
+            self.moments[(name, "all")] = _Moments(shift=flat.to(torch.float64).mean(0))
+        mom = self.moments[(name, "all")]
+        mom.add(flat)
+        # a NaN/Inf activation makes the float64 running sum non-finite: one (D,) check, not a full pass
+        if not torch.isfinite(mom.s).all():
+            raise RunFailedError(
+                f"non-finite activation at layer {name} (checkpoint epoch {self.epoch})", self.epoch
+            )
+        prefixed = name != "patch_embed" and self.n_prefix > 0
+        if prefixed:
+            # prefix tokens (class token, plus any register tokens) are subtracted from `all` for `patch`
+            pre = x[:, : self.n_prefix].reshape(-1, d)
+            self.moments.setdefault((name, "prefix"), _Moments(shift=mom.shift)).add(pre)
+            if self.has_cls and self.n_prefix > 1:
+                self.moments.setdefault((name, "cls"), _Moments(shift=mom.shift)).add(x[:, 0])
+        if self.sampler is not None:
+            self.sampler.add((name, "all"), x, self.first_image)
+            if prefixed:
+                self.sampler.add((name, "patch"), x[:, self.n_prefix :], self.first_image)
+                if self.has_cls:
+                    self.sampler.add((name, "cls"), x[:, :1], self.first_image)
+
+    def __enter__(self) -> SpectralObserver:
+        for name, module, kind in observation_points(self.model):
+            if kind == "pre":
+                hook = module.register_forward_pre_hook(
+                    lambda m, args, name=name: self._record(name, args[0])
+                )
+            else:
+                hook = module.register_forward_hook(lambda m, args, out, name=name: self._record(name, out))
+            self._handles.append(hook)
+        self._was_training = self.model.training
+        self.model.eval()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self.model.train(self._was_training)
+
+    @torch.inference_mode()
+    def observe(self, batch: torch.Tensor) -> None:
+        """One forward pass of ``batch: (B, 3, H, W)`` (the next B probe images, in order)."""
+        batch = batch.to(self.device, non_blocking=True)
+        if self.device.type == "cuda":
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                self.model.forward_features(batch)
+        else:
+            self.model.forward_features(batch)
+        self.first_image += batch.shape[0]
+
+    def result(self) -> Spectra:
+        """Covariances -> eigenvalues (and observables) of every (point, token set) seen so far."""
+        out = Spectra()
+        for name, _, _ in observation_points(self.model):
+            full = self.moments[(name, "all")]
+            sets = {"all": full}
+            if (name, "prefix") in self.moments:
+                sets["patch"] = full.minus(self.moments[(name, "prefix")])
+                if self.has_cls:
+                    sets["cls"] = self.moments.get((name, "cls"), self.moments[(name, "prefix")])
+            else:
+                sets["patch"] = full  # patch_embed has no prefix token: all tokens are patches
+            for tset, mom in sets.items():
+                cov, floor = mom.covariance(), mom.roundoff()
+                dead = np.diag(cov) <= floor  # variance at round-off level: a constant dimension
+                cov[dead, :] = 0.0
+                cov[:, dead] = 0.0
+                lam = eigenvalues(cov)
+                lam[lam <= floor] = 0.0
+                out.eigenvalues[(name, tset)] = lam
+                out.n_tokens[(name, tset)] = mom.n
+                if self.covariances and tset == "all":
+                    out.covariances[name] = cov.astype(np.float32)
+                if self.sampler is None:
+                    continue
+                key = (name, tset) if (name, tset) in self.sampler.parts else (name, "all")
+                sample = self.sampler.get(key)
+                out.n_subsample[(name, tset)] = int(sample.shape[0])
+                out.scalars[(name, tset, "diagonality")] = diagonality(cov)
+                out.scalars[(name, tset, "cosine_anisotropy")] = cosine_anisotropy(sample)
+                out.scalars[(name, tset, "twonn_id")] = twonn_id(sample)
+        return out
+
+
 def extract_spectra(
-    model: torch.nn.Module, images: torch.Tensor, batch_size: int = 256, epoch: int | None = None
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    batch_size: int = 256,
+    epoch: int | None = None,
+    covariances: bool = False,
+    subsample: int = SUBSAMPLE,
+    subsample_seed: int = SUBSAMPLE_SEED,
+    observables: bool = True,
 ) -> Spectra:
-    """Covariance spectra at every observation point and token set over a probe set.
+    """Covariance spectra and observables at every observation point and token set over a probe set.
 
     Args:
         model: a timm VisionTransformer (put into eval mode here, restored afterwards).
         images: (N, 3, H, W) float tensor, already normalised; moved to the model's device per batch.
         batch_size: probe images per forward pass.
         epoch: the checkpoint epoch, only for error messages.
+        covariances: also return the float32 ``(D, D)`` covariance of token set ``all`` per point.
+        subsample: at most this many tokens per (point, token set) for cosine anisotropy and TwoNN.
+        subsample_seed: seed of the subsample positions.
+        observables: compute ``analysis.observables`` (off: eigenvalues only, e.g. for benchmarks).
 
     Raises:
         RunFailedError: an activation is NaN or Inf (names the layer and checkpoint).
     """
-    device = next(model.parameters()).device
-    n_prefix = int(getattr(model, "num_prefix_tokens", 1))
-    has_cls = bool(getattr(model, "cls_token", None) is not None)
-    moments: dict[tuple[str, str], _Moments] = {}
-    shifts: dict[str, torch.Tensor] = {}
-
-    def record(name: str, x: torch.Tensor) -> None:
-        if not torch.isfinite(x).all():
-            raise RunFailedError(f"non-finite activation at layer {name} (checkpoint epoch {epoch})", epoch)
-        d = x.shape[-1]
-        if name == "patch_embed":
-            groups = {"patch": x.reshape(-1, d)}
-        else:
-            groups = {"patch": x[:, n_prefix:].reshape(-1, d)}
-            if has_cls:
-                groups["cls"] = x[:, 0]
-        if name not in shifts:  # one shift per layer, shared by its token sets, so all = cls + patch
-            shifts[name] = x.reshape(-1, d).to(torch.float64).mean(0)
-        for tset, tokens in groups.items():
-            moments.setdefault((name, tset), _Moments(shift=shifts[name])).add(tokens)
-
-    handles = []
-    for name, module, kind in observation_points(model):
-        if kind == "pre":
-            handles.append(module.register_forward_pre_hook(lambda m, args, name=name: record(name, args[0])))
-        else:
-            handles.append(module.register_forward_hook(lambda m, args, out, name=name: record(name, out)))
-    was_training = model.training
-    model.eval()
-    try:
+    observer = SpectralObserver(
+        model, images.shape[0], epoch, covariances, subsample, subsample_seed, observables
+    )
+    with observer:
         for i in range(0, images.shape[0], batch_size):
-            batch = images[i : i + batch_size].to(device, non_blocking=True)
-            if device.type == "cuda":
-                with torch.autocast("cuda", dtype=torch.bfloat16):
-                    model.forward_features(batch)
-            else:
-                model.forward_features(batch)
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
+            observer.observe(images[i : i + batch_size])
+    return observer.result()
 
-    out = Spectra()
-    for name, _, _ in observation_points(model):
-        patch = moments[(name, "patch")]
-        sets = {"patch": patch}
-        if (name, "cls") in moments:
-            sets["cls"] = moments[(name, "cls")]
-            sets["all"] = patch.merged(moments[(name, "cls")])
-        else:
-            sets["all"] = patch
-        for tset, mom in sets.items():
-            out.eigenvalues[(name, tset)] = eigenvalues(mom.covariance())
-            out.n_tokens[(name, tset)] = mom.n
-    return out
+
+def snapshot_epochs(covariance_epochs: str | list[int], checkpoints: list[int]) -> list[int]:
+    """Checkpoint epochs whose covariances are saved, from ``ProbeSpec.covariance_epochs``.
+
+    ``"first_last"``: the first and last checkpoint; ``"none"``: none; a list: those epochs that are
+    checkpoints (the schema rejects any other).
+    """
+    eps = sorted(set(checkpoints))
+    if covariance_epochs == "none" or not eps:
+        return []
+    if covariance_epochs == "first_last":
+        return sorted({eps[0], eps[-1]})
+    return sorted(set(covariance_epochs) & set(eps))
+
+
+def save_observables(path: Path, epoch: int, sp: Spectra) -> None:
+    """Merge one checkpoint's observables into ``scalars.json`` (atomic write).
+
+    Layout: ``{"subsample": {"size", "seed"}, "n_subsample": {"{layer}/{token_set}": m},
+    "values": {"{epoch}/{layer}/{token_set}/{observable}": value}}``; NaN is written as ``null``.
+    """
+    path = Path(path)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.setdefault("subsample", {"size": SUBSAMPLE, "seed": SUBSAMPLE_SEED})
+    data.setdefault("n_subsample", {}).update({f"{la}/{ts}": m for (la, ts), m in sp.n_subsample.items()})
+    values = data.setdefault("values", {})
+    for (layer, tset, name), v in sp.scalars.items():
+        values[f"{epoch}/{layer}/{tset}/{name}"] = float(v) if np.isfinite(v) else None
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def save_covariances(path: Path, epoch: int, sp: Spectra) -> None:
+    """Merge one checkpoint's float32 covariances of token set ``all`` into ``covariances.npz``.
+
+    Keys ``"{epoch}/{layer}"``, values ``(D, D)`` float32 (centred covariance, as in the module docstring).
+    """
+    from runners.data import atomic_save_npz
+
+    path = Path(path)
+    arrays: dict[str, np.ndarray] = {}
+    if path.exists():
+        with np.load(path) as f:
+            arrays = {k: f[k] for k in f.files}
+    arrays.update({f"{epoch}/{layer}": cov for layer, cov in sp.covariances.items()})
+    atomic_save_npz(path, **arrays)

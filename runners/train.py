@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from runners.data import atomic_save_npz, load_split, num_classes
-from runners.extract import extract_spectra
+from runners.extract import extract_spectra, save_covariances, save_observables, snapshot_epochs
 from runners.inputs import to_tensor
 from runners.objectives import make_objective
 from runners.objectives.dino import AUG_SEED_OFFSET
@@ -210,10 +210,17 @@ def train_run(
 
     def measure(epoch: int) -> None:
         t0 = time.perf_counter()
-        sp = extract_spectra(model, xpr, run["probe"]["batch_size"], epoch=epoch)
+        probe = run["probe"]
+        snap = epoch in snapshot_epochs(probe.get("covariance_epochs", "none"), run["checkpoints"])
+        sp = extract_spectra(model, xpr, probe["batch_size"], epoch=epoch, covariances=snap)
         for (layer, tset), lam in sp.eigenvalues.items():
             spectra[f"{epoch}/{layer}/{tset}"] = lam
             n_tokens[f"{layer}/{tset}"] = sp.n_tokens[(layer, tset)]
+        # observables and covariance snapshots go straight to run_dir (read-merge-write, atomic), so they
+        # survive a resume without joining resume.pt; re-measuring an epoch overwrites the same keys
+        save_observables(run_dir / "scalars.json", epoch, sp)
+        if snap:
+            save_covariances(run_dir / "covariances.npz", epoch, sp)
         _log(progress, f"[{label}] spectra at epoch {epoch} ({time.perf_counter() - t0:.1f}s)")
 
     def fail(msg: str, epoch: int) -> dict:

@@ -5,6 +5,8 @@
     python -m study analyze hypotheses/u_shape.yaml --table study_results/studies/u_shape/table.parquet [--json]
     python -m study report study_results/studies/u_shape   (or the hypothesis file) [--out study_results]
     python -m study ui [--out study_results] [--port 5000]
+    python -m study metrics SPECTRUM.npy      # every eigenvalue metric of a saved spectrum, as JSON
+    python -m study table hypotheses/u_shape.yaml --out study_results [--to PATH]   # rebuild the tidy table
 
 Bad input prints one line (file, field, what was expected) to stderr and exits with status 2.
 """
@@ -52,6 +54,16 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("hypothesis", type=Path)
     a.add_argument("--table", type=Path, required=True, help="tidy table (.parquet or .csv)")
     a.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+
+    # ---- observatory verbs: score spectra / rebuild tables from saved runs (no model needed) -----------
+    mt = sub.add_parser("metrics", help="print every eigenvalue metric of a saved spectrum (.npy) as JSON")
+    mt.add_argument("spectrum", type=Path, help="a .npy file holding a 1-D vector of eigenvalues")
+    tb = sub.add_parser("table", help="rebuild the tidy table from the saved spectra of a hypothesis's runs")
+    tb.add_argument("hypothesis", type=Path)
+    tb.add_argument("--out", type=Path, default=Path("study_results"), help="the folder `run` wrote to")
+    tb.add_argument(
+        "--to", type=Path, default=None, help="table path (default: OUT/studies/NAME/table.parquet)"
+    )
     _add_results_verbs(sub)
     return p
 
@@ -98,6 +110,45 @@ def _results_verbs(args) -> int | None:
     return None
 
 
+def _metrics_verb(path: Path) -> int:
+    from analysis.spectral import compute_metrics, load_spectrum
+
+    values = compute_metrics(load_spectrum(path))
+    print(json.dumps({k: (float(v) if v == v else None) for k, v in values.items()}, indent=1))
+    return 0
+
+
+def _table_verb(args: argparse.Namespace) -> int:
+    from analysis.table import make_table, save_table
+    from study.orchestrate import read_run, run_rows
+    from study.planner import plan_runs
+    from study.schema import load_hypothesis
+
+    hyp = load_hypothesis(args.hypothesis)
+    frames, missing = [], []
+    for spec in plan_runs(hyp):
+        run_dir = args.out / "runs" / spec.key
+        result = read_run(run_dir)
+        if result is None or result.get("status") != "finished" or not (run_dir / "spectra.npz").exists():
+            missing.append(spec.label)
+            continue
+        frames.append(run_rows(spec, run_dir, hyp.design.layers))
+    if not frames:
+        raise StudyError(
+            f"no finished run of this hypothesis under {args.out / 'runs'} (run `python -m study run` first)",
+            str(args.hypothesis),
+        )
+    import pandas as pd
+
+    table = make_table(pd.concat(frames, ignore_index=True).to_dict("records"))
+    to = args.to or args.out / "studies" / hyp.name / "table.parquet"
+    save_table(table, to)
+    print(f"table: {to} ({len(table)} rows from {len(frames)} run(s))")
+    if missing:
+        print(f"missing (not finished): {', '.join(missing)}", file=sys.stderr)
+    return 0
+
+
 def _workers(value: str) -> int | str:
     if value == "auto":
         return value
@@ -112,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         done = _results_verbs(args)
         if done is not None:
             return done
+        if args.verb == "metrics":
+            return _metrics_verb(args.spectrum)
+        if args.verb == "table":
+            return _table_verb(args)
         from study.schema import load_hypothesis
 
         hyp = load_hypothesis(args.hypothesis)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.table import make_table, rows_from_spectra, save_table
+from analysis.table import load_scalars, make_table, rows_from_spectra, save_table
 from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
 from runners.data import load_split
 from study.errors import StudyError
@@ -59,11 +59,20 @@ def read_run(run_dir: Path) -> dict | None:
 
 
 def run_rows(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
+    """Tidy rows of one finished run from its saved files only (spectra.npz, scalars.json, result.json)."""
     result = read_run(run_dir)
     with np.load(run_dir / "spectra.npz") as f:
         spectra = {k: f[k] for k in f.files}
     return pd.DataFrame(
-        rows_from_spectra(spec.key, spec.dataset["name"], spec.seed, spectra, layers, result.get("n_tokens"))
+        rows_from_spectra(
+            spec.key,
+            spec.dataset["name"],
+            spec.seed,
+            spectra,
+            layers,
+            result.get("n_tokens"),
+            scalars=load_scalars(run_dir / "scalars.json"),
+        )
     )
 
 

@@ -18,7 +18,7 @@ from runners.datasets import dataset_fingerprint, resolve_path
 from study.schema import Hypothesis, SupervisedObjective
 
 # Bump when what a run measures changes (observation points, token sets, covariance scheme).
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: activation observables (scalars.json) and covariance snapshots
 
 
 class RunSpec(BaseModel):

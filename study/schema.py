@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from analysis.spectral import METRICS
+from analysis.observables import ALL_METRICS
 from study.errors import StudyError
 
 TOKEN_SETS = ("all", "cls", "patch")
@@ -316,6 +316,9 @@ class ProbeSpec(_Strict):
     size: int = Field(512, ge=8)
     seed: int = 12345  # its own seed: never one of the training seeds' streams
     batch_size: int = Field(256, ge=1)
+    # float32 covariance matrices of token set `all` per layer, saved to covariances.npz for heatmaps:
+    # first and last checkpoint by default (2 x layers x D^2 x 4 bytes: ~3 MB at D = 64, 15 points)
+    covariance_epochs: Literal["first_last", "none"] | list[int] = "first_last"
 
 
 class Design(_Strict):
@@ -386,6 +389,13 @@ class Design(_Strict):
                 "design.objective.local_crop_size",
                 f"expected a multiple of the patch size {patch}, got {local}",
             )
+        if isinstance(self.probe.covariance_epochs, list):
+            for ep in self.probe.covariance_epochs:
+                if ep not in self.checkpoint_epochs:
+                    raise _FieldError(
+                        "design.probe.covariance_epochs",
+                        f"expected checkpoint epochs {self.checkpoint_epochs}, got {ep}",
+                    )
         return self
 
     @property
@@ -471,8 +481,8 @@ class _ClaimBase(_Strict):
     @field_validator("metric")
     @classmethod
     def _known_metric(cls, v: str) -> str:
-        if v not in METRICS:
-            raise ValueError(f"unknown metric {v!r}; expected one of {sorted(METRICS)}")
+        if v not in ALL_METRICS:
+            raise ValueError(f"unknown metric {v!r}; expected one of {list(ALL_METRICS)}")
         return v
 
     @model_validator(mode="after")
@@ -668,7 +678,12 @@ def _loc(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in (*DATASET_KINDS, *CLAIM_KINDS, "supervised", "dino"):  # discriminator tags pydantic inserts
+        elif part in (
+            *DATASET_KINDS,
+            *CLAIM_KINDS,
+            "supervised",
+            "dino",
+        ):  # discriminator tags pydantic inserts
             continue
         else:
             out += f".{part}" if out else str(part)

@@ -92,3 +92,54 @@ def test_nan_activation_names_layer_and_checkpoint():
         model.blocks[1].mlp.fc2.bias.fill_(float("nan"))
     with pytest.raises(RunFailedError, match="block_02.*epoch 4"):
         extract_spectra(model, torch.randn(4, 3, 8, 8), epoch=4)
+
+
+def test_observables_match_numpy_on_the_same_tokens():
+    """Scalars from extraction equal analysis.observables on the stacked activations' subsample."""
+    from analysis.observables import cosine_anisotropy, diagonality, twonn_id
+    from runners.extract import _Subsampler
+
+    model = _model()
+    x = torch.randn(20, 3, 8, 8)
+    sp = extract_spectra(model, x, batch_size=7, covariances=True, subsample=50, subsample_seed=3)
+    with torch.no_grad():
+        blocks = model.forward_intermediates(
+            x, indices=3, return_prefix_tokens=True, norm=False, output_fmt="NLC", intermediates_only=True
+        )
+    patch, prefix = blocks[1]
+    full = torch.cat([prefix, patch], 1).numpy()  # (20, 5, 16)
+    sampler = _Subsampler(20, 50, 3)
+    for tset, tokens in (("all", full), ("patch", full[:, 1:]), ("cls", full[:, :1])):
+        flat = tokens.reshape(-1, 16).astype(np.float64)
+        sample = flat[sampler.positions(tokens.shape[1])]
+        assert sp.n_subsample[("block_02", tset)] == min(50, flat.shape[0])
+        assert sp.scalars[("block_02", tset, "cosine_anisotropy")] == pytest.approx(cosine_anisotropy(sample))
+        assert sp.scalars[("block_02", tset, "twonn_id")] == pytest.approx(twonn_id(sample), rel=1e-6)
+        ref_cov = np.cov(flat, rowvar=False)
+        assert sp.scalars[("block_02", tset, "diagonality")] == pytest.approx(diagonality(ref_cov), rel=1e-8)
+    np.testing.assert_allclose(
+        sp.covariances["block_02"], np.cov(full.reshape(-1, 16), rowvar=False), rtol=1e-5, atol=1e-7
+    )
+    assert set(sp.covariances) == {p[0] for p in observation_points(model)}
+    assert sp.covariances["norm"].dtype == np.float32
+
+
+def test_subsample_fixed_across_calls_and_bounded():
+    model = _model()
+    x = torch.randn(30, 3, 8, 8)
+    a = extract_spectra(model, x, batch_size=30, subsample=40)
+    b = extract_spectra(model, x, batch_size=8, subsample=40)  # other batching, same tokens
+    for key, v in a.scalars.items():
+        assert b.scalars[key] == pytest.approx(v, rel=1e-6, nan_ok=True), key
+    assert max(a.n_subsample.values()) == 40 and a.n_subsample[("block_01", "cls")] == 30
+
+
+def test_constant_token_set_gives_zero_spectrum():
+    """The class token before block 1 is identical for every image: every eigenvalue is exactly 0."""
+    model = _model()
+    with torch.no_grad():
+        model.pos_embed += 60.0  # large means: round-off must not leave a spurious eigenvalue
+    sp = extract_spectra(model, torch.randn(40, 3, 8, 8), batch_size=16)
+    assert not sp.eigenvalues[("pos_embed", "cls")].any()
+    assert np.isnan(sp.scalars[("pos_embed", "cls", "diagonality")])
+    assert sp.eigenvalues[("pos_embed", "all")].max() > 0

@@ -73,3 +73,113 @@ def test_contract_every_metric(name):
     assert fn(rng.permutation(lam)) == pytest.approx(v)
     assert fn(lam * 37.0) == pytest.approx(v)
     assert fn(lam.copy()) == v
+
+
+# ---- new metrics: closed forms ---------------------------------------------------------------------
+def _fit_alpha(lam, lo=2, hi=None):
+    """Independent least squares (scipy) of log lam_i on log i over ranks lo..hi: (alpha, R^2)."""
+    from scipy.stats import linregress
+
+    hi = hi or D // 2
+    i = np.arange(lo, hi + 1)
+    fit = linregress(np.log(i), np.log(np.sort(lam)[::-1][i - 1]))
+    return -fit.slope, fit.rvalue**2
+
+
+def test_new_metrics_flat():
+    m = compute_metrics(np.full(D, 3.0))
+    assert m["effective_rank_sv"] == pytest.approx(D)
+    assert m["powerlaw_alpha"] == pytest.approx(0.0, abs=1e-12)
+    assert m["powerlaw_r2"] == 1.0
+
+
+@pytest.mark.parametrize("k", [1, 3, 10, 64])
+def test_new_metrics_rank_k(k):
+    lam = np.zeros(D)
+    lam[:k] = 0.7
+    m = compute_metrics(lam)
+    assert m["effective_rank_sv"] == pytest.approx(k)
+    if k - 1 >= 3:  # positive eigenvalues at ranks 2..k inside the fit range: a flat line
+        assert m["powerlaw_alpha"] == pytest.approx(0.0, abs=1e-12)
+    else:
+        assert np.isnan(m["powerlaw_alpha"]) and np.isnan(m["powerlaw_r2"])
+
+
+def test_new_metrics_geometric():
+    r = 0.8
+    lam = r ** np.arange(D)
+    s = np.sqrt(lam)
+    q = s / s.sum()
+    m = compute_metrics(lam)
+    assert m["effective_rank_sv"] == pytest.approx(np.exp(-(q * np.log(q)).sum()))
+    assert m["effective_rank_sv"] > m["effective_rank"]  # the two forms differ on any non-flat spectrum
+    alpha, r2 = _fit_alpha(lam)
+    assert m["powerlaw_alpha"] == pytest.approx(alpha) and m["powerlaw_r2"] == pytest.approx(r2)
+    assert 0 < m["powerlaw_r2"] < 1  # exponential decay is not a power law
+
+
+@pytest.mark.parametrize("a", [0.5, 1.0, 2.0])
+def test_powerlaw_exact(a):
+    lam = np.arange(1, D + 1, dtype=float) ** -a
+    m = compute_metrics(lam[::-1])  # order does not matter
+    assert m["powerlaw_alpha"] == pytest.approx(a)
+    assert m["powerlaw_r2"] == pytest.approx(1.0)
+
+
+def test_new_metrics_one_spike():
+    lam = np.ones(D)
+    lam[0] = 1000.0
+    s = np.sqrt(lam)
+    q = s / s.sum()
+    m = compute_metrics(lam)
+    assert m["effective_rank_sv"] == pytest.approx(np.exp(-(q * np.log(q)).sum()))
+    assert m["powerlaw_alpha"] == pytest.approx(0.0, abs=1e-12)  # the spike is rank 1: outside the fit
+    assert m["powerlaw_r2"] == 1.0
+
+
+def test_planted_covariance_against_independent_float64():
+    """Metrics from covariance eigenvalues vs an SVD of the centred data matrix (independent path)."""
+    rng = np.random.default_rng(3)
+    d, n = 32, 4000
+    a = rng.normal(size=(d, d)) * np.geomspace(3.0, 0.01, d)
+    x = rng.normal(size=(n, d)) @ a.T + 60.0
+    xc = x - x.mean(0)
+    sv = np.linalg.svd(xc, compute_uv=False)  # singular values of the centred data, float64
+    lam = sv**2 / (n - 1)
+    cov_lam = np.linalg.eigvalsh(np.cov(x, rowvar=False))
+    m = compute_metrics(cov_lam)
+    q = sv / sv.sum()
+    p = lam / lam.sum()
+    assert m["effective_rank_sv"] == pytest.approx(np.exp(-(q * np.log(q)).sum()), rel=1e-10)
+    assert m["effective_rank"] == pytest.approx(np.exp(-(p * np.log(p)).sum()), rel=1e-10)
+    assert m["participation_ratio"] == pytest.approx(lam.sum() ** 2 / (lam**2).sum(), rel=1e-10)
+    assert m["stable_rank"] == pytest.approx(lam.sum() / lam.max(), rel=1e-10)
+    alpha, r2 = _fit_alpha(lam, hi=d // 2)
+    assert m["powerlaw_alpha"] == pytest.approx(alpha, rel=1e-8)
+    assert m["powerlaw_r2"] == pytest.approx(r2, rel=1e-8)
+
+
+# ---- spectrum files ----------------------------------------------------------------------------------
+def test_load_spectrum_rejects_bad_files(tmp_path):
+    from analysis.spectral import load_spectrum
+    from study.errors import StudyError
+
+    good = tmp_path / "good.npy"
+    np.save(good, np.array([3.0, 1.0, -1e-17, 0.0]))  # eigh round-off below zero is accepted
+    assert load_spectrum(good).shape == (4,)
+    bad = {
+        "two_d.npy": np.ones((3, 3)),
+        "neg.npy": np.array([1.0, -0.5]),
+        "nan.npy": np.array([1.0, np.nan]),
+        "inf.npy": np.array([np.inf, 1.0]),
+        "str.npy": np.array(["a", "b"]),
+        "cplx.npy": np.array([1 + 1j]),
+        "empty.npy": np.array([]),
+    }
+    for name, arr in bad.items():
+        np.save(tmp_path / name, arr)
+    (tmp_path / "junk.npy").write_text("not a numpy file")
+    for name in [*bad, "junk.npy", "missing.npy"]:
+        with pytest.raises(StudyError) as err:
+            load_spectrum(tmp_path / name)
+        assert name in str(err.value) and "\n" not in str(err.value)

@@ -1,0 +1,117 @@
+"""Activation-level observables that are not functions of the covariance eigenvalues.
+
+Plain numpy functions (this module never imports torch); ``runners.extract`` calls them at extraction
+time and stores their values with the run (``scalars.json``, key ``"{epoch}/{layer}/{token_set}/{name}"``)
+so the tidy table carries them next to the eigenvalue metrics and claims can name them.
+
+================  ===================================================================  ===============
+name              formula (computed on)                                                range
+================  ===================================================================  ===============
+cosine_anisotropy mean cos(x_i, x_j) over all distinct pairs of a fixed seeded          [-1, 1]
+                  token subsample, *uncentred* (raw activations)
+diagonality       sum_{i!=j} |R_ij| / sum_{i,j} |R_ij|, R the correlation matrix of    [0, 1 - 1/D']
+                  the *centred* covariance (D' = dimensions with non-zero variance);
+                  the off-diagonal share: 0 = perfectly diagonal
+twonn_id          TwoNN intrinsic dimension (Facco et al. 2017) of the fixed seeded     (0, inf)
+                  token subsample, duplicates dropped
+================  ===================================================================  ===============
+
+``ALL_METRICS`` lists every name a hypothesis file may use: the eigenvalue metrics of
+``analysis.spectral.METRICS`` plus ``OBSERVABLES``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analysis.spectral import METRICS
+
+OBSERVABLES: tuple[str, ...] = ("cosine_anisotropy", "diagonality", "twonn_id")
+ALL_METRICS: tuple[str, ...] = tuple(sorted(set(METRICS) | set(OBSERVABLES)))
+
+TWONN_DISCARD = 0.1  # Facco et al. 2017: drop the largest 10% of ratios, where the Pareto fit is poorest
+
+
+def cosine_anisotropy(x: np.ndarray) -> float:
+    """Mean cosine similarity over all distinct pairs of rows of ``x``, uncentred.
+
+    Args:
+        x: ``(m, D)`` tokens (a random subsample of one point and token set). Zero-norm rows are dropped.
+
+    Returns:
+        ``(|sum_i u_i|^2 - m) / (m (m - 1))`` with ``u_i = x_i / |x_i|``: exactly the mean of
+        ``cos(x_i, x_j)`` over the ``m (m - 1)`` ordered pairs ``i != j``, computed in float64 in O(m D).
+        Range [-1/(m-1), 1] (within [-1, 1]); 1 when all tokens point the same way. NaN if m < 2.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    norms = np.linalg.norm(x, axis=1)
+    u = x[norms > 0] / norms[norms > 0, None]
+    m = u.shape[0]
+    if m < 2:
+        return float("nan")
+    total = u.sum(0)
+    return float((total @ total - m) / (m * (m - 1)))
+
+
+def diagonality(cov: np.ndarray) -> float:
+    """Off-diagonal share of the absolute mass of the correlation matrix.
+
+    Args:
+        cov: ``(D, D)`` centred covariance. Dimensions with zero variance have no correlation and are
+            left out.
+
+    Returns:
+        ``sum_{i != j} |R_ij| / sum_{i, j} |R_ij|`` with ``R_ij = C_ij / sqrt(C_ii C_jj)``. 0 for a diagonal
+        covariance, ``1 - 1/D'`` when all D' live dimensions are perfectly correlated. Invariant to
+        scaling the covariance and to permuting dimensions. NaN if no dimension has variance.
+    """
+    cov = np.asarray(cov, dtype=np.float64)
+    d = np.diag(cov).copy()
+    live = d > 0
+    if not live.any():
+        return float("nan")
+    c = cov[np.ix_(live, live)]
+    s = np.sqrt(d[live])
+    r = np.abs(c / np.outer(s, s))
+    total = r.sum()
+    return float((total - np.trace(r)) / total)
+
+
+def twonn_id(x: np.ndarray, discard_fraction: float = TWONN_DISCARD) -> float:
+    """TwoNN intrinsic dimension (Facco, d'Errico, Rodriguez & Laio, Sci. Rep. 2017).
+
+    For each point, ``mu_i = r2_i / r1_i`` (Euclidean distances to its 2nd and 1st nearest neighbour).
+    Under local uniformity ``mu`` is Pareto with ``P(mu > t) = t^-d``; with ``mu`` sorted ascending and
+    ``F_i = i / N``, ``d`` is the least-squares slope through the origin of ``-log(1 - F_i)`` against
+    ``log mu_i`` over the smallest ``(1 - discard_fraction) N`` ratios.
+
+    Args:
+        x: ``(m, D)`` points (a random token subsample). Duplicate rows are dropped first: a zero
+            nearest-neighbour distance makes ``mu`` infinite.
+        discard_fraction: share of the largest ratios left out of the fit.
+
+    Returns:
+        The estimate ``d`` (> 0). NaN with fewer than 3 distinct points.
+    """
+    x = np.unique(np.asarray(x, dtype=np.float64), axis=0)
+    n = x.shape[0]
+    if n < 3:
+        return float("nan")
+    # squared distances by one GEMM (|a|^2 + |b|^2 - 2 a.b) after centring: cdist's per-pair loop is ~50x
+    # slower at D = 384, and centring keeps the cancellation error far below the nearest-neighbour distances
+    x = x - x.mean(0)
+    sq = (x * x).sum(1)
+    dist2 = sq[:, None] + sq[None, :] - 2.0 * (x @ x.T)
+    np.fill_diagonal(dist2, np.inf)
+    r12 = np.sqrt(np.maximum(np.partition(dist2, 1, axis=1)[:, :2], 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mu = r12[:, 1] / r12[:, 0]
+    mu = np.sort(mu[np.isfinite(mu)])  # r1 rounded to 0 (near-duplicates): the point carries no ratio
+    n = mu.size
+    if n < 3:
+        return float("nan")
+    keep = min(n - 1, max(2, int(np.floor(n * (1.0 - discard_fraction)))))  # F_N = 1: log(0)
+    f = np.arange(1, n + 1) / n
+    xs, ys = np.log(mu[:keep]), -np.log(1.0 - f[:keep])
+    denom = (xs * xs).sum()
+    return float((xs * ys).sum() / denom) if denom > 0 else float("nan")

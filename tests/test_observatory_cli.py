@@ -1,0 +1,112 @@
+"""`python -m study metrics` and `python -m study table`, and the run artifacts they read."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.observables import OBSERVABLES
+from analysis.spectral import METRICS
+from study.cli import main
+
+
+def test_metrics_verb_prints_every_metric(tmp_path, capsys):
+    path = tmp_path / "lam.npy"
+    lam = 0.8 ** np.arange(32)
+    np.save(path, lam)
+    assert main(["metrics", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == set(METRICS)
+    assert out["effective_rank"] == pytest.approx(METRICS["effective_rank"](lam))
+
+
+@pytest.mark.parametrize(
+    "content", [np.ones((2, 2)), np.array([1.0, -2.0]), np.array([np.nan]), np.array(["x"]), None, "text"]
+)
+def test_metrics_verb_bad_file_exits_2_with_one_line(tmp_path, capsys, content):
+    path = tmp_path / "bad.npy"
+    if isinstance(content, np.ndarray):
+        np.save(path, content)
+    elif content == "text":
+        path.write_text("hello")
+    assert main(["metrics", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "bad.npy" in err and "1-D non-negative" in err
+
+
+def _tiny(tmp_path, tiny_yaml, covariance_epochs="first_last"):
+    text = tiny_yaml.read_text().replace("seeds: [0, 1, 2]", "seeds: [0]")
+    text = text.replace("probe: {size: 16}", f"probe: {{size: 16, covariance_epochs: {covariance_epochs}}}")
+    path = tmp_path / "one.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_train_run_writes_scalars_and_covariances_then_table_rebuilds(tmp_path, tiny_yaml, capsys):
+    from runners.train import train_run
+    from study.orchestrate import run_rows
+    from study.planner import plan_runs
+    from study.schema import load_hypothesis
+
+    hyp_path = _tiny(tmp_path, tiny_yaml)
+    hyp = load_hypothesis(hyp_path)
+    (spec,) = plan_runs(hyp)
+    run_dir = tmp_path / "out" / "runs" / spec.key
+    assert train_run(spec.model_dump(), run_dir, tmp_path / "out" / "data")["status"] == "finished"
+
+    layers = hyp.design.layers
+    with np.load(run_dir / "covariances.npz") as f:
+        assert set(f.files) == {f"{e}/{la}" for e in (0, 2) for la in layers}
+        assert f["2/block_02"].shape == (16, 16) and f["2/block_02"].dtype == np.float32
+    values = json.loads((run_dir / "scalars.json").read_text())["values"]
+    assert set(values) == {
+        f"{e}/{la}/{t}/{o}"
+        for e in (0, 2)
+        for la in layers
+        for t in ("all", "cls", "patch")
+        for o in OBSERVABLES
+    } - {f"{e}/patch_embed/cls/{o}" for e in (0, 2) for o in OBSERVABLES}
+
+    to = tmp_path / "rebuilt.csv"
+    assert main(["table", str(hyp_path), "--out", str(tmp_path / "out"), "--to", str(to)]) == 0
+    rebuilt = pd.read_csv(to)
+    assert set(rebuilt["metric"]) == set(METRICS) | set(OBSERVABLES)
+    direct = run_rows(spec, run_dir, layers)
+    assert len(rebuilt) == len(direct)
+    with np.load(run_dir / "spectra.npz") as f:
+        lam = f["2/block_03/all"]
+    row = rebuilt.query("epoch == 2 and layer == 'block_03' and token_set == 'all' and metric == 'eed_pct'")
+    assert row["value"].item() == pytest.approx(METRICS["eed_pct"](lam))
+    row = rebuilt.query("epoch == 2 and layer == 'block_03' and token_set == 'all' and metric == 'twonn_id'")
+    assert row["value"].item() == pytest.approx(values["2/block_03/all/twonn_id"])
+
+
+def test_table_verb_without_runs_exits_2(tmp_path, tiny_yaml, capsys):
+    assert main(["table", str(tiny_yaml), "--out", str(tmp_path / "nothing")]) == 2
+    assert "no finished run" in capsys.readouterr().err
+
+
+def test_covariance_epochs_validation(tmp_path, tiny_yaml):
+    from study.errors import StudyError
+    from study.schema import load_hypothesis
+
+    assert load_hypothesis(_tiny(tmp_path, tiny_yaml, "[2]")).design.probe.covariance_epochs == [2]
+    with pytest.raises(StudyError, match="covariance_epochs"):
+        load_hypothesis(_tiny(tmp_path, tiny_yaml, "[1]"))
+    with pytest.raises(StudyError, match="covariance_epochs"):
+        load_hypothesis(_tiny(tmp_path, tiny_yaml, "sometimes"))
+
+
+def test_claims_may_name_observables(tmp_path, tiny_yaml):
+    from study.errors import StudyError
+    from study.schema import load_hypothesis
+
+    path = tmp_path / "obs.yaml"
+    path.write_text(tiny_yaml.read_text().replace("metric: eed_pct", "metric: twonn_id"))
+    assert load_hypothesis(path).claims[0].metric == "twonn_id"
+    path.write_text(tiny_yaml.read_text().replace("metric: eed_pct", "metric: nonsense"))
+    with pytest.raises(StudyError, match="claims\\[0\\].metric"):
+        load_hypothesis(path)
