@@ -50,7 +50,7 @@ _TAG_MAX = 5000  # MLflow's limit on a tag value's length
 RUN_ARTIFACTS_REQUIRED = ("spectra.npz", "result.json")
 RUN_ARTIFACTS_OPTIONAL = ("covariances.npz",)
 # files a runner may leave as the trained weights; logged under model/ only with log_model=True
-_WEIGHT_PATTERNS = ("model*.pt", "model*.safetensors", "weights*.pt", "checkpoint*.pt")
+_WEIGHT_PATTERNS = ("checkpoints/epoch_*.pt", "model*.pt", "model*.safetensors")
 
 
 def default_tracking_uri(out_dir: Path) -> str:
@@ -259,7 +259,7 @@ class Tracker:
                 weights = [p for pat in _WEIGHT_PATTERNS for p in sorted(Path(run_dir).glob(pat))]
                 for p in weights:
                     self.client.log_artifact(rid, str(p), artifact_path="model")
-                # the runner may not keep final weights at all; say so rather than log nothing silently
+                # say so when a run folder holds no weights rather than log nothing silently
                 self.client.set_tag(rid, "model_weights", "logged" if weights else "none in run folder")
         if status == "FAILED":
             self.client.set_tag(rid, "failed_epoch", str(result.get("failed_epoch")))

@@ -225,7 +225,8 @@ def test_log_model_is_opt_in(study, tmp_path):
     spec = plan_runs(load_hypothesis(root / "first.yaml"))[0]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "model.pt").write_bytes(b"weights")
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "epoch_002.pt").write_bytes(b"weights")  # as runners/train.py writes them
     result = {"status": "finished", "history": [{"epoch": 1, "loss": 1.0}]}
     rows = pd.DataFrame(
         [{"metric": "eed%", "layer": "block_01", "token_set": "all", "epoch": 1, "value": 5.0}]
@@ -236,7 +237,7 @@ def test_log_model_is_opt_in(study, tmp_path):
             ids[flag] = tracker.log_training_run(spec, result, rows, run_dir=run_dir)
     client = _client(out)
     assert "model" not in {a.path for a in client.list_artifacts(ids[False])}
-    assert [a.path for a in client.list_artifacts(ids[True], "model")] == ["model/model.pt"]
+    assert [a.path for a in client.list_artifacts(ids[True], "model")] == ["model/epoch_002.pt"]
     assert client.get_run(ids[True]).data.tags["model_weights"] == "logged"
     assert "eed_/block_01/all" in client.get_run(ids[True]).data.metrics  # sanitised name
 
