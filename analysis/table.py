@@ -59,43 +59,32 @@ def rows_from_spectra(
     names = [m for m in wanted if m in METRICS]
     obs = set(wanted) & set(OBSERVABLES)
     rows = []
+
+    def add(key: str, metric: str, value: float) -> None:
+        if not np.isfinite(value):  # an undefined metric gets no row, never a NaN row
+            return
+        epoch, layer, tset = key.split("/")[:3]
+        rows.append(
+            {
+                "run_key": run_key,
+                "dataset": dataset,
+                "seed": int(seed),
+                "epoch": int(epoch),
+                "layer": layer,
+                "layer_index": order.get(layer, -1),
+                "token_set": tset,
+                "n_tokens": int((n_tokens or {}).get(f"{layer}/{tset}", -1)),
+                "metric": metric,
+                "value": float(value),
+            }
+        )
+
     for key, value in (scalars or {}).items():
-        epoch, layer, tset, m = key.split("/")
-        if m in obs and np.isfinite(value):
-            rows.append(
-                {
-                    "run_key": run_key,
-                    "dataset": dataset,
-                    "seed": int(seed),
-                    "epoch": int(epoch),
-                    "layer": layer,
-                    "layer_index": order.get(layer, -1),
-                    "token_set": tset,
-                    "n_tokens": int((n_tokens or {}).get(f"{layer}/{tset}", -1)),
-                    "metric": m,
-                    "value": float(value),
-                }
-            )
+        if key.split("/")[3] in obs:
+            add(key, key.split("/")[3], value)
     for key, lam in spectra.items():
-        epoch, layer, tset = key.split("/")
         for m in names:
-            value = float(METRICS[m](lam))
-            if not np.isfinite(value):
-                continue
-            rows.append(
-                {
-                    "run_key": run_key,
-                    "dataset": dataset,
-                    "seed": int(seed),
-                    "epoch": int(epoch),
-                    "layer": layer,
-                    "layer_index": order.get(layer, -1),
-                    "token_set": tset,
-                    "n_tokens": int((n_tokens or {}).get(f"{layer}/{tset}", -1)),
-                    "metric": m,
-                    "value": value,
-                }
-            )
+            add(key, m, float(METRICS[m](lam)))
     return rows
 
 
