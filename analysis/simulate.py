@@ -125,7 +125,7 @@ def simulate_trends(
 
 def simulate_study_table(
     n_seeds: int = 5,
-    datasets: tuple[str, ...] = ("objects", "mixed", "textures"),
+    datasets: tuple[str, ...] = ("objects", "cue_mix", "textures"),
     n_blocks: int = 12,
     epochs: tuple[int, ...] = tuple(range(11)),
     metrics: tuple[str, ...] = (

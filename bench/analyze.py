@@ -3,7 +3,7 @@
     PYTHONPATH=. python bench/analyze.py [--seeds 5]
 
 The table has seeds x 3 datasets x 15 observation points x 11 checkpoints x 8 metrics x 2 token sets
-(``analysis.simulate.simulate_study_table``; datasets named objects, mixed, textures). Every file in
+(``analysis.simulate.simulate_study_table``; datasets named objects, cue_mix, textures). Every file in
 ``hypotheses/`` is validated and its claims tested with ``evaluate_claims`` exactly as
 ``python -m study analyze`` does (the table is re-read from Parquet, as ``analyze`` does). Prints the
 table size, the time per file and the total; the budget is 10 s on 2 CPU cores.
