@@ -68,6 +68,19 @@ def resolve_path(raw: str, strict: bool = True, name: str | None = None) -> Path
     return Path(expanded)
 
 
+def check_dataset_folder(spec: dict) -> None:
+    """Fail early (before anything is written) when an on-disk dataset's folder is unset or missing.
+
+    The full layout check happens when the data are read; this catches the common cases first: an unset
+    ``${VAR}`` and a folder that does not exist. Procedural datasets pass.
+    """
+    if spec.get("kind", "procedural") == "procedural":
+        return
+    root = resolve_path(spec["path"], strict=True, name=spec["name"])
+    if not root.is_dir():
+        raise _bad(spec, root, "folder not found")
+
+
 def _files(root: Path) -> list[tuple[str, int]]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):

@@ -113,10 +113,14 @@ def run_study(
         report: write ``report.html``/``report.md`` into the study folder (and log them to MLflow).
         command: the command line that started this, recorded in MLflow and the report.
     """
+    from runners.datasets import check_dataset_folder
+
     out_dir = Path(out_dir)
     plan = plan_runs(hyp)
     runs_dir, data_dir = out_dir / "runs", out_dir / "data"
     layers = hyp.design.layers
+    for ds in hyp.design.datasets:  # bad data paths stop the study before anything is written
+        check_dataset_folder(ds.model_dump())
 
     tracker = None
     stored: dict[str, object] = {}

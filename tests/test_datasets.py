@@ -255,3 +255,26 @@ def test_paper_hypotheses_validate_and_plan_without_data(path, monkeypatch):
     assert len(runs) == len(hyp.design.datasets) * len(hyp.design.seeds) >= 5
     assert all(r.model["name"] == "vit_small_patch16_224" and r.dataset["image_size"] == 224 for r in runs)
     assert {r.objective["kind"] for r in runs} <= {"supervised", "dino"}
+
+
+def test_run_with_missing_data_folder_writes_nothing(tmp_path, capsys, monkeypatch):
+    """An unset ${VAR} or a missing folder stops `run` with one line (exit 2) before anything is written."""
+    from study.cli import main
+    from tests.conftest import TINY_HYPOTHESIS
+
+    text = TINY_HYPOTHESIS.replace(
+        "datasets: [{name: objects, variant: objects, n_train: 64, n_test: 32, image_size: 8}]",
+        'datasets: [{name: objects, kind: cifar100, path: "${STUDY_TEST_CIFAR}", image_size: 8}]',
+    )
+    hyp = tmp_path / "disk.yaml"
+    hyp.write_text(text)
+    out = tmp_path / "out"
+    monkeypatch.delenv("STUDY_TEST_CIFAR", raising=False)
+    assert main(["run", str(hyp), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "STUDY_TEST_CIFAR is not set" in err
+    monkeypatch.setenv("STUDY_TEST_CIFAR", str(tmp_path / "nowhere"))
+    assert main(["run", str(hyp), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "folder not found" in err and "cifar100 layout" in err
+    assert not out.exists()
