@@ -491,9 +491,11 @@ def _paired(view: TableView, claim, conds: list[tuple[str, object]], where: str,
     return [s.loc[seeds].to_numpy(dtype=np.float64) for s in series], seeds, resolved
 
 
-def _outcome(
-    stat: dict, seeds: list[int], excluded: dict[int, str], details: dict, two_sided=False
+def outcome_from_stats(
+    stat: dict, seeds: list[int], excluded: dict[int, str], details: dict, **extra
 ) -> Outcome:
+    """An Outcome from an array core's result dict (``p``, ``effect``, ``ci``, ``contradicted``,
+    ``warnings``, ``values``, ``std_effect``); ``extra`` sets further Outcome fields."""
     return Outcome(
         p_value=stat["p"],
         effect=stat["effect"],
@@ -505,7 +507,7 @@ def _outcome(
         details=details,
         effect_values=np.asarray(stat["values"], float).tolist(),
         std_effect=stat["std_effect"],
-        two_sided=two_sided,
+        **extra,
     )
 
 
@@ -533,7 +535,7 @@ def test_extremum(table, claim, where: str = "claim", excluded: dict[int, str] |
         ],
         "binding_competitor": resolved[f"competitors[{stat['binding']}]"],
     }
-    return _outcome(stat, seeds, excluded, details)
+    return outcome_from_stats(stat, seeds, excluded, details)
 
 
 def test_compare(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
@@ -546,7 +548,7 @@ def test_compare(table, claim, where: str = "claim", excluded: dict[int, str] | 
         "conditions": resolved,
         "per_seed_diff": dict(zip(seeds, map(float, stat["values"]), strict=True)),
     }
-    return _outcome(stat, seeds, excluded, details, two_sided=claim.alternative == "two-sided")
+    return outcome_from_stats(stat, seeds, excluded, details, two_sided=claim.alternative == "two-sided")
 
 
 def test_equivalence(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
@@ -560,7 +562,7 @@ def test_equivalence(table, claim, where: str = "claim", excluded: dict[int, str
         "margin": claim.margin,
         "per_seed_diff": dict(zip(seeds, map(float, stat["values"]), strict=True)),
     }
-    return _outcome(stat, seeds, excluded, details)
+    return outcome_from_stats(stat, seeds, excluded, details)
 
 
 from analysis.trends import test_ordering, test_trend  # noqa: E402 - trends builds on the helpers above

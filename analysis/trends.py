@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
-from analysis.claims import Outcome, TableView, _few_seeds_warning, _std, complete_seeds
+from analysis.claims import Outcome, TableView, _few_seeds_warning, _std, complete_seeds, outcome_from_stats
 from analysis.inference import jonckheere_terpstra, per_seed_kendall, per_seed_slopes, sign_flip_p, t_test
 from analysis.mixed import fit_random_slopes
 from study.errors import StudyError
@@ -265,16 +265,10 @@ def test_ordering(table, claim, where: str = "claim", excluded: dict[int, str] |
         ),
         **({"mixed": stat["mixed"]} if stat["mixed"] else {}),
     }
-    return Outcome(
-        p_value=stat["p"],
-        effect=stat["effect"],
-        ci=tuple(stat["ci"]),
-        contradicted=bool(stat["contradicted"]),
-        seeds_used=seeds,
-        seeds_excluded=excluded,
-        warnings=stat["warnings"],
-        details=details,
-        effect_values=np.asarray(stat["values"], float).tolist(),
-        std_effect=stat["std_effect"],
+    return outcome_from_stats(
+        stat,
+        seeds,
+        excluded,
+        details,
         labellings_per_seed=math.factorial(len(claim.datasets)) if claim.levels is None else 0,
     )
