@@ -166,7 +166,31 @@ def condition_values(view: TableView, claim, cond, where: str, fld: str) -> tupl
     df, ep = view.at_epoch(df, epoch, where, f"{fld}.epoch")
     wide = view.wide(df, list(cond.layers), where, f"{fld}.layers")
     values = wide.mean(axis=1, skipna=False)
-    return values, {"dataset": dataset, "token_set": token_set, "epoch": ep, "layers": list(cond.layers)}
+    resolved = {"dataset": dataset, "token_set": token_set, "epoch": ep, "layers": list(cond.layers)}
+    resolved["n_tokens"] = token_counts(df[df.layer.isin(cond.layers)])
+    return values, resolved
+
+
+def token_counts(rows: pd.DataFrame) -> list[int]:
+    """The distinct token counts behind a slice's covariances (``n_tokens`` column; -1 = unknown)."""
+    if "n_tokens" not in rows:
+        return []
+    return sorted({int(n) for n in rows.n_tokens.unique() if pd.notna(n) and n >= 0})
+
+
+def token_count_warnings(counts: dict[str, list[int]]) -> list[str]:
+    """A warning when compared conditions rest on different numbers of tokens.
+
+    Effective rank, participation ratio and similar estimates are biased downward at smaller N, so a
+    difference between conditions of unequal token counts mixes the effect with that bias.
+    """
+    known = {name: tuple(c) for name, c in counts.items() if c}
+    if len(set(known.values())) <= 1:
+        return []
+    listed = ", ".join(f"{name}: {'/'.join(map(str, c))}" for name, c in known.items())
+    return [
+        f"compared conditions rest on different token counts ({listed}); finite-sample bias differs between them"
+    ]
 
 
 def complete_seeds(frames: list[pd.Series | pd.DataFrame], excluded: dict[int, str]) -> list[int]:
@@ -535,7 +559,9 @@ def test_extremum(table, claim, where: str = "claim", excluded: dict[int, str] |
         ],
         "binding_competitor": resolved[f"competitors[{stat['binding']}]"],
     }
-    return outcome_from_stats(stat, seeds, excluded, details)
+    out = outcome_from_stats(stat, seeds, excluded, details)
+    out.warnings += token_count_warnings({k: r["n_tokens"] for k, r in resolved.items()})
+    return out
 
 
 def test_compare(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
@@ -548,7 +574,9 @@ def test_compare(table, claim, where: str = "claim", excluded: dict[int, str] | 
         "conditions": resolved,
         "per_seed_diff": dict(zip(seeds, map(float, stat["values"]), strict=True)),
     }
-    return outcome_from_stats(stat, seeds, excluded, details, two_sided=claim.alternative == "two-sided")
+    out = outcome_from_stats(stat, seeds, excluded, details, two_sided=claim.alternative == "two-sided")
+    out.warnings += token_count_warnings({k: r["n_tokens"] for k, r in resolved.items()})
+    return out
 
 
 def test_equivalence(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
@@ -562,7 +590,9 @@ def test_equivalence(table, claim, where: str = "claim", excluded: dict[int, str
         "margin": claim.margin,
         "per_seed_diff": dict(zip(seeds, map(float, stat["values"]), strict=True)),
     }
-    return outcome_from_stats(stat, seeds, excluded, details)
+    out = outcome_from_stats(stat, seeds, excluded, details)
+    out.warnings += token_count_warnings({k: r["n_tokens"] for k, r in resolved.items()})
+    return out
 
 
 from analysis.trends import test_ordering, test_trend  # noqa: E402 - trends builds on the helpers above

@@ -14,7 +14,16 @@ import numpy as np
 import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
-from analysis.claims import Outcome, TableView, _few_seeds_warning, _std, complete_seeds, outcome_from_stats
+from analysis.claims import (
+    Outcome,
+    TableView,
+    _few_seeds_warning,
+    _std,
+    complete_seeds,
+    outcome_from_stats,
+    token_count_warnings,
+    token_counts,
+)
 from analysis.inference import jonckheere_terpstra, per_seed_kendall, per_seed_slopes, sign_flip_p, t_test
 from analysis.mixed import fit_random_slopes
 from study.errors import StudyError
@@ -234,13 +243,14 @@ def test_ordering(table, claim, where: str = "claim", excluded: dict[int, str] |
     """
     view = TableView.of(table)
     excluded = dict(excluded or {})
-    cols = {}
+    cols, counts = {}, {}
     for i, ds in enumerate(claim.datasets):
         df = view.slice(claim.metric, ds, claim.subset.token_set, where, f"datasets[{i}].")
         df, ep = view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
         wide = view.wide(df, list(claim.layers), where, "layers")
         order = df.drop_duplicates("layer").set_index("layer").layer_index.to_dict()
         cols[ds] = _summarise(wide, claim.summary, order)
+        counts[ds] = token_counts(df[df.layer.isin(claim.layers)])
     frame = pd.DataFrame(cols)
     seeds = complete_seeds([frame], excluded)
     y = frame.loc[seeds, list(claim.datasets)].to_numpy(dtype=np.float64)
@@ -265,10 +275,12 @@ def test_ordering(table, claim, where: str = "claim", excluded: dict[int, str] |
         ),
         **({"mixed": stat["mixed"]} if stat["mixed"] else {}),
     }
-    return outcome_from_stats(
+    out = outcome_from_stats(
         stat,
         seeds,
         excluded,
         details,
         labellings_per_seed=math.factorial(len(claim.datasets)) if claim.levels is None else 0,
     )
+    out.warnings += token_count_warnings(counts)
+    return out
