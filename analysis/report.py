@@ -147,6 +147,9 @@ def _claim_datasets(claim: dict, table: pd.DataFrame) -> list[str]:
                 visit(x)
 
     visit(claim.get("subset") or {})
+    details = claim.get("details") or {}
+    visit(list(details.get("per_seed_summary") or {}))  # an ordering claim's datasets, in declared order
+    visit(details.get("conditions") or {})
     return found or sorted(names)
 
 
