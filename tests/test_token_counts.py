@@ -24,9 +24,14 @@ def _table(n_all: int, n_cls: int) -> pd.DataFrame:
     return pd.concat([all_, cls], ignore_index=True)
 
 
-COMPARE = {"name": "cls above all", "kind": "compare", "metric": "eed_pct",
-           "subset": {"dataset": "objects", "epoch": "last"},
-           "a": {"token_set": "cls", "layers": ["block_12"]}, "b": {"token_set": "all", "layers": ["block_12"]}}
+COMPARE = {
+    "name": "cls above all",
+    "kind": "compare",
+    "metric": "eed_pct",
+    "subset": {"dataset": "objects", "epoch": "last"},
+    "a": {"token_set": "cls", "layers": ["block_12"]},
+    "b": {"token_set": "all", "layers": ["block_12"]},
+}
 
 
 def test_unequal_token_counts_warn():
