@@ -535,6 +535,13 @@ def outcome_from_stats(
     )
 
 
+def _paired_outcome(stat: dict, seeds, excluded, details: dict, resolved: dict, **extra) -> Outcome:
+    """``outcome_from_stats`` for claims over paired conditions, plus the unequal-token-count warning."""
+    out = outcome_from_stats(stat, seeds, excluded, details, **extra)
+    out.warnings += token_count_warnings({k: r["n_tokens"] for k, r in resolved.items()})
+    return out
+
+
 def test_extremum(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
     """``target`` is the highest (lowest) of itself and every competitor: IUT over paired per-seed
     differences (see :func:`extremum_statistics`). Effect: mean target - binding competitor (sign
@@ -559,9 +566,7 @@ def test_extremum(table, claim, where: str = "claim", excluded: dict[int, str] |
         ],
         "binding_competitor": resolved[f"competitors[{stat['binding']}]"],
     }
-    out = outcome_from_stats(stat, seeds, excluded, details)
-    out.warnings += token_count_warnings({k: r["n_tokens"] for k, r in resolved.items()})
-    return out
+    return _paired_outcome(stat, seeds, excluded, details, resolved)
 
 
 def test_compare(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
@@ -574,9 +579,9 @@ def test_compare(table, claim, where: str = "claim", excluded: dict[int, str] | 
         "conditions": resolved,
         "per_seed_diff": dict(zip(seeds, map(float, stat["values"]), strict=True)),
     }
-    out = outcome_from_stats(stat, seeds, excluded, details, two_sided=claim.alternative == "two-sided")
-    out.warnings += token_count_warnings({k: r["n_tokens"] for k, r in resolved.items()})
-    return out
+    return _paired_outcome(
+        stat, seeds, excluded, details, resolved, two_sided=claim.alternative == "two-sided"
+    )
 
 
 def test_equivalence(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
@@ -590,9 +595,7 @@ def test_equivalence(table, claim, where: str = "claim", excluded: dict[int, str
         "margin": claim.margin,
         "per_seed_diff": dict(zip(seeds, map(float, stat["values"]), strict=True)),
     }
-    out = outcome_from_stats(stat, seeds, excluded, details)
-    out.warnings += token_count_warnings({k: r["n_tokens"] for k, r in resolved.items()})
-    return out
+    return _paired_outcome(stat, seeds, excluded, details, resolved)
 
 
 from analysis.trends import test_ordering, test_trend  # noqa: E402 - trends builds on the helpers above

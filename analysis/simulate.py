@@ -38,6 +38,16 @@ def mean_profile(shape: str, n_blocks: int, effect: float, base: float = 50.0) -
     raise ValueError(f"unknown shape {shape!r}")
 
 
+def ar1_noise(rng: np.random.Generator, n_seeds: int, n: int, noise_sd: float, ar: float) -> np.ndarray:
+    """Stationary AR(1) noise, shape ``(n_seeds, n)``: coefficient ``ar``, marginal SD ``noise_sd``."""
+    eps = np.empty((n_seeds, n))
+    eps[:, 0] = rng.normal(0, noise_sd, n_seeds)
+    innov = rng.normal(0, noise_sd * np.sqrt(1 - ar**2), (n_seeds, n))
+    for i in range(1, n):
+        eps[:, i] = ar * eps[:, i - 1] + innov[:, i]
+    return eps
+
+
 def simulate_profiles(
     shape: str,
     n_seeds: int,
@@ -52,11 +62,7 @@ def simulate_profiles(
     """Per-seed block profiles, shape ``(n_seeds, n_blocks)``: mean profile + seed offset + seed slope
     x depth + stationary AR(1) noise over depth (coefficient ``ar``, marginal SD ``noise_sd``)."""
     mu = mean_profile(shape, n_blocks, effect)
-    eps = np.empty((n_seeds, n_blocks))
-    eps[:, 0] = rng.normal(0, noise_sd, n_seeds)
-    innov = rng.normal(0, noise_sd * np.sqrt(1 - ar**2), (n_seeds, n_blocks))
-    for i in range(1, n_blocks):
-        eps[:, i] = ar * eps[:, i - 1] + innov[:, i]
+    eps = ar1_noise(rng, n_seeds, n_blocks, noise_sd, ar)
     depth = np.arange(n_blocks) - (n_blocks - 1) / 2
     offset = rng.normal(0, seed_sd, (n_seeds, 1))
     slope = rng.normal(0, slope_sd, (n_seeds, 1))
@@ -113,11 +119,7 @@ def simulate_trends(
         x (n_points,), y (n_seeds, n_points).
     """
     x = np.arange(n_points, dtype=float)
-    eps = np.empty((n_seeds, n_points))
-    eps[:, 0] = rng.normal(0, noise_sd, n_seeds)
-    innov = rng.normal(0, noise_sd * np.sqrt(1 - ar**2), (n_seeds, n_points))
-    for i in range(1, n_points):
-        eps[:, i] = ar * eps[:, i - 1] + innov[:, i]
+    eps = ar1_noise(rng, n_seeds, n_points, noise_sd, ar)
     slope = mean_slope + rng.normal(0, slope_sd, (n_seeds, 1))
     offset = rng.normal(0, seed_sd, (n_seeds, 1))
     return x, offset + slope * x + eps

@@ -101,8 +101,13 @@ def load_scalars(path: str | Path) -> dict[str, float]:
     return {k: float("nan") if v is None else float(v) for k, v in values.items()}
 
 
-def make_table(rows: list[dict]) -> pd.DataFrame:
-    df = pd.DataFrame(rows, columns=COLUMNS)
+def make_table(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
+    """The tidy table from row dicts or from a frame of rows (e.g. concatenated runs), sorted."""
+    df = (
+        rows.reindex(columns=COLUMNS)
+        if isinstance(rows, pd.DataFrame)
+        else pd.DataFrame(rows, columns=COLUMNS)
+    )
     return df.sort_values(
         ["dataset", "seed", "epoch", "token_set", "metric", "layer_index"], ignore_index=True
     )

@@ -235,10 +235,13 @@ def train_run(
         ckpt_dir.mkdir(exist_ok=True)
         _atomic_torch_save({"model": model.state_dict(), "run": run}, ckpt_dir / f"epoch_{epoch:03d}.pt")
 
+    def checkpoint(epoch: int) -> None:
+        measure(epoch)
+        save_weights(epoch)
+
     try:
         if start_epoch == 0 and 0 in run["checkpoints"] and "0/norm/all" not in spectra:
-            measure(0)
-            save_weights(0)
+            checkpoint(0)
         # ---- training loop ---------------------------------------------------------------------------
         for epoch in range(start_epoch + 1, tr["epochs"] + 1):
             t0 = time.perf_counter()
@@ -260,8 +263,7 @@ def train_run(
                 f"{entry['images_per_s']:.0f} img/s",
             )
             if epoch in run["checkpoints"]:
-                measure(epoch)
-                save_weights(epoch)
+                checkpoint(epoch)
             _atomic_torch_save(
                 {
                     "objective": objective.state_dict(),

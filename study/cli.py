@@ -140,7 +140,7 @@ def _table_verb(args: argparse.Namespace) -> int:
         )
     import pandas as pd
 
-    table = make_table(pd.concat(frames, ignore_index=True).to_dict("records"))
+    table = make_table(pd.concat(frames, ignore_index=True))
     to = args.to or args.out / "studies" / hyp.name / "table.parquet"
     save_table(table, to)
     print(f"table: {to} ({len(table)} rows from {len(frames)} run(s))")

@@ -217,7 +217,7 @@ def run_study(
             frames.append(rows)
             if tracker and spec.key not in reused:
                 tracker.log_training_run(spec, result, rows, reused=False, run_dir=run_dir)
-        table = make_table([r for f in frames for r in f.to_dict(orient="records")])
+        table = make_table(pd.concat(frames, ignore_index=True) if frames else [])
         results = evaluate_claims(hyp, table, source=str(hyp_path), failed=failed_seeds)
 
         study_dir = out_dir / "studies" / hyp.name
