@@ -1,11 +1,15 @@
 """Benchmark: streaming spectral extraction against a plain forward pass and against the naive approach.
 
-    PYTHONPATH=. python bench/extract.py                      # ViT-Small width, >= 1e5 probe tokens
-    PYTHONPATH=. python bench/extract.py --images 512         # a quick smoke run (fewer tokens)
+    PYTHONPATH=. python bench/extract.py                        # ViT-Small width, >= 1e5 probe tokens
+    PYTHONPATH=. python bench/extract.py --img-size 224 --patch-size 16   # ViT-S/16 as the papers run it
+    PYTHONPATH=. python bench/extract.py --naive one-pass       # the fast, memory-hungry naive variant
+    PYTHONPATH=. python bench/extract.py --images 512           # a quick smoke run (fewer tokens)
 
-Model: timm ``vit_small_patch16_224`` at ViT-Small width (D = 384, 12 blocks, 6 heads) on 16x16 images with
-patch 4 (16 patches + 1 class token = 17 tokens per image), random init, eval mode, float32 on CPU (or bf16
-autocast on a GPU). ``--offset 60`` (default) adds 60 to the positional embedding, so every token from
+Model: timm ``vit_small_patch16_224`` at ViT-Small width (D = 384, 12 blocks, 6 heads), by default on
+16x16 images with patch 4 (16 patches + 1 class token = 17 tokens per image: attention is negligible, so
+the forward pass is at its cheapest per token and the extraction's relative overhead at its largest),
+random init, eval mode, float32 on CPU (or bf16 autocast on a GPU). ``--img-size``/``--patch-size`` set
+another geometry; ``--images`` defaults to the fewest images that give 100,000 probe tokens. ``--offset 60`` (default) adds 60 to the positional embedding, so every token from
 ``pos_embed`` on carries a mean of about 60 in each dimension through the residual stream: the regime where
 raw float32 moments lose digits.
 
@@ -15,11 +19,11 @@ What is measured, side by side in one process, on the same probe tensor:
    included) / (time of a plain ``forward_features`` over the same probe). The two are interleaved batch
    by batch (plain forward of batch i, then the hooked forward of batch i), so a change in machine load
    hits both equally.
-2. **naive**: one forward pass whose hooks copy every point's activations out, then, layer by layer,
-   the tokens of each token set are stacked into an ``(n, D)`` matrix, ``np.cov`` (float64, two-pass) and
-   ``np.linalg.eigvalsh``. This is the most favourable naive variant for speed (a single forward pass);
-   ``--naive per-layer`` runs one forward per layer instead, keeping only that layer's stack (the
-   memory-frugal naive variant, ~15x the forward time). ``naive_speedup`` = naive time / streaming time;
+2. **naive**: layer by layer, a forward pass whose hook copies that layer's activations out, then the
+   tokens of each token set are stacked into an ``(n, D)`` matrix, ``np.cov`` (float64, two-pass) and
+   ``np.linalg.eigvalsh``; only one layer's stack is alive at a time (the default, ``--naive per-layer``:
+   one forward pass per observation point). ``--naive one-pass`` instead keeps every layer's stack from a
+   single forward pass (fast, but its memory holds all 15 layers at once). ``naive_speedup`` = naive time / streaming time;
    ``naive_memory`` = naive peak / streaming peak, where a peak is the largest resident-set size (sampled
    every 2 ms from ``/proc/self/statm``) above the resident size just before that phase started. Each of
    the two phases runs in its own fresh (spawned) process that first builds the same model and probe and
@@ -78,10 +82,10 @@ class PeakRSS:
         self.peak = max(self.peak, rss_bytes() - self.base)
 
 
-def build(offset: float, device: torch.device) -> torch.nn.Module:
+def build(offset: float, device: torch.device, img_size: int, patch_size: int) -> torch.nn.Module:
     torch.manual_seed(0)
     model = timm.create_model(
-        "vit_small_patch16_224", pretrained=False, img_size=16, patch_size=4, num_classes=0
+        "vit_small_patch16_224", pretrained=False, img_size=img_size, patch_size=patch_size, num_classes=0
     )
     with torch.no_grad():
         model.pos_embed += offset
@@ -137,8 +141,9 @@ def _setup(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.Tensor, tor
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = build(args.offset, device)
-    images = torch.randn(args.images, 3, 16, 16, generator=torch.Generator().manual_seed(1)).to(device)
+    model = build(args.offset, device, args.img_size, args.patch_size)
+    shape = (args.images, 3, args.img_size, args.img_size)
+    images = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device)
     with torch.inference_mode():  # warm-up: allocator, kernels, BLAS threads (before any memory baseline)
         model.forward_features(images[: args.batch_size])
     return model, images, device
@@ -199,18 +204,24 @@ def _in_child(fn, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--images", type=int, default=5900, help="probe images (x17 tokens; 5900 -> 100,300)")
-    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--img-size", type=int, default=16)
+    ap.add_argument("--patch-size", type=int, default=4)
+    ap.add_argument("--images", type=int, default=0, help="probe images (0: the fewest for 1e5 tokens)")
+    ap.add_argument("--batch-size", type=int, default=64, help="probe images per forward pass")
     ap.add_argument("--offset", type=float, default=60.0, help="added to pos_embed: large activation means")
-    ap.add_argument("--naive", choices=["one-pass", "per-layer"], default="one-pass")
+    ap.add_argument("--naive", choices=["per-layer", "one-pass"], default="per-layer")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     args = ap.parse_args()
+    tokens = (args.img_size // args.patch_size) ** 2 + 1
+    args.images = args.images or -(-100_000 // tokens)
     print(
-        f"probe: {args.images} images x 17 tokens = {args.images * 17} tokens; pos_embed offset {args.offset}"
+        f"probe: {args.images} images x {tokens} tokens = {args.images * tokens} tokens; "
+        f"batch {args.batch_size} images; pos_embed offset {args.offset}"
     )
     stream = _in_child(phase_streaming, args)
     print(
-        f"model: ViT-Small width D=384, 12 blocks, 16x16 px, patch 4; device {stream['device']}; "
+        f"model: ViT-Small width D=384, 12 blocks, {args.img_size}x{args.img_size} px, patch "
+        f"{args.patch_size}; device {stream['device']}; "
         f"torch threads {args.threads or torch.get_num_threads()}"
     )
     t_plain, t_stream, ours = stream["t_plain"], stream["t_stream"], stream["eig"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from runners.extract import _Moments, eigenvalues, extract_spectra, observation_points
+from runners.extract import _Moments, eigenvalues, extract_spectra, gram_blocks, observation_points
 from runners.models import build_model
 from study.errors import RunFailedError
 
@@ -28,9 +28,9 @@ def _reference_eigs(x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("mean", [0.0, 60.0, 1e4])
-def test_streaming_moments_match_two_pass(mean):
+@pytest.mark.parametrize("d", [24, 97, 200])  # 1, 2 and 4 Gram blocks (gram_blocks), uneven widths
+def test_streaming_moments_match_two_pass(mean, d):
     rng = np.random.default_rng(0)
-    d = 24
     a = rng.normal(size=(d, d)) * np.linspace(0.05, 2.0, d)  # planted anisotropic covariance
     x = (rng.normal(size=(5000, d)) @ a.T + mean).astype(np.float32)
     xt = torch.from_numpy(x)
@@ -40,6 +40,20 @@ def test_streaming_moments_match_two_pass(mean):
     lam = eigenvalues(mom.covariance())
     ref = _reference_eigs(x)
     np.testing.assert_allclose(lam, ref, rtol=1e-8, atol=1e-10 * ref[0])
+
+
+def test_block_triangle_gram_is_the_full_gram():
+    """Only the lower block triangle is multiplied; mirrored, it equals the full float64 Gram."""
+    cpu = torch.device("cpu")
+    assert gram_blocks(24, cpu) == [(0, 24)]
+    assert gram_blocks(384, cpu) == [(48 * i, 48 * (i + 1)) for i in range(8)]
+    assert gram_blocks(384, torch.device("cuda")) == [(0, 384)]  # one full GEMM on a GPU
+    x = torch.randn(300, 200, dtype=torch.float64)
+    mom = _Moments(shift=torch.zeros(200, dtype=torch.float64))
+    mom.add(x[:100])
+    mom.add(x[100:])
+    assert len(mom.blocks) == 4 and mom.q[:50, 50:].abs().max() == 0  # upper blocks never touched
+    torch.testing.assert_close(mom.full_q(), x.T @ x, rtol=1e-12, atol=1e-10)
 
 
 def _model(seed=0):
