@@ -29,6 +29,7 @@ import json
 import math
 import platform
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -117,6 +118,17 @@ def _fmt_p(p) -> str:
 
 def _subset_text(subset: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in (subset or {}).items() if v is not None)
+
+
+def _claim_subset_text(claim: dict) -> str:
+    """A claim's subset, led by the datasets an ordering claim compares (declared order), which live in its
+    details rather than its subset."""
+    text = _subset_text(claim.get("subset"))
+    details = claim.get("details") if isinstance(claim.get("details"), dict) else {}
+    order = list(details.get("per_seed_summary") or {})
+    if claim.get("kind") == "ordering" and order:
+        text = ", ".join(t for t in (f"datasets=[{', '.join(order)}]", text) if t)
+    return text
 
 
 def versions() -> dict[str, str]:
@@ -267,14 +279,15 @@ def effect_figure(claim: dict) -> Figure:
     effect, lo, hi = (float(claim.get(k, float("nan"))) for k in ("effect", "ci_low", "ci_high"))
     if math.isnan(effect):
         return Figure(name, caption, missing="no effect estimate (no test was possible)")
-    fig, ax = plt.subplots(figsize=(6.0, 1.3))
+    label = textwrap.fill(str(claim.get("name", "")), 36)  # the whole name, wrapped, never clipped
+    fig, ax = plt.subplots(figsize=(6.0, 1.0 + 0.15 * (label.count("\n") + 1)))
     colour = _VERDICT_COLOURS.get(claim.get("verdict"), "black")
     if not (math.isnan(lo) or math.isnan(hi)):
         ax.errorbar([effect], [0], xerr=[[effect - lo], [hi - effect]], fmt="o", color=colour, capsize=5)
     else:
         ax.plot([effect], [0], "o", color=colour)
     ax.axvline(0, color="black", lw=0.8, ls="--")
-    ax.set_yticks([0], [f"{claim.get('name', '')[:40]}"], fontsize=8)
+    ax.set_yticks([0], [label], fontsize=8)
     ax.set_xlabel(f"{claim.get('metric', '')} effect{unit}")
     ax.grid(axis="x", alpha=0.3)
     return Figure(name, caption, png=_png(fig))
@@ -435,7 +448,7 @@ def _verdict_rows(claims: list[dict]) -> list[list[str]]:
                 str(c.get("name", "")),
                 str(c.get("kind", "")),
                 str(c.get("metric", "")),
-                _subset_text(c.get("subset")),
+                _claim_subset_text(c),
                 str(c.get("verdict", "")),
                 f"{_fmt(c.get('effect'))}{unit} ({_fmt(c.get('ci_low'))}, {_fmt(c.get('ci_high'))})",
                 _fmt_p(c.get("p_value")),
@@ -503,7 +516,7 @@ def _html(rep: dict, vers: dict) -> str:
         out.append(
             f'<p>Verdict <span class="{e(str(c.get("verdict")))}">{e(str(c.get("verdict")))}</span>; '
             f"kind <code>{e(str(c.get('kind')))}</code>, metric <code>{e(str(c.get('metric')))}</code>, "
-            f"subset <code>{e(_subset_text(c.get('subset')))}</code>.</p>"
+            f"subset <code>{e(_claim_subset_text(c))}</code>.</p>"
         )
         if c.get("regions"):
             regions = "; ".join(f"{k}: {', '.join(v)}" for k, v in c["regions"].items())

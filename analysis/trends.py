@@ -206,7 +206,12 @@ def test_trend(table, claim, where: str = "claim", excluded: dict[int, str] | No
         # the mixed model as a second opinion (random intercept and slope by seed, t(S-1))
         fit = fit_random_slopes(x, series[names[0]].loc[seeds].to_numpy(dtype=np.float64))
         details["mixed_model"] = fit
-        warnings += [f"mixed model (display): {w}" for w in fit["warnings"]]
+        if fit["warnings"]:  # one line: the verdict does not rest on this fit; the full list stays in details
+            n = len(fit["warnings"])
+            warnings.append(
+                f"mixed model (display only, not the verdict's test): {n} fitting warning{'s' * (n > 1)}, "
+                f"last: {fit['warnings'][-1]} (all in details.mixed_model.warnings)"
+            )
     return Outcome(
         p_value=p,
         effect=b["effect"],

@@ -325,3 +325,14 @@ def test_randomisation_tests_report_the_seeds_they_need(table):
     claim = {**CLAIMS["ordering"], "datasets": ["objects", "textures"]}  # K = 2: p >= 2^-S, needs S >= 5
     r = evaluate_claims(_hyp(claim), table[table.seed < 3])[0]
     assert r.verdict == INCONCLUSIVE and r.power == 0.0 and r.seeds_needed >= 5
+
+
+def test_display_mixed_model_warnings_are_one_line(table):
+    """The trend's second-opinion MixedLM is not the verdict's test: its fitting warnings (many at few
+    seeds) are summarised in one line, and every one of them is kept in the details."""
+    flat = table.assign(value=7.0 + 1e-3 * table["epoch"])  # identical slopes: a boundary fit
+    r = evaluate_claims(_hyp(CLAIMS["trend"]), flat)[0]
+    fit_warnings = r.details["mixed_model"]["warnings"]
+    display = [w for w in r.warnings if w.startswith("mixed model (display only")]
+    assert fit_warnings and len(display) == 1
+    assert f"{len(fit_warnings)} fitting warning" in display[0] and fit_warnings[-1] in display[0]

@@ -186,3 +186,15 @@ def test_cli_report_and_ui(tmp_path, capsys, monkeypatch):
         cmd[cmd.index("--backend-store-uri") + 1] == f"sqlite:///{(tmp_path / 'out' / 'mlflow.db').resolve()}"
     )
     assert cmd[cmd.index("--port") + 1] == "5077"
+
+
+def test_ordering_subset_names_its_datasets_in_declared_order():
+    from analysis.report import _claim_subset_text
+
+    claim = {
+        "kind": "ordering",
+        "subset": {"dataset": None, "token_set": "all", "epoch": "last"},
+        "details": {"per_seed_summary": {"objects": {}, "cue_mix": {}, "textures": {}}},
+    }
+    assert _claim_subset_text(claim) == "datasets=[objects, cue_mix, textures], token_set=all, epoch=last"
+    assert _claim_subset_text({"kind": "trend", "subset": {"dataset": "objects"}}) == "dataset=objects"
