@@ -21,7 +21,7 @@ Only two Grams are formed per batch and point: ``all`` (every token) and the pre
 one per image); ``patch = all - prefix`` exactly, because both share the point's shift. Each Gram is
 symmetric, so on CPU only its lower block triangle is multiplied (``gram_blocks``: 56% of the float64
 work of a full ``Y^T Y`` at D = 384) into a float64 buffer reused by every point. Memory is O(D^2) per
-point plus one batch and a fixed token subsample, independent of the number of probe images. Sums live
+point (its lower block triangle) plus one batch and a fixed token subsample, independent of the number of probe images. Sums live
 on the model's device.
 
 Besides eigenvalues, each (point, token set) gets the observables of ``analysis.observables``:
@@ -61,66 +61,68 @@ def gram_blocks(d: int, device: torch.device) -> list[tuple[int, int]]:
 
 
 class _Workspace:
-    """One reusable float64 ``(tokens, D)`` buffer per shape for the shifted activations.
+    """One reusable float64 buffer for the shifted activations, grown to the largest batch seen.
 
-    Every point of a forward pass converts its activations into the same buffer in turn, instead of
-    allocating a fresh float64 copy per point and batch (a fresh 13 MiB tensor costs its page faults
-    every time: measured 7 ms against 0.8 ms for the conversion into a reused buffer, D=384, 4,352 tokens).
+    Every point of a forward pass converts its activations into the same memory in turn (a ``(tokens, D)``
+    view of its front), instead of allocating a fresh float64 copy per point and batch: a fresh 13 MiB
+    tensor costs its page faults every time (measured 7 ms against 0.8 ms for the conversion into a
+    reused buffer, D = 384, 4,352 tokens).
     """
 
     def __init__(self) -> None:
-        self._bufs: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+        self._buf: torch.Tensor | None = None
 
     def get(self, rows: int, d: int, device: torch.device) -> torch.Tensor:
-        key = (rows, d, device)
-        if key not in self._bufs:
-            self._bufs[key] = torch.empty(rows, d, dtype=torch.float64, device=device)
-        return self._bufs[key]
+        need = rows * d
+        if self._buf is None or self._buf.numel() < need or self._buf.device != device:
+            self._buf = torch.empty(need, dtype=torch.float64, device=device)
+        return self._buf[:need].view(rows, d)
 
 
 @dataclass
 class _Moments:
     """Streaming shifted float64 moments: ``n``, ``s = sum (x - shift)``, ``q = sum (x - shift)(x - shift)^T``.
 
-    ``q`` holds the lower block triangle of ``gram_blocks`` (the blocks above it stay zero until
-    ``full_q``). Everything runs in torch on the activations' device (one thread pool on CPU: mixing in a
-    second BLAS pool, e.g. scipy's ``dsyrk``, made both pools spin against each other on a loaded 2-core
-    machine, and scipy's ``dsyrk`` alone measured 22 ms against 10 ms for the block triangle, D=384).
+    ``q`` is stored as its lower block triangle: ``rows[i]`` is block row ``[a, b)`` of ``gram_blocks``
+    over columns ``[0, b)`` (56% of ``D^2`` at D = 384); ``full_q`` mirrors it into the whole matrix.
+    Everything runs in torch on the activations' device (one thread pool on CPU: mixing in a second BLAS
+    pool, e.g. scipy's ``dsyrk``, made both pools spin against each other on a loaded 2-core machine, and
+    scipy's ``dsyrk`` alone measured 11.9 ms against 10 ms for the block triangle, D = 384).
     """
 
     shift: torch.Tensor  # (D,) float64
     n: int = 0
     s: torch.Tensor | None = None  # (D,) float64
-    q: torch.Tensor | None = None  # (D, D) float64, lower block triangle
+    rows: list[torch.Tensor] | None = None  # block rows of the lower triangle of q, float64
     blocks: list[tuple[int, int]] | None = None
 
     def add(self, x: torch.Tensor, work: _Workspace | None = None) -> None:
-        """x: (n_tokens, D) in any float dtype; ``work``: a shared buffer pool (else a fresh buffer)."""
-        rows, d = x.shape
-        if self.q is None:
-            self.s = torch.zeros(d, dtype=torch.float64, device=x.device)
-            self.q = torch.zeros(d, d, dtype=torch.float64, device=x.device)
+        """x: (n_tokens, D) in any float dtype; ``work``: a shared buffer (else a fresh one)."""
+        n_rows, d = x.shape
+        if self.rows is None:
             self.blocks = gram_blocks(d, x.device)
-        y = (work or _Workspace()).get(rows, d, x.device)
+            self.s = torch.zeros(d, dtype=torch.float64, device=x.device)
+            self.rows = [torch.zeros(b - a, b, dtype=torch.float64, device=x.device) for a, b in self.blocks]
+        y = (work or _Workspace()).get(n_rows, d, x.device)
         torch.sub(x, self.shift, out=y)  # float64: one pass, no float32 rounding of the shifted values
         self.s += y.sum(0)
-        for a, b in self.blocks:
-            self.q[a:b, :b].addmm_(y[:, a:b].T, y[:, :b])  # in place, no (D, D) temporary
-        self.n += rows
+        for (a, b), row in zip(self.blocks, self.rows, strict=True):
+            row.addmm_(y[:, a:b].T, y[:, :b])  # in place, no temporary
+        self.n += n_rows
 
     def full_q(self) -> torch.Tensor:
-        """The whole symmetric ``q``: the accumulated lower block triangle mirrored above it."""
-        lower = torch.zeros_like(self.q, dtype=torch.bool)
-        for a, b in self.blocks:
-            lower[a:b, :b] = True
-        return torch.where(lower, self.q, self.q.T)
-
-    def merged(self, other: _Moments) -> _Moments:
-        return _Moments(self.shift, self.n + other.n, self.s + other.s, self.q + other.q, self.blocks)
+        """The whole symmetric ``(D, D)`` ``q``: the lower block triangle mirrored above it."""
+        d = self.s.shape[0]
+        q = torch.zeros(d, d, dtype=torch.float64, device=self.s.device)
+        for (a, b), row in zip(self.blocks, self.rows, strict=True):
+            q[a:b, :b] = row
+            q[:a, a:b] = row[:, :a].T
+        return q
 
     def minus(self, other: _Moments) -> _Moments:
         """Moments of the tokens in ``self`` but not in ``other`` (same shift): exact in float64."""
-        return _Moments(self.shift, self.n - other.n, self.s - other.s, self.q - other.q, self.blocks)
+        rows = [r - o for r, o in zip(self.rows, other.rows, strict=True)]
+        return _Moments(self.shift, self.n - other.n, self.s - other.s, rows, self.blocks)
 
     def covariance(self) -> np.ndarray:
         """(D, D) float64 numpy: ``(Q - s s^T / n) / (n - 1)``, symmetrised."""
@@ -136,9 +138,12 @@ class _Moments:
         tokens are all identical, such as the class token before the first block (measured: with
         ``D eps64`` alone, 5,900 identical class tokens at mean 60 left a spurious eigenvalue).
         """
-        d = self.q.shape[0]
+        d = self.s.shape[0]
         eps = np.finfo(np.float64).eps
-        return float((d + self.n) * eps * self.q.diagonal().max().item() / max(self.n - 1, 1))
+        q_max = max(
+            row[:, a:b].diagonal().max().item() for (a, b), row in zip(self.blocks, self.rows, strict=True)
+        )
+        return float((d + self.n) * eps * q_max / max(self.n - 1, 1))
 
 
 @dataclass
