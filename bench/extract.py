@@ -9,9 +9,10 @@ Model: timm ``vit_small_patch16_224`` at ViT-Small width (D = 384, 12 blocks, 6 
 16x16 images with patch 4 (16 patches + 1 class token = 17 tokens per image: attention is negligible, so
 the forward pass is at its cheapest per token and the extraction's relative overhead at its largest),
 random init, eval mode, float32 on CPU (or bf16 autocast on a GPU). ``--img-size``/``--patch-size`` set
-another geometry; ``--images`` defaults to the fewest images that give 100,000 probe tokens. ``--offset 60`` (default) adds 60 to the positional embedding, so every token from
-``pos_embed`` on carries a mean of about 60 in each dimension through the residual stream: the regime where
-raw float32 moments lose digits.
+another geometry; ``--images`` defaults to the fewest images that give 100,000 probe tokens, ``--batch-size``
+to 64 images. ``--offset 60`` (default) adds 60 to the positional embedding, so every token from
+``pos_embed`` on carries a mean of about 60 in each dimension through the residual stream: the regime
+where raw float32 moments lose digits.
 
 What is measured, side by side in one process, on the same probe tensor:
 
@@ -23,9 +24,10 @@ What is measured, side by side in one process, on the same probe tensor:
    tokens of each token set are stacked into an ``(n, D)`` matrix, ``np.cov`` (float64, two-pass) and
    ``np.linalg.eigvalsh``; only one layer's stack is alive at a time (the default, ``--naive per-layer``:
    one forward pass per observation point). ``--naive one-pass`` instead keeps every layer's stack from a
-   single forward pass (fast, but its memory holds all 15 layers at once). ``naive_speedup`` = naive time / streaming time;
-   ``naive_memory`` = naive peak / streaming peak, where a peak is the largest resident-set size (sampled
-   every 2 ms from ``/proc/self/statm``) above the resident size just before that phase started. Each of
+   single forward pass (fast, but its memory holds all 15 layers at once). ``naive_speedup`` = naive
+   time / streaming time; ``naive_memory`` = naive peak / streaming peak, where a peak is the largest
+   resident-set size (sampled every 2 ms from ``/proc/self/statm``) above the resident size just before
+   that phase started. Each of
    the two phases runs in its own fresh (spawned) process that first builds the same model and probe and
    runs one warm-up batch, so neither inherits the other's allocator state; both children run with
    ``MALLOC_MMAP_THRESHOLD_=1048576`` so that resident size tracks live memory (see ``_in_child``).

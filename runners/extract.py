@@ -21,8 +21,8 @@ Only two Grams are formed per batch and point: ``all`` (every token) and the pre
 one per image); ``patch = all - prefix`` exactly, because both share the point's shift. Each Gram is
 symmetric, so on CPU only its lower block triangle is multiplied (``gram_blocks``: 56% of the float64
 work of a full ``Y^T Y`` at D = 384) into a float64 buffer reused by every point. Memory is O(D^2) per
-point (its lower block triangle) plus one batch and a fixed token subsample, independent of the number of probe images. Sums live
-on the model's device.
+point (its lower block triangle) plus one batch and a fixed token subsample, independent of the number
+of probe images. Sums live on the model's device.
 
 Besides eigenvalues, each (point, token set) gets the observables of ``analysis.observables``:
 ``diagonality`` from its covariance, ``cosine_anisotropy`` and ``twonn_id`` from a fixed, seeded
@@ -51,8 +51,8 @@ def gram_blocks(d: int, device: torch.device) -> list[tuple[int, int]]:
     """Row-block edges ``(a, b)`` of the lower block triangle that ``_Moments`` accumulates.
 
     The Gram ``Y^T Y`` is symmetric, so only block row ``[a, b)`` times columns ``[0, b)`` is formed: with
-    ``k`` blocks that is ``(k + 1) / 2k`` of a full GEMM. On CPU ``k = min(8, D // 48)`` blocks (about 48
-    to 96 columns each; narrower blocks made MKL's float64 GEMM slower, ``bench/extract.py``); on a GPU a
+    ``k`` blocks that is ``(k + 1) / 2k`` of a full GEMM. On CPU ``k = min(8, D // 48)`` blocks (at least
+    48 columns each; narrower blocks made MKL's float64 GEMM slower, measured at D = 384); on a GPU a
     single full GEMM (``k = 1``) is already fast and one kernel launch is cheaper than eight.
     """
     k = 1 if device.type == "cuda" else max(1, min(8, d // 48))
@@ -81,7 +81,7 @@ class _Workspace:
 
 @dataclass
 class _Moments:
-    """Streaming shifted float64 moments: ``n``, ``s = sum (x - shift)``, ``q = sum (x - shift)(x - shift)^T``.
+    """Streaming shifted float64 moments ``n``, ``s = sum (x - shift)``, ``q = sum (x - shift)(x - shift)^T``.
 
     ``q`` is stored as its lower block triangle: ``rows[i]`` is block row ``[a, b)`` of ``gram_blocks``
     over columns ``[0, b)`` (56% of ``D^2`` at D = 384); ``full_q`` mirrors it into the whole matrix.
