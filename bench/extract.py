@@ -28,8 +28,9 @@ What is measured, side by side in one process, on the same probe tensor:
    time / streaming time; ``naive_memory`` = naive peak / streaming peak, where a peak is the largest
    resident-set size (sampled every 2 ms from ``/proc/self/statm``) above the resident size just before
    that phase started. Each of the two phases runs in its own fresh (spawned) process that first builds
-   the same model and probe and runs one warm-up batch, so neither inherits the other's allocator state; both children run with
-   ``MALLOC_MMAP_THRESHOLD_=1048576`` so that resident size tracks live memory (see ``_in_child``).
+   the same model and probe and runs one warm-up batch, so neither inherits the other's allocator state;
+   both children run with ``MALLOC_MMAP_THRESHOLD_=1048576`` so that resident size tracks live memory
+   (see ``_in_child``).
 3. **max_rel_err**: every eigenvalue metric of ``analysis.spectral`` on our eigenvalues against the same
    metric on the naive float64 two-pass eigenvalues of the identical stacked activations, max over
    metrics, points and token sets of ``|ours - ref| / |ref|``.
