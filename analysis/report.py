@@ -120,15 +120,18 @@ def _subset_text(subset: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in (subset or {}).items() if v is not None)
 
 
-def _claim_subset_text(claim: dict) -> str:
-    """A claim's subset, led by the datasets an ordering claim compares (declared order), which live in its
-    details rather than its subset."""
-    text = _subset_text(claim.get("subset"))
+def _ordered_datasets(claim: dict) -> list[str]:
+    """The datasets an ordering claim compares, in declared order (they live in its details, not its
+    subset); empty for every other claim."""
     details = claim.get("details") if isinstance(claim.get("details"), dict) else {}
-    order = list(details.get("per_seed_summary") or {})
-    if claim.get("kind") == "ordering" and order:
-        text = ", ".join(t for t in (f"datasets=[{', '.join(order)}]", text) if t)
-    return text
+    return list(details.get("per_seed_summary") or {}) if claim.get("kind") == "ordering" else []
+
+
+def _claim_subset_text(claim: dict) -> str:
+    """A claim's subset, led by the datasets of an ordering claim."""
+    order = _ordered_datasets(claim)
+    head = f"datasets=[{', '.join(order)}]" if order else ""
+    return ", ".join(t for t in (head, _subset_text(claim.get("subset"))) if t)
 
 
 def versions() -> dict[str, str]:
@@ -159,9 +162,8 @@ def _claim_datasets(claim: dict, table: pd.DataFrame) -> list[str]:
                 visit(x)
 
     visit(claim.get("subset") or {})
-    details = claim.get("details") or {}
-    visit(list(details.get("per_seed_summary") or {}))  # an ordering claim's datasets, in declared order
-    visit(details.get("conditions") or {})
+    visit(_ordered_datasets(claim))
+    visit((claim.get("details") or {}).get("conditions") or {})
     return found or sorted(names)
 
 
