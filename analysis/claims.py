@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.inference import CI_LEVEL, t_test, t_test_greater, tost
-from study.errors import StudyError
+from core.errors import StudyError
 
 __all__ = [
     "CI_LEVEL",

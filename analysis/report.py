@@ -44,7 +44,7 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from study.errors import StudyError  # noqa: E402
+from core.errors import StudyError  # noqa: E402
 
 _PACKAGES = ("numpy", "pandas", "scipy", "statsmodels", "matplotlib", "mlflow", "torch", "timm", "pydantic")
 _DPI = 90  # enough to read axis labels; keeps a 15-layer study's report well under 1 MB

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from study.errors import StudyError
+from core.errors import StudyError
 
 MetricFn = Callable[[np.ndarray], float]
 METRICS: dict[str, MetricFn] = {}

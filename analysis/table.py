@@ -19,7 +19,7 @@ import pandas as pd
 
 from analysis.observables import OBSERVABLES
 from analysis.spectral import METRICS
-from study.errors import StudyError
+from core.errors import StudyError
 
 COLUMNS = [
     "run_key",

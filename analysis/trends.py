@@ -26,7 +26,7 @@ from analysis.claims import (
 )
 from analysis.inference import jonckheere_terpstra, per_seed_kendall, per_seed_slopes, sign_flip_p, t_test
 from analysis.mixed import fit_random_slopes
-from study.errors import StudyError
+from core.errors import StudyError
 
 
 def trend_statistics(

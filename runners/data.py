@@ -17,13 +17,12 @@ determines its pixels, so the same spec always gives the same images and is gene
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from core.hashing import digest
+from core.io import cached_arrays
 
 SHAPES = (
     "disk",
@@ -236,23 +235,6 @@ def generate(
     return np.concatenate(chunks), labels.astype(np.int64)
 
 
-def _spec_hash(payload: dict) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def atomic_save_npz(path: Path, **arrays: np.ndarray) -> None:
-    """Write ``arrays`` to ``path`` via a temporary file and rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
-    os.close(fd)
-    try:
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def load_split(
     spec: dict, split: str, cache_dir: Path, probe_size: int | None = None, probe_seed: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -288,16 +270,13 @@ def load_split(
     }
     knobs = {k: spec.get(k) for k in KNOBS if spec.get(k) is not None}
     key.update(knobs)  # only set knobs enter the hash: caches of older specs stay valid
-    path = Path(cache_dir) / f"{spec['variant']}_{split}_{_spec_hash(key)}.npz"
-    if path.exists():
-        try:
-            with np.load(path) as f:
-                return f["images"], f["labels"]
-        except Exception:  # a corrupt cache file is regenerated, never trusted
-            path.unlink(missing_ok=True)
-    images, labels = generate(spec["variant"], n, spec["image_size"], spec["n_classes"], seed, knobs)
-    atomic_save_npz(path, images=images, labels=labels)
-    return images, labels
+    path = Path(cache_dir) / f"{spec['variant']}_{split}_{digest(key, 16, compact=False)}.npz"
+
+    def build() -> dict[str, np.ndarray]:
+        images, labels = generate(spec["variant"], n, spec["image_size"], spec["n_classes"], seed, knobs)
+        return {"images": images, "labels": labels}
+
+    return cached_arrays(path, build, ("images", "labels"))
 
 
 def num_classes(spec: dict) -> int:

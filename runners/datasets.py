@@ -3,7 +3,7 @@
     images, labels = load_disk_split(spec, "train", cache_dir)   # uint8 (N, S, S, 3), int64 (N,)
 
 Layouts (``spec["path"]`` is the folder; a missing or malformed one raises a one-line
-:class:`~study.errors.StudyError` naming the path and the expected layout):
+:class:`~core.errors.StudyError` naming the path and the expected layout):
 
 * ``cifar100``: the python version: ``train``, ``test``, ``meta`` pickle files (``b"data"``: uint8
   (N, 3072) channel-major 32x32, ``b"fine_labels"``/``b"coarse_labels"``; ``meta``:
@@ -26,8 +26,6 @@ This module does not import torch: the planner uses :func:`resolve_path` and
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import pickle
 import re
@@ -37,7 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from study.errors import StudyError
+from core.errors import StudyError
+from core.hashing import digest
+from core.io import cached_arrays
 
 LOADER_VERSION = 1  # bump when the pixels a spec produces change
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm")
@@ -96,8 +96,7 @@ def dataset_fingerprint(spec: dict) -> str | None:
     root = resolve_path(spec["path"], strict=False)
     if root is None or not root.is_dir():
         return None
-    blob = json.dumps(_files(root), separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return digest(_files(root), 16)
 
 
 def _bad(spec: dict, root: Path, what: str) -> StudyError:
@@ -299,14 +298,12 @@ def load_disk_split(
     key.update(v=LOADER_VERSION, split=split, fp=spec.get("fingerprint") or dataset_fingerprint(spec))
     if split == "probe":
         key.update(probe_size=probe_size, probe_seed=probe_seed)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    path = Path(cache_dir) / f"{spec['kind']}_{split}_{digest}.npz"
-    if path.exists():
-        try:
-            with np.load(path) as f:
-                return f["images"], f["labels"]
-        except Exception:  # a corrupt cache file is re-read, never trusted
-            path.unlink(missing_ok=True)
+    path = Path(cache_dir) / f"{spec['kind']}_{split}_{digest(key, 16, compact=False)}.npz"
+    return cached_arrays(path, lambda: _decode(spec, split, root, probe_size, probe_seed), ("images", "labels"))
+
+
+def _decode(spec: dict, split: str, root: Path, probe_size: int | None, probe_seed: int | None) -> dict:
+    """Read and resize one split of an on-disk dataset: ``{images, labels, n_classes}`` arrays."""
     splits, classes = READERS[spec["kind"]](spec, root)
     source = "test" if split == "probe" else split
     n_total = len(splits[source][1])
@@ -325,10 +322,7 @@ def load_disk_split(
         images, labels = _materialise(spec, splits[source], spec["image_size"], idx)
     except OSError as exc:  # PIL: truncated or not an image
         raise _bad(spec, root, f"unreadable image ({exc})") from None
-    from runners.data import atomic_save_npz
-
-    atomic_save_npz(path, images=images, labels=labels, n_classes=np.int64(len(classes)))
-    return images, labels
+    return {"images": images, "labels": labels, "n_classes": np.int64(len(classes))}
 
 
 def disk_num_classes(spec: dict) -> int:

@@ -32,7 +32,6 @@ subsample of at most ``subsample`` tokens (the same token positions at every poi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +39,8 @@ import numpy as np
 import torch
 
 from analysis.observables import cosine_anisotropy, diagonality, twonn_id
-from study.errors import RunFailedError
+from core.errors import RunFailedError
+from core.runfolder import RunFolder
 
 TOKEN_SETS = ("all", "cls", "patch")
 SUBSAMPLE = 1024  # tokens per (point, token set) for cosine anisotropy / TwoNN: O(m^2) distances stay cheap
@@ -401,35 +401,23 @@ def snapshot_epochs(covariance_epochs: str | list[int], checkpoints: list[int]) 
     return sorted(set(covariance_epochs) & set(eps))
 
 
-def save_observables(path: Path, epoch: int, sp: Spectra) -> None:
-    """Merge one checkpoint's observables into ``scalars.json`` (atomic write).
+def save_observables(run_dir: Path, epoch: int, sp: Spectra) -> None:
+    """Merge one checkpoint's observables into the run folder's ``scalars.json`` (atomic write).
 
     Layout: ``{"subsample": {"size", "seed"}, "n_subsample": {"{layer}/{token_set}": m},
     "values": {"{epoch}/{layer}/{token_set}/{observable}": value}}``; NaN is written as ``null``.
     """
-    path = Path(path)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data.setdefault("subsample", {"size": SUBSAMPLE, "seed": SUBSAMPLE_SEED})
-    data.setdefault("n_subsample", {}).update({f"{la}/{ts}": m for (la, ts), m in sp.n_subsample.items()})
-    values = data.setdefault("values", {})
-    for (layer, tset, name), v in sp.scalars.items():
-        values[f"{epoch}/{layer}/{tset}/{name}"] = float(v) if np.isfinite(v) else None
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    tmp.replace(path)
+    meta = {
+        "subsample": {"size": SUBSAMPLE, "seed": SUBSAMPLE_SEED},
+        "n_subsample": {f"{la}/{ts}": m for (la, ts), m in sp.n_subsample.items()},
+    }
+    values = {f"{epoch}/{layer}/{tset}/{name}": v for (layer, tset, name), v in sp.scalars.items()}
+    RunFolder(run_dir).merge_scalars(values, meta)
 
 
-def save_covariances(path: Path, epoch: int, sp: Spectra) -> None:
+def save_covariances(run_dir: Path, epoch: int, sp: Spectra) -> None:
     """Merge one checkpoint's float32 covariances of token set ``all`` into ``covariances.npz``.
 
     Keys ``"{epoch}/{layer}"``, values ``(D, D)`` float32 (centred covariance, as in the module docstring).
     """
-    from runners.data import atomic_save_npz
-
-    path = Path(path)
-    arrays: dict[str, np.ndarray] = {}
-    if path.exists():
-        with np.load(path) as f:
-            arrays = {k: f[k] for k in f.files}
-    arrays.update({f"{epoch}/{layer}": cov for layer, cov in sp.covariances.items()})
-    atomic_save_npz(path, **arrays)
+    RunFolder(run_dir).merge_covariances(epoch, sp.covariances)

@@ -23,13 +23,7 @@ Files in ``run_dir`` (every write atomic: temp file, then rename):
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import platform
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,12 +32,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from runners.data import atomic_save_npz, load_split, num_classes
+from core.errors import RunFailedError
+from core.io import atomic_path
+from core.provenance import git_state, package_versions
+from core.runfolder import RunFolder, spectrum_key
+from runners.data import load_split, num_classes
 from runners.extract import extract_spectra, save_covariances, save_observables, snapshot_epochs
 from runners.inputs import to_tensor
 from runners.objectives import make_objective
 from runners.objectives.dino import AUG_SEED_OFFSET
-from study.errors import RunFailedError
 
 DATA_ORDER_SEED_OFFSET = 7919
 
@@ -53,55 +50,18 @@ def pick_device() -> torch.device:
 
 
 def _atomic_torch_save(obj: dict, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def git_state() -> dict:
-    """Commit and dirty flag of the code that ran (None where this is not a git checkout)."""
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
-    return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
 
 
 def environment() -> dict:
     """Versions, device and code state that matter for reproducing a run."""
-    import PIL
-    import pydantic
-    import timm
-    import torchvision
-
+    versions = package_versions(("torchvision", "timm", "numpy", "pydantic", "pillow"))
     env = {
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "timm": timm.__version__,
-        "numpy": np.__version__,
-        "pydantic": pydantic.__version__,
-        "pillow": PIL.__version__,
-        "platform": platform.platform(),
+        "python": versions["python"],
+        "torch": torch.__version__,  # with its build tag (+cpu, +cu130): metadata drops it
+        **{k: versions[k] for k in ("torchvision", "timm", "numpy", "pydantic", "pillow")},
+        "platform": versions["platform"],
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "torch_threads": torch.get_num_threads(),
@@ -165,6 +125,7 @@ def train_run(
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    folder = RunFolder(run_dir)
     tr, ds, seed = run["training"], run["dataset"], run["seed"]
     label = f"{ds['name']}/seed{seed}"
     device = pick_device()
@@ -214,26 +175,25 @@ def train_run(
         snap = epoch in snapshot_epochs(probe.get("covariance_epochs", "none"), run["checkpoints"])
         sp = extract_spectra(model, xpr, probe["batch_size"], epoch=epoch, covariances=snap)
         for (layer, tset), lam in sp.eigenvalues.items():
-            spectra[f"{epoch}/{layer}/{tset}"] = lam
+            spectra[spectrum_key(epoch, layer, tset)] = lam
             n_tokens[f"{layer}/{tset}"] = sp.n_tokens[(layer, tset)]
         # observables and covariance snapshots go straight to run_dir (read-merge-write, atomic), so they
         # survive a resume without joining resume.pt; re-measuring an epoch overwrites the same keys
-        save_observables(run_dir / "scalars.json", epoch, sp)
+        save_observables(run_dir, epoch, sp)
         if snap:
-            save_covariances(run_dir / "covariances.npz", epoch, sp)
+            save_covariances(run_dir, epoch, sp)
         _log(progress, f"[{label}] spectra at epoch {epoch} ({time.perf_counter() - t0:.1f}s)")
 
     def fail(msg: str, epoch: int) -> dict:
         result = {"status": "failed", "failed_epoch": epoch, "error": msg, "run": run, "history": history}
-        atomic_write_text(run_dir / "result.json", json.dumps(result, indent=1))
+        folder.write_result(result)
         _log(progress, f"[{label}] FAILED at epoch {epoch}: {msg}")
         return result
 
     def save_weights(epoch: int) -> None:
         """The measured network's weights and the run spec at a checkpoint epoch (atomic write)."""
-        ckpt_dir = run_dir / "checkpoints"
-        ckpt_dir.mkdir(exist_ok=True)
-        _atomic_torch_save({"model": model.state_dict(), "run": run}, ckpt_dir / f"epoch_{epoch:03d}.pt")
+        path = folder.checkpoints_dir / f"epoch_{epoch:03d}.pt"
+        _atomic_torch_save({"model": model.state_dict(), "run": run}, path)
 
     def checkpoint(epoch: int) -> None:
         measure(epoch)
@@ -281,7 +241,7 @@ def train_run(
         return fail(str(exc), exc.epoch if exc.epoch is not None else -1)
 
     # ---- results (result.json last: it marks the run finished) ---------------------------------------
-    atomic_save_npz(run_dir / "spectra.npz", **spectra)
+    folder.write_spectra(spectra)
     result = {
         "status": "finished",
         "run": run,
@@ -290,6 +250,6 @@ def train_run(
         "device": device.type,
         "environment": environment(),
     }
-    atomic_write_text(run_dir / "result.json", json.dumps(result, indent=1))
+    folder.write_result(result)
     resume_path.unlink(missing_ok=True)
     return result

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from study.errors import StudyError
+from core.errors import StudyError
 
 
 def _parser() -> argparse.ArgumentParser:

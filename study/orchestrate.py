@@ -29,8 +29,8 @@ import pandas as pd
 
 from analysis.table import load_scalars, make_table, rows_from_spectra, save_table
 from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
+from core.errors import StudyError
 from runners.data import load_split
-from study.errors import StudyError
 from study.planner import RunSpec, plan_runs
 from study.schema import Hypothesis
 

@@ -2,7 +2,7 @@
 
 A hypothesis file has a ``name``, a ``description``, a ``design`` (what to train and measure) and a
 list of ``claims`` (what to test on the measurements). ``load_hypothesis`` turns a file into a validated
-:class:`Hypothesis` or raises :class:`~study.errors.StudyError` with one line naming the file, the
+:class:`Hypothesis` or raises :class:`~core.errors.StudyError` with one line naming the file, the
 field and what was expected. Nothing in a hypothesis file executes.
 """
 
@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from analysis.observables import ALL_METRICS
-from study.errors import StudyError
+from core.errors import StudyError
 
 TOKEN_SETS = ("all", "cls", "patch")
 

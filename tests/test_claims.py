@@ -10,7 +10,7 @@ from analysis.claims import test_u_shape as u_shape_test
 from analysis.claims import u_shape_statistics
 from analysis.simulate import simulate_layer_table, simulate_profiles
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims, holm
-from study.errors import StudyError
+from core.errors import StudyError
 from study.schema import parse_hypothesis
 
 CLAIM = {

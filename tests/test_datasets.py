@@ -11,8 +11,8 @@ import pytest
 import yaml
 from PIL import Image
 
+from core.errors import StudyError
 from runners.datasets import dataset_fingerprint, load_disk_split
-from study.errors import StudyError
 from study.planner import plan_runs
 from study.schema import parse_hypothesis, with_data_roots
 

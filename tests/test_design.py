@@ -7,8 +7,8 @@ import copy
 import pytest
 import yaml
 
+from core.errors import StudyError
 from study.cli import main
-from study.errors import StudyError
 from study.planner import plan_runs
 from study.schema import DinoObjective, SupervisedObjective, parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS

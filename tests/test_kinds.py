@@ -15,8 +15,8 @@ from analysis.claims import TESTS, loso_bottleneck
 from analysis.inference import jonckheere_terpstra, jt_statistic, power_and_seeds_needed, tost
 from analysis.simulate import CALIBRATION_KINDS, simulate_claim_study, simulate_study_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims
+from core.errors import StudyError
 from study.cli import main
-from study.errors import StudyError
 from study.schema import CLAIM_KINDS, parse_hypothesis
 
 BLOCKS = [f"block_{i:02d}" for i in range(1, 13)]

@@ -90,7 +90,7 @@ def test_table_verb_without_runs_exits_2(tmp_path, tiny_yaml, capsys):
 
 
 def test_covariance_epochs_validation(tmp_path, tiny_yaml):
-    from study.errors import StudyError
+    from core.errors import StudyError
     from study.schema import load_hypothesis
 
     assert load_hypothesis(_tiny(tmp_path, tiny_yaml, "[2]")).design.probe.covariance_epochs == [2]
@@ -101,7 +101,7 @@ def test_covariance_epochs_validation(tmp_path, tiny_yaml):
 
 
 def test_claims_may_name_observables(tmp_path, tiny_yaml):
-    from study.errors import StudyError
+    from core.errors import StudyError
     from study.schema import load_hypothesis
 
     path = tmp_path / "obs.yaml"

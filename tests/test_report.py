@@ -13,8 +13,8 @@ import pytest
 from analysis.report import t_band, write_report
 from analysis.table import make_table, rows_from_spectra, save_table
 from analysis.verdicts import evaluate_claims
+from core.errors import StudyError
 from study.cli import main
-from study.errors import StudyError
 from study.schema import load_hypothesis
 
 LAYERS = ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "norm"]

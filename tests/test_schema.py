@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import StudyError
 from study.cli import main
-from study.errors import StudyError
 from study.schema import load_hypothesis
 from tests.conftest import TINY_HYPOTHESIS
 

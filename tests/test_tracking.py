@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from core.errors import StudyError
 from study.cli import main
-from study.errors import StudyError
 from study.orchestrate import run_study
 from study.planner import plan_runs
 from study.schema import load_hypothesis

@@ -39,11 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import roi_align
 
+from core.errors import RunFailedError
 from runners.inputs import MEAN as _MEAN
 from runners.inputs import STD as _STD
 from runners.inputs import to_input
 from runners.models import build_model
-from study.errors import RunFailedError
 
 AUG_SEED_OFFSET = 104729
 

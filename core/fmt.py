@@ -1,0 +1,30 @@
+"""How numbers are printed: one formatter for the terminal's verdict table and the report."""
+
+from __future__ import annotations
+
+import math
+
+
+def fmt_num(x, digits: int = 2) -> str:
+    """``x`` with ``digits`` decimals; ``n/a`` for None, NaN or anything that is not a number."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return "n/a"
+    return "n/a" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def fmt_p(p) -> str:
+    """A p-value: three decimals, ``<0.001`` below that, ``n/a`` when no test was possible."""
+    try:
+        p = float(p)
+    except (TypeError, ValueError):
+        return "n/a"
+    if math.isnan(p):
+        return "n/a"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def unit_of(metric: str) -> str:
+    """The unit suffix of a metric's effect: `` pp`` (percentage points) for ``*_pct`` metrics."""
+    return " pp" if str(metric).endswith("_pct") else ""

@@ -1,0 +1,81 @@
+"""Atomic writes and cached arrays: a reader never sees half a file, an interrupted write leaves none.
+
+Every writer goes through a temporary file in the target's folder, then ``os.replace`` (atomic on POSIX
+within one filesystem). The folder is created when missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+
+@contextmanager
+def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to; renamed onto ``path`` when the block succeeds.
+
+    ``suffix`` ends the temporary name (``np.savez`` appends ``.npz`` unless the name already ends so).
+    On an exception the temporary file is removed and ``path`` is untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def atomic_write_json(path: str | Path, obj, **dumps) -> Path:
+    """Write ``obj`` as JSON (``json.dumps(obj, **dumps)``) to ``path`` atomically."""
+    return atomic_write_text(path, json.dumps(obj, **dumps))
+
+
+def atomic_save_npz(path: str | Path, **arrays: np.ndarray) -> Path:
+    """Write ``arrays`` to ``path`` as an uncompressed ``.npz``, atomically."""
+    with atomic_path(path, suffix=".tmp.npz") as tmp:
+        np.savez(tmp, **arrays)
+    return Path(path)
+
+
+def cached_arrays(
+    path: str | Path, build: Callable[[], dict[str, np.ndarray]], names: tuple[str, ...]
+) -> tuple[np.ndarray, ...]:
+    """The arrays ``names`` from the ``.npz`` cache at ``path``, built and saved first when needed.
+
+    A cache that cannot be read (truncated, corrupt, lacking a name) is removed and rebuilt, never
+    trusted. ``build`` returns every array to store (it may hold more than ``names``).
+    """
+    path = Path(path)
+    if path.exists():
+        try:
+            with np.load(path) as f:
+                return tuple(f[n] for n in names)
+        except Exception:  # noqa: BLE001 - any unreadable cache is rebuilt
+            path.unlink(missing_ok=True)
+    arrays = build()
+    atomic_save_npz(path, **arrays)
+    return tuple(arrays[n] for n in names)

@@ -1,0 +1,131 @@
+"""The run-folder contract: what a finished run leaves on disk, and the one place that reads and writes it.
+
+A run folder ``runs/<run key>/`` is filled by a *run source* (``runners.sources``: training today; imported
+checkpoints or metric logs plug in the same way) and read by everything downstream (the tidy table, the
+report, tracking, reuse). Files:
+
+* ``result.json``: ``{"status": "finished" | "failed", "run": <run spec>, "n_tokens": {"{layer}/{token_set}":
+  n}, "history": [...], "environment": {...}, ...}``. Written last: a folder whose ``result.json`` says
+  ``finished`` is a finished run, and nothing else is.
+* ``spectra.npz``: covariance eigenvalues ``(D,)`` float64, keyed :func:`spectrum_key`
+  (``"{epoch}/{layer}/{token_set}"``). Required for a finished run.
+* ``scalars.json`` (optional): activation observables, ``{"values": {"{epoch}/{layer}/{token_set}/{name}":
+  value | null}, ...}``.
+* ``covariances.npz`` (optional): float32 ``(D, D)`` covariance snapshots keyed ``"{epoch}/{layer}"``.
+* ``checkpoints/epoch_NNN.pt`` (optional): weights at checkpoint epochs; ``resume.pt`` while a run is
+  in progress.
+
+Every write is atomic (:mod:`core.io`). This module imports numpy only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from core.io import atomic_save_npz, atomic_write_json
+
+RESULT, SPECTRA, SCALARS, COVARIANCES = "result.json", "spectra.npz", "scalars.json", "covariances.npz"
+REQUIRED = (SPECTRA, RESULT)  # what a finished run must hold (and what a copy of it must carry)
+OPTIONAL = (COVARIANCES, SCALARS)
+
+
+def spectrum_key(epoch: int, layer: str, token_set: str) -> str:
+    """The key of one spectrum in ``spectra.npz``: ``"{epoch}/{layer}/{token_set}"``."""
+    return f"{int(epoch)}/{layer}/{token_set}"
+
+
+def parse_spectrum_key(key: str) -> tuple[int, str, str]:
+    """``"{epoch}/{layer}/{token_set}"`` -> (epoch, layer, token_set); ValueError on any other shape."""
+    parts = key.split("/")
+    if len(parts) != 3:
+        raise ValueError(f"expected '{{epoch}}/{{layer}}/{{token_set}}', got {key!r}")
+    return int(parts[0]), parts[1], parts[2]
+
+
+class RunFolder:
+    """One run's folder. Paths, the finished test, and typed readers and writers of its files."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    # ---- state ------------------------------------------------------------------------------------
+    def read_result(self) -> dict | None:
+        """``result.json`` if the run ended (finished or failed); None if absent or unreadable."""
+        try:
+            return json.loads(self.file(RESULT).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def is_finished(self) -> bool:
+        """True when ``result.json`` says finished and ``spectra.npz`` exists."""
+        result = self.read_result()
+        return bool(result and result.get("status") == "finished" and self.file(SPECTRA).is_file())
+
+    # ---- readers ----------------------------------------------------------------------------------
+    def read_spectra(self) -> dict[str, np.ndarray]:
+        """Every spectrum, keyed :func:`spectrum_key`. Raises whatever numpy raises on a bad file."""
+        with np.load(self.file(SPECTRA)) as f:
+            return {k: f[k] for k in f.files}
+
+    def read_scalars(self) -> dict[str, float]:
+        """Observables ``{"{epoch}/{layer}/{token_set}/{name}": value}`` (null -> NaN); {} without the file."""
+        path = self.file(SCALARS)
+        if not path.exists():
+            return {}
+        values = json.loads(path.read_text()).get("values", {})
+        return {k: float("nan") if v is None else float(v) for k, v in values.items()}
+
+    def read_covariances(self) -> dict[tuple[int, str], np.ndarray]:
+        """Covariance snapshots keyed (epoch, layer); {} without the file."""
+        path = self.file(COVARIANCES)
+        if not path.exists():
+            return {}
+        with np.load(path) as f:
+            return {(int(k.split("/")[0]), k.split("/")[1]): f[k] for k in f.files}
+
+    # ---- writers ----------------------------------------------------------------------------------
+    def write_result(self, result: dict) -> None:
+        atomic_write_json(self.file(RESULT), result, indent=1)
+
+    def write_spectra(self, spectra: dict[str, np.ndarray]) -> None:
+        atomic_save_npz(self.file(SPECTRA), **spectra)
+
+    def merge_scalars(self, values: dict[str, float], meta: dict | None = None) -> None:
+        """Add observables to ``scalars.json`` (read, merge, atomic write); NaN is stored as null.
+
+        ``meta``: top-level entries set when absent, and dict entries merged (e.g. ``n_subsample``).
+        """
+        path = self.file(SCALARS)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        for k, v in (meta or {}).items():
+            if isinstance(v, dict):
+                data.setdefault(k, {}).update(v)
+            else:
+                data.setdefault(k, v)
+        data.setdefault("values", {}).update(
+            {k: float(v) if np.isfinite(v) else None for k, v in values.items()}
+        )
+        atomic_write_json(path, data, indent=1, sort_keys=True)
+
+    def merge_covariances(self, epoch: int, covariances: dict[str, np.ndarray]) -> None:
+        """Add one epoch's ``layer -> (D, D)`` snapshots to ``covariances.npz`` (read, merge, atomic write)."""
+        path = self.file(COVARIANCES)
+        arrays: dict[str, np.ndarray] = {}
+        if path.exists():
+            with np.load(path) as f:
+                arrays = {k: f[k] for k in f.files}
+        arrays.update({f"{int(epoch)}/{layer}": cov for layer, cov in covariances.items()})
+        atomic_save_npz(path, **arrays)
