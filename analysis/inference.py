@@ -1,7 +1,7 @@
 """Across-seed inference on per-seed numbers: t tests, TOST, per-seed slopes, Jonckheere-Terpstra, power.
 
 Every function here takes plain arrays whose first axis (or only axis) is the seed, the unit of
-replication. Nothing here knows about tables or claims; ``analysis.claims`` and ``analysis.trends``
+replication. Nothing here knows about tables or claims; the claim kinds (``analysis.kinds``)
 reduce a table to these arrays. This module never imports torch.
 """
 
@@ -53,11 +53,6 @@ def t_test(x: np.ndarray, alternative: str = "greater", null: float = 0.0) -> di
         p = 2 * stats.t.sf(abs(t), n - 1)
     q = stats.t.ppf(0.5 + CI_LEVEL / 2, n - 1)
     return {**out, "t": float(t), "p": float(p), "ci": (mean - q * se, mean + q * se)}
-
-
-def t_test_greater(x: np.ndarray) -> dict:
-    """``t_test(x, "greater")``: one-sided test of mean(x) > 0 across seeds (kept for callers)."""
-    return t_test(x, "greater")
 
 
 def sign_flip_p(x: np.ndarray, alternative: str = "greater", n_flips: int = 4999, seed: int = 0) -> float:

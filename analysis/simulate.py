@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from study.schema import layer_names
+from core.layers import layer_names
 
 
 def mean_profile(shape: str, n_blocks: int, effect: float, base: float = 50.0) -> np.ndarray:
@@ -185,94 +185,3 @@ def simulate_study_table(
                     )
                 )
     return pd.concat(frames, ignore_index=True)
-
-
-# --------------------------------------------------------------------------------------------------
-# Calibration studies: one simulated study per call, under each claim kind's least favourable null
-# (effect = 0) or an alternative (effect > 0, in units of the per-seed noise SD).
-# --------------------------------------------------------------------------------------------------
-CALIBRATION_KINDS = {
-    # kind label: (claim kind, description of the least favourable null)
-    "u_shape": ("u_shape", "monotone step-down (early >> bottleneck = late)"),
-    "u_shape_convex": ("u_shape", "monotone convex decay"),
-    "u_shape_loso": ("u_shape", "monotone step-down; bottleneck chosen leave-one-seed-out"),
-    "trend_slope": ("trend", "per-seed random slopes (mean 0) + AR(1) noise, 6 epochs"),
-    "trend_kendall": ("trend", "per-seed random slopes (mean 0) + AR(1) noise, 6 epochs"),
-    "trend_mixed": ("trend", "per-seed random slopes (mean 0) + AR(1) noise, 6 epochs"),
-    "ordering_jt": ("ordering", "3 datasets with equal means, seed offsets"),
-    "ordering_levels": ("ordering", "3 knob levels with equal means, seed offsets"),
-    "extremum": ("extremum", "target ties one competitor, 3 others far below"),
-    "equivalence": ("equivalence", "true difference exactly at the margin (1 SD)"),
-    "compare": ("compare", "no difference (one-sided greater)"),
-    "compare_two_sided": ("compare", "no difference (two-sided)"),
-}
-
-
-def simulate_claim_study(label: str, n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
-    """One simulated study for ``label`` (a key of CALIBRATION_KINDS) through the kind's array core.
-
-    ``effect`` = 0 is the least favourable null; > 0 an alternative of that size (per-seed noise SD
-    units: dip depth, mean slope per epoch, shift per ordered step, lead over the closest competitor,
-    distance inside the margin of 1 (capped at 1), difference). Returns ``p`` (one-sided in the claimed direction; NaN if
-    no test was possible), ``covered`` (whether the 95% CI of the kind's effect covers the truth; None
-    where the effect has no known true value) and ``warned`` (the fit recorded a warning).
-    """
-    from analysis.claims import (
-        compare_statistics,
-        equivalence_statistics,
-        extremum_statistics,
-        u_shape_loso_statistics,
-        u_shape_statistics,
-    )
-    from analysis.trends import ordering_statistics, trend_statistics
-
-    s = n_seeds
-    if label == "u_shape_loso":
-        prof = simulate_profiles("u" if effect > 0 else "step_down", s, effect if effect > 0 else 20.0, rng)
-        cand = prof[:, 2:9]  # blocks 3-9: strictly between the early (1-2) and late (10-12) regions
-        st = u_shape_loso_statistics(prof[:, [0, 1]].mean(1), cand, prof[:, [9, 10, 11]].mean(1))
-        return {"p": st["p"], "covered": None, "warned": False}
-    if label in ("u_shape", "u_shape_convex"):
-        shape = "u" if effect > 0 else ("step_down" if label == "u_shape" else "decreasing_convex")
-        prof = simulate_profiles(shape, s, effect if effect > 0 else 20.0, rng)
-        st = u_shape_statistics(
-            prof[:, [0, 1]].mean(1), prof[:, [2, 3, 4]].mean(1), prof[:, [9, 10, 11]].mean(1)
-        )
-        truth = effect if effect > 0 else None
-        ci = st["tests"]["early"]["ci"]  # the early contrast (not selected by the data): truth = dip depth
-        return {
-            "p": st["p"],
-            "covered": None if truth is None else bool(ci[0] <= truth <= ci[1]),
-            "warned": False,
-        }
-    if label.startswith("trend"):
-        method = label.split("_")[1]
-        x, y = simulate_trends(s, 6, effect * 0.5, rng, slope_sd=0.5)  # 0.5 SD per epoch of slope spread
-        st = trend_statistics(x, y, "increasing", method)
-        truth = effect * 0.5
-        covered = None if method == "kendall" else bool(st["ci"][0] <= truth <= st["ci"][1])
-        warned = bool(st["mixed"] and st["mixed"]["warnings"])
-        return {"p": st["p"], "covered": covered, "warned": warned}
-    if label.startswith("ordering"):
-        y = rng.normal(0, 1, (s, 1)) + effect * np.arange(3)[None, :] + rng.normal(0, 1, (s, 3))
-        levels = None if label == "ordering_jt" else np.array([0.0, 1.0, 2.0])
-        st = ordering_statistics(y, "increasing", levels, n_permutations=999, seed=int(rng.integers(1 << 30)))
-        return {"p": st["p"], "covered": bool(st["ci"][0] <= effect <= st["ci"][1]), "warned": False}
-    if label == "extremum":
-        base = rng.normal(0, 1, (s, 1))
-        target = base[:, 0] + effect + rng.normal(0, 1, s)
-        comps = base + np.array([0.0, -10.0, -10.0, -10.0]) + rng.normal(0, 1, (s, 4))
-        st = extremum_statistics(target, comps, "highest")
-        ci = st["tests"][0]["ci"]
-        return {"p": st["p"], "covered": bool(ci[0] <= effect <= ci[1]), "warned": False}
-    if label == "equivalence":
-        truth = 1.0 - min(effect, 1.0)  # margin 1: effect = how far inside the margin (capped at the centre)
-        a = rng.normal(0, 1, s) + truth
-        st = equivalence_statistics(a, np.zeros(s), 1.0)
-        return {"p": st["p"], "covered": bool(st["ci"][0] <= truth <= st["ci"][1]), "warned": False}
-    if label.startswith("compare"):
-        alt = "two-sided" if label.endswith("two_sided") else "greater"
-        base = rng.normal(0, 1, s)
-        st = compare_statistics(base + effect + rng.normal(0, 1, s), base + rng.normal(0, 1, s), alt)
-        return {"p": st["p"], "covered": bool(st["ci"][0] <= effect <= st["ci"][1]), "warned": False}
-    raise ValueError(f"unknown calibration label {label!r}")

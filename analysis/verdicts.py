@@ -21,8 +21,10 @@ import numpy as np
 import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
-from analysis.claims import TESTS, Outcome, TableView
 from analysis.inference import bootstrap_ci, power_and_seeds_needed, tost
+from analysis.kinds import get_kind
+from analysis.kinds.base import Outcome, TableView
+from core.fmt import fmt_num, fmt_p, unit_of
 
 ACCEPTED, REJECTED, INCONCLUSIVE = "ACCEPTED", "REJECTED", "INCONCLUSIVE"
 
@@ -63,6 +65,31 @@ class ClaimResult:
         d["seeds_excluded"] = {str(k): v for k, v in self.seeds_excluded.items()}
         return _json_safe(d)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> ClaimResult:
+        """The inverse of :meth:`to_dict` (null numbers back to NaN, seed keys back to int)."""
+        nan = float("nan")
+        num = {
+            k: nan if d.get(k) is None else float(d[k])
+            for k in ("effect", "ci_low", "ci_high", "p_value", "p_adjusted", "power")
+        }
+        return cls(
+            **{
+                k: d[k]
+                for k in ("name", "kind", "metric", "subset", "alpha", "verdict", "n_seeds", "seeds_used")
+            },
+            **num,
+            seeds_excluded={int(k): v for k, v in (d.get("seeds_excluded") or {}).items()},
+            warnings=list(d.get("warnings") or []),
+            details=d.get("details") or {},
+            bootstrap_ci=tuple(
+                nan if v is None else float(v) for v in (d.get("bootstrap_ci") or (None, None))
+            ),
+            adjustment=d.get("adjustment", "holm"),
+            reason=d.get("reason", ""),
+            seeds_needed=d.get("seeds_needed"),
+        )
+
 
 def _json_safe(obj):
     if isinstance(obj, dict):
@@ -76,11 +103,6 @@ def _json_safe(obj):
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
-
-
-def holm(pvalues: list[float]) -> list[float]:
-    """Holm-adjusted p-values; NaN entries stay NaN and do not count towards the family size."""
-    return adjust(pvalues, "holm")
 
 
 def adjust(pvalues: list[float], method: str) -> list[float]:
@@ -137,7 +159,9 @@ def evaluate_claims(
             else "; ".join(f"{d}: {w}" for d, w in r.items())
             for seed, r in reasons.items()
         }
-        outcomes.append(TESTS[claim.kind](view, claim, where=f"{source}: claims[{i}]", excluded=excluded))
+        outcomes.append(
+            get_kind(claim.kind).evaluate(view, claim, where=f"{source}: claims[{i}]", excluded=excluded)
+        )
     families: dict[str, list[int]] = {}
     for i, c in enumerate(hyp.claims):
         families.setdefault("confirmatory" if c.confirmatory else f"exploratory/{c.adjust}", []).append(i)
@@ -148,7 +172,7 @@ def evaluate_claims(
             adjusted[i], method_of[i] = a, method
     results = []
     for i, (claim, o) in enumerate(zip(hyp.claims, outcomes, strict=True)):
-        margin = getattr(claim, "margin", None) if claim.kind != "equivalence" else None
+        margin = get_kind(claim.kind).rejection_margin(claim)
         verdict, reason = decide(o, adjusted[i], claim.alpha, margin)
         power, needed = float("nan"), None
         if verdict == INCONCLUSIVE:
@@ -192,27 +216,17 @@ def evaluate_claims(
     return results
 
 
-def _fmt(x: float, digits: int = 1) -> str:
-    return "nan" if x is None or math.isnan(x) else f"{x:.{digits}f}"
-
-
-def _fmt_p(p: float) -> str:
-    if p is None or math.isnan(p):
-        return "n/a"
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
 def format_verdicts(results: list[ClaimResult]) -> str:
     """A plain-text verdict table (one line per claim) followed by warnings and exclusions."""
     rows = [("claim", "verdict", "effect (95% CI)", "p (Holm)", "seeds")]
     for r in results:
-        unit = " pp" if r.metric.endswith("_pct") else ""
+        unit = unit_of(r.metric)
         rows.append(
             (
                 r.name,
                 r.verdict,
-                f"{_fmt(r.effect, 2)}{unit} ({_fmt(r.ci_low, 2)}, {_fmt(r.ci_high, 2)})",
-                _fmt_p(r.p_adjusted),
+                f"{fmt_num(r.effect, 2)}{unit} ({fmt_num(r.ci_low, 2)}, {fmt_num(r.ci_high, 2)})",
+                fmt_p(r.p_adjusted),
                 str(r.n_seeds),
             )
         )
@@ -222,9 +236,9 @@ def format_verdicts(results: list[ClaimResult]) -> str:
         loc, depth = r.details.get("bottleneck_location"), r.details.get("bottleneck_depth")
         if loc and depth and r.n_seeds >= 2:
             lines.append(
-                f"  - {r.name}: bottleneck at layer index {_fmt(loc['mean_layer_index'], 1)} "
-                f"({_fmt(loc['ci'][0], 1)}, {_fmt(loc['ci'][1], 1)}), depth {_fmt(depth['mean'], 2)} "
-                f"({_fmt(depth['ci'][0], 2)}, {_fmt(depth['ci'][1], 2)})"
+                f"  - {r.name}: bottleneck at layer index {fmt_num(loc['mean_layer_index'], 1)} "
+                f"({fmt_num(loc['ci'][0], 1)}, {fmt_num(loc['ci'][1], 1)}), depth {fmt_num(depth['mean'], 2)} "
+                f"({fmt_num(depth['ci'][0], 2)}, {fmt_num(depth['ci'][1], 2)})"
             )
         if r.verdict == INCONCLUSIVE and r.n_seeds >= 2:
             need = (
@@ -233,7 +247,7 @@ def format_verdicts(results: list[ClaimResult]) -> str:
                 else "no number of seeds (effect points the other way)"
             )
             lines.append(
-                f"  ? {r.name}: power {_fmt(r.power, 2)} at the observed effect; 80% power needs {need}"
+                f"  ? {r.name}: power {fmt_num(r.power, 2)} at the observed effect; 80% power needs {need}"
             )
         for w in r.warnings:
             lines.append(f"  ! {r.name}: {w}")

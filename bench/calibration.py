@@ -3,7 +3,7 @@
     PYTHONPATH=. python bench/calibration.py [--reps 1000] [--power-reps 300] [--seeds 3 5 10] [--alpha 0.05]
 
 For each claim kind (and test variant) and each number of seeds S, simulates ``--reps`` studies under
-the kind's least favourable null (``analysis.simulate.CALIBRATION_KINDS``) and reports the rate of
+the kind's least favourable null (``analysis.calibration.CALIBRATION_KINDS``) and reports the rate of
 ACCEPTED verdicts (p < alpha in the claimed direction) against the bound alpha + 2 Monte Carlo SE,
 then ``--power-reps`` studies at effects of 0.5, 1 and 2 per-seed noise SDs (power) and the 95% CI
 coverage of the kind's effect at effect 1. Prints one table (markdown); exits 1 if a bound fails.
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from analysis.simulate import CALIBRATION_KINDS, simulate_claim_study
+from analysis.calibration import CALIBRATION_KINDS, simulate_claim_study
 
 EFFECTS = (0.5, 1.0, 2.0)  # alternatives, in per-seed noise SDs
 

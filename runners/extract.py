@@ -40,9 +40,9 @@ import torch
 
 from analysis.observables import cosine_anisotropy, diagonality, twonn_id
 from core.errors import RunFailedError
+from core.layers import TOKEN_SETS
 from core.runfolder import RunFolder
 
-TOKEN_SETS = ("all", "cls", "patch")
 SUBSAMPLE = 1024  # tokens per (point, token set) for cosine anisotropy / TwoNN: O(m^2) distances stay cheap
 SUBSAMPLE_SEED = 0  # fixed: every checkpoint and run that shares a probe set sees the same token positions
 

@@ -4,7 +4,9 @@ Flow (one direction, one job per module)::
 
     hypothesis YAML -> study.schema (validated spec) -> study.planner (run specs)
       -> runners (train + extract spectra per run) -> analysis.table (tidy table)
-      -> analysis.claims (tests) -> analysis.verdicts -> reports + MLflow (study.tracking)
+      -> analysis.kinds (one module per claim kind) -> analysis.verdicts -> report + MLflow (study.tracking)
+
+``core`` is the bottom layer every package imports; ``runners`` and ``analysis`` import nothing from ``study``.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ field and what was expected. Nothing in a hypothesis file executes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
 import yaml
 from pydantic import (
@@ -23,10 +23,10 @@ from pydantic import (
     model_validator,
 )
 
-from analysis.observables import ALL_METRICS
+from analysis.kinds import KINDS, claim_models
+from analysis.kinds.base import Condition, Subset  # noqa: F401 - part of the schema's public names
 from core.errors import StudyError
-
-TOKEN_SETS = ("all", "cls", "patch")
+from core.layers import layer_names
 
 
 class _Strict(BaseModel):
@@ -423,221 +423,11 @@ def with_data_roots(hyp: Hypothesis, roots: dict[str, str], file: str | None = N
     return hyp.model_copy(update={"design": hyp.design.model_copy(update={"datasets": datasets})})
 
 
-def layer_names(depth: int) -> list[str]:
-    return ["patch_embed", "pos_embed", *[f"block_{i:02d}" for i in range(1, depth + 1)], "norm"]
-
-
 # --------------------------------------------------------------------------------------------------
-# Claims
+# Claims: one model per registered kind (analysis.kinds), discriminated by ``kind``
 # --------------------------------------------------------------------------------------------------
-class Subset(_Strict):
-    """Which slice of the tidy table a claim is tested on."""
-
-    dataset: str | None = None  # required by u_shape and trend; the default for conditions otherwise
-    token_set: Literal["all", "cls", "patch"] = "all"
-    epoch: int | Literal["last"] = "last"
-
-
-class Condition(_Strict):
-    """One per-seed quantity: the metric averaged over ``layers``; unset fields come from the claim's subset.
-
-    Used by ``compare``, ``equivalence`` and ``extremum``. Seeds are paired across conditions by seed id.
-    """
-
-    dataset: str | None = None
-    token_set: Literal["all", "cls", "patch"] | None = None
-    epoch: int | Literal["last"] | None = None
-    layers: list[str] = Field(min_length=1)
-
-
-class Regions(_Strict):
-    """Layer regions of a U-shape, declared before looking at the data.
-
-    ``bottleneck: leave_one_seed_out`` chooses it per seed as the layer (strictly between the early and
-    the late region) where the other seeds' mean profile is lowest: never the argmin of the same data.
-    """
-
-    early: list[str] = Field(min_length=1)
-    bottleneck: list[str] | Literal["leave_one_seed_out"] = Field(min_length=1)
-    late: list[str] = Field(min_length=1)
-
-    @field_validator("bottleneck", mode="before")
-    @classmethod
-    def _list_or_loso(cls, v: object) -> object:
-        if isinstance(v, str) and v != "leave_one_seed_out":
-            raise ValueError("expected a list of layers or 'leave_one_seed_out'")
-        return v
-
-
-class _ClaimBase(_Strict):
-    name: str
-    metric: str
-    subset: Subset
-    alpha: float = Field(0.05, gt=0, lt=0.5)
-    confirmatory: bool = True  # Holm-adjusted together with the file's other confirmatory claims
-    # Exploratory claims (confirmatory: false) are adjusted among themselves: holm (default) or bh (FDR).
-    adjust: Literal["holm", "bh", "none"] = "holm"
-
-    @field_validator("metric")
-    @classmethod
-    def _known_metric(cls, v: str) -> str:
-        if v not in ALL_METRICS:
-            raise ValueError(f"unknown metric {v!r}; expected one of {list(ALL_METRICS)}")
-        return v
-
-    @model_validator(mode="after")
-    def _adjust_only_exploratory(self):
-        if self.confirmatory and self.adjust != "holm":
-            raise ValueError(
-                "confirmatory claims are always Holm-adjusted; set confirmatory: false for bh/none"
-            )
-        if self.kind in ("u_shape", "trend") and self.subset.dataset is None:
-            raise ValueError(f"a {self.kind} claim needs subset.dataset")
-        for fld in ("a", "b", "target"):
-            cond = getattr(self, fld, None)
-            if isinstance(cond, Condition) and cond.dataset is None and self.subset.dataset is None:
-                raise ValueError(f"{fld}.dataset or subset.dataset is required")
-        for cond in getattr(self, "competitors", None) or []:
-            if cond.dataset is None and self.subset.dataset is None:
-                raise ValueError("competitors[].dataset or subset.dataset is required")
-        return self
-
-    def named(self) -> list[tuple[str, str, object]]:
-        """Every (field, what, value) the claim names, with what in {dataset, layer, epoch}: for validation."""
-        out: list[tuple[str, str, object]] = [("subset.epoch", "epoch", self.subset.epoch)]
-        if self.subset.dataset is not None:
-            out.append(("subset.dataset", "dataset", self.subset.dataset))
-        for fld in ("a", "b", "target"):
-            cond = getattr(self, fld, None)
-            if isinstance(cond, Condition):
-                out += _named_condition(fld, cond)
-        for i, cond in enumerate(getattr(self, "competitors", None) or []):
-            out += _named_condition(f"competitors[{i}]", cond)
-        for fld in ("layers", "datasets", "epochs"):
-            values = getattr(self, fld, None)
-            if isinstance(values, list):
-                what = {"layers": "layer", "datasets": "dataset", "epochs": "epoch"}[fld]
-                out += [(fld, what, v) for v in values]
-        return out
-
-    def datasets_named(self) -> list[str]:
-        return sorted({str(v) for _, what, v in self.named() if what == "dataset"})
-
-
-def _named_condition(fld: str, cond: Condition) -> list[tuple[str, str, object]]:
-    out: list[tuple[str, str, object]] = [(f"{fld}.layers", "layer", layer) for layer in cond.layers]
-    if cond.dataset is not None:
-        out.append((f"{fld}.dataset", "dataset", cond.dataset))
-    if cond.epoch is not None:
-        out.append((f"{fld}.epoch", "epoch", cond.epoch))
-    return out
-
-
-class UShapeClaim(_ClaimBase):
-    """The metric dips in the bottleneck region and is higher both before and after it.
-
-    Tested as an intersection-union test of two per-seed contrasts (see ``analysis.claims``).
-    """
-
-    kind: Literal["u_shape"]
-    regions: Regions
-
-    def named(self) -> list[tuple[str, str, object]]:
-        out = super().named()
-        for region in ("early", "bottleneck", "late"):
-            layers = getattr(self.regions, region)
-            if isinstance(layers, list):
-                out += [(f"regions.{region}", "layer", layer) for layer in layers]
-        return out
-
-
-class TrendClaim(_ClaimBase):
-    """The metric increases (or decreases) over epochs (or over layers, in depth order).
-
-    ``layers`` lists the observation points; ``aggregate`` says how several are combined: ``pooled``
-    (per seed, the mean over the layers, one test), ``all`` (every layer must show the trend:
-    intersection-union) or ``any`` (at least one: Holm across layers). ``method``: per-seed OLS
-    ``slope`` or Kendall ``kendall`` tau tested across seeds with t(S-1), or ``mixed`` (MixedLM,
-    random intercept and slope by seed, t(S-1)).
-    """
-
-    kind: Literal["trend"]
-    direction: Literal["increasing", "decreasing"]
-    over: Literal["epoch", "layer"] = "epoch"
-    layers: list[str] = Field(min_length=1)  # over: layer, the layers in depth order the trend runs over
-    aggregate: Literal["pooled", "all", "any"] = "pooled"
-    method: Literal["slope", "kendall", "mixed"] = "slope"
-    epochs: list[int] | None = None  # over: epoch, the epochs used (default: all in the table)
-    margin: float | None = Field(None, gt=0)  # slope per unit; equivalence within it REJECTS the trend
-
-
-class OrderingClaim(_ClaimBase):
-    """A per-seed summary of each dataset is ordered as the datasets are listed.
-
-    Per seed and dataset the metric is summarised over ``layers`` (``mean``, ``min``, ``argmin``: the
-    depth index of the minimum, or ``range``: max - min). Without ``levels``: Jonckheere-Terpstra with
-    a permutation p-value. With ``levels`` (a continuous knob value per dataset): per-seed slopes of
-    the summary on the level, t(S-1) (``method: mixed`` fits MixedLM instead).
-    """
-
-    kind: Literal["ordering"]
-    datasets: list[str] = Field(min_length=2)
-    direction: Literal["increasing", "decreasing"]
-    layers: list[str] = Field(min_length=1)
-    summary: Literal["mean", "min", "argmin", "range"] = "mean"
-    levels: list[float] | None = None
-    method: Literal["slope", "mixed"] = "slope"
-    n_permutations: int = Field(4999, ge=99)  # exact enumeration is used when it is smaller
-    margin: float | None = Field(None, gt=0)
-
-    @model_validator(mode="after")
-    def _levels_match(self) -> OrderingClaim:
-        if self.levels is not None and len(self.levels) != len(self.datasets):
-            raise ValueError(
-                f"levels needs one value per dataset ({len(self.datasets)}), got {len(self.levels)}"
-            )
-        if len(set(self.datasets)) != len(self.datasets):
-            raise ValueError("datasets must be distinct")
-        return self
-
-
-class ExtremumClaim(_ClaimBase):
-    """``target`` is the highest (or lowest) of itself and every listed competitor.
-
-    Per seed, differences target - competitor; each one-sided t(S-1); intersection-union over them.
-    """
-
-    kind: Literal["extremum"]
-    direction: Literal["highest", "lowest"] = "highest"
-    target: Condition
-    competitors: list[Condition] = Field(min_length=1)
-    margin: float | None = Field(None, gt=0)
-
-
-class EquivalenceClaim(_ClaimBase):
-    """Condition ``a`` minus condition ``b`` lies within +-``margin`` (TOST, t(S-1)): "stays flat"."""
-
-    kind: Literal["equivalence"]
-    a: Condition
-    b: Condition
-    margin: float = Field(gt=0)  # in the metric's units; declared before looking at the data
-
-
-class CompareClaim(_ClaimBase):
-    """Condition ``a`` differs from ``b`` (paired by seed): ``greater``, ``less`` or ``two-sided``."""
-
-    kind: Literal["compare"]
-    a: Condition
-    b: Condition
-    alternative: Literal["greater", "less", "two-sided"] = "greater"
-    margin: float | None = Field(None, gt=0)
-
-
-CLAIM_KINDS = ("u_shape", "trend", "ordering", "extremum", "equivalence", "compare")
-Claim = Annotated[
-    UShapeClaim | TrendClaim | OrderingClaim | ExtremumClaim | EquivalenceClaim | CompareClaim,
-    Field(discriminator="kind"),
-]
+CLAIM_KINDS = tuple(KINDS)
+Claim = Annotated[Union[tuple(claim_models())], Field(discriminator="kind")]  # noqa: UP007 - built at run time
 
 
 class Hypothesis(_Strict):

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.claims import test_u_shape as u_shape_test
-from analysis.claims import u_shape_statistics
+from analysis.kinds.u_shape import evaluate as u_shape_test
+from analysis.kinds.u_shape import u_shape_statistics
 from analysis.simulate import simulate_layer_table, simulate_profiles
-from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims, holm
+from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, adjust, evaluate_claims
 from core.errors import StudyError
 from study.schema import parse_hypothesis
 
@@ -140,7 +140,7 @@ def test_missing_layer_is_one_line_error():
 
 def test_holm_matches_definition():
     p = [0.01, 0.04, float("nan"), 0.03]
-    adj = holm(p)
+    adj = adjust(p, "holm")
     assert adj[0] == pytest.approx(0.03) and adj[3] == pytest.approx(0.06) and adj[1] == pytest.approx(0.06)
     assert np.isnan(adj[2])
 

@@ -11,9 +11,11 @@ import pytest
 import yaml
 from statsmodels.stats.weightstats import ttost_paired
 
-from analysis.claims import TESTS, loso_bottleneck
+from analysis.calibration import CALIBRATION_KINDS, simulate_claim_study
 from analysis.inference import jonckheere_terpstra, jt_statistic, power_and_seeds_needed, tost
-from analysis.simulate import CALIBRATION_KINDS, simulate_claim_study, simulate_study_table
+from analysis.kinds import KINDS
+from analysis.kinds.u_shape import loso_bottleneck
+from analysis.simulate import simulate_study_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims
 from core.errors import StudyError
 from study.cli import main
@@ -88,7 +90,7 @@ def table():
 
 
 def test_registry_covers_every_kind():
-    assert set(TESTS) == set(CLAIM_KINDS) == set(CLAIMS)
+    assert set(KINDS) == set(CLAIM_KINDS) == set(CLAIMS)
 
 
 @pytest.mark.parametrize("kind", list(CLAIMS))

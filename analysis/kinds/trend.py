@@ -1,32 +1,58 @@
-"""Trends over an ordered factor and orderings across conditions, tested with the seed as the unit.
+"""``trend``: the metric increases (or decreases) over epochs, or over layers in depth order.
 
-``trend``: per seed, the OLS slope (or Kendall tau) of the metric over epochs (or layers), tested across
-seeds with t(S-1); or a MixedLM with random intercept and slope by seed, also with t(S-1). ``ordering``:
-per seed and dataset a summary of the metric; Jonckheere-Terpstra with a permutation p-value across the
-datasets' claimed order, or per-seed slopes on a continuous knob. This module never imports torch.
+Per seed the OLS slope (or Kendall tau) of the metric over the ordered factor, tested across seeds with
+t(S-1) (taus with an exact sign-flip p); or a MixedLM with random intercept and slope by seed, also with
+t(S-1). Several layers are pooled, or all / any of them required.
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar, Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import Field
 from statsmodels.stats.multitest import multipletests
 
-from analysis.claims import (
+from analysis.inference import per_seed_kendall, per_seed_slopes, sign_flip_p, t_test
+from analysis.kinds.base import (
+    ClaimBase,
+    ClaimKind,
+    FigureContext,
     Outcome,
+    Scenario,
     TableView,
-    _few_seeds_warning,
-    _std,
     complete_seeds,
-    outcome_from_stats,
-    token_count_warnings,
-    token_counts,
+    few_seeds_warning,
+    register_kind,
+    std_effect,
 )
-from analysis.inference import jonckheere_terpstra, per_seed_kendall, per_seed_slopes, sign_flip_p, t_test
 from analysis.mixed import fit_random_slopes
+from analysis.simulate import simulate_trends
 from core.errors import StudyError
+from core.fmt import fmt_num, fmt_p, unit_of
+
+
+class TrendClaim(ClaimBase):
+    """The metric increases (or decreases) over epochs (or over layers, in depth order).
+
+    ``layers`` lists the observation points; ``aggregate`` says how several are combined: ``pooled``
+    (per seed, the mean over the layers, one test), ``all`` (every layer must show the trend:
+    intersection-union) or ``any`` (at least one: Holm across layers). ``method``: per-seed OLS
+    ``slope`` or Kendall ``kendall`` tau tested across seeds with t(S-1), or ``mixed`` (MixedLM,
+    random intercept and slope by seed, t(S-1)).
+    """
+
+    kind: Literal["trend"]
+    needs_subset_dataset: ClassVar[bool] = True
+    direction: Literal["increasing", "decreasing"]
+    over: Literal["epoch", "layer"] = "epoch"
+    layers: list[str] = Field(min_length=1)  # over: layer, the layers in depth order the trend runs over
+    aggregate: Literal["pooled", "all", "any"] = "pooled"
+    method: Literal["slope", "kendall", "mixed"] = "slope"
+    epochs: list[int] | None = None  # over: epoch, the epochs used (default: all in the table)
+    margin: float | None = Field(None, gt=0)  # slope per unit; equivalence within it REJECTS the trend
 
 
 def trend_statistics(
@@ -61,9 +87,9 @@ def trend_statistics(
         "effect": t["mean"],
         "ci": t["ci"],
         "values": values,
-        "std_effect": _std(t, sign),
+        "std_effect": std_effect(t, sign),
         "mixed": None,
-        "warnings": _few_seeds_warning(len(values), t["p"]),
+        "warnings": few_seeds_warning(len(values), t["p"]),
     }
     if method == "kendall" and 2 ** len(values) < 40:
         out["warnings"].append(
@@ -72,46 +98,9 @@ def trend_statistics(
     if method == "mixed":
         fit = fit_random_slopes(x, y, alt)
         out.update(p=fit["p"], effect=fit["slope"], ci=fit["ci"], mixed=fit)
-        out["warnings"] = _few_seeds_warning(len(values), fit["p"]) + fit["warnings"]
+        out["warnings"] = few_seeds_warning(len(values), fit["p"]) + fit["warnings"]
     lo, hi = out["ci"]
     out["contradicted"] = len(values) >= 2 and (hi < 0 if sign > 0 else lo > 0)
-    return out
-
-
-def ordering_statistics(
-    y: np.ndarray,
-    direction: str = "increasing",
-    levels: np.ndarray | None = None,
-    method: str = "slope",
-    n_permutations: int = 4999,
-    seed: int = 0,
-) -> dict:
-    """Ordered conditions: per-seed summaries ``y`` (S, K), columns in the claimed order.
-
-    Without ``levels``: Jonckheere-Terpstra over the K groups with a permutation p-value (exact when the
-    distinct labellings are few). With ``levels`` (K,) a continuous knob: per-seed slopes of y on the
-    level, t(S-1) (or MixedLM for ``method: mixed``). Either way the effect is the mean per-seed slope
-    (on the rank 0..K-1 without levels) with a 95% t CI over seeds.
-
-    Returns:
-        dict like :func:`trend_statistics` plus ``jt`` (the JT result, or None).
-    """
-    y = np.asarray(y, dtype=np.float64)
-    k = y.shape[1]
-    x = np.arange(k, dtype=np.float64) if levels is None else np.asarray(levels, dtype=np.float64)
-    out = trend_statistics(
-        x, y, direction, "mixed" if (levels is not None and method == "mixed") else "slope"
-    )
-    out["jt"] = None
-    if levels is None:
-        jt = jonckheere_terpstra(y, direction, n_permutations, seed)
-        out["jt"] = jt
-        n = y.shape[0]
-        out["p"] = jt["p"] if n >= 2 else float("nan")
-        out["warnings"] = [w for w in out["warnings"] if "between-seed variance" not in w]
-        if n >= 2 and np.ptp(y) == 0:
-            out["warnings"].append("all summaries identical: no ordering can be tested")
-            out["p"] = float("nan")
     return out
 
 
@@ -148,7 +137,7 @@ def _trend_arrays(view: TableView, claim, where: str) -> tuple[np.ndarray, dict[
     return x, {layer: cube[layer].reindex(columns=epochs) for layer in claim.layers}
 
 
-def test_trend(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
+def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
     """Monotone trend over epochs (or layers) with the seed as the unit (see :func:`trend_statistics`).
 
     Several layers: ``pooled`` tests the per-seed mean over the layers; ``all`` requires every layer
@@ -227,65 +216,80 @@ def test_trend(table, claim, where: str = "claim", excluded: dict[int, str] | No
     )
 
 
-def _summarise(wide: pd.DataFrame, summary: str, order: dict[str, int]) -> pd.Series:
-    if summary == "mean":
-        return wide.mean(axis=1, skipna=False)
-    if summary == "min":
-        return wide.min(axis=1, skipna=False)
-    if summary == "range":
-        return wide.max(axis=1, skipna=False) - wide.min(axis=1, skipna=False)
-    idx = np.array([order[c] for c in wide.columns], dtype=np.float64)
-    out = pd.Series(idx[np.argmin(wide.to_numpy(), axis=1)], index=wide.index)
-    return out.where(wide.notna().all(axis=1))
+def _simulate(method: str):
+    def simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
+        x, y = simulate_trends(
+            n_seeds, 6, effect * 0.5, rng, slope_sd=0.5
+        )  # 0.5 SD per epoch of slope spread
+        st = trend_statistics(x, y, "increasing", method)
+        truth = effect * 0.5
+        covered = None if method == "kendall" else bool(st["ci"][0] <= truth <= st["ci"][1])
+        warned = bool(st["mixed"] and st["mixed"]["warnings"])
+        return {"p": st["p"], "covered": covered, "warned": warned}
+
+    return simulate
 
 
-def test_ordering(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
-    """Per-seed summaries of the listed datasets follow their listed order (see :func:`ordering_statistics`).
+def figures(ctx: FigureContext) -> list:
+    """Over epochs: the metric against every tested epoch, one line per claimed layer. Over layers: the
+    metric by layer at the tested epoch, the claimed layers shaded."""
+    from analysis.figures import epoch_figure, profile_figure
 
-    Effect: mean per-seed slope of the summary on the dataset's rank (0..K-1), or on ``levels``; in
-    metric units (layer-index units for ``argmin``) per step. Seeds are matched by seed id across datasets;
-    a seed missing in any dataset is excluded.
-    """
-    view = TableView.of(table)
-    excluded = dict(excluded or {})
-    cols, counts = {}, {}
-    for i, ds in enumerate(claim.datasets):
-        df = view.slice(claim.metric, ds, claim.subset.token_set, where, f"datasets[{i}].")
-        df, ep = view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
-        wide = view.wide(df, list(claim.layers), where, "layers")
-        order = df.drop_duplicates("layer").set_index("layer").layer_index.to_dict()
-        cols[ds] = _summarise(wide, claim.summary, order)
-        counts[ds] = token_counts(df[df.layer.isin(claim.layers)])
-    frame = pd.DataFrame(cols)
-    seeds = complete_seeds([frame], excluded)
-    y = frame.loc[seeds, list(claim.datasets)].to_numpy(dtype=np.float64)
-    stat = ordering_statistics(
-        y,
-        claim.direction,
-        None if claim.levels is None else np.asarray(claim.levels),
-        claim.method,
-        claim.n_permutations,
-    )
-    details = {
-        "summary": claim.summary,
-        "test": "jonckheere_terpstra_permutation"
-        if claim.levels is None
-        else f"slope_on_levels ({claim.method})",
-        "jt": stat["jt"],
-        "per_seed_summary": {
-            ds: dict(zip(seeds, map(float, y[:, j]), strict=True)) for j, ds in enumerate(claim.datasets)
+    claim, table = ctx.claim, ctx.table
+    if claim.over == "epoch":
+        x = ctx.result.details.get("x") or []
+        return [
+            epoch_figure(
+                table,
+                claim.metric,
+                claim.subset.token_set,
+                [claim.subset.dataset],
+                [int(e) for e in x],
+                list(claim.layers),
+            )
+        ]
+    return [
+        profile_figure(
+            table,
+            claim.metric,
+            claim.subset.token_set,
+            [claim.subset.dataset],
+            claim.subset.epoch,
+            regions={"trend": list(claim.layers)},
+        )
+    ]
+
+
+def explain(claim, result) -> list[str]:
+    """The method, and per series (a layer, or the pooled mean) its effect, CI, p and per-seed values."""
+    d = result.details
+    per = "per epoch" if claim.over == "epoch" else "per layer index"
+    what = {"slope": f"OLS slope {per}", "kendall": "Kendall tau", "mixed": f"MixedLM fixed slope {per}"}[
+        claim.method
+    ]
+    lines = [f"test: per-seed {what}, {claim.aggregate} over {len(claim.layers)} layer(s), t(S-1)"]
+    unit = unit_of(claim.metric)
+    for name, s in (d.get("per_series") or {}).items():
+        per_seed = ", ".join(f"seed {k}: {fmt_num(v, 3)}" for k, v in (s.get("per_seed") or {}).items())
+        lines.append(
+            f"{name}: {fmt_num(s['effect'], 3)}{unit} (95% CI {fmt_num(s['ci'][0], 3)}, {fmt_num(s['ci'][1], 3)}), "
+            f"p {fmt_p(s['p'])}"
+            + (" (binding)" if name == d.get("binding") and len(d["per_series"]) > 1 else "")
+            + (f"; per seed {per_seed}" if per_seed else "")
+        )
+    return lines
+
+
+register_kind(
+    ClaimKind(
+        name="trend",
+        model=TrendClaim,
+        evaluate=evaluate,
+        calibration={
+            f"trend_{m}": Scenario("per-seed random slopes (mean 0) + AR(1) noise, 6 epochs", _simulate(m))
+            for m in ("slope", "kendall", "mixed")
         },
-        "mean_summary": dict(
-            zip(claim.datasets, map(float, y.mean(axis=0)) if len(seeds) else [], strict=False)
-        ),
-        **({"mixed": stat["mixed"]} if stat["mixed"] else {}),
-    }
-    out = outcome_from_stats(
-        stat,
-        seeds,
-        excluded,
-        details,
-        labellings_per_seed=math.factorial(len(claim.datasets)) if claim.levels is None else 0,
+        figures=figures,
+        explain=explain,
     )
-    out.warnings += token_count_warnings(counts)
-    return out
+)

@@ -1,0 +1,416 @@
+"""What every claim kind shares: the claim model's base, table access, the Outcome, and the registry.
+
+A claim kind is one module in this package (``u_shape.py``, ``trend.py``, ...). It defines:
+
+* its pydantic model (a :class:`ClaimBase` subclass with ``kind: Literal["<name>"]``), which the hypothesis
+  schema picks up;
+* its array-level test (plain functions over per-seed arrays, the seed on the first axis, shapes in the
+  docstring), calibrated by ``bench/calibration.py``;
+* ``evaluate(view, claim, where, excluded) -> Outcome``, the table adapter the verdicts call;
+* its calibration scenarios (:class:`Scenario`: the least favourable null and alternatives, through the
+  same array-level test);
+* ``figures(ctx)``: what the report plots for it, and ``explain(claim, result)``: what the report says
+  its test found;
+
+and registers them with :func:`register_kind` as one :class:`ClaimKind`. Nothing outside the kind's own
+module asks which kind a claim is. This module never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from analysis.observables import ALL_METRICS
+from core.errors import StudyError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# The claim model's base
+# --------------------------------------------------------------------------------------------------
+class Subset(Strict):
+    """Which slice of the tidy table a claim is tested on."""
+
+    dataset: str | None = None  # required by u_shape and trend; the default for conditions otherwise
+    token_set: Literal["all", "cls", "patch"] = "all"
+    epoch: int | Literal["last"] = "last"
+
+
+class Condition(Strict):
+    """One per-seed quantity: the metric averaged over ``layers``; unset fields come from the claim's subset.
+
+    Used by ``compare``, ``equivalence`` and ``extremum``. Seeds are paired across conditions by seed id.
+    """
+
+    dataset: str | None = None
+    token_set: Literal["all", "cls", "patch"] | None = None
+    epoch: int | Literal["last"] | None = None
+    layers: list[str] = Field(min_length=1)
+
+
+class ClaimBase(Strict):
+    """Fields every claim has. A kind's model subclasses it and adds ``kind: Literal["<name>"]``."""
+
+    needs_subset_dataset: ClassVar[bool] = False  # the kind reads one dataset: subset.dataset is required
+
+    name: str
+    metric: str
+    subset: Subset
+    alpha: float = Field(0.05, gt=0, lt=0.5)
+    confirmatory: bool = True  # Holm-adjusted together with the file's other confirmatory claims
+    # Exploratory claims (confirmatory: false) are adjusted among themselves: holm (default) or bh (FDR).
+    adjust: Literal["holm", "bh", "none"] = "holm"
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, v: str) -> str:
+        if v not in ALL_METRICS:
+            raise ValueError(f"unknown metric {v!r}; expected one of {list(ALL_METRICS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _adjust_only_exploratory(self):
+        if self.confirmatory and self.adjust != "holm":
+            raise ValueError(
+                "confirmatory claims are always Holm-adjusted; set confirmatory: false for bh/none"
+            )
+        if self.needs_subset_dataset and self.subset.dataset is None:
+            raise ValueError(f"a {self.kind} claim needs subset.dataset")
+        for fld in ("a", "b", "target"):
+            cond = getattr(self, fld, None)
+            if isinstance(cond, Condition) and cond.dataset is None and self.subset.dataset is None:
+                raise ValueError(f"{fld}.dataset or subset.dataset is required")
+        for cond in getattr(self, "competitors", None) or []:
+            if cond.dataset is None and self.subset.dataset is None:
+                raise ValueError("competitors[].dataset or subset.dataset is required")
+        return self
+
+    def named(self) -> list[tuple[str, str, object]]:
+        """Every (field, what, value) the claim names, with what in {dataset, layer, epoch}: for validation."""
+        out: list[tuple[str, str, object]] = [("subset.epoch", "epoch", self.subset.epoch)]
+        if self.subset.dataset is not None:
+            out.append(("subset.dataset", "dataset", self.subset.dataset))
+        for fld in ("a", "b", "target"):
+            cond = getattr(self, fld, None)
+            if isinstance(cond, Condition):
+                out += _named_condition(fld, cond)
+        for i, cond in enumerate(getattr(self, "competitors", None) or []):
+            out += _named_condition(f"competitors[{i}]", cond)
+        for fld in ("layers", "datasets", "epochs"):
+            values = getattr(self, fld, None)
+            if isinstance(values, list):
+                what = {"layers": "layer", "datasets": "dataset", "epochs": "epoch"}[fld]
+                out += [(fld, what, v) for v in values]
+        return out
+
+    def datasets_named(self) -> list[str]:
+        return sorted({str(v) for _, what, v in self.named() if what == "dataset"})
+
+
+def _named_condition(fld: str, cond: Condition) -> list[tuple[str, str, object]]:
+    out: list[tuple[str, str, object]] = [(f"{fld}.layers", "layer", layer) for layer in cond.layers]
+    if cond.dataset is not None:
+        out.append((f"{fld}.dataset", "dataset", cond.dataset))
+    if cond.epoch is not None:
+        out.append((f"{fld}.epoch", "epoch", cond.epoch))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Outcome and table access
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    """What a claim's test found, before multiplicity adjustment and the verdict rule.
+
+    Attributes:
+        p_value: p-value in the claimed direction (NaN when no test was possible).
+        effect: the effect in the metric's units, signed as documented per claim kind.
+        ci: (low, high) two-sided 95% t interval of ``effect`` over seeds.
+        contradicted: the evidence excludes the claimed effect (its CI lies on the wrong side of 0, or
+            outside the equivalence margin for an equivalence claim).
+        seeds_used / seeds_excluded: seeds in the test / seeds dropped (with the reason).
+        warnings: anything a reader must know (degenerate data, too few seeds, fit warnings, ...).
+        details: kind-specific numbers for reports (per-contrast tests, mean profile, ...).
+        effect_values: (S,) per-seed values whose mean is ``effect`` (for the bootstrap display and the
+            equivalence check against ``margin``); empty when the effect is not a mean over seeds.
+        std_effect: standardised effect (mean / sd of the binding test's per-seed values) in the claimed
+            direction; the basis of the power and seeds-needed numbers of an inconclusive claim.
+        two_sided: the binding test is two-sided (power is computed at alpha / 2 per side).
+    """
+
+    p_value: float
+    effect: float
+    ci: tuple[float, float]
+    contradicted: bool = False
+    seeds_used: list[int] = field(default_factory=list)
+    seeds_excluded: dict[int, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+    effect_values: list[float] = field(default_factory=list)
+    std_effect: float = float("nan")
+    two_sided: bool = False
+    labellings_per_seed: int = 0  # randomisation tests: K! (JT) or 2 (sign flips); p >= this^-S. 0 = t-based
+
+
+def std_effect(test: dict, sign: float = 1.0) -> float:
+    """mean / sd of a t_test result, signed towards the claim (NaN when sd is 0 or undefined)."""
+    sd = test["sd"]
+    return sign * test["mean"] / sd if sd and math.isfinite(sd) and sd > 0 else float("nan")
+
+
+def few_seeds_warning(n: int, p: float) -> list[str]:
+    if n < 2:
+        return [f"needs >= 2 seeds (has {n}): no test across seeds is possible"]
+    if math.isnan(p):
+        return ["zero between-seed variance: no test across seeds is possible"]
+    return []
+
+
+# --------------------------------------------------------------------------------------------------
+# Table access
+# --------------------------------------------------------------------------------------------------
+class TableView:
+    """The tidy table grouped once by (metric, dataset, token_set), so many claims slice it cheaply.
+
+    Every lookup of a value the table lacks raises a one-line StudyError naming the claim field.
+    """
+
+    def __init__(self, table: pd.DataFrame):
+        self.table = table
+        self._groups = {k: g for k, g in table.groupby(["metric", "dataset", "token_set"], sort=False)}
+        self._present = {
+            col: sorted(map(str, table[col].unique())) for col in ("metric", "dataset", "token_set")
+        }
+
+    @classmethod
+    def of(cls, table: pd.DataFrame | TableView) -> TableView:
+        return table if isinstance(table, TableView) else cls(table)
+
+    def slice(self, metric: str, dataset: str, token_set: str, where: str, fld: str = "") -> pd.DataFrame:
+        """Rows of one (metric, dataset, token_set); ``fld`` prefixes the field named in errors."""
+        for col, value, name in (
+            ("metric", metric, "metric"),
+            ("dataset", dataset, f"{fld}dataset" if fld else "subset.dataset"),
+            ("token_set", token_set, f"{fld}token_set" if fld else "subset.token_set"),
+        ):
+            if value not in self._present[col]:
+                raise StudyError(f"{value!r} is not in the table (it has {self._present[col]})", where, name)
+        df = self._groups.get((metric, dataset, token_set))
+        if df is None:
+            raise StudyError(
+                f"no rows for metric {metric!r}, dataset {dataset!r}, token set {token_set!r}",
+                where,
+                fld or "subset",
+            )
+        return df
+
+    @staticmethod
+    def at_epoch(df: pd.DataFrame, epoch: int | str, where: str, fld: str) -> tuple[pd.DataFrame, int]:
+        """Rows at one epoch (``last`` = the largest epoch in the slice) and that epoch."""
+        epochs = sorted(int(e) for e in df.epoch.unique())
+        ep = epochs[-1] if epoch == "last" else int(epoch)
+        if ep not in epochs:
+            raise StudyError(f"epoch {ep} is not in the table (it has {epochs})", where, fld)
+        return df[df.epoch == ep], ep
+
+    @staticmethod
+    def wide(df: pd.DataFrame, layers: list[str], where: str, fld: str) -> pd.DataFrame:
+        """(seeds x layers) means of ``value``; every listed layer must be in the table."""
+        have = set(df.layer.unique())
+        missing = [layer for layer in layers if layer not in have]
+        if missing:
+            raise StudyError(f"layers {missing} are not in the table (it has {sorted(have)})", where, fld)
+        wide = df[df.layer.isin(layers)].pivot_table(
+            index="seed", columns="layer", values="value", aggfunc="mean", dropna=False
+        )
+        # a seed whose values are all NaN in these layers must stay visible, so it is reported as excluded
+        return wide.reindex(index=sorted(df.seed.unique()), columns=layers)
+
+
+def select(table: pd.DataFrame | TableView, claim, where: str) -> tuple[pd.DataFrame, int]:
+    """The claim's slice of the table (subset dataset, token set, metric, epoch) and the epoch used."""
+    view = TableView.of(table)
+    df = view.slice(claim.metric, claim.subset.dataset, claim.subset.token_set, where)
+    return view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
+
+
+def condition_values(view: TableView, claim, cond, where: str, fld: str) -> tuple[pd.Series, dict]:
+    """Per-seed value of a Condition: the metric averaged over ``cond.layers`` at its epoch.
+
+    Unset fields of ``cond`` come from ``claim.subset``. Returns (seed -> value, resolved condition).
+    """
+    dataset = cond.dataset or claim.subset.dataset
+    token_set = cond.token_set or claim.subset.token_set
+    epoch = cond.epoch if cond.epoch is not None else claim.subset.epoch
+    df = view.slice(claim.metric, dataset, token_set, where, f"{fld}.")
+    df, ep = view.at_epoch(df, epoch, where, f"{fld}.epoch")
+    wide = view.wide(df, list(cond.layers), where, f"{fld}.layers")
+    values = wide.mean(axis=1, skipna=False)
+    resolved = {"dataset": dataset, "token_set": token_set, "epoch": ep, "layers": list(cond.layers)}
+    resolved["n_tokens"] = token_counts(df[df.layer.isin(cond.layers)])
+    return values, resolved
+
+
+def token_counts(rows: pd.DataFrame) -> list[int]:
+    """The distinct token counts behind a slice's covariances (``n_tokens`` column; -1 = unknown)."""
+    if "n_tokens" not in rows:
+        return []
+    return sorted({int(n) for n in rows.n_tokens.unique() if pd.notna(n) and n >= 0})
+
+
+def token_count_warnings(counts: dict[str, list[int]]) -> list[str]:
+    """A warning when compared conditions rest on different numbers of tokens.
+
+    Effective rank, participation ratio and similar estimates are biased downward at smaller N, so a
+    difference between conditions of unequal token counts mixes the effect with that bias.
+    """
+    known = {name: tuple(c) for name, c in counts.items() if c}
+    if len(set(known.values())) <= 1:
+        return []
+    listed = ", ".join(f"{name}: {'/'.join(map(str, c))}" for name, c in known.items())
+    return [
+        f"compared conditions rest on different token counts ({listed}); finite-sample bias differs between them"
+    ]
+
+
+def complete_seeds(frames: list[pd.Series | pd.DataFrame], excluded: dict[int, str]) -> list[int]:
+    """Seeds with finite values in every frame; the others are added to ``excluded`` with a reason."""
+    seeds = sorted(set().union(*(set(int(s) for s in f.index) for f in frames)))
+    keep = []
+    for s in seeds:
+        ok = all(s in f.index and np.isfinite(np.asarray(f.loc[s], dtype=np.float64)).all() for f in frames)
+        if ok:
+            keep.append(s)
+        elif s not in excluded:
+            excluded[s] = "missing or non-finite values in the claimed cells"
+    return keep
+
+
+def paired(view: TableView, claim, conds: list[tuple[str, object]], where: str, excluded: dict[int, str]):
+    series, resolved = [], {}
+    for fld, cond in conds:
+        s, r = condition_values(view, claim, cond, where, fld)
+        series.append(s)
+        resolved[fld] = r
+    seeds = complete_seeds(series, excluded)
+    return [s.loc[seeds].to_numpy(dtype=np.float64) for s in series], seeds, resolved
+
+
+def outcome_from_stats(
+    stat: dict, seeds: list[int], excluded: dict[int, str], details: dict, **extra
+) -> Outcome:
+    """An Outcome from an array core's result dict (``p``, ``effect``, ``ci``, ``contradicted``,
+    ``warnings``, ``values``, ``std_effect``); ``extra`` sets further Outcome fields."""
+    return Outcome(
+        p_value=stat["p"],
+        effect=stat["effect"],
+        ci=tuple(stat["ci"]),
+        contradicted=bool(stat["contradicted"]),
+        seeds_used=seeds,
+        seeds_excluded=excluded,
+        warnings=list(stat["warnings"]),
+        details=details,
+        effect_values=np.asarray(stat["values"], float).tolist(),
+        std_effect=stat["std_effect"],
+        **extra,
+    )
+
+
+def paired_outcome(stat: dict, seeds, excluded, details: dict, resolved: dict, **extra) -> Outcome:
+    """``outcome_from_stats`` for claims over paired conditions, plus the unequal-token-count warning."""
+    out = outcome_from_stats(stat, seeds, excluded, details, **extra)
+    out.warnings += token_count_warnings({k: r["n_tokens"] for k, r in resolved.items()})
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The registry
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scenario:
+    """One calibration scenario of a kind: its least favourable null at ``effect = 0`` and alternatives.
+
+    ``simulate(n_seeds, effect, rng)`` runs one simulated study through the kind's array-level test and
+    returns ``{"p": one-sided p in the claimed direction (NaN: no test), "covered": whether the 95% CI of
+    the effect covers the truth (None: no known truth), "warned": the fit recorded a warning}``.
+    ``effect`` is in per-seed noise SDs.
+    """
+
+    description: str
+    simulate: Callable[[int, float, np.random.Generator], dict]
+
+
+@dataclass(frozen=True)
+class FigureContext:
+    """What a kind's ``figures`` may draw from: the tidy table, the validated claim and its result."""
+
+    table: pd.DataFrame
+    claim: Any  # the kind's ClaimBase subclass
+    result: Any  # analysis.verdicts.ClaimResult
+
+
+def _no_figures(ctx: FigureContext) -> list:
+    return []
+
+
+def _no_explanation(claim, result) -> list[str]:
+    return []
+
+
+def _declared_margin(claim) -> float | None:
+    return getattr(claim, "margin", None)
+
+
+@dataclass(frozen=True)
+class ClaimKind:
+    """A registered claim kind (see the module docstring).
+
+    Attributes:
+        name: the ``kind:`` value in a hypothesis file.
+        model: the pydantic claim model.
+        evaluate: ``(TableView, claim, where, excluded) -> Outcome``.
+        calibration: scenario label -> :class:`Scenario` (labels are unique across kinds).
+        figures: ``FigureContext -> list[analysis.figures.Figure]`` for the report (the effect plot is
+            added for every kind).
+        explain: ``(claim, result) -> list[str]``: report lines saying what the test found (the verdict's
+            reason, power, warnings and excluded seeds are added for every kind).
+        rejection_margin: ``claim -> margin or None``: a margin within which equivalence REJECTS the
+            claim (default: the claim's ``margin`` field, if any).
+    """
+
+    name: str
+    model: type[ClaimBase]
+    evaluate: Callable[..., Outcome]
+    calibration: dict[str, Scenario] = field(default_factory=dict)
+    figures: Callable[[FigureContext], list] = _no_figures
+    explain: Callable[[Any, Any], list[str]] = _no_explanation
+    rejection_margin: Callable[[Any], float | None] = _declared_margin
+
+
+KINDS: dict[str, ClaimKind] = {}
+
+
+def register_kind(kind: ClaimKind) -> ClaimKind:
+    """Add a kind to the registry (its name and its calibration labels must be new)."""
+    if kind.name in KINDS:
+        raise ValueError(f"claim kind {kind.name!r} is registered twice")
+    labels = {label for k in KINDS.values() for label in k.calibration}
+    if labels & set(kind.calibration):
+        raise ValueError(f"calibration labels {sorted(labels & set(kind.calibration))} are taken")
+    KINDS[kind.name] = kind
+    return kind
+
+
+def get_kind(name: str) -> ClaimKind:
+    return KINDS[name]

@@ -1,0 +1,143 @@
+"""``compare``: condition ``a`` differs from ``b`` (greater, less or two-sided), paired by seed, t(S-1)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from analysis.inference import t_test
+from analysis.kinds.base import (
+    ClaimBase,
+    ClaimKind,
+    Condition,
+    FigureContext,
+    Outcome,
+    Scenario,
+    TableView,
+    few_seeds_warning,
+    paired,
+    paired_outcome,
+    register_kind,
+    std_effect,
+)
+from core.fmt import fmt_num
+
+
+class CompareClaim(ClaimBase):
+    """Condition ``a`` differs from ``b`` (paired by seed): ``greater``, ``less`` or ``two-sided``."""
+
+    kind: Literal["compare"]
+    a: Condition
+    b: Condition
+    alternative: Literal["greater", "less", "two-sided"] = "greater"
+    margin: float | None = Field(None, gt=0)
+
+
+def compare_statistics(a: np.ndarray, b: np.ndarray, alternative: str = "greater") -> dict:
+    """Paired per-seed difference ``d = a - b`` tested with t(S-1).
+
+    Args:
+        a, b: (S,) per-seed values of the two conditions (paired by seed).
+        alternative: ``greater`` (a > b), ``less`` or ``two-sided``.
+
+    Returns:
+        dict with ``p``, ``effect`` = mean(d), ``ci`` (95% t), ``contradicted`` (the CI lies entirely on
+        the side opposite to a one-sided claim; never for two-sided), ``std_effect``, ``values`` = d,
+        ``warnings``.
+    """
+    d = np.asarray(a, float) - np.asarray(b, float)
+    t = t_test(d, alternative)
+    n = d.size
+    if alternative == "greater":
+        contradicted, sign = n >= 2 and t["ci"][1] < 0, 1.0
+    elif alternative == "less":
+        contradicted, sign = n >= 2 and t["ci"][0] > 0, -1.0
+    else:
+        contradicted, sign = False, float(np.sign(t["mean"]) or 1.0)
+    return {
+        "p": t["p"],
+        "effect": t["mean"],
+        "ci": t["ci"],
+        "contradicted": bool(contradicted),
+        "std_effect": std_effect(t, sign),
+        "values": d,
+        "warnings": few_seeds_warning(n, t["p"]),
+    }
+
+
+def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
+    """Condition ``a`` vs ``b``, paired by seed, t(S-1) (see :func:`compare_statistics`). Effect: mean a - b."""
+    view = TableView.of(table)
+    excluded = dict(excluded or {})
+    (a, b), seeds, resolved = paired(view, claim, [("a", claim.a), ("b", claim.b)], where, excluded)
+    stat = compare_statistics(a, b, claim.alternative)
+    details = {
+        "conditions": resolved,
+        "per_seed_diff": dict(zip(seeds, map(float, stat["values"]), strict=True)),
+    }
+    return paired_outcome(
+        stat, seeds, excluded, details, resolved, two_sided=claim.alternative == "two-sided"
+    )
+
+
+def _simulate(alternative: str):
+    def simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
+        base = rng.normal(0, 1, n_seeds)
+        st = compare_statistics(
+            base + effect + rng.normal(0, 1, n_seeds), base + rng.normal(0, 1, n_seeds), alternative
+        )
+        return {"p": st["p"], "covered": bool(st["ci"][0] <= effect <= st["ci"][1]), "warned": False}
+
+    return simulate
+
+
+def figures(ctx: FigureContext) -> list:
+    """The metric by layer at the claim's epoch for every dataset its conditions name."""
+    from analysis.figures import profile_figure
+
+    conds = ctx.result.details.get("conditions") or {}
+    datasets = list(dict.fromkeys(c["dataset"] for c in conds.values())) or [ctx.claim.subset.dataset]
+    return [
+        profile_figure(
+            ctx.table, ctx.claim.metric, ctx.claim.subset.token_set, datasets, ctx.claim.subset.epoch
+        )
+    ]
+
+
+def _describe(cond: dict) -> str:
+    layers = cond["layers"]
+    where = layers[0] if len(layers) == 1 else f"mean of {', '.join(layers)}"
+    return f"{cond['dataset']}/{cond['token_set']}/epoch {cond['epoch']}: {where}"
+
+
+def _per_seed(values: dict) -> str:
+    return ", ".join(f"seed {s}: {fmt_num(v)}" for s, v in (values or {}).items())
+
+
+def explain(claim, result) -> list[str]:
+    """The two conditions, the alternative and the per-seed differences."""
+    d = result.details
+    lines = []
+    if d.get("conditions"):
+        lines.append(f"a: {_describe(d['conditions']['a'])}; b: {_describe(d['conditions']['b'])}")
+    lines.append(f"paired t(S-1) test of a - b, alternative: {claim.alternative}")
+    if d.get("per_seed_diff"):
+        lines.append(f"per-seed a - b: {_per_seed(d['per_seed_diff'])}")
+    return lines
+
+
+register_kind(
+    ClaimKind(
+        name="compare",
+        model=CompareClaim,
+        evaluate=evaluate,
+        calibration={
+            "compare": Scenario("no difference (one-sided greater)", _simulate("greater")),
+            "compare_two_sided": Scenario("no difference (two-sided)", _simulate("two-sided")),
+        },
+        figures=figures,
+        explain=explain,
+    )
+)

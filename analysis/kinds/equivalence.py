@@ -1,0 +1,141 @@
+"""``equivalence``: condition ``a`` minus condition ``b`` lies within +-margin ("stays flat"), by TOST.
+
+A non-significant difference is not evidence of no difference: two one-sided t(S-1) tests against the
+margin declared in the file, p = the larger of the two.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from analysis.inference import tost
+from analysis.kinds.base import (
+    ClaimBase,
+    ClaimKind,
+    Condition,
+    FigureContext,
+    Outcome,
+    Scenario,
+    TableView,
+    few_seeds_warning,
+    paired,
+    paired_outcome,
+    register_kind,
+)
+from core.fmt import fmt_num, unit_of
+
+
+class EquivalenceClaim(ClaimBase):
+    """Condition ``a`` minus condition ``b`` lies within +-``margin`` (TOST, t(S-1)): "stays flat"."""
+
+    kind: Literal["equivalence"]
+    a: Condition
+    b: Condition
+    margin: float = Field(gt=0)  # in the metric's units; declared before looking at the data
+
+
+def equivalence_statistics(a: np.ndarray, b: np.ndarray, margin: float) -> dict:
+    """TOST on the paired per-seed difference ``d = a - b``: equivalent when |mean d| < margin.
+
+    Returns:
+        dict with ``p`` = max of the two one-sided t(S-1) p-values, ``effect`` = mean(d), ``ci`` (95% t),
+        ``contradicted`` (the 95% CI lies entirely outside [-margin, margin]), ``std_effect`` =
+        (margin - |mean d|) / sd (the binding one-sided test's shift), ``values`` = d, ``warnings``.
+    """
+    d = np.asarray(a, float) - np.asarray(b, float)
+    r = tost(d, margin)
+    sd = r["sd"]
+    std = (margin - abs(r["mean"])) / sd if sd and math.isfinite(sd) and sd > 0 else float("nan")
+    warnings = few_seeds_warning(d.size, r["p"])
+    if d.size >= 2 and math.isnan(r["p"]) and abs(r["mean"]) < margin:
+        warnings.append("identical per-seed differences inside the margin: equivalence cannot be tested")
+    return {
+        "p": r["p"],
+        "effect": r["mean"],
+        "ci": r["ci"],
+        "contradicted": r["outside"],
+        "std_effect": std,
+        "values": d,
+        "warnings": warnings,
+    }
+
+
+def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
+    """TOST of ``a - b`` within +-margin (see :func:`equivalence_statistics`). Effect: mean a - b."""
+    view = TableView.of(table)
+    excluded = dict(excluded or {})
+    (a, b), seeds, resolved = paired(view, claim, [("a", claim.a), ("b", claim.b)], where, excluded)
+    stat = equivalence_statistics(a, b, claim.margin)
+    details = {
+        "conditions": resolved,
+        "margin": claim.margin,
+        "per_seed_diff": dict(zip(seeds, map(float, stat["values"]), strict=True)),
+    }
+    return paired_outcome(stat, seeds, excluded, details, resolved)
+
+
+def _simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
+    truth = 1.0 - min(effect, 1.0)  # margin 1: effect = how far inside the margin (capped at the centre)
+    a = rng.normal(0, 1, n_seeds) + truth
+    st = equivalence_statistics(a, np.zeros(n_seeds), 1.0)
+    return {"p": st["p"], "covered": bool(st["ci"][0] <= truth <= st["ci"][1]), "warned": False}
+
+
+def figures(ctx: FigureContext) -> list:
+    """The metric by layer at the claim's epoch for every dataset its conditions name."""
+    from analysis.figures import profile_figure
+
+    conds = ctx.result.details.get("conditions") or {}
+    datasets = list(dict.fromkeys(c["dataset"] for c in conds.values())) or [ctx.claim.subset.dataset]
+    return [
+        profile_figure(
+            ctx.table, ctx.claim.metric, ctx.claim.subset.token_set, datasets, ctx.claim.subset.epoch
+        )
+    ]
+
+
+def _describe(cond: dict) -> str:
+    layers = cond["layers"]
+    where = layers[0] if len(layers) == 1 else f"mean of {', '.join(layers)}"
+    return f"{cond['dataset']}/{cond['token_set']}/epoch {cond['epoch']}: {where}"
+
+
+def _per_seed(values: dict) -> str:
+    return ", ".join(f"seed {s}: {fmt_num(v)}" for s, v in (values or {}).items())
+
+
+def explain(claim, result) -> list[str]:
+    """The two conditions, the margin and the per-seed differences."""
+    d = result.details
+    unit = unit_of(claim.metric)
+    lines = []
+    if d.get("conditions"):
+        lines.append(f"a: {_describe(d['conditions']['a'])}; b: {_describe(d['conditions']['b'])}")
+    lines.append(
+        f"TOST: a - b = {fmt_num(result.effect)}{unit} (95% CI {fmt_num(result.ci_low)}, {fmt_num(result.ci_high)}) "
+        f"against the declared margin +-{fmt_num(d.get('margin'))}{unit}; p = the larger one-sided p"
+    )
+    if d.get("per_seed_diff"):
+        lines.append(f"per-seed a - b: {_per_seed(d['per_seed_diff'])}")
+    return lines
+
+
+def _no_margin(claim) -> None:
+    return None  # the margin is what the claim tests, not a way to reject it
+
+
+register_kind(
+    ClaimKind(
+        name="equivalence",
+        model=EquivalenceClaim,
+        evaluate=evaluate,
+        calibration={"equivalence": Scenario("true difference exactly at the margin (1 SD)", _simulate)},
+        figures=figures,
+        explain=explain,
+        rejection_margin=_no_margin,
+    )
+)

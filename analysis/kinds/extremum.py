@@ -1,0 +1,162 @@
+"""``extremum``: a target condition is the highest (or lowest) of itself and every listed competitor.
+
+Per seed, the paired differences target - competitor; each one-sided t(S-1); intersection-union over the
+competitors (p = the largest), so no correction is needed inside the claim.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from analysis.inference import t_test
+from analysis.kinds.base import (
+    ClaimBase,
+    ClaimKind,
+    Condition,
+    FigureContext,
+    Outcome,
+    Scenario,
+    TableView,
+    few_seeds_warning,
+    paired,
+    paired_outcome,
+    register_kind,
+    std_effect,
+)
+from core.fmt import fmt_num, fmt_p, unit_of
+
+
+class ExtremumClaim(ClaimBase):
+    """``target`` is the highest (or lowest) of itself and every listed competitor.
+
+    Per seed, differences target - competitor; each one-sided t(S-1); intersection-union over them.
+    """
+
+    kind: Literal["extremum"]
+    direction: Literal["highest", "lowest"] = "highest"
+    target: Condition
+    competitors: list[Condition] = Field(min_length=1)
+    margin: float | None = Field(None, gt=0)
+
+
+def extremum_statistics(target: np.ndarray, competitors: np.ndarray, direction: str = "highest") -> dict:
+    """Intersection-union test that ``target`` beats every competitor, on paired per-seed differences.
+
+    Args:
+        target: (S,) per-seed value of the target.
+        competitors: (S, C) per-seed values of the C competitors.
+        direction: ``highest`` (d = target - competitor > 0) or ``lowest`` (d = competitor - target > 0).
+
+    Returns:
+        dict with ``p`` = max over competitors of the one-sided t(S-1) p of mean(d_c) > 0 (NaN if any
+        test is impossible), ``effect`` / ``ci`` (mean d and 95% t CI of the binding competitor, the one
+        with the largest p), ``binding`` (its column), ``tests``, ``contradicted`` (some competitor's
+        d has a 95% CI entirely below 0), ``std_effect``, ``warnings``.
+    """
+    sign = 1.0 if direction == "highest" else -1.0
+    d = sign * (np.asarray(target, float)[:, None] - np.asarray(competitors, float))
+    tests = [t_test(d[:, c], "greater") for c in range(d.shape[1])]
+    n = d.shape[0]
+    p = float("nan") if n < 2 or any(math.isnan(t["p"]) for t in tests) else max(t["p"] for t in tests)
+    binding = int(np.argmax([t["p"] if not math.isnan(t["p"]) else math.inf for t in tests]))
+    bt = tests[binding]
+    return {
+        "p": p,
+        "effect": bt["mean"],
+        "ci": bt["ci"],
+        "binding": binding,
+        "tests": tests,
+        "values": d[:, binding],
+        "contradicted": n >= 2 and any(t["ci"][1] < 0 for t in tests),
+        "std_effect": std_effect(bt),
+        "warnings": few_seeds_warning(n, p),
+    }
+
+
+def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
+    """``target`` is the highest (lowest) of itself and every competitor: IUT over paired per-seed
+    differences (see :func:`extremum_statistics`). Effect: mean target - binding competitor (sign
+    flipped for ``lowest``), metric units."""
+    view = TableView.of(table)
+    excluded = dict(excluded or {})
+    conds = [("target", claim.target)] + [(f"competitors[{i}]", c) for i, c in enumerate(claim.competitors)]
+    arrays, seeds, resolved = paired(view, claim, conds, where, excluded)
+    stat = extremum_statistics(
+        arrays[0], np.column_stack(arrays[1:]) if seeds else np.empty((0, len(arrays) - 1)), claim.direction
+    )
+    details = {
+        "conditions": resolved,
+        "per_competitor": [
+            {
+                "competitor": resolved[f"competitors[{i}]"],
+                "mean_diff": t["mean"],
+                "ci": list(t["ci"]),
+                "p": t["p"],
+            }
+            for i, t in enumerate(stat["tests"])
+        ],
+        "binding_competitor": resolved[f"competitors[{stat['binding']}]"],
+    }
+    return paired_outcome(stat, seeds, excluded, details, resolved)
+
+
+def _simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
+    base = rng.normal(0, 1, (n_seeds, 1))
+    target = base[:, 0] + effect + rng.normal(0, 1, n_seeds)
+    comps = base + np.array([0.0, -10.0, -10.0, -10.0]) + rng.normal(0, 1, (n_seeds, 4))
+    st = extremum_statistics(target, comps, "highest")
+    ci = st["tests"][0]["ci"]
+    return {"p": st["p"], "covered": bool(ci[0] <= effect <= ci[1]), "warned": False}
+
+
+def figures(ctx: FigureContext) -> list:
+    """The metric by layer at the claim's epoch for every dataset its conditions name."""
+    from analysis.figures import profile_figure
+
+    conds = ctx.result.details.get("conditions") or {}
+    datasets = list(dict.fromkeys(c["dataset"] for c in conds.values())) or [ctx.claim.subset.dataset]
+    return [
+        profile_figure(
+            ctx.table, ctx.claim.metric, ctx.claim.subset.token_set, datasets, ctx.claim.subset.epoch
+        )
+    ]
+
+
+def _describe(cond: dict) -> str:
+    layers = cond["layers"]
+    where = layers[0] if len(layers) == 1 else f"mean of {', '.join(layers)}"
+    return f"{cond['dataset']}/{cond['token_set']}/epoch {cond['epoch']}: {where}"
+
+
+def _per_seed(values: dict) -> str:
+    return ", ".join(f"seed {s}: {fmt_num(v)}" for s, v in (values or {}).items())
+
+
+def explain(claim, result) -> list[str]:
+    """The target, then each competitor's paired difference with its CI and p."""
+    d = result.details
+    unit = unit_of(claim.metric)
+    lines = [f"target: {_describe(d['conditions']['target'])}"] if d.get("conditions") else []
+    for c in d.get("per_competitor") or []:
+        binding = " (binding)" if c["competitor"] == d.get("binding_competitor") else ""
+        lines.append(
+            f"vs {_describe(c['competitor'])}: {claim.direction} by {fmt_num(c['mean_diff'])}{unit} "
+            f"(95% CI {fmt_num(c['ci'][0])}, {fmt_num(c['ci'][1])}), one-sided p {fmt_p(c['p'])}{binding}"
+        )
+    return lines
+
+
+register_kind(
+    ClaimKind(
+        name="extremum",
+        model=ExtremumClaim,
+        evaluate=evaluate,
+        calibration={"extremum": Scenario("target ties one competitor, 3 others far below", _simulate)},
+        figures=figures,
+        explain=explain,
+    )
+)

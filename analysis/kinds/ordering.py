@@ -1,0 +1,224 @@
+"""``ordering``: a per-seed summary of each dataset follows the order in which the datasets are listed.
+
+Per seed and dataset the metric is summarised over layers (mean, min, argmin, range). Without levels:
+Jonckheere-Terpstra with a within-seed permutation p; with levels (a continuous knob per dataset):
+per-seed slopes of the summary on the level, t(S-1), or MixedLM.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import Field, model_validator
+
+from analysis.inference import jonckheere_terpstra
+from analysis.kinds.base import (
+    ClaimBase,
+    ClaimKind,
+    FigureContext,
+    Outcome,
+    Scenario,
+    TableView,
+    complete_seeds,
+    outcome_from_stats,
+    register_kind,
+    token_count_warnings,
+    token_counts,
+)
+from analysis.kinds.trend import trend_statistics
+from core.fmt import fmt_num, fmt_p
+
+
+class OrderingClaim(ClaimBase):
+    """A per-seed summary of each dataset is ordered as the datasets are listed.
+
+    Per seed and dataset the metric is summarised over ``layers`` (``mean``, ``min``, ``argmin``: the
+    depth index of the minimum, or ``range``: max - min). Without ``levels``: Jonckheere-Terpstra with
+    a permutation p-value. With ``levels`` (a continuous knob value per dataset): per-seed slopes of
+    the summary on the level, t(S-1) (``method: mixed`` fits MixedLM instead).
+    """
+
+    kind: Literal["ordering"]
+    datasets: list[str] = Field(min_length=2)
+    direction: Literal["increasing", "decreasing"]
+    layers: list[str] = Field(min_length=1)
+    summary: Literal["mean", "min", "argmin", "range"] = "mean"
+    levels: list[float] | None = None
+    method: Literal["slope", "mixed"] = "slope"
+    n_permutations: int = Field(4999, ge=99)  # exact enumeration is used when it is smaller
+    margin: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _levels_match(self) -> OrderingClaim:
+        if self.levels is not None and len(self.levels) != len(self.datasets):
+            raise ValueError(
+                f"levels needs one value per dataset ({len(self.datasets)}), got {len(self.levels)}"
+            )
+        if len(set(self.datasets)) != len(self.datasets):
+            raise ValueError("datasets must be distinct")
+        return self
+
+
+def ordering_statistics(
+    y: np.ndarray,
+    direction: str = "increasing",
+    levels: np.ndarray | None = None,
+    method: str = "slope",
+    n_permutations: int = 4999,
+    seed: int = 0,
+) -> dict:
+    """Ordered conditions: per-seed summaries ``y`` (S, K), columns in the claimed order.
+
+    Without ``levels``: Jonckheere-Terpstra over the K groups with a permutation p-value (exact when the
+    distinct labellings are few). With ``levels`` (K,) a continuous knob: per-seed slopes of y on the
+    level, t(S-1) (or MixedLM for ``method: mixed``). Either way the effect is the mean per-seed slope
+    (on the rank 0..K-1 without levels) with a 95% t CI over seeds.
+
+    Returns:
+        dict like :func:`trend_statistics` plus ``jt`` (the JT result, or None).
+    """
+    y = np.asarray(y, dtype=np.float64)
+    k = y.shape[1]
+    x = np.arange(k, dtype=np.float64) if levels is None else np.asarray(levels, dtype=np.float64)
+    out = trend_statistics(
+        x, y, direction, "mixed" if (levels is not None and method == "mixed") else "slope"
+    )
+    out["jt"] = None
+    if levels is None:
+        jt = jonckheere_terpstra(y, direction, n_permutations, seed)
+        out["jt"] = jt
+        n = y.shape[0]
+        out["p"] = jt["p"] if n >= 2 else float("nan")
+        out["warnings"] = [w for w in out["warnings"] if "between-seed variance" not in w]
+        if n >= 2 and np.ptp(y) == 0:
+            out["warnings"].append("all summaries identical: no ordering can be tested")
+            out["p"] = float("nan")
+    return out
+
+
+def _summarise(wide: pd.DataFrame, summary: str, order: dict[str, int]) -> pd.Series:
+    if summary == "mean":
+        return wide.mean(axis=1, skipna=False)
+    if summary == "min":
+        return wide.min(axis=1, skipna=False)
+    if summary == "range":
+        return wide.max(axis=1, skipna=False) - wide.min(axis=1, skipna=False)
+    idx = np.array([order[c] for c in wide.columns], dtype=np.float64)
+    out = pd.Series(idx[np.argmin(wide.to_numpy(), axis=1)], index=wide.index)
+    return out.where(wide.notna().all(axis=1))
+
+
+def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
+    """Per-seed summaries of the listed datasets follow their listed order (see :func:`ordering_statistics`).
+
+    Effect: mean per-seed slope of the summary on the dataset's rank (0..K-1), or on ``levels``; in
+    metric units (layer-index units for ``argmin``) per step. Seeds are matched by seed id across datasets;
+    a seed missing in any dataset is excluded.
+    """
+    view = TableView.of(table)
+    excluded = dict(excluded or {})
+    cols, counts = {}, {}
+    for i, ds in enumerate(claim.datasets):
+        df = view.slice(claim.metric, ds, claim.subset.token_set, where, f"datasets[{i}].")
+        df, ep = view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
+        wide = view.wide(df, list(claim.layers), where, "layers")
+        order = df.drop_duplicates("layer").set_index("layer").layer_index.to_dict()
+        cols[ds] = _summarise(wide, claim.summary, order)
+        counts[ds] = token_counts(df[df.layer.isin(claim.layers)])
+    frame = pd.DataFrame(cols)
+    seeds = complete_seeds([frame], excluded)
+    y = frame.loc[seeds, list(claim.datasets)].to_numpy(dtype=np.float64)
+    stat = ordering_statistics(
+        y,
+        claim.direction,
+        None if claim.levels is None else np.asarray(claim.levels),
+        claim.method,
+        claim.n_permutations,
+    )
+    details = {
+        "summary": claim.summary,
+        "test": "jonckheere_terpstra_permutation"
+        if claim.levels is None
+        else f"slope_on_levels ({claim.method})",
+        "jt": stat["jt"],
+        "per_seed_summary": {
+            ds: dict(zip(seeds, map(float, y[:, j]), strict=True)) for j, ds in enumerate(claim.datasets)
+        },
+        "mean_summary": dict(
+            zip(claim.datasets, map(float, y.mean(axis=0)) if len(seeds) else [], strict=False)
+        ),
+        **({"mixed": stat["mixed"]} if stat["mixed"] else {}),
+    }
+    out = outcome_from_stats(
+        stat,
+        seeds,
+        excluded,
+        details,
+        labellings_per_seed=math.factorial(len(claim.datasets)) if claim.levels is None else 0,
+    )
+    out.warnings += token_count_warnings(counts)
+    return out
+
+
+def _simulate(with_levels: bool):
+    def simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
+        y = rng.normal(0, 1, (n_seeds, 1)) + effect * np.arange(3)[None, :] + rng.normal(0, 1, (n_seeds, 3))
+        levels = np.array([0.0, 1.0, 2.0]) if with_levels else None
+        st = ordering_statistics(y, "increasing", levels, n_permutations=999, seed=int(rng.integers(1 << 30)))
+        return {"p": st["p"], "covered": bool(st["ci"][0] <= effect <= st["ci"][1]), "warned": False}
+
+    return simulate
+
+
+def figures(ctx: FigureContext) -> list:
+    """The metric by layer at the tested epoch for every listed dataset, in order, summarised layers shaded."""
+    from analysis.figures import profile_figure
+
+    claim = ctx.claim
+    return [
+        profile_figure(
+            ctx.table,
+            claim.metric,
+            claim.subset.token_set,
+            list(claim.datasets),
+            claim.subset.epoch,
+            regions={f"{claim.summary} over": list(claim.layers)},
+        )
+    ]
+
+
+def explain(claim, result) -> list[str]:
+    """The test, each dataset's mean summary and its per-seed summaries."""
+    d = result.details
+    lines = [f"test: {d.get('test')}, per-seed {d.get('summary')} over {len(claim.layers)} layer(s)"]
+    if d.get("jt"):
+        jt = d["jt"]
+        how = "exact over" if jt.get("exact") else "Monte Carlo,"
+        lines.append(
+            f"Jonckheere-Terpstra statistic {fmt_num(jt.get('stat'), 1)} in the claimed direction; "
+            f"permutation p {fmt_p(jt.get('p'))} ({how} {jt.get('n_labellings')} labellings within seeds)"
+        )
+    for ds, mean in (d.get("mean_summary") or {}).items():
+        per_seed = ", ".join(
+            f"seed {s}: {fmt_num(v)}" for s, v in (d.get("per_seed_summary", {}).get(ds) or {}).items()
+        )
+        lines.append(f"{ds}: mean {fmt_num(mean)}; per seed {per_seed}")
+    return lines
+
+
+register_kind(
+    ClaimKind(
+        name="ordering",
+        model=OrderingClaim,
+        evaluate=evaluate,
+        calibration={
+            "ordering_jt": Scenario("3 datasets with equal means, seed offsets", _simulate(False)),
+            "ordering_levels": Scenario("3 knob levels with equal means, seed offsets", _simulate(True)),
+        },
+        figures=figures,
+        explain=explain,
+    )
+)

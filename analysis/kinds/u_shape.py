@@ -1,0 +1,371 @@
+"""``u_shape``: the metric dips in a bottleneck region and is higher both before and after it.
+
+Tested as an intersection-union test of two per-seed contrasts, (early - bottleneck) and (late -
+bottleneck), each one-sided t(S-1); the bottleneck region is declared in the file, or chosen per seed
+leave-one-seed-out (with a sign-flip randomisation p that repeats the choice). The quadratic term of a
+fit is never used: it "detects" a U in any convex decay.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import ClassVar, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import Field, field_validator
+
+from analysis.inference import t_test
+from analysis.kinds.base import (
+    ClaimBase,
+    ClaimKind,
+    FigureContext,
+    Outcome,
+    Scenario,
+    Strict,
+    TableView,
+    complete_seeds,
+    few_seeds_warning,
+    register_kind,
+    select,
+    std_effect,
+)
+from analysis.simulate import simulate_profiles
+from core.errors import StudyError
+from core.fmt import fmt_num, fmt_p, unit_of
+
+
+class Regions(Strict):
+    """Layer regions of a U-shape, declared before looking at the data.
+
+    ``bottleneck: leave_one_seed_out`` chooses it per seed as the layer (strictly between the early and
+    the late region) where the other seeds' mean profile is lowest: never the argmin of the same data.
+    """
+
+    early: list[str] = Field(min_length=1)
+    bottleneck: list[str] | Literal["leave_one_seed_out"] = Field(min_length=1)
+    late: list[str] = Field(min_length=1)
+
+    @field_validator("bottleneck", mode="before")
+    @classmethod
+    def _list_or_loso(cls, v: object) -> object:
+        if isinstance(v, str) and v != "leave_one_seed_out":
+            raise ValueError("expected a list of layers or 'leave_one_seed_out'")
+        return v
+
+
+class UShapeClaim(ClaimBase):
+    """The metric dips in the bottleneck region and is higher both before and after it.
+
+    Tested as an intersection-union test of two per-seed contrasts (see :func:`evaluate`).
+    """
+
+    kind: Literal["u_shape"]
+    needs_subset_dataset: ClassVar[bool] = True
+    regions: Regions
+
+    def named(self) -> list[tuple[str, str, object]]:
+        out = super().named()
+        for region in ("early", "bottleneck", "late"):
+            layers = getattr(self.regions, region)
+            if isinstance(layers, list):
+                out += [(f"regions.{region}", "layer", layer) for layer in layers]
+        return out
+
+
+def u_shape_statistics(early: np.ndarray, bottleneck: np.ndarray, late: np.ndarray) -> dict:
+    """The u_shape intersection-union test on per-seed region means (each ``(S,)``, one value per seed).
+
+    Per seed ``c_early = early - bottleneck`` and ``c_late = late - bottleneck``; each tested one-sided
+    (mean > 0) with t(S-1); the IUT p-value is ``max(p_early, p_late)``.
+
+    Returns:
+        dict with ``p`` (NaN if no test is possible), ``effect`` and ``ci`` (bottleneck minus the binding
+        shoulder, mean and 95% t CI), ``contradicted``, ``binding`` (``early`` or ``late``), ``tests``
+        and ``contrasts`` (per contrast), ``std_effect``, ``warnings``.
+    """
+    bottleneck = np.asarray(bottleneck, dtype=np.float64)
+    contrasts = {"early": np.asarray(early) - bottleneck, "late": np.asarray(late) - bottleneck}
+    tests = {k: t_test(v, "greater") for k, v in contrasts.items()}
+    n = len(bottleneck)
+    p = (
+        float("nan")
+        if any(math.isnan(t["p"]) for t in tests.values()) or n < 2
+        else max(t["p"] for t in tests.values())
+    )
+    warnings = few_seeds_warning(n, p)
+    binding = max(tests, key=lambda k: tests[k]["p"] if not math.isnan(tests[k]["p"]) else math.inf)
+    bt = tests[binding]
+    return {
+        "p": p,
+        "effect": -bt["mean"],
+        "ci": (-bt["ci"][1], -bt["ci"][0]),
+        "binding": binding,
+        "contradicted": n >= 2 and any(t["ci"][1] < 0 for t in tests.values()),
+        "tests": tests,
+        "contrasts": contrasts,
+        "std_effect": std_effect(bt),
+        "warnings": warnings,
+    }
+
+
+def loso_bottleneck(profiles: np.ndarray) -> np.ndarray:
+    """Leave-one-seed-out bottleneck choice: for each seed, the argmin of the *other* seeds' mean profile.
+
+    Args:
+        profiles: (S, L) per-seed values over the candidate layers (depth order).
+
+    Returns:
+        (S,) integer column index chosen for each seed (seed s never influences its own choice; with
+        S = 1 the seed's own argmin, which cannot be tested anyway).
+    """
+    profiles = np.asarray(profiles, dtype=np.float64)
+    n = profiles.shape[0]
+    if n < 2:
+        return np.argmin(profiles, axis=1)
+    others = (profiles.sum(axis=0, keepdims=True) - profiles) / (n - 1)
+    return np.argmin(others, axis=1)
+
+
+def sign_flip_loso_p(
+    shoulder: np.ndarray, candidates: np.ndarray, n_flips: int = 4999, seed: int = 0
+) -> float:
+    """One-sided p that ``shoulder - bottleneck > 0`` when the bottleneck is chosen leave-one-seed-out.
+
+    The per-seed contrasts ``c_s = shoulder_s - cand_s[j(-s)]`` are dependent across seeds through the
+    choice ``j(-s)`` (it is where the *other* seeds are low), so a t(S-1) test on them is anti-conservative
+    (measured: 0.09 at S = 5 and 0.15 at S = 10 for a nominal 0.05 on flat profiles). This randomisation
+    test flips the sign of each seed's whole relative profile ``cand_s - shoulder_s`` (exchangeable under
+    the flat null when seed deviations are symmetric), repeats the leave-one-seed-out choice on each
+    flipped data set and compares the t statistic of the contrasts: exact at the boundary of the null.
+
+    Args:
+        shoulder: (S,) the shoulder region mean per seed.
+        candidates: (S, L) per-seed values of the candidate bottleneck layers.
+        n_flips: Monte Carlo flips when 2^S exceeds it (otherwise all 2^S are enumerated).
+
+    Returns:
+        p = share of flips with t >= observed t (NaN when S < 2 or the contrasts do not vary).
+    """
+    rel = np.asarray(candidates, float) - np.asarray(shoulder, float)[:, None]  # (S, L)
+    n = rel.shape[0]
+    if n < 2:
+        return float("nan")
+    if 2**n <= n_flips:
+        flips = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1)  # (F, S), row 0 = identity
+    else:
+        rng = np.random.default_rng(seed)
+        flips = np.vstack([np.ones(n, int), rng.choice([-1, 1], size=(n_flips, n))])
+    data = flips[:, :, None] * rel[None]  # (F, S, L)
+    others = (data.sum(axis=1, keepdims=True) - data) / (n - 1)
+    pick = np.argmin(others, axis=2)  # (F, S)
+    c = -np.take_along_axis(data, pick[:, :, None], axis=2)[:, :, 0]  # shoulder - bottleneck, (F, S)
+    sd = c.std(axis=1, ddof=1)
+    if not sd[0] > 1e-12 * max(1.0, abs(c[0].mean())):
+        return float("nan")
+    t = c.mean(axis=1) / np.where(sd > 0, sd, np.inf) * math.sqrt(n)
+    return float(np.mean(t >= t[0] - 1e-12))
+
+
+def u_shape_loso_statistics(early: np.ndarray, candidates: np.ndarray, late: np.ndarray) -> dict:
+    """:func:`u_shape_statistics` with the bottleneck chosen leave-one-seed-out among ``candidates``
+    (S, L); each contrast's p comes from :func:`sign_flip_loso_p` (the t CIs are kept for display)."""
+    candidates = np.asarray(candidates, float)
+    pick = loso_bottleneck(candidates)
+    bottleneck = candidates[np.arange(len(candidates)), pick]
+    stat = u_shape_statistics(early, bottleneck, late)
+    ps = {k: sign_flip_loso_p(v, candidates) for k, v in (("early", early), ("late", late))}
+    for k, v in ps.items():
+        stat["tests"][k]["p"] = v
+    n = len(candidates)
+    stat["p"] = float("nan") if n < 2 or any(math.isnan(v) for v in ps.values()) else max(ps.values())
+    stat["pick"] = pick
+    stat["bottleneck"] = bottleneck
+    if n >= 2 and 2**n < 40:
+        stat["warnings"].append(
+            f"sign-flip p of a leave-one-seed-out bottleneck cannot go below 1/2^{n} = {1 / 2**n:.3f}"
+        )
+    return stat
+
+
+def evaluate(
+    table: pd.DataFrame | TableView, claim, where: str = "claim", excluded: dict[int, str] | None = None
+) -> Outcome:
+    """U-shape over layers: intersection-union test of two per-seed contrasts.
+
+    For each seed s, with region means over the declared layers:
+    ``c_early[s] = mean(early) - mean(bottleneck)`` and ``c_late[s] = mean(late) - mean(bottleneck)``.
+    Each contrast is tested one-sided (mean > 0) across seeds with t(S-1); the U is supported only if
+    both are, so the intersection-union p-value is ``max(p_early, p_late)`` (no correction needed inside).
+    The bottleneck region is declared in the file, or (``bottleneck: leave_one_seed_out``) chosen per
+    seed as the layer between the early and late regions where the other seeds' mean is lowest.
+
+    Effect: ``-(mean of the binding contrast)``, i.e. how far the bottleneck sits below the shoulder with
+    the weaker evidence (negative = a dip, in the metric's units, percentage points for ``eed_pct``).
+    Contradicted when the 95% CI of either contrast lies entirely below 0. Details also report the
+    bottleneck location (per-seed argmin layer index between the shoulders) and depth (mean of the two
+    shoulders minus the bottleneck), each with a 95% t CI.
+    """
+    view = TableView.of(table)
+    df, epoch = select(view, claim, where)
+    regions = claim.regions
+    loso = regions.bottleneck == "leave_one_seed_out"
+    order = df.drop_duplicates("layer").set_index("layer").layer_index.to_dict()
+    missing = [layer for layer in [*regions.early, *regions.late] if layer not in order]
+    if missing:
+        raise StudyError(f"layers {missing} are not in the table (it has {sorted(order)})", where, "regions")
+    lo, hi = max(order[x] for x in regions.early), min(order[x] for x in regions.late)
+    between = sorted((layer for layer, i in order.items() if lo < i < hi), key=order.get)
+    if not between:
+        raise StudyError("no layer lies between the early and the late region", where, "regions")
+    bott_layers = between if loso else list(regions.bottleneck)
+    needed = list(dict.fromkeys([*regions.early, *bott_layers, *regions.late]))
+    wide = view.wide(df, list(dict.fromkeys([*needed, *between])), where, "regions")
+    excluded = dict(excluded or {})
+    seeds = complete_seeds([wide[needed]], excluded)  # only the layers the test uses decide exclusion
+    wide = wide.loc[seeds]
+    early = wide[regions.early].mean(axis=1).to_numpy()
+    late = wide[regions.late].mean(axis=1).to_numpy()
+    if loso:
+        cand = wide[between].to_numpy()
+        stat = u_shape_loso_statistics(early, cand, late)
+        bottleneck = stat["bottleneck"]
+        chosen = {s: between[i] for s, i in zip(seeds, stat["pick"], strict=True)}
+    else:
+        bottleneck = wide[bott_layers].mean(axis=1).to_numpy()
+        stat = u_shape_statistics(early, bottleneck, late)
+        chosen = None
+    mid = wide[between].to_numpy()
+    mid = mid[np.isfinite(mid).all(axis=1)]  # location only from seeds with every in-between layer
+    location = t_test(np.array([order[between[i]] for i in np.argmin(mid, axis=1)], float), "two-sided")
+    depth = t_test((early + late) / 2 - bottleneck, "two-sided")
+    profile = (
+        df[df.seed.isin(seeds)].groupby(["layer_index", "layer"]).value.agg(["mean", "std"]).reset_index()
+    )
+    details = {
+        "epoch": epoch,
+        "contrasts": {
+            k: {"mean": t["mean"], "ci": list(t["ci"]), "p": t["p"], "t": t["t"]}
+            for k, t in stat["tests"].items()
+        },
+        "per_seed": {k: dict(zip(seeds, map(float, v), strict=True)) for k, v in stat["contrasts"].items()},
+        "binding_contrast": stat["binding"],
+        "bottleneck_location": {"mean_layer_index": location["mean"], "ci": list(location["ci"])},
+        "bottleneck_depth": {"mean": depth["mean"], "ci": list(depth["ci"])},
+        "profile": profile.to_dict(orient="records"),
+        "observed_minimum_layer": str(profile.loc[profile["mean"].idxmin(), "layer"])
+        if len(profile)
+        else None,
+    }
+    if chosen is not None:
+        details["loso_bottleneck"] = chosen
+    return Outcome(
+        p_value=stat["p"],
+        effect=stat["effect"],
+        ci=stat["ci"],
+        contradicted=stat["contradicted"],
+        seeds_used=seeds,
+        seeds_excluded=excluded,
+        warnings=stat["warnings"],
+        details=details,
+        effect_values=(-stat["contrasts"][stat["binding"]]).tolist(),
+        std_effect=stat["std_effect"],
+        labellings_per_seed=2 if loso else 0,
+    )
+
+
+def _simulate_declared(null_shape: str) -> Callable:
+    def simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
+        shape = "u" if effect > 0 else null_shape
+        prof = simulate_profiles(shape, n_seeds, effect if effect > 0 else 20.0, rng)
+        st = u_shape_statistics(
+            prof[:, [0, 1]].mean(1), prof[:, [2, 3, 4]].mean(1), prof[:, [9, 10, 11]].mean(1)
+        )
+        truth = effect if effect > 0 else None
+        ci = st["tests"]["early"]["ci"]  # the early contrast (not selected by the data): truth = dip depth
+        return {
+            "p": st["p"],
+            "covered": None if truth is None else bool(ci[0] <= truth <= ci[1]),
+            "warned": False,
+        }
+
+    return simulate
+
+
+def _simulate_loso(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
+    prof = simulate_profiles("u" if effect > 0 else "step_down", n_seeds, effect if effect > 0 else 20.0, rng)
+    cand = prof[:, 2:9]  # blocks 3-9: strictly between the early (1-2) and late (10-12) regions
+    st = u_shape_loso_statistics(prof[:, [0, 1]].mean(1), cand, prof[:, [9, 10, 11]].mean(1))
+    return {"p": st["p"], "covered": None, "warned": False}
+
+
+def figures(ctx: FigureContext) -> list:
+    """The metric by layer at the tested epoch, declared regions shaded (a LOSO bottleneck: the layers
+    chosen for some seed)."""
+    from analysis.figures import profile_figure
+
+    claim, details = ctx.claim, ctx.result.details
+    bottleneck = claim.regions.bottleneck
+    if bottleneck == "leave_one_seed_out":
+        bottleneck = sorted(set((details.get("loso_bottleneck") or {}).values()))
+    regions = {"early": claim.regions.early, "bottleneck": bottleneck, "late": claim.regions.late}
+    return [
+        profile_figure(
+            ctx.table,
+            claim.metric,
+            claim.subset.token_set,
+            [claim.subset.dataset],
+            details.get("epoch", claim.subset.epoch),
+            regions=regions,
+        )
+    ]
+
+
+def explain(claim, result) -> list[str]:
+    """Each contrast with its per-seed values, CI and p; where the bottleneck sits and how deep it is."""
+    d = result.details
+    unit = unit_of(claim.metric)
+    lines = []
+    for name, c in (d.get("contrasts") or {}).items():
+        per_seed = ", ".join(
+            f"seed {s}: {fmt_num(v)}" for s, v in (d.get("per_seed", {}).get(name) or {}).items()
+        )
+        lines.append(
+            f"{name} - bottleneck: mean {fmt_num(c['mean'])}{unit} (95% CI {fmt_num(c['ci'][0])}, "
+            f"{fmt_num(c['ci'][1])}), one-sided p {fmt_p(c['p'])}"
+            + (" (binding: the weaker shoulder)" if name == d.get("binding_contrast") else "")
+            + (f"; per seed {per_seed}" if per_seed else "")
+        )
+    loc, depth = d.get("bottleneck_location"), d.get("bottleneck_depth")
+    if loc and depth:
+        lines.append(
+            f"bottleneck location: layer index {fmt_num(loc['mean_layer_index'], 1)} (95% CI "
+            f"{fmt_num(loc['ci'][0], 1)}, {fmt_num(loc['ci'][1], 1)}); depth below the shoulders' mean "
+            f"{fmt_num(depth['mean'])}{unit} (95% CI {fmt_num(depth['ci'][0])}, {fmt_num(depth['ci'][1])}); "
+            f"lowest layer of the mean profile: {d.get('observed_minimum_layer')}"
+        )
+    if d.get("loso_bottleneck"):
+        chosen = ", ".join(f"seed {s}: {layer}" for s, layer in d["loso_bottleneck"].items())
+        lines.append(f"bottleneck chosen leave-one-seed-out: {chosen}")
+    return lines
+
+
+register_kind(
+    ClaimKind(
+        name="u_shape",
+        model=UShapeClaim,
+        evaluate=evaluate,
+        calibration={
+            "u_shape": Scenario(
+                "monotone step-down (early >> bottleneck = late)", _simulate_declared("step_down")
+            ),
+            "u_shape_convex": Scenario("monotone convex decay", _simulate_declared("decreasing_convex")),
+            "u_shape_loso": Scenario(
+                "monotone step-down; bottleneck chosen leave-one-seed-out", _simulate_loso
+            ),
+        },
+        figures=figures,
+        explain=explain,
+    )
+)
