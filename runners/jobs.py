@@ -1,11 +1,11 @@
-"""The job a worker runs: one training run in its own folder (a top-level function, so it pickles)."""
+"""The job a worker runs: one run source fills one run folder (a top-level function, so it pickles)."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import sys
 
-from runners.train import train_run
+from runners.sources import get_source
 
 
 def _progress(line: str) -> None:
@@ -16,4 +16,4 @@ def _progress(line: str) -> None:
 def execute_run(run: dict, run_dir: str, data_dir: str) -> dict:
     # a bar only for a run in the main process on a terminal; spawned workers print plain lines
     bar = sys.stdout.isatty() and mp.current_process().name == "MainProcess"
-    return train_run(run, run_dir, data_dir, progress=_progress, bar=bar)
+    return get_source(run.get("source", "train")).fill(run, run_dir, data_dir, progress=_progress, bar=bar)

@@ -81,18 +81,23 @@ def _add_results_verbs(sub) -> None:
 def _results_verbs(args) -> int | None:
     """Run ``report`` / ``ui``; None for any other verb."""
     if args.verb == "report":
-        from analysis.report import write_report
+        from analysis.report import read_study, write_report
+        from study.schema import load_hypothesis
 
         study_dir = args.study
         if study_dir.is_file():
-            from study.schema import load_hypothesis
-
             study_dir = args.out / "studies" / load_hypothesis(study_dir).name
         if not (study_dir / "verdicts.json").is_file():
             raise StudyError(
                 "expected a study folder with verdicts.json (run the study first)", str(study_dir)
             )
-        html_path, md_path = write_report(study_dir, runs_dir=study_dir.parent.parent / "runs")
+        try:  # the study's own copy of its file gives the typed claims; the report goes on without it
+            hyp = load_hypothesis(study_dir / "hypothesis.yaml")
+            title, description, claims = hyp.name, hyp.description.strip(), list(hyp.claims)
+        except StudyError:
+            title, description, claims = study_dir.name, "", None
+        inp = read_study(study_dir, title, description, claims)
+        html_path, md_path = write_report(study_dir, inp)
         print(f"report: {html_path}\nsummary: {md_path}")
         return 0
     if args.verb == "ui":
@@ -119,33 +124,22 @@ def _metrics_verb(path: Path) -> int:
 
 
 def _table_verb(args: argparse.Namespace) -> int:
-    from analysis.table import make_table, save_table
-    from study.orchestrate import read_run, run_rows
-    from study.planner import plan_runs
+    from analysis.table import save_table
     from study.schema import load_hypothesis
+    from study.stages import collect_table, plan
 
     hyp = load_hypothesis(args.hypothesis)
-    frames, missing = [], []
-    for spec in plan_runs(hyp):
-        run_dir = args.out / "runs" / spec.key
-        result = read_run(run_dir)
-        if result is None or result.get("status") != "finished" or not (run_dir / "spectra.npz").exists():
-            missing.append(spec.label)
-            continue
-        frames.append(run_rows(spec, run_dir, hyp.design.layers))
-    if not frames:
+    collected = collect_table(plan(hyp), args.out / "runs", hyp.design.layers)
+    if not collected.rows:
         raise StudyError(
             f"no finished run of this hypothesis under {args.out / 'runs'} (run `python -m study run` first)",
             str(args.hypothesis),
         )
-    import pandas as pd
-
-    table = make_table(pd.concat(frames, ignore_index=True))
     to = args.to or args.out / "studies" / hyp.name / "table.parquet"
-    save_table(table, to)
-    print(f"table: {to} ({len(table)} rows from {len(frames)} run(s))")
-    if missing:
-        print(f"missing (not finished): {', '.join(missing)}", file=sys.stderr)
+    save_table(collected.table, to)
+    print(f"table: {to} ({len(collected.table)} rows from {len(collected.rows)} run(s))")
+    if collected.missing:
+        print(f"missing (not finished): {', '.join(s.label for s in collected.missing)}", file=sys.stderr)
     return 0
 
 

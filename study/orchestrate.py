@@ -1,38 +1,27 @@
-"""Orchestration: plan -> (reuse or train) runs -> tidy table -> verdicts -> files + MLflow.
+"""``python -m study run``: the stages of ``study.stages`` in order, with the tracker around them.
 
-Output folder layout (``--out``, default ``study_results``)::
+    plan -> triage (finished here / finished in the store / to do) -> prepare data -> execute
+      -> collect the table -> evaluate -> write outputs and the report -> log results
 
-    data/                      generated datasets (cached .npz)
-    runs/<run key>/            one folder per training run (result.json marks it finished)
-    studies/<name>/            table.parquet, verdicts.json, verdicts.txt, hypothesis.yaml
-    mlflow.db, mlartifacts/    the embedded MLflow store (unless MLFLOW_TRACKING_URI is set)
-
-A run whose folder holds a finished ``result.json`` is reused, never retrained (``force`` retrains);
-so is a finished run found in the MLflow store by its key (its artifacts are downloaded into
-``runs/<key>/`` first), e.g. one trained by another hypothesis file over the same design. A store
-artifact that is missing or corrupt stops the study with one line naming the run and the artifact
-(``--force`` retrains instead). An interrupted run resumes from its last complete epoch. At the end,
-``studies/<name>/report.html`` and ``report.md`` are written (``analysis.report``).
+A finished run is never trained again (``force`` retrains); a run finished in the MLflow store (e.g. by
+another hypothesis file over the same design) is downloaded instead; an interrupted run resumes from its
+last complete epoch. A store artifact that is missing or corrupt stops the study with one line naming
+the run and the artifact.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from analysis.table import load_scalars, make_table, rows_from_spectra, save_table
-from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
-from core.errors import StudyError
-from runners.data import load_split
-from study.planner import RunSpec, plan_runs
+from analysis.verdicts import ClaimResult, format_verdicts
+from core.runfolder import RunFolder
+from study import stages
 from study.schema import Hypothesis
+from study.tracking import open_tracker
 
 
 @dataclass
@@ -47,51 +36,14 @@ class StudyOutcome:
     report: Path | None = None
 
 
-def read_run(run_dir: Path) -> dict | None:
-    """The run's result.json if the run ended (finished or failed), else None."""
-    path = run_dir / "result.json"
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def run_rows(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
-    """Tidy rows of one finished run from its saved files only (spectra.npz, scalars.json, result.json)."""
-    result = read_run(run_dir)
-    with np.load(run_dir / "spectra.npz") as f:
-        spectra = {k: f[k] for k in f.files}
-    return pd.DataFrame(
-        rows_from_spectra(
-            spec.key,
-            spec.dataset["name"],
-            spec.seed,
-            spectra,
-            layers,
-            result.get("n_tokens"),
-            scalars=load_scalars(run_dir / "scalars.json"),
-        )
-    )
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def _rows_or_error(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
-    """``run_rows`` with a one-line error naming the run and the artifact when its spectra are unreadable."""
-    try:
-        return run_rows(spec, run_dir, layers)
-    except Exception as exc:  # noqa: BLE001 - a missing/truncated npz surfaces as many exception types
-        raise StudyError(
-            f"run {spec.label} (key {spec.key}): artifact spectra.npz is missing or corrupt "
-            f"({type(exc).__name__}: {exc}); rerun with --force to retrain it",
-            str(run_dir / "spectra.npz"),
-        ) from None
+def _log_triage(log: Callable[[str], None], hyp: Hypothesis, specs, tri: stages.Triage) -> None:
+    reused = tri.reused_from
+    log(f"study {hyp.name}: {len(specs)} runs planned, {len(reused)} reused, {len(tri.todo)} to train")
+    for spec in specs:
+        if spec.key in reused:
+            src = reused[spec.key]
+            where = "runs/ folder" if src == "local" else f"MLflow run {src.split(':', 1)[1]}"
+            log(f"  reused {spec.label} (key {spec.key}, from {where})")
 
 
 def run_study(
@@ -106,7 +58,7 @@ def run_study(
     report: bool = True,
     command: str | None = None,
 ) -> StudyOutcome:
-    """Run (or reuse) every planned training run, then test the claims. See the module docstring.
+    """Run (or reuse) every planned run, then test the claims. See the module docstring.
 
     Args:
         log_model: log weight files of newly trained runs to MLflow (off: ~88 MB per ViT-S seed).
@@ -116,152 +68,47 @@ def run_study(
     from runners.datasets import check_dataset_folder
 
     out_dir = Path(out_dir)
-    plan = plan_runs(hyp)
-    runs_dir, data_dir = out_dir / "runs", out_dir / "data"
-    layers = hyp.design.layers
+    runs_dir, data_dir, study_dir = out_dir / "runs", out_dir / "data", out_dir / "studies" / hyp.name
+    specs = stages.plan(hyp)
     for ds in hyp.design.datasets:  # bad data paths stop the study before anything is written
         check_dataset_folder(ds.model_dump())
-
-    tracker = None
-    stored: dict[str, object] = {}
-    if track:
-        from study.tracking import Tracker
-
-        tracker = Tracker(out_dir, hyp.name, log_model=log_model)
-        if not force:
-            stored = tracker.finished_runs()
-
-    todo: list[RunSpec] = []
-    reused: list[str] = []
-    reused_from: dict[str, str] = {}
-    for spec in plan:
-        run_dir = runs_dir / spec.key
-        if force and run_dir.exists():
-            shutil.rmtree(run_dir)
-        result = read_run(run_dir)
-        if result is not None and result.get("status") == "finished":
-            reused.append(spec.key)
-            reused_from[spec.key] = "local"
-        elif spec.key in stored:
-            if run_dir.exists():  # a partial or failed local attempt; the store has the finished run
-                shutil.rmtree(run_dir)
-            tracker.fetch_run(stored[spec.key], spec, run_dir)
-            reused.append(spec.key)
-            reused_from[spec.key] = f"mlflow:{stored[spec.key].info.run_id}"
-        else:
-            if result is not None:  # a failed run is tried again from scratch
-                shutil.rmtree(run_dir)
-            todo.append(spec)
-    log(f"study {hyp.name}: {len(plan)} runs planned, {len(reused)} reused, {len(todo)} to train")
-    for spec in plan:
-        if spec.key in reused_from:
-            src = reused_from[spec.key]
-            where = "runs/ folder" if src == "local" else f"MLflow run {src.split(':', 1)[1]}"
-            log(f"  reused {spec.label} (key {spec.key}, from {where})")
-
-    # generate each dataset once, here, so parallel workers only read the cache
-    for ds in {json.dumps(s.dataset, sort_keys=True): s for s in todo}.values():
-        t0 = time.perf_counter()
-        for split in ("train", "test"):
-            load_split(ds.dataset, split, data_dir)
-        load_split(ds.dataset, "probe", data_dir, ds.probe["size"], ds.probe["seed"])
-        log(f"data {ds.dataset['name']}: ready ({time.perf_counter() - t0:.1f}s)")
-
-    if tracker:
-        tracker.__enter__()
-        tracker.log_study(hyp, hyp_path, plan, command=command)
-        tracker.log_reused(
-            [
-                {
-                    "key": s.key,
-                    "label": s.label,
-                    "source": reused_from[s.key].split(":")[0],
-                    "mlflow_run_id": stored[s.key].info.run_id if s.key in stored else None,
-                }
-                for s in plan
-                if s.key in reused_from
-            ]
+    with open_tracker(track, out_dir, hyp.name, log_model) as tracker:
+        tri = stages.triage(specs, runs_dir, {} if force else tracker.finished_runs(), force)
+        stages.fetch_stored(tri, specs, runs_dir, tracker)
+        stages.clear_for_training(tri.todo, runs_dir, force)
+        _log_triage(log, hyp, specs, tri)
+        data = stages.prepare_data(tri.todo, data_dir, log)
+        tracker.log_study(hyp, hyp_path, specs, tri, command)
+        failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log)
+        collected = stages.collect_table(specs, runs_dir, hyp.design.layers, failed)
+        for spec in tri.todo:  # runs trained by this invocation become child runs
+            result = RunFolder(runs_dir / spec.key).read_result()
+            if result is not None:
+                rows = collected.rows.get(spec.key, pd.DataFrame(columns=["value"]))
+                tracker.log_training_run(
+                    spec, result, rows, runs_dir / spec.key, data.get(stages.dataset_key(spec.dataset))
+                )
+        results = stages.evaluate(hyp, collected.table, str(hyp_path), collected.failed_seeds)
+        paths = stages.write_outputs(
+            study_dir, hyp_path, specs, tri, failed, collected.table, results, command
         )
-    try:
-        failed: dict[str, str] = {}
-        executor, jobs = None, []
-        if todo:  # torch is imported only when something is trained: a cached rerun stays quick
-            from runners.executors import make_executor
-            from runners.jobs import execute_run
-            from runners.train import pick_device
-
-            executor = make_executor(workers, len(todo), cuda=pick_device().type == "cuda")
-            jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir)) for s in todo]
-        t0 = time.perf_counter()
-        for i, result, exc in executor.map_jobs(execute_run, jobs) if executor else []:
-            spec = todo[i]
-            if exc is not None:
-                failed[spec.key] = f"{type(exc).__name__}: {exc}"
-                log(f"[{spec.label}] FAILED: {failed[spec.key]}")
-                continue
-            if result["status"] != "finished":
-                failed[spec.key] = f"failed at epoch {result.get('failed_epoch')}: {result.get('error')}"
-            log(f"[{spec.label}] {result['status']} ({time.perf_counter() - t0:.0f}s since start)")
-
-        frames, failed_seeds = [], {}
-        for spec in plan:
-            run_dir = runs_dir / spec.key
-            result = read_run(run_dir)
-            if spec.key in failed or result is None or result.get("status") != "finished":
-                reason = failed.get(spec.key, "run did not finish")
-                failed_seeds.setdefault(spec.dataset["name"], {})[spec.seed] = reason
-                if tracker and result is not None:
-                    tracker.log_training_run(spec, result, pd.DataFrame(columns=["value"]), run_dir=run_dir)
-                continue
-            rows = _rows_or_error(spec, run_dir, layers)
-            frames.append(rows)
-            if tracker and spec.key not in reused:
-                tracker.log_training_run(spec, result, rows, reused=False, run_dir=run_dir)
-        table = make_table(pd.concat(frames, ignore_index=True) if frames else [])
-        results = evaluate_claims(hyp, table, source=str(hyp_path), failed=failed_seeds)
-
-        study_dir = out_dir / "studies" / hyp.name
-        study_dir.mkdir(parents=True, exist_ok=True)
-        table_path = save_table(table, study_dir / "table.parquet")
-        verdicts_path = study_dir / "verdicts.json"
-        payload = {
-            "hypothesis": hyp.name,
-            "file": str(hyp_path),
-            "runs": [s.key for s in plan],
-            "labels": {s.key: s.label for s in plan},
-            "reused": reused,
-            "reused_from": reused_from,
-            "failed": failed,
-            "command": command,
-            "claims": [r.to_dict() for r in results],
-        }
-        _atomic_write(verdicts_path, json.dumps(payload, indent=1, default=float))
-        text_path = study_dir / "verdicts.txt"
-        _atomic_write(text_path, format_verdicts(results) + "\n")
-        shutil.copyfile(hyp_path, study_dir / "hypothesis.yaml")
-        report_paths: list[Path] = []
+        report_paths = []
         if report:
-            from analysis.report import write_report
-
-            t0 = time.perf_counter()
-            report_paths = list(write_report(study_dir, runs_dir=runs_dir, command=command))
-            log(f"report: {report_paths[0]} ({time.perf_counter() - t0:.1f}s)")
-        if tracker:
-            summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(results)}\n```"
-            tracker.log_results([table_path, verdicts_path, text_path, *report_paths], results, summary)
-    except BaseException as exc:
-        if tracker and tracker.parent_id:
-            tracker.__exit__(type(exc), exc, None)
-        raise
-    if tracker:
-        tracker.__exit__(None, None, None)
+            report_paths = stages.write_study_report(
+                study_dir, hyp, results, collected.table, runs_dir, specs, tri, failed, hyp_path, command
+            )
+            log(f"report: {report_paths[0]}")
+        summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(results)}\n```"
+        tracker.log_results(
+            [paths["table"], paths["verdicts"], paths["text"], *report_paths], results, summary
+        )
     return StudyOutcome(
         results,
-        table,
+        collected.table,
         study_dir,
-        [s.key for s in todo],
-        reused,
+        [s.key for s in tri.todo],
+        [s.key for s in specs if s.key in tri.reused_from],
         failed,
-        reused_from,
+        tri.reused_from,
         report_paths[0] if report_paths else None,
     )

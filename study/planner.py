@@ -8,11 +8,9 @@ run get the same key, so the run is trained once and reused.
 
 from __future__ import annotations
 
-import hashlib
-import json
-
 from pydantic import BaseModel, ConfigDict
 
+from core.hashing import digest
 from runners.data import GENERATOR_VERSION
 from runners.datasets import dataset_fingerprint, resolve_path
 from study.schema import Hypothesis, SupervisedObjective
@@ -34,6 +32,9 @@ class RunSpec(BaseModel):
     seed: int
     checkpoints: list[int]
     probe: dict
+    source: str = (
+        "train"  # the run source that fills its folder (runners.sources); "train" stays out of the key
+    )
 
     @property
     def label(self) -> str:
@@ -50,8 +51,9 @@ def run_key(payload: dict) -> str:
     }
     # torch.compile changes speed, not the result (beyond float rounding on GPU)
     payload["training"] = {k: v for k, v in payload["training"].items() if k != "compile"}
-    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    if payload.get("source", "train") == "train":
+        payload.pop("source", None)
+    return digest(payload, 16)
 
 
 def plan_runs(hyp: Hypothesis) -> list[RunSpec]:

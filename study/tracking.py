@@ -25,20 +25,22 @@ The default store is embedded and local: ``sqlite:///<out>/mlflow.db`` with arti
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import shutil
-import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from core.errors import StudyError
+from core.hashing import digest, file_digest
+from core.provenance import git_state
+from core.runfolder import OPTIONAL, REQUIRED, parse_spectrum_key
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
@@ -47,8 +49,8 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 _BATCH = 1000  # MLflow's log_batch limit on metrics per call
 _TAG_MAX = 5000  # MLflow's limit on a tag value's length
 # artifacts of a child run that a reuse needs (required) or carries along when present (optional)
-RUN_ARTIFACTS_REQUIRED = ("spectra.npz", "result.json")
-RUN_ARTIFACTS_OPTIONAL = ("covariances.npz",)
+RUN_ARTIFACTS_REQUIRED = REQUIRED
+RUN_ARTIFACTS_OPTIONAL = OPTIONAL
 # files a runner may leave as the trained weights; logged under model/ only with log_model=True
 _WEIGHT_PATTERNS = ("checkpoints/epoch_*.pt", "model*.pt", "model*.safetensors")
 
@@ -61,33 +63,6 @@ def sanitize_metric_name(name: str) -> str:
     """Replace every character MLflow rejects in a metric name (it allows letters, digits, ``_ - . /``
     and spaces) with ``_``: ``"eed%/block 1"`` -> ``"eed_/block 1"``."""
     return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name)
-
-
-def git_state(repo: Path | None = None) -> tuple[str, bool | None]:
-    """(commit sha, dirty flag) of the code's git checkout; ``("unknown", None)`` outside git."""
-    repo = repo or Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-        if sha.returncode != 0:
-            return "unknown", None
-        status = subprocess.run(
-            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return sha.stdout.strip(), bool(status.stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        return "unknown", None
-
-
-def sha256_of(obj) -> str:
-    """sha256 hex of a file's bytes (``Path``) or of an object's canonical JSON."""
-    if isinstance(obj, Path):
-        return hashlib.sha256(obj.read_bytes()).hexdigest()
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _flatten(prefix: str, obj, out: dict) -> dict:
@@ -131,7 +106,9 @@ class Tracker:
             exp_id = exp.experiment_id
         self.experiment_id = exp_id
         self.parent_id: str | None = None
-        self.git_commit, self.git_dirty = git_state()
+        state = git_state()
+        self.git_commit = state["git_commit"] or "unknown"
+        self.git_dirty = state["git_dirty"]
 
     # ---- the parent run ---------------------------------------------------------------------------
     def __enter__(self) -> Tracker:
@@ -151,7 +128,8 @@ class Tracker:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.client.set_terminated(self.parent_id, "FAILED" if exc_type else "FINISHED")
 
-    def log_study(self, hyp, hyp_path: Path, plan, command: str | None = None) -> None:
+    def log_study(self, hyp, hyp_path: Path, plan, triage=None, command: str | None = None) -> None:
+        """The study's params, file and command on the parent run; the runs ``triage`` reused, linked."""
         params = {
             "hypothesis": hyp.name,
             "n_runs": len(plan),
@@ -160,10 +138,24 @@ class Tracker:
             "objective": hyp.design.objective,
         }
         self._log_params(self.parent_id, params)
-        self.client.set_tag(self.parent_id, "spec_hash", sha256_of(Path(hyp_path)))
+        self.client.set_tag(self.parent_id, "spec_hash", file_digest(hyp_path))
         if command:
             self.client.set_tag(self.parent_id, "command", command[:_TAG_MAX])
         self.client.log_artifact(self.parent_id, str(hyp_path))
+        if triage is not None:
+            reused = triage.reused_from
+            self.log_reused(
+                [
+                    {
+                        "key": s.key,
+                        "label": s.label,
+                        "source": reused[s.key].split(":")[0],
+                        "mlflow_run_id": triage.stored[s.key].info.run_id if s.key in triage.stored else None,
+                    }
+                    for s in plan
+                    if s.key in reused
+                ]
+            )
 
     def log_reused(self, reused: list[dict]) -> None:
         """Link the runs this invocation reused: ``[{key, label, source, mlflow_run_id}]``.
@@ -204,7 +196,7 @@ class Tracker:
 
     # ---- child runs -------------------------------------------------------------------------------
     def log_training_run(
-        self, spec, result: dict, rows: pd.DataFrame, reused: bool = False, run_dir: Path | None = None
+        self, spec, result: dict, rows: pd.DataFrame, run_dir: Path | None = None, data=None
     ) -> str:
         """A nested child run for one trained model; returns its MLflow run id.
 
@@ -212,9 +204,10 @@ class Tracker:
             spec: the ``RunSpec``.
             result: its ``result.json`` content.
             rows: its tidy rows (columns ``metric, layer, token_set, epoch, value``).
-            reused: kept for callers of the old signature; reused runs are not logged again.
-            run_dir: the run folder; its ``spectra.npz``, ``result.json`` and ``covariances.npz`` become
-                artifacts (and weight files, with ``log_model``).
+            run_dir: the run folder; its ``spectra.npz``, ``result.json``, ``covariances.npz`` and
+                ``scalars.json`` become artifacts (and weight files, with ``log_model``).
+            data: the run source's ``DataRecord`` for its dataset (from the prepare-data stage), logged as
+                the run's training input; None logs the dataset spec alone.
         """
         from mlflow.entities import Metric
 
@@ -224,12 +217,12 @@ class Tracker:
             "run_key": spec.key,
             "dataset": spec.dataset["name"],
             "seed": str(spec.seed),
-            "reused": str(reused).lower(),
+            "reused": "false",
             "study.role": "training",
             "git_commit": self.git_commit,
             "git_dirty": str(self.git_dirty).lower(),
             "mlflow.source.git.commit": self.git_commit,
-            "spec_hash": sha256_of(spec.model_dump()),
+            "spec_hash": digest(spec.model_dump()),
         }
         if result.get("environment"):
             tags.update({f"env.{k}": str(v) for k, v in result["environment"].items()})
@@ -250,7 +243,7 @@ class Tracker:
                 metrics.append(Metric(name, float(r.value), now, int(r.epoch)))
         for i in range(0, len(metrics), _BATCH):
             self.client.log_batch(rid, metrics=metrics[i : i + _BATCH])
-        self._log_dataset(rid, spec, run_dir)
+        self._log_dataset(rid, spec, data)
         if run_dir is not None:
             for name in RUN_ARTIFACTS_REQUIRED + RUN_ARTIFACTS_OPTIONAL:
                 if (Path(run_dir) / name).is_file():
@@ -266,34 +259,22 @@ class Tracker:
         self.client.set_terminated(rid, status)
         return rid
 
-    def _log_dataset(self, rid: str, spec, run_dir: Path | None) -> None:
+    def _log_dataset(self, rid: str, spec, data) -> None:
         """Record the training data as an MLflow dataset input (context ``training``).
 
-        The dataset is the cached train split when it is on disk (features ``(N, H, W, 3)`` uint8, targets
-        ``(N,)``), else the spec alone; its digest is the sha256 of the dataset spec (the images are a
-        pure function of it) and its source (a ``code`` source) carries the spec itself.
+        ``data`` is the ``DataRecord`` the prepare-data stage made (its digest: the dataset spec's hash, the
+        images being a function of it; its profile: split shapes and class count), or None (the spec alone).
+        The source (a ``code`` source) carries the spec and the profile as tags.
         """
-        import mlflow.data
         from mlflow.data.code_dataset_source import CodeDatasetSource
+        from mlflow.data.meta_dataset import MetaDataset
         from mlflow.entities import DatasetInput, InputTag
 
         ds = spec.dataset
-        digest = sha256_of(ds)[:16]
-        source = CodeDatasetSource(tags={"dataset_spec": json.dumps(ds, sort_keys=True)})
-        features = np.asarray([[ds.get("n_train", 0), ds.get("image_size", 0), ds.get("n_classes", 0)]])
-        targets = None
-        data_dir = self.out_dir / "data"
-        cached = sorted(data_dir.glob(f"{ds.get('variant', '')}_train_*.npz")) if data_dir.is_dir() else []
-        if cached:
-            try:
-                from runners.data import load_split  # numpy-only reader of the generator's cache
-
-                features, targets = load_split(ds, "train", data_dir)
-            except Exception:  # noqa: BLE001 - the spec-only dataset still identifies the data
-                pass
-        dataset = mlflow.data.from_numpy(
-            features, source=source, targets=targets, name=ds["name"], digest=digest
-        )
+        tags = {"dataset_spec": json.dumps(ds, sort_keys=True)}
+        if data is not None:
+            tags["profile"] = json.dumps(data.profile, sort_keys=True)
+        dataset = MetaDataset(CodeDatasetSource(tags=tags), name=ds["name"], digest=digest(ds, 16))
         inp = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "training")])
         self.client.log_inputs(rid, datasets=[inp])
 
@@ -361,8 +342,10 @@ class Tracker:
                     keys = list(f.files)
                     for k in keys:
                         f[k]  # noqa: B018 - reading every array is what detects a truncated file
-                if not keys or not all(k.count("/") == 2 for k in keys):
+                if not keys:
                     raise ValueError("no '{epoch}/{layer}/{token_set}' keys")
+                for k in keys:
+                    parse_spectrum_key(k)
             except Exception as exc:  # noqa: BLE001 - zip/pickle/value errors all mean a corrupt file
                 raise StudyError(
                     f"{where}: artifact spectra.npz is corrupt ({type(exc).__name__}: {exc}); "
@@ -382,3 +365,38 @@ class Tracker:
         items = [Param(k, str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i : i + 100])
+
+
+class NullTracker:
+    """The tracker of ``--no-mlflow``: every call does nothing, and no run is found in a store."""
+
+    parent_id = None
+
+    def __enter__(self) -> NullTracker:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        return None
+
+    def finished_runs(self) -> dict[str, object]:
+        return {}
+
+    def fetch_run(self, run, spec, run_dir: Path) -> None:  # never called: nothing is stored
+        raise RuntimeError("no tracking store")
+
+    def log_study(self, *args, **kwargs) -> None:
+        return None
+
+    def log_training_run(self, *args, **kwargs) -> None:
+        return None
+
+    def log_results(self, *args, **kwargs) -> None:
+        return None
+
+
+@contextmanager
+def open_tracker(track: bool, out_dir: Path, experiment: str, log_model: bool = False):
+    """A :class:`Tracker` whose parent run is open inside the block (FAILED if the block raises), or a
+    :class:`NullTracker` when ``track`` is False."""
+    with Tracker(out_dir, experiment, log_model=log_model) if track else NullTracker() as tracker:
+        yield tracker

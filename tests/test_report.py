@@ -1,4 +1,5 @@
-"""analysis/report.py: the HTML/Markdown report over a synthetic study folder (no training, seconds)."""
+"""analysis/report.py: the HTML/Markdown report over a synthetic study folder (no training, seconds), and
+what each claim's figures plot for every shipped hypothesis file."""
 
 from __future__ import annotations
 
@@ -7,16 +8,21 @@ import json
 import re
 from pathlib import Path
 
+import matplotlib.axes
 import numpy as np
+import pandas as pd
 import pytest
 
-from analysis.report import t_band, write_report
+from analysis.figures import t_band
+from analysis.report import ReportInput, build_sections, read_study, subset_text, write_report
 from analysis.table import make_table, rows_from_spectra, save_table
 from analysis.verdicts import evaluate_claims
 from core.errors import StudyError
 from study.cli import main
 from study.schema import load_hypothesis
 
+ROOT = Path(__file__).parents[1]
+BEHAVIOUR = Path(__file__).parent / "fixtures" / "behaviour"
 LAYERS = ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "norm"]
 SYNTH_HYPOTHESIS = """\
 name: synth
@@ -34,6 +40,12 @@ claims:
     metric: eed_pct
     subset: {dataset: objects}
     regions: {early: [block_01], bottleneck: [block_02], late: [block_03]}
+  - name: entropy grows with training
+    kind: trend
+    metric: spectral_entropy
+    subset: {dataset: objects, token_set: all}
+    direction: increasing
+    layers: [block_01, norm]
 """
 
 
@@ -41,11 +53,8 @@ def _spectrum(rng: np.random.Generator, decay: float, d: int = 16) -> np.ndarray
     return np.exp(-decay * np.arange(d)) * (1 + 0.05 * rng.random(d))
 
 
-def make_study(root: Path, covariances: bool = True, extra_claims: list[dict] | None = None) -> Path:
-    """A study folder as ``run`` leaves it, from synthetic spectra (a dip at block_02), plus run folders.
-
-    ``extra_claims`` are appended to verdicts.json only (claim kinds the schema may not know yet).
-    """
+def make_study(root: Path, covariances: bool = True) -> Path:
+    """A study folder as ``run`` leaves it, from synthetic spectra (a dip at block_02), plus run folders."""
     root.mkdir(parents=True, exist_ok=True)
     hyp_path = root / "synth.yaml"
     hyp_path.write_text(SYNTH_HYPOTHESIS)
@@ -78,7 +87,7 @@ def make_study(root: Path, covariances: bool = True, extra_claims: list[dict] | 
     study_dir = root / "out" / "studies" / "synth"
     study_dir.mkdir(parents=True)
     save_table(table, study_dir / "table.parquet")
-    claims = [r.to_dict() for r in results] + list(extra_claims or [])
+    claims = [r.to_dict() for r in results]
     payload = {
         "hypothesis": "synth",
         "file": str(hyp_path),
@@ -94,20 +103,10 @@ def make_study(root: Path, covariances: bool = True, extra_claims: list[dict] | 
     return study_dir
 
 
-NEW_KIND = {
-    "name": "entropy grows with training",
-    "kind": "trend",  # a kind this spine's schema does not know: must still render
-    "metric": "spectral_entropy",
-    "subset": {"dataset": "objects", "token_set": "all", "epochs": [0, 2], "layers": ["block_01", "norm"]},
-    "verdict": "INCONCLUSIVE",
-    "effect": 0.3,
-    "ci_low": -0.1,
-    "ci_high": 0.7,
-    "p_value": 0.08,
-    "p_adjusted": 0.08,
-    "n_seeds": 3,
-    "warnings": ["made up for the test"],
-}
+def report(study_dir: Path) -> tuple[Path, Path]:
+    """What ``python -m study report`` does: the typed claims from the study's hypothesis file."""
+    hyp = load_hypothesis(study_dir / "hypothesis.yaml")
+    return write_report(study_dir, read_study(study_dir, hyp.name, hyp.description, list(hyp.claims)))
 
 
 def _images(text: str) -> list[bytes]:
@@ -115,8 +114,8 @@ def _images(text: str) -> list[bytes]:
 
 
 def test_report_is_self_contained_with_every_figure(tmp_path):
-    study_dir = make_study(tmp_path, extra_claims=[NEW_KIND])
-    html_path, md_path = write_report(study_dir)
+    study_dir = make_study(tmp_path)
+    html_path, md_path = report(study_dir)
     text = html_path.read_text()
     # no network: nothing but data: URIs, no script
     assert not re.search(r"(src|href)=\"(?!data:)", text) and "http" not in text.replace("http-equiv", "")
@@ -135,24 +134,24 @@ def test_report_is_self_contained_with_every_figure(tmp_path):
 
 def test_missing_and_corrupt_artifacts_are_marked_not_fatal(tmp_path):
     study_dir = make_study(tmp_path, covariances=False)
-    text = write_report(study_dir)[0].read_text()
-    assert "covariance snapshots not recorded" in text and len(_images(text)) == 2
+    text = report(study_dir)[0].read_text()
+    assert "covariance snapshots not recorded" in text and len(_images(text)) == 4
 
     study_dir = make_study(tmp_path / "b")
     runs = study_dir.parent.parent / "runs"
     for run in runs.iterdir():
         (run / "covariances.npz").write_bytes(b"not a zip")
     (study_dir / "table.parquet").unlink()
-    text = write_report(study_dir)[0].read_text()
+    text = report(study_dir)[0].read_text()
     assert "<h2>Missing</h2>" in text
     assert "artifact covariances.npz unreadable" in text and "objects/seed0" in text
     assert "table.parquet unreadable" in text and 'id="verdicts"' in text
-    assert len(_images(text)) == 1  # only the effect plot needs nothing but verdicts.json
+    assert len(_images(text)) == 2  # only the effect plots need nothing but verdicts.json
 
 
 def test_report_needs_verdicts(tmp_path):
     with pytest.raises(StudyError, match="verdicts.json"):
-        write_report(tmp_path)
+        read_study(tmp_path, "x", "", None)
 
 
 def test_t_band_matches_scipy():
@@ -189,12 +188,69 @@ def test_cli_report_and_ui(tmp_path, capsys, monkeypatch):
 
 
 def test_ordering_subset_names_its_datasets_in_declared_order():
-    from analysis.report import _claim_subset_text
+    hyp = load_hypothesis(ROOT / "hypotheses" / "texture_depth.yaml")
+    table = pd.read_parquet(BEHAVIOUR / "table_texture_depth.parquet")
+    claim, result = hyp.claims[0], evaluate_claims(hyp, table)[0]
+    assert subset_text(claim, result) == "datasets=[objects, cue_mix, textures], token_set=all, epoch=last"
+    hyp = load_hypothesis(ROOT / "hypotheses" / "rank_grows.yaml")
+    result = evaluate_claims(hyp, pd.read_parquet(BEHAVIOUR / "table_rank_grows.parquet"))[0]
+    assert subset_text(hyp.claims[0], result) == "dataset=objects, token_set=all, epoch=last"
 
-    claim = {
-        "kind": "ordering",
-        "subset": {"dataset": None, "token_set": "all", "epoch": "last"},
-        "details": {"per_seed_summary": {"objects": {}, "cue_mix": {}, "textures": {}}},
-    }
-    assert _claim_subset_text(claim) == "datasets=[objects, cue_mix, textures], token_set=all, epoch=last"
-    assert _claim_subset_text({"kind": "trend", "subset": {"dataset": "objects"}}) == "dataset=objects"
+
+def _shipped():
+    for path in sorted((ROOT / "hypotheses").rglob("*.yaml")):
+        hyp = load_hypothesis(path)
+        yield pytest.param(hyp, pd.read_parquet(BEHAVIOUR / f"table_{hyp.name}.parquet"), id=hyp.name)
+
+
+@pytest.mark.parametrize(("hyp", "table"), _shipped())
+def test_each_claim_figure_plots_what_its_claim_tests(hyp, table, monkeypatch, tmp_path):
+    """Built through the real schema from every shipped file: a trend over epochs draws every epoch of the
+    table and exactly the claim's layers; a claim at one epoch draws that epoch and the claim's datasets."""
+    drawn = []  # every line drawn: its x values and its label
+    plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "plot",
+        lambda ax, *a, **k: drawn.append((list(a[0]), k.get("label"))) or plot(ax, *a, **k),
+    )
+    results = evaluate_claims(hyp, table)
+    sections = build_sections(
+        ReportInput(hyp.name, hyp.description, list(hyp.claims), results, table, tmp_path)
+    )
+    last = int(table.epoch.max())
+    for claim, sec in zip(hyp.claims, sections, strict=True):
+        fig = sec.figures[0]
+        assert fig.png is not None, (claim.name, fig.missing)
+        if getattr(claim, "over", None) == "epoch":
+            epochs = sorted(int(e) for e in table[table.dataset == claim.subset.dataset].epoch.unique())
+            assert fig.plotted["epochs"] == (sorted(claim.epochs) if claim.epochs else epochs), claim.name
+            assert fig.plotted["layers"] == list(claim.layers), claim.name
+        else:
+            assert fig.plotted["epochs"] == [last if claim.subset.epoch == "last" else claim.subset.epoch]
+            named = (
+                getattr(claim, "datasets", None) or [claim.subset.dataset] if claim.subset.dataset else None
+            )
+            if named:
+                assert set(named) <= set(fig.plotted["datasets"]), claim.name
+    # the lines really drawn: a trend over epochs draws one line per claimed layer over every epoch
+    trend_lines = [x for x, label in drawn if label and label.startswith("block_")]
+    if any(getattr(c, "over", None) == "epoch" for c in hyp.claims):
+        assert trend_lines and all(sorted(x) == sorted(set(table.epoch)) for x in trend_lines)
+        assert not any(label in ("patch_embed", "pos_embed") for _, label in drawn)
+
+
+def test_u_shape_section_says_why(tmp_path):
+    """The INCONCLUSIVE default claim's section shows both contrasts with per-seed values, CI and p, the
+    reason, the bottleneck, the power and seeds needed."""
+    hyp = load_hypothesis(ROOT / "hypotheses" / "u_shape.yaml")
+    table = pd.read_parquet(BEHAVIOUR / "table_u_shape_weak.parquet")
+    results = evaluate_claims(hyp, table)
+    (sec,) = build_sections(ReportInput(hyp.name, "", list(hyp.claims), results, table, tmp_path))
+    text = "\n".join(sec.findings)
+    assert results[0].verdict == "INCONCLUSIVE"
+    for contrast in ("early - bottleneck", "late - bottleneck"):
+        line = next(x for x in sec.findings if x.startswith(contrast))
+        assert "95% CI" in line and "p " in line and all(f"seed {s}:" in line for s in hyp.design.seeds)
+    assert "bottleneck location: layer index" in text and "INCONCLUSIVE: neither" in text
+    assert re.search(r"power \d\.\d\d at the observed effect; 80% power needs \d+ seeds", text)

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.report import write_report
-from tests.test_report import NEW_KIND, make_study
+from tests.test_report import make_study, report
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -57,8 +56,8 @@ def chromium():
 
 
 def test_report_renders_in_headless_chromium(chromium, tmp_path):
-    study_dir = make_study(tmp_path, extra_claims=[NEW_KIND])
-    html_path, _ = write_report(study_dir)
+    study_dir = make_study(tmp_path)
+    html_path, _ = report(study_dir)
     n_img = len(re.findall(r"<img ", html_path.read_text()))
     assert n_img == 5
 

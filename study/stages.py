@@ -1,0 +1,280 @@
+"""The stages of a study, each a function from one artifact to the next, callable on its own.
+
+    plan -> triage -> (fetch stored) -> prepare data -> execute -> collect table -> evaluate -> write
+
+``study.orchestrate.run_study`` runs them in order for ``python -m study run``; the ``table`` verb calls
+:func:`collect_table` alone, and a sweep can call any of them per trial. Output folder layout::
+
+    data/                      dataset caches (generated or decoded once)
+    runs/<run key>/            one run folder per run (``core.runfolder``; result.json marks it finished)
+    studies/<name>/            table.parquet, verdicts.json, verdicts.txt, hypothesis.yaml, report.*
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.table import load_scalars, make_table, rows_from_spectra, save_table
+from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
+from core.errors import StudyError
+from core.hashing import canonical_json
+from core.io import atomic_write_json, atomic_write_text
+from core.runfolder import SCALARS, SPECTRA, RunFolder
+from study.planner import RunSpec, plan_runs
+from study.schema import Hypothesis
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Triage:
+    """The plan split by what must happen to each run.
+
+    Attributes:
+        finished: keys whose run folder here holds a finished run (reused as is).
+        stored: key -> finished MLflow run in the tracking store, absent here (downloaded, then reused).
+        todo: runs to fill (train), in plan order.
+    """
+
+    finished: list[str] = field(default_factory=list)
+    stored: dict[str, object] = field(default_factory=dict)
+    todo: list[RunSpec] = field(default_factory=list)
+
+    @property
+    def reused_from(self) -> dict[str, str]:
+        """key -> ``local`` or ``mlflow:<run id>`` for every reused run."""
+        out = {k: "local" for k in self.finished}
+        out.update({k: f"mlflow:{r.info.run_id}" for k, r in self.stored.items()})
+        return out
+
+
+@dataclass
+class Collected:
+    """The tidy table of a plan's finished runs, and what kept the others out of it."""
+
+    table: pd.DataFrame
+    rows: dict[str, pd.DataFrame]  # key -> that run's rows
+    failed_seeds: dict[str, dict[int, str]]  # dataset -> seed -> reason
+    missing: list[RunSpec]
+
+
+def plan(hyp: Hypothesis) -> list[RunSpec]:
+    """Stage 1: the runs a hypothesis needs (``study.planner``)."""
+    return plan_runs(hyp)
+
+
+def triage(
+    specs: list[RunSpec], runs_dir: Path, stored: dict[str, object] | None = None, force: bool = False
+) -> Triage:
+    """Stage 2: which runs are finished here, finished in the tracking store, or to do. Touches nothing.
+
+    Args:
+        stored: run key -> finished MLflow run (``Tracker.finished_runs``); ignored with ``force``.
+        force: every run is to do.
+    """
+    out = Triage()
+    for spec in specs:
+        if not force and RunFolder(runs_dir / spec.key).is_finished():
+            out.finished.append(spec.key)
+        elif not force and spec.key in (stored or {}):
+            out.stored[spec.key] = stored[spec.key]
+        else:
+            out.todo.append(spec)
+    return out
+
+
+def fetch_stored(tri: Triage, specs: list[RunSpec], runs_dir: Path, tracker) -> None:
+    """Stage 2b: download each stored run into its folder (replacing a partial local attempt)."""
+    by_key = {s.key: s for s in specs}
+    for key, run in tri.stored.items():
+        run_dir = runs_dir / key
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        tracker.fetch_run(run, by_key[key], run_dir)
+
+
+def clear_for_training(todo: list[RunSpec], runs_dir: Path, force: bool = False) -> None:
+    """Remove what must not be resumed: an ended (failed) attempt, or everything with ``force``.
+
+    A folder without ``result.json`` is an interrupted run: it is kept and resumes.
+    """
+    for spec in todo:
+        folder = RunFolder(runs_dir / spec.key)
+        if folder.path.exists() and (force or folder.read_result() is not None):
+            shutil.rmtree(folder.path)
+
+
+def dataset_key(dataset: dict) -> str:
+    """The key of a dataset spec in :func:`prepare_data`'s records."""
+    return canonical_json(dataset)
+
+
+def prepare_data(todo: list[RunSpec], data_dir: Path, log: Log = print) -> dict[str, object]:
+    """Stage 3: each distinct dataset of the runs to do made ready once, here, so workers only read caches.
+
+    Returns:
+        :func:`dataset_key` of the dataset spec -> the source's ``DataRecord`` (what tracking logs).
+    """
+    from runners.sources import get_source
+
+    records: dict[str, object] = {}
+    for spec in todo:
+        ds_key = dataset_key(spec.dataset)
+        if ds_key in records:
+            continue
+        t0 = time.perf_counter()
+        records[ds_key] = get_source(spec.source).prepare(spec.model_dump(), data_dir)
+        log(f"data {spec.dataset['name']}: ready ({time.perf_counter() - t0:.1f}s)")
+    return records
+
+
+def execute(
+    todo: list[RunSpec],
+    runs_dir: Path,
+    data_dir: Path,
+    workers: int | str = "auto",
+    log: Log = print,
+    on_result: Callable[[RunSpec, dict | None], None] | None = None,
+) -> dict[str, str]:
+    """Stage 4: fill every run to do through an executor (``runners.executors``).
+
+    Args:
+        on_result: called in this process as each run ends, with its result (None when it raised).
+
+    Returns:
+        key -> reason, for every run that failed.
+    """
+    if not todo:  # torch is imported only when something runs: a cached rerun stays quick
+        return {}
+    from runners.executors import make_executor
+    from runners.jobs import execute_run
+    from runners.train import pick_device
+
+    executor = make_executor(workers, len(todo), cuda=pick_device().type == "cuda")
+    jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir)) for s in todo]
+    failed: dict[str, str] = {}
+    t0 = time.perf_counter()
+    for i, result, exc in executor.map_jobs(execute_run, jobs):
+        spec = todo[i]
+        if exc is not None:
+            failed[spec.key] = f"{type(exc).__name__}: {exc}"
+            log(f"[{spec.label}] FAILED: {failed[spec.key]}")
+        else:
+            if result["status"] != "finished":
+                failed[spec.key] = f"failed at epoch {result.get('failed_epoch')}: {result.get('error')}"
+            log(f"[{spec.label}] {result['status']} ({time.perf_counter() - t0:.0f}s since start)")
+        if on_result:
+            on_result(spec, result)
+    return failed
+
+
+def run_rows(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
+    """Tidy rows of one finished run, from its folder alone; one-line error naming an unreadable artifact."""
+    folder = RunFolder(run_dir)
+    try:
+        spectra = folder.read_spectra()
+    except Exception as exc:  # noqa: BLE001 - a missing/truncated npz surfaces as many exception types
+        raise StudyError(
+            f"run {spec.label} (key {spec.key}): artifact {SPECTRA} is missing or corrupt "
+            f"({type(exc).__name__}: {exc}); rerun with --force to retrain it",
+            str(folder.file(SPECTRA)),
+        ) from None
+    result = folder.read_result() or {}
+    rows = rows_from_spectra(
+        spec.key,
+        spec.dataset["name"],
+        spec.seed,
+        spectra,
+        layers,
+        result.get("n_tokens"),
+        scalars=load_scalars(folder.file(SCALARS)),
+    )
+    return pd.DataFrame(rows)
+
+
+def collect_table(
+    specs: list[RunSpec], runs_dir: Path, layers: list[str], failed: dict[str, str] | None = None
+) -> Collected:
+    """Stage 5: the tidy table of every finished run of the plan (also the ``table`` verb).
+
+    A run that failed or did not finish is left out; its seed is reported per dataset with the reason.
+    """
+    rows, failed_seeds, missing = {}, {}, []
+    for spec in specs:
+        folder = RunFolder(runs_dir / spec.key)
+        if (failed and spec.key in failed) or not folder.is_finished():
+            reason = (failed or {}).get(spec.key, "run did not finish")
+            failed_seeds.setdefault(spec.dataset["name"], {})[spec.seed] = reason
+            missing.append(spec)
+            continue
+        rows[spec.key] = run_rows(spec, folder.path, layers)
+    table = make_table(pd.concat(rows.values(), ignore_index=True) if rows else [])
+    return Collected(table, rows, failed_seeds, missing)
+
+
+def evaluate(hyp: Hypothesis, table: pd.DataFrame, source: str, failed_seeds=None) -> list[ClaimResult]:
+    """Stage 6: every claim tested, adjusted and decided (``analysis.verdicts``)."""
+    return evaluate_claims(hyp, table, source=source, failed=failed_seeds)
+
+
+def write_outputs(
+    study_dir: Path,
+    hyp_path: Path,
+    specs: list[RunSpec],
+    tri: Triage,
+    failed: dict[str, str],
+    table: pd.DataFrame,
+    results: list[ClaimResult],
+    command: str | None = None,
+) -> dict[str, Path]:
+    """Stage 7: ``table.parquet``, ``verdicts.json``, ``verdicts.txt`` and ``hypothesis.yaml``, each atomic."""
+    study_dir.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "hypothesis": study_dir.name,
+        "file": str(hyp_path),
+        "runs": [s.key for s in specs],
+        "labels": {s.key: s.label for s in specs},
+        "reused": [s.key for s in specs if s.key in tri.reused_from],
+        "reused_from": tri.reused_from,
+        "failed": failed,
+        "command": command,
+        "claims": [r.to_dict() for r in results],
+    }
+    paths = {
+        "table": save_table(table, study_dir / "table.parquet"),
+        "verdicts": atomic_write_json(study_dir / "verdicts.json", payload, indent=1, default=float),
+        "text": atomic_write_text(study_dir / "verdicts.txt", format_verdicts(results) + "\n"),
+        "hypothesis": atomic_write_text(
+            study_dir / "hypothesis.yaml", Path(hyp_path).read_text(encoding="utf-8")
+        ),
+    }
+    return paths
+
+
+def write_study_report(
+    study_dir: Path, hyp: Hypothesis, results, table, runs_dir: Path, specs, tri, failed, hyp_path, command
+) -> list[Path]:
+    """Stage 8: ``report.html`` and ``report.md`` from the typed claims and results."""
+    from analysis.report import ReportInput, write_report
+
+    inp = ReportInput(
+        title=hyp.name,
+        description=hyp.description.strip(),
+        claims=list(hyp.claims),
+        results=results,
+        table=table,
+        runs_dir=runs_dir,
+        runs=[s.key for s in specs],
+        labels={s.key: s.label for s in specs},
+        reused=[s.key for s in specs if s.key in tri.reused_from],
+        failed=failed,
+        file=str(hyp_path),
+        command=command,
+    )
+    return list(write_report(study_dir, inp))
