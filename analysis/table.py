@@ -10,7 +10,6 @@ extraction time, read from the run's ``scalars.json``). Saved as Parquet (or CSV
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pandas as pd
 from analysis.observables import OBSERVABLES
 from analysis.spectral import METRICS
 from core.errors import StudyError
+from core.io import atomic_path
 
 COLUMNS = [
     "run_key",
@@ -52,7 +52,7 @@ def rows_from_spectra(
         layers: observation points in depth order (gives ``layer_index``).
         n_tokens: token count per ``"{layer}/{token_set}"``.
         metrics: metric names, eigenvalue metrics and/or observables (default: all).
-        scalars: observables keyed ``"{epoch}/{layer}/{token_set}/{observable}"`` (``load_scalars``).
+        scalars: observables keyed ``"{epoch}/{layer}/{token_set}/{observable}"`` (``core.runfolder.RunFolder.read_scalars``).
     """
     order = {name: i for i, name in enumerate(layers)}
     wanted = list(metrics) if metrics is not None else [*METRICS, *OBSERVABLES]
@@ -88,19 +88,6 @@ def rows_from_spectra(
     return rows
 
 
-def load_scalars(path: str | Path) -> dict[str, float]:
-    """Observables ``{"{epoch}/{layer}/{token_set}/{observable}": value}`` from a run's ``scalars.json``.
-
-    JSON ``null`` (a NaN at extraction) becomes NaN; a missing file gives ``{}`` (runs measured before
-    observables existed).
-    """
-    path = Path(path)
-    if not path.exists():
-        return {}
-    values = json.loads(path.read_text()).get("values", {})
-    return {k: float("nan") if v is None else float(v) for k, v in values.items()}
-
-
 def make_table(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
     """The tidy table from row dicts or from a frame of rows (e.g. concatenated runs), sorted."""
     df = (
@@ -116,13 +103,11 @@ def make_table(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
 def save_table(df: pd.DataFrame, path: str | Path) -> Path:
     """Write atomically (temp file, then rename); ``.csv`` writes CSV, anything else Parquet."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    if path.suffix == ".csv":
-        df.to_csv(tmp, index=False)
-    else:
-        df.to_parquet(tmp, index=False)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        if path.suffix == ".csv":
+            df.to_csv(tmp, index=False)
+        else:
+            df.to_parquet(tmp, index=False)
     return path
 
 

@@ -9,8 +9,10 @@ token, and the ``patch`` tokens.
 from __future__ import annotations
 
 import re
+from typing import Literal, get_args
 
-TOKEN_SETS = ("all", "cls", "patch")
+TokenSet = Literal["all", "cls", "patch"]  # the type of a token-set field in a hypothesis file
+TOKEN_SETS: tuple[str, ...] = get_args(TokenSet)
 _BLOCK = re.compile(r"^block_(\d+)$")
 
 

@@ -299,7 +299,9 @@ def load_disk_split(
     if split == "probe":
         key.update(probe_size=probe_size, probe_seed=probe_seed)
     path = Path(cache_dir) / f"{spec['kind']}_{split}_{digest(key, 16, compact=False)}.npz"
-    return cached_arrays(path, lambda: _decode(spec, split, root, probe_size, probe_seed), ("images", "labels"))
+    return cached_arrays(
+        path, lambda: _decode(spec, split, root, probe_size, probe_seed), ("images", "labels")
+    )
 
 
 def _decode(spec: dict, split: str, root: Path, probe_size: int | None, probe_seed: int | None) -> dict:

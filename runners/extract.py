@@ -40,7 +40,6 @@ import torch
 
 from analysis.observables import cosine_anisotropy, diagonality, twonn_id
 from core.errors import RunFailedError
-from core.layers import TOKEN_SETS
 from core.runfolder import RunFolder
 
 SUBSAMPLE = 1024  # tokens per (point, token set) for cosine anisotropy / TwoNN: O(m^2) distances stay cheap

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.table import load_scalars, make_table, rows_from_spectra, save_table
+from analysis.table import make_table, rows_from_spectra, save_table
 from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
 from core.errors import StudyError
 from core.hashing import canonical_json
 from core.io import atomic_write_json, atomic_write_text
-from core.runfolder import SCALARS, SPECTRA, RunFolder
+from core.runfolder import SPECTRA, RunFolder
 from study.planner import RunSpec, plan_runs
 from study.schema import Hypothesis
 
@@ -193,7 +193,7 @@ def run_rows(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
         spectra,
         layers,
         result.get("n_tokens"),
-        scalars=load_scalars(folder.file(SCALARS)),
+        scalars=folder.read_scalars(),
     )
     return pd.DataFrame(rows)
 

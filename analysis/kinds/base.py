@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from analysis.observables import ALL_METRICS
 from core.errors import StudyError
+from core.layers import TokenSet
 
 
 class Strict(BaseModel):
@@ -42,7 +43,7 @@ class Subset(Strict):
     """Which slice of the tidy table a claim is tested on."""
 
     dataset: str | None = None  # required by u_shape and trend; the default for conditions otherwise
-    token_set: Literal["all", "cls", "patch"] = "all"
+    token_set: TokenSet = "all"
     epoch: int | Literal["last"] = "last"
 
 
@@ -53,7 +54,7 @@ class Condition(Strict):
     """
 
     dataset: str | None = None
-    token_set: Literal["all", "cls", "patch"] | None = None
+    token_set: TokenSet | None = None
     epoch: int | Literal["last"] | None = None
     layers: list[str] = Field(min_length=1)
 
@@ -387,6 +388,9 @@ class ClaimKind:
             reason, power, warnings and excluded seeds are added for every kind).
         rejection_margin: ``claim -> margin or None``: a margin within which equivalence REJECTS the
             claim (default: the claim's ``margin`` field, if any).
+        example: a valid claim of this kind as a hypothesis file writes it (without ``name``), over a
+            design of datasets ``objects``, ``mixed``, ``textures`` and a 12-block ViT: the contract test
+            (tests/test_kind_contract.py) evaluates it and draws its figures.
     """
 
     name: str
@@ -396,6 +400,7 @@ class ClaimKind:
     figures: Callable[[FigureContext], list] = _no_figures
     explain: Callable[[Any, Any], list[str]] = _no_explanation
     rejection_margin: Callable[[Any], float | None] = _declared_margin
+    example: dict = field(default_factory=dict)
 
 
 KINDS: dict[str, ClaimKind] = {}

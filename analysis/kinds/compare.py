@@ -139,5 +139,12 @@ register_kind(
         },
         figures=figures,
         explain=explain,
+        example={
+            "kind": "compare",
+            "metric": "eed_pct",
+            "subset": {},
+            "a": {"dataset": "textures", "layers": ["block_04"]},
+            "b": {"dataset": "objects", "layers": ["block_04"]},
+        },
     )
 )

@@ -136,6 +136,14 @@ register_kind(
         calibration={"equivalence": Scenario("true difference exactly at the margin (1 SD)", _simulate)},
         figures=figures,
         explain=explain,
+        example={
+            "kind": "equivalence",
+            "metric": "eed_pct",
+            "subset": {"dataset": "textures"},
+            "a": {"layers": ["block_04"]},
+            "b": {"layers": ["block_01"]},
+            "margin": 3.0,
+        },
         rejection_margin=_no_margin,
     )
 )

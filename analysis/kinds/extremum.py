@@ -158,5 +158,12 @@ register_kind(
         calibration={"extremum": Scenario("target ties one competitor, 3 others far below", _simulate)},
         figures=figures,
         explain=explain,
+        example={
+            "kind": "extremum",
+            "metric": "effective_rank",
+            "subset": {"dataset": "objects", "token_set": "cls"},
+            "target": {"layers": ["norm"]},
+            "competitors": [{"layers": ["block_06"]}, {"layers": ["block_12"]}],
+        },
     )
 )

@@ -220,5 +220,14 @@ register_kind(
         },
         figures=figures,
         explain=explain,
+        example={
+            "kind": "ordering",
+            "metric": "eed_pct",
+            "subset": {},
+            "datasets": ["objects", "mixed", "textures"],
+            "direction": "increasing",
+            "layers": ["block_02", "block_03", "block_04", "block_05"],
+            "summary": "min",
+        },
     )
 )

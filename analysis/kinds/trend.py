@@ -291,5 +291,12 @@ register_kind(
         },
         figures=figures,
         explain=explain,
+        example={
+            "kind": "trend",
+            "metric": "effective_rank",
+            "subset": {"dataset": "objects"},
+            "direction": "increasing",
+            "layers": ["block_01", "block_06", "block_12"],
+        },
     )
 )

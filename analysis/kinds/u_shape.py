@@ -367,5 +367,11 @@ register_kind(
         },
         figures=figures,
         explain=explain,
+        example={
+            "kind": "u_shape",
+            "metric": "eed_pct",
+            "subset": {"dataset": "objects"},
+            "regions": {"early": ["block_01"], "bottleneck": ["block_04", "block_05"], "late": ["block_12"]},
+        },
     )
 )

@@ -1,0 +1,106 @@
+"""The layering, checked from the source: ``core`` at the bottom, ``runners`` and ``analysis`` above it and
+independent of ``study``, no import cycles between modules (function-level imports included), and no
+function in ``study/`` over 80 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+PACKAGES = ("core", "study", "runners", "analysis")
+MAX_LINES = 80
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Project modules ``name`` imports anywhere in its source (``from pkg import mod`` counts as mod)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+        else:
+            continue
+        for t in targets:
+            while t and t not in MODULES:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+@pytest.mark.parametrize(
+    ("lower", "upper"),
+    [
+        ("core", "study"),
+        ("core", "runners"),
+        ("core", "analysis"),
+        ("runners", "study"),
+        ("analysis", "study"),
+    ],
+)
+def test_lower_layers_never_import_upper_ones(lower, upper):
+    bad = {
+        m: sorted(i for i in deps if i.split(".")[0] == upper)
+        for m, deps in GRAPH.items()
+        if m.split(".")[0] == lower
+    }
+    assert not {m: d for m, d in bad.items() if d}
+
+
+def test_no_import_cycles():
+    # a package's __init__ importing its own submodules is how registries load, not a cycle
+    graph = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in GRAPH.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(d) :] + [d]))
+            if d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_no_function_in_study_is_over_80_lines():
+    long = []
+    for name, path in MODULES.items():
+        if name.split(".")[0] != "study":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_LINES:
+                    long.append(f"{name}.{node.name}: {n} lines")
+    assert not long
+
+
+def test_the_checks_see_real_imports():
+    # guards against a graph that is empty because parsing found nothing
+    assert "core.errors" in GRAPH["study.cli"] and "analysis.kinds.base" in GRAPH["analysis.kinds.u_shape"]

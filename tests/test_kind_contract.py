@@ -1,0 +1,103 @@
+"""One contract over every registered claim kind (as the metric registry has one over every metric).
+
+A kind passes when its example claim validates through the real hypothesis schema, its table adapter
+returns a well-formed Outcome on a simulated study, its verdict, figures and explanation come out, a
+claim naming a dataset the table lacks fails with one line, and each calibration scenario runs through
+the kind's own array test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from analysis.figures import Figure
+from analysis.kinds import KINDS, FigureContext
+from analysis.kinds.base import ClaimBase, Outcome, TableView
+from analysis.simulate import simulate_study_table
+from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims
+from core.errors import StudyError
+from study.schema import parse_hypothesis
+
+DESIGN = {
+    "datasets": [{"name": "objects"}, {"name": "mixed"}, {"name": "textures", "variant": "textures"}],
+    "seeds": [0, 1, 2, 3, 4],
+    "checkpoints": [0, 2, 4],
+}
+
+
+@pytest.fixture(scope="module")
+def table():
+    return simulate_study_table(
+        n_seeds=5, datasets=("objects", "mixed", "textures"), epochs=(0, 2, 4), seed=3
+    )
+
+
+def _claim(kind: str, **override):
+    doc = {
+        "name": "t",
+        "design": DESIGN,
+        "claims": [{"name": f"{kind} example", **KINDS[kind].example, **override}],
+    }
+    return parse_hypothesis(doc)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_model_is_registered_under_its_kind(kind):
+    entry = KINDS[kind]
+    assert issubclass(entry.model, ClaimBase) and entry.name == kind
+    assert entry.model.model_fields["kind"].annotation.__args__ == (kind,)
+    assert entry.example and entry.example["kind"] == kind
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_evaluate_gives_a_well_formed_outcome(kind, table):
+    hyp = _claim(kind)
+    claim = hyp.claims[0]
+    assert type(claim) is KINDS[kind].model
+    out = KINDS[kind].evaluate(TableView(table), claim, where="contract", excluded={})
+    assert isinstance(out, Outcome)
+    assert 0.0 <= out.p_value <= 1.0 and math.isfinite(out.effect)
+    assert out.ci[0] <= out.ci[1] and out.seeds_used == [0, 1, 2, 3, 4]
+    assert all(isinstance(w, str) and "\n" not in w for w in out.warnings)
+    (result,) = evaluate_claims(hyp, table)
+    assert result.verdict in (ACCEPTED, REJECTED, INCONCLUSIVE) and result.kind == kind
+    assert result.to_dict()["details"] == result.from_dict(result.to_dict()).to_dict()["details"]
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_figures_and_explanation(kind, table):
+    hyp = _claim(kind)
+    (result,) = evaluate_claims(hyp, table)
+    figures = KINDS[kind].figures(FigureContext(table, hyp.claims[0], result))
+    assert figures and all(isinstance(f, Figure) for f in figures)
+    assert all(f.png and f.png.startswith(b"\x89PNG") for f in figures), [f.missing for f in figures]
+    assert all(f.plotted.get("epochs") and f.plotted.get("datasets") for f in figures)
+    lines = KINDS[kind].explain(hyp.claims[0], result)
+    assert lines and all(isinstance(x, str) and x for x in lines)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_dataset_the_table_lacks_is_one_line(kind, table):
+    hyp = _claim(kind)
+    small = (
+        table[table.dataset != "textures"]
+        if "textures" in str(KINDS[kind].example)
+        else table[table.dataset != "objects"]
+    )
+    with pytest.raises(StudyError) as err:
+        evaluate_claims(hyp, small, source="f.yaml")
+    assert "\n" not in str(err.value) and str(err.value).startswith("f.yaml: claims[0]")
+
+
+@pytest.mark.parametrize("label", [(k, lab) for k in KINDS for lab in KINDS[k].calibration], ids=str)
+def test_calibration_scenarios_run(label):
+    kind, lab = label
+    rng = np.random.default_rng(0)
+    for effect in (0.0, 2.0):
+        r = KINDS[kind].calibration[lab].simulate(5, effect, rng)
+        assert set(r) == {"p", "covered", "warned"}
+        assert math.isnan(r["p"]) or 0.0 <= r["p"] <= 1.0
+        assert r["covered"] in (None, True, False) and isinstance(r["warned"], bool)
