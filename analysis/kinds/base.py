@@ -361,6 +361,33 @@ class FigureContext:
     result: Any  # analysis.verdicts.ClaimResult
 
 
+def condition_figures(ctx: FigureContext) -> list:
+    """For claims over conditions: the metric by layer at the claim's epoch for every dataset they name."""
+    from analysis.figures import profile_figure
+
+    conds = ctx.result.details.get("conditions") or {}
+    datasets = list(dict.fromkeys(c["dataset"] for c in conds.values())) or [ctx.claim.subset.dataset]
+    return [
+        profile_figure(
+            ctx.table, ctx.claim.metric, ctx.claim.subset.token_set, datasets, ctx.claim.subset.epoch
+        )
+    ]
+
+
+def describe_condition(cond: dict) -> str:
+    """A resolved condition (``condition_values``) in words: ``dataset/token_set/epoch N: layers``."""
+    layers = cond["layers"]
+    where = layers[0] if len(layers) == 1 else f"mean of {', '.join(layers)}"
+    return f"{cond['dataset']}/{cond['token_set']}/epoch {cond['epoch']}: {where}"
+
+
+def per_seed_text(values: dict, digits: int = 2) -> str:
+    """``{seed: value}`` as ``seed 0: 1.23, seed 1: ...``."""
+    from core.fmt import fmt_num
+
+    return ", ".join(f"seed {s}: {fmt_num(v, digits)}" for s, v in (values or {}).items())
+
+
 def _no_figures(ctx: FigureContext) -> list:
     return []
 

@@ -12,17 +12,18 @@ from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
     Condition,
-    FigureContext,
     Outcome,
     Scenario,
     TableView,
+    condition_figures,
+    describe_condition,
     few_seeds_warning,
     paired,
     paired_outcome,
+    per_seed_text,
     register_kind,
     std_effect,
 )
-from core.fmt import fmt_num
 
 
 class CompareClaim(ClaimBase):
@@ -93,38 +94,17 @@ def _simulate(alternative: str):
     return simulate
 
 
-def figures(ctx: FigureContext) -> list:
-    """The metric by layer at the claim's epoch for every dataset its conditions name."""
-    from analysis.figures import profile_figure
-
-    conds = ctx.result.details.get("conditions") or {}
-    datasets = list(dict.fromkeys(c["dataset"] for c in conds.values())) or [ctx.claim.subset.dataset]
-    return [
-        profile_figure(
-            ctx.table, ctx.claim.metric, ctx.claim.subset.token_set, datasets, ctx.claim.subset.epoch
-        )
-    ]
-
-
-def _describe(cond: dict) -> str:
-    layers = cond["layers"]
-    where = layers[0] if len(layers) == 1 else f"mean of {', '.join(layers)}"
-    return f"{cond['dataset']}/{cond['token_set']}/epoch {cond['epoch']}: {where}"
-
-
-def _per_seed(values: dict) -> str:
-    return ", ".join(f"seed {s}: {fmt_num(v)}" for s, v in (values or {}).items())
-
-
 def explain(claim, result) -> list[str]:
     """The two conditions, the alternative and the per-seed differences."""
     d = result.details
     lines = []
     if d.get("conditions"):
-        lines.append(f"a: {_describe(d['conditions']['a'])}; b: {_describe(d['conditions']['b'])}")
+        lines.append(
+            f"a: {describe_condition(d['conditions']['a'])}; b: {describe_condition(d['conditions']['b'])}"
+        )
     lines.append(f"paired t(S-1) test of a - b, alternative: {claim.alternative}")
     if d.get("per_seed_diff"):
-        lines.append(f"per-seed a - b: {_per_seed(d['per_seed_diff'])}")
+        lines.append(f"per-seed a - b: {per_seed_text(d['per_seed_diff'])}")
     return lines
 
 
@@ -137,7 +117,7 @@ register_kind(
             "compare": Scenario("no difference (one-sided greater)", _simulate("greater")),
             "compare_two_sided": Scenario("no difference (two-sided)", _simulate("two-sided")),
         },
-        figures=figures,
+        figures=condition_figures,
         explain=explain,
         example={
             "kind": "compare",

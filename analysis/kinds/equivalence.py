@@ -17,13 +17,15 @@ from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
     Condition,
-    FigureContext,
     Outcome,
     Scenario,
     TableView,
+    condition_figures,
+    describe_condition,
     few_seeds_warning,
     paired,
     paired_outcome,
+    per_seed_text,
     register_kind,
 )
 from core.fmt import fmt_num, unit_of
@@ -85,42 +87,21 @@ def _simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
     return {"p": st["p"], "covered": bool(st["ci"][0] <= truth <= st["ci"][1]), "warned": False}
 
 
-def figures(ctx: FigureContext) -> list:
-    """The metric by layer at the claim's epoch for every dataset its conditions name."""
-    from analysis.figures import profile_figure
-
-    conds = ctx.result.details.get("conditions") or {}
-    datasets = list(dict.fromkeys(c["dataset"] for c in conds.values())) or [ctx.claim.subset.dataset]
-    return [
-        profile_figure(
-            ctx.table, ctx.claim.metric, ctx.claim.subset.token_set, datasets, ctx.claim.subset.epoch
-        )
-    ]
-
-
-def _describe(cond: dict) -> str:
-    layers = cond["layers"]
-    where = layers[0] if len(layers) == 1 else f"mean of {', '.join(layers)}"
-    return f"{cond['dataset']}/{cond['token_set']}/epoch {cond['epoch']}: {where}"
-
-
-def _per_seed(values: dict) -> str:
-    return ", ".join(f"seed {s}: {fmt_num(v)}" for s, v in (values or {}).items())
-
-
 def explain(claim, result) -> list[str]:
     """The two conditions, the margin and the per-seed differences."""
     d = result.details
     unit = unit_of(claim.metric)
     lines = []
     if d.get("conditions"):
-        lines.append(f"a: {_describe(d['conditions']['a'])}; b: {_describe(d['conditions']['b'])}")
+        lines.append(
+            f"a: {describe_condition(d['conditions']['a'])}; b: {describe_condition(d['conditions']['b'])}"
+        )
     lines.append(
         f"TOST: a - b = {fmt_num(result.effect)}{unit} (95% CI {fmt_num(result.ci_low)}, {fmt_num(result.ci_high)}) "
         f"against the declared margin +-{fmt_num(d.get('margin'))}{unit}; p = the larger one-sided p"
     )
     if d.get("per_seed_diff"):
-        lines.append(f"per-seed a - b: {_per_seed(d['per_seed_diff'])}")
+        lines.append(f"per-seed a - b: {per_seed_text(d['per_seed_diff'])}")
     return lines
 
 
@@ -134,7 +115,7 @@ register_kind(
         model=EquivalenceClaim,
         evaluate=evaluate,
         calibration={"equivalence": Scenario("true difference exactly at the margin (1 SD)", _simulate)},
-        figures=figures,
+        figures=condition_figures,
         explain=explain,
         example={
             "kind": "equivalence",

@@ -17,10 +17,11 @@ from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
     Condition,
-    FigureContext,
     Outcome,
     Scenario,
     TableView,
+    condition_figures,
+    describe_condition,
     few_seeds_warning,
     paired,
     paired_outcome,
@@ -113,38 +114,15 @@ def _simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
     return {"p": st["p"], "covered": bool(ci[0] <= effect <= ci[1]), "warned": False}
 
 
-def figures(ctx: FigureContext) -> list:
-    """The metric by layer at the claim's epoch for every dataset its conditions name."""
-    from analysis.figures import profile_figure
-
-    conds = ctx.result.details.get("conditions") or {}
-    datasets = list(dict.fromkeys(c["dataset"] for c in conds.values())) or [ctx.claim.subset.dataset]
-    return [
-        profile_figure(
-            ctx.table, ctx.claim.metric, ctx.claim.subset.token_set, datasets, ctx.claim.subset.epoch
-        )
-    ]
-
-
-def _describe(cond: dict) -> str:
-    layers = cond["layers"]
-    where = layers[0] if len(layers) == 1 else f"mean of {', '.join(layers)}"
-    return f"{cond['dataset']}/{cond['token_set']}/epoch {cond['epoch']}: {where}"
-
-
-def _per_seed(values: dict) -> str:
-    return ", ".join(f"seed {s}: {fmt_num(v)}" for s, v in (values or {}).items())
-
-
 def explain(claim, result) -> list[str]:
     """The target, then each competitor's paired difference with its CI and p."""
     d = result.details
     unit = unit_of(claim.metric)
-    lines = [f"target: {_describe(d['conditions']['target'])}"] if d.get("conditions") else []
+    lines = [f"target: {describe_condition(d['conditions']['target'])}"] if d.get("conditions") else []
     for c in d.get("per_competitor") or []:
         binding = " (binding)" if c["competitor"] == d.get("binding_competitor") else ""
         lines.append(
-            f"vs {_describe(c['competitor'])}: {claim.direction} by {fmt_num(c['mean_diff'])}{unit} "
+            f"vs {describe_condition(c['competitor'])}: {claim.direction} by {fmt_num(c['mean_diff'])}{unit} "
             f"(95% CI {fmt_num(c['ci'][0])}, {fmt_num(c['ci'][1])}), one-sided p {fmt_p(c['p'])}{binding}"
         )
     return lines
@@ -156,7 +134,7 @@ register_kind(
         model=ExtremumClaim,
         evaluate=evaluate,
         calibration={"extremum": Scenario("target ties one competitor, 3 others far below", _simulate)},
-        figures=figures,
+        figures=condition_figures,
         explain=explain,
         example={
             "kind": "extremum",

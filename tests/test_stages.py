@@ -1,0 +1,135 @@
+"""Each stage of ``study.stages`` on its own: what it reads, what it returns, what it leaves on disk."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import yaml
+
+from core.runfolder import RunFolder
+from study import stages
+from study.schema import parse_hypothesis
+from tests.conftest import TINY_HYPOTHESIS
+from tests.test_table_snapshot import write_runs
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    hyp_path, out = write_runs(tmp_path)
+    hyp = parse_hypothesis(yaml.safe_load(TINY_HYPOTHESIS))
+    return hyp, hyp_path, out, stages.plan(hyp)
+
+
+def test_plan_is_one_run_per_dataset_and_seed(tiny):
+    hyp, _, _, specs = tiny
+    assert [s.seed for s in specs] == [0, 1, 2] and len({s.key for s in specs}) == 3
+    assert all(s.source == "train" for s in specs)
+
+
+def test_triage_sorts_finished_stored_and_todo_without_touching_disk(tiny):
+    hyp, _, out, specs = tiny
+    runs = out / "runs"
+    shutil.rmtree(runs / specs[1].key)
+    (runs / specs[2].key / "result.json").write_text(json.dumps({"status": "failed"}))
+    stored = {specs[1].key: SimpleNamespace(info=SimpleNamespace(run_id="abc"))}
+    tri = stages.triage(specs, runs, stored)
+    assert tri.finished == [specs[0].key] and list(tri.stored) == [specs[1].key]
+    assert tri.todo == [specs[2]]
+    assert tri.reused_from == {specs[0].key: "local", specs[1].key: "mlflow:abc"}
+    assert (runs / specs[2].key / "result.json").exists()  # triage removes nothing
+    assert [s.key for s in stages.triage(specs, runs, stored, force=True).todo] == [s.key for s in specs]
+
+
+def test_fetch_stored_replaces_a_partial_attempt(tiny):
+    _, _, out, specs = tiny
+    runs = out / "runs"
+    partial = runs / specs[1].key
+    (partial / "result.json").unlink()
+    fetched = []
+
+    class Store:
+        def fetch_run(self, run, spec, run_dir):
+            assert not run_dir.exists()  # the partial attempt is gone first
+            fetched.append((run, spec.key))
+
+    tri = stages.Triage(stored={specs[1].key: "run-1"})
+    stages.fetch_stored(tri, specs, runs, Store())
+    assert fetched == [("run-1", specs[1].key)]
+
+
+def test_clear_for_training_keeps_interrupted_runs_and_drops_ended_ones(tiny):
+    _, _, out, specs = tiny
+    runs = out / "runs"
+    (runs / specs[0].key / "result.json").write_text(json.dumps({"status": "failed"}))
+    (runs / specs[1].key / "result.json").unlink()  # interrupted: resumes
+    stages.clear_for_training(specs[:2], runs)
+    assert not (runs / specs[0].key).exists() and (runs / specs[1].key / "spectra.npz").exists()
+    stages.clear_for_training(specs[1:2], runs, force=True)
+    assert not (runs / specs[1].key).exists()
+
+
+def test_prepare_data_makes_each_dataset_once(tiny, tmp_path):
+    _, _, _, specs = tiny
+    lines = []
+    records = stages.prepare_data(specs, tmp_path / "data", lines.append)
+    assert len(records) == 1 and len(lines) == 1  # three runs, one dataset
+    (rec,) = records.values()
+    assert rec.name == "objects" and rec.profile["train"] == [64, 8, 8, 3] and rec.profile["probe"][0] == 16
+    assert records == {stages.dataset_key(specs[0].dataset): rec}
+    assert len(list((tmp_path / "data").glob("*.npz"))) == 3  # train, test, probe caches
+
+
+def test_execute_reports_failures_and_calls_back(tiny, tmp_path, monkeypatch):
+    import runners.jobs
+
+    _, _, _, specs = tiny
+
+    def fake(run, run_dir, data_dir):
+        if run["seed"] == 1:
+            raise RuntimeError("boom")
+        return {"status": "finished" if run["seed"] == 0 else "failed", "failed_epoch": 1, "error": "nan"}
+
+    monkeypatch.setattr(runners.jobs, "execute_run", fake)
+    seen = []
+    failed = stages.execute(
+        specs, tmp_path, tmp_path, workers=1, log=lambda _: None, on_result=lambda s, r: seen.append(s.seed)
+    )
+    assert failed == {specs[1].key: "RuntimeError: boom", specs[2].key: "failed at epoch 1: nan"}
+    assert seen == [0, 1, 2]
+    assert stages.execute([], tmp_path, tmp_path) == {}
+
+
+def test_collect_table_leaves_out_unfinished_and_failed_runs(tiny):
+    hyp, _, out, specs = tiny
+    runs = out / "runs"
+    (runs / specs[2].key / "result.json").unlink()
+    got = stages.collect_table(specs, runs, hyp.design.layers, failed={specs[1].key: "boom"})
+    assert list(got.rows) == [specs[0].key] and set(got.table.seed) == {0}
+    assert got.failed_seeds == {"objects": {1: "boom", 2: "run did not finish"}}
+    assert [s.key for s in got.missing] == [specs[1].key, specs[2].key]
+
+
+def test_evaluate_and_write_outputs(tiny, tmp_path):
+    hyp, hyp_path, out, specs = tiny
+    got = stages.collect_table(specs, out / "runs", hyp.design.layers)
+    results = stages.evaluate(hyp, got.table, str(hyp_path), got.failed_seeds)
+    assert [r.name for r in results] == ["u"] and results[0].n_seeds == 3
+    tri = stages.triage(specs, out / "runs")
+    paths = stages.write_outputs(
+        tmp_path / "studies" / "tiny", hyp_path, specs, tri, {}, got.table, results, "cmd"
+    )
+    verdicts = json.loads(paths["verdicts"].read_text())
+    assert verdicts["runs"] == [s.key for s in specs] and verdicts["reused"] == verdicts["runs"]
+    assert verdicts["claims"][0]["verdict"] == results[0].verdict and verdicts["command"] == "cmd"
+    pd.testing.assert_frame_equal(pd.read_parquet(paths["table"]), got.table)
+    assert paths["hypothesis"].read_text() == hyp_path.read_text()
+    assert paths["text"].read_text().startswith("claim")
+    assert not list((tmp_path / "studies" / "tiny").glob(".*"))  # no temporary file left behind
+    html, md = stages.write_study_report(
+        tmp_path / "studies" / "tiny", hyp, results, got.table, out / "runs", specs, tri, {}, hyp_path, "cmd"
+    )
+    assert "What the test found" in html.read_text() and RunFolder(out / "runs" / specs[0].key).is_finished()
