@@ -84,10 +84,18 @@ class PeakRSS:
         self.peak = max(self.peak, rss_bytes() - self.base)
 
 
-def build(offset: float, device: torch.device, img_size: int, patch_size: int) -> torch.nn.Module:
+def build(
+    offset: float, device: torch.device, img_size: int, patch_size: int, **arch: int
+) -> torch.nn.Module:
+    """ViT-Small (or ``arch`` overrides: embed_dim, depth, num_heads), random init, pos_embed + offset."""
     torch.manual_seed(0)
     model = timm.create_model(
-        "vit_small_patch16_224", pretrained=False, img_size=img_size, patch_size=patch_size, num_classes=0
+        "vit_small_patch16_224",
+        pretrained=False,
+        img_size=img_size,
+        patch_size=patch_size,
+        num_classes=0,
+        **arch,
     )
     with torch.no_grad():
         model.pos_embed += offset
@@ -143,7 +151,7 @@ def _setup(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.Tensor, tor
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = build(args.offset, device, args.img_size, args.patch_size)
+    model = build(args.offset, device, args.img_size, args.patch_size, **getattr(args, "arch", {}))
     shape = (args.images, 3, args.img_size, args.img_size)
     images = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device)
     with torch.inference_mode():  # warm-up: allocator, kernels, BLAS threads (before any memory baseline)
