@@ -84,10 +84,18 @@ class PeakRSS:
         self.peak = max(self.peak, rss_bytes() - self.base)
 
 
-def build(offset: float, device: torch.device, img_size: int, patch_size: int) -> torch.nn.Module:
+def build(
+    offset: float, device: torch.device, img_size: int, patch_size: int, **arch: int
+) -> torch.nn.Module:
+    """ViT-Small (or ``arch`` overrides: embed_dim, depth, num_heads), random init, pos_embed + offset."""
     torch.manual_seed(0)
     model = timm.create_model(
-        "vit_small_patch16_224", pretrained=False, img_size=img_size, patch_size=patch_size, num_classes=0
+        "vit_small_patch16_224",
+        pretrained=False,
+        img_size=img_size,
+        patch_size=patch_size,
+        num_classes=0,
+        **arch,
     )
     with torch.no_grad():
         model.pos_embed += offset
@@ -143,7 +151,7 @@ def _setup(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.Tensor, tor
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = build(args.offset, device, args.img_size, args.patch_size)
+    model = build(args.offset, device, args.img_size, args.patch_size, **getattr(args, "arch", {}))
     shape = (args.images, 3, args.img_size, args.img_size)
     images = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device)
     with torch.inference_mode():  # warm-up: allocator, kernels, BLAS threads (before any memory baseline)
@@ -204,6 +212,36 @@ def _in_child(fn, args: argparse.Namespace) -> dict:
         return pool.apply(fn, (args,))
 
 
+def metric_agreement(
+    ours: dict[tuple[str, str], np.ndarray], ref: dict[tuple[str, str], np.ndarray]
+) -> tuple[float, str, list[str]]:
+    """Every eigenvalue metric of ``analysis.spectral`` on ``ours`` against the same metric on ``ref``.
+
+    Args:
+        ours, ref: eigenvalues (D,) per (point, token set); ``ref`` from the float64 two-pass naive path.
+
+    Returns:
+        The largest ``|ours - ref| / |ref|`` over metrics, points and token sets; where it occurred; and
+        the token sets skipped because their reference spectrum is all zero (no variance at all).
+    """
+    worst, where, degenerate = 0.0, "", []
+    for key, lam_ref in ref.items():
+        if not lam_ref.any():  # a constant token set (the class token before block 1): no spectrum at all
+            degenerate.append(
+                f"{key[0]}/{key[1]} (ours: {'all zero' if not ours[key].any() else 'NOT zero'})"
+            )
+            continue
+        m_ours, m_ref = compute_metrics(ours[key]), compute_metrics(lam_ref)
+        for name in METRICS:
+            a, b = m_ours[name], m_ref[name]
+            err = abs(a - b) / abs(b) if b != 0 else abs(a - b)
+            if not np.isfinite(err):
+                err = 0.0 if (np.isnan(a) and np.isnan(b)) else float("inf")
+            if err > worst:
+                worst, where = err, f"{name} at {key[0]}/{key[1]} ({a!r} vs {b!r})"
+    return worst, where, degenerate
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--img-size", type=int, default=16)
@@ -233,22 +271,7 @@ def main() -> None:
     t_naive, ref = naive["t_naive"], naive["eig"]
     print(f"naive ({args.naive}):     {t_naive:8.2f} s  (peak +{naive['peak'] / 2**20:.0f} MiB)")
 
-    # ---- agreement of every eigenvalue metric with the float64 two-pass reference -------------------
-    worst, where, degenerate = 0.0, "", []
-    for key, lam_ref in ref.items():
-        if not lam_ref.any():  # a constant token set (the class token before block 1): no spectrum at all
-            degenerate.append(
-                f"{key[0]}/{key[1]} (ours: {'all zero' if not ours[key].any() else 'NOT zero'})"
-            )
-            continue
-        m_ours, m_ref = compute_metrics(ours[key]), compute_metrics(lam_ref)
-        for name in METRICS:
-            a, b = m_ours[name], m_ref[name]
-            err = abs(a - b) / abs(b) if b != 0 else abs(a - b)
-            if not np.isfinite(err):
-                err = 0.0 if (np.isnan(a) and np.isnan(b)) else float("inf")
-            if err > worst:
-                worst, where = err, f"{name} at {key[0]}/{key[1]} ({a!r} vs {b!r})"
+    worst, where, degenerate = metric_agreement(ours, ref)
     print(f"max relative metric error: {worst:.3g} ({where})")
     print(f"zero-variance token sets, skipped: {', '.join(degenerate) or 'none'}")
     print(

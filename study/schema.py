@@ -190,7 +190,7 @@ class TrainingSpec(_Strict):
 
     epochs: int = Field(8, ge=1)
     batch_size: int = Field(128, ge=1)
-    lr: float = Field(1e-3, gt=0)  # AdamW 1e-3 / wd 0.05: the TGO-I recipe
+    lr: float = Field(1e-3, gt=0)  # AdamW 1e-3 / wd 0.05: the TGO-I recipe; absolute, never batch-scaled
     weight_decay: float = Field(0.05, ge=0)
     warmup_epochs: float = Field(1.0, ge=0)  # short linear warmup keeps early ViT training stable
     label_smoothing: float = Field(0.0, ge=0, lt=1)
@@ -216,6 +216,13 @@ class DinoObjective(_Strict):
     temperature rises linearly from ``warmup_teacher_temp`` to ``teacher_temp`` over
     ``warmup_teacher_temp_epochs``; the teacher momentum follows a cosine from ``momentum_teacher`` to 1;
     the weight decay a cosine from ``training.weight_decay`` to ``weight_decay_end``.
+
+    ``training.lr`` is the absolute peak learning rate, used as given: it is **not** scaled by
+    batch / 256 as DINO's ``main_dino.py`` scales its ``--lr`` (5e-4 there means 5e-4 x B / 256); set
+    ``lr = 5e-4 * batch_size / 256`` yourself to follow that rule.
+    Defaults without a preset are ``main_dino.py``'s, except the head and crop sizes (set for small
+    images and CPUs): teacher temperature 0.04 throughout (warmup 0.04 over 0 epochs; the reference
+    warns that above 0.07 training is unstable, and that higher values need a warmup).
     """
 
     kind: Literal["dino"]
@@ -231,11 +238,13 @@ class DinoObjective(_Strict):
     global_crop_scale: tuple[float, float] = (0.4, 1.0)
     local_crop_scale: tuple[float, float] = (0.05, 0.4)
     student_temp: float = Field(0.1, gt=0)  # DINO's default; the teacher is sharper than the student
-    teacher_temp: float = Field(0.07, gt=0)  # sharpening: with centring, what prevents collapse
-    warmup_teacher_temp: float = Field(0.04, gt=0)  # a lower start is stabler early in training (DINO)
-    warmup_teacher_temp_epochs: int = Field(0, ge=0)
+    # sharpening, with centring what prevents collapse; main_dino.py's default 0.04 (its 0.07 needs a warmup)
+    teacher_temp: float = Field(0.04, gt=0)
+    warmup_teacher_temp: float = Field(0.04, gt=0)  # main_dino.py's default start of the warmup
+    warmup_teacher_temp_epochs: int = Field(0, ge=0)  # main_dino.py's default: no warmup
     center_momentum: float = Field(0.9, ge=0, lt=1)  # DINO's default EMA of the teacher's batch mean
-    momentum_teacher: float = Field(0.996, ge=0, le=1)  # DINO's default for batch 256; -> 1 by cosine
+    # main_dino.py's default, -> 1 by cosine; tuned for batch 1024: the reference recommends 0.9995 at 256
+    momentum_teacher: float = Field(0.996, ge=0, le=1)
     weight_decay_end: float = Field(0.4, ge=0)  # DINO raises wd 0.04 -> 0.4 over training
     freeze_last_layer_epochs: int = Field(1, ge=0)  # last layer fixed in the first epoch(s), as in DINO
     clip_grad: float | None = Field(3.0, gt=0)  # DINO's per-parameter gradient-norm clip for ViTs
@@ -258,8 +267,10 @@ OBJECTIVE_PRESETS: dict[str, dict[str, dict]] = {
         "model": {"drop_path_rate": 0.1},
     },
     # DINO's published ViT-S/16 recipe (main_dino.py defaults + README ViT-S row): 2 global crops at the
-    # dataset's image_size (set it to 224) and 8x96 local crops, 65536 prototypes, teacher temp 0.04 -> 0.07 over 30 epochs, momentum 0.996,
-    # wd 0.04 -> 0.4, lr 5e-4 per 256 images (the paper's linear scaling rule: set lr = 5e-4 * B / 256).
+    # dataset's image_size (set it to 224) and 8x96 local crops, 65536 prototypes, teacher temp
+    # 0.04 -> 0.07 over 30 epochs, momentum 0.996 (the paper's batch was 1024; the reference recommends
+    # 0.9995 at 256), wd 0.04 -> 0.4, lr 5e-4 at batch 256 (lr is absolute here: at another batch size
+    # set lr = 5e-4 * B / 256, the paper's linear scaling rule).
     "dino_paper": {
         "objective": {
             "kind": "dino",

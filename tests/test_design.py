@@ -81,3 +81,15 @@ def test_cli_data_root_flag_errors(tmp_path, capsys):
     assert "--data-root: expected NAME=PATH" in capsys.readouterr().err
     assert main(["run", str(path), "--out", str(tmp_path), "--data-root", "objects=/x"]) == 2
     assert "expected the name of an on-disk dataset" in capsys.readouterr().err
+
+
+def test_bare_dino_defaults_follow_the_reference_and_preset_keys_stay():
+    """main_dino.py: warmup_teacher_temp 0.04, teacher_temp 0.04, warmup_teacher_temp_epochs 0,
+    momentum_teacher 0.996, student_temp 0.1, center_momentum 0.9, wd 0.04 -> 0.4, clip 3, freeze 1."""
+    o = _hyp(objective="dino").design.objective
+    assert (o.warmup_teacher_temp, o.teacher_temp, o.warmup_teacher_temp_epochs) == (0.04, 0.04, 0)
+    assert (o.momentum_teacher, o.student_temp, o.center_momentum) == (0.996, 0.1, 0.9)
+    assert (o.weight_decay_end, o.clip_grad, o.freeze_last_layer_epochs) == (0.4, 3.0, 1)
+    # the presets set their temperatures themselves: their run keys did not move with the defaults
+    assert plan_runs(_hyp(objective="dino_small"))[0].key == "2642ce6e3e036817"
+    assert plan_runs(_hyp(objective="dino_paper"))[0].key == "3c5dfb39863b00e3"

@@ -5,15 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from runners.objectives.dino import (
+    JITTER_OPS,
     DINOHead,
     DINOLoss,
     DinoTrainer,
     MultiCrop,
+    colour_op,
     cosine_schedule,
     ema_update,
     knn_accuracy,
+    knn_subset,
     teacher_temp_schedule,
 )
 
@@ -180,3 +184,98 @@ def test_trainer_step_applies_ema_schedules_and_frozen_last_layer():
         torch.equal(b, p)
         for b, p in zip(last_before, trainer.student["head"].last_layer.parameters(), strict=True)
     )
+
+
+class _LabelFromPixels(torch.nn.Module):
+    """A stand-in backbone whose features identify the class written into pixel (0, 0) of each image."""
+
+    def __init__(self, n_classes: int):
+        super().__init__()
+        self.n_classes = n_classes
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: normalised (B, 3, H, W)
+        level = (x[:, 0, 0, 0] * 0.25 + 0.5) * 255  # back to the uint8 value
+        return F.one_hot((level / 10).round().long(), self.n_classes).float() + 0.01
+
+
+def test_knn_monitor_samples_class_sorted_splits_at_random():
+    """Disk datasets come class-sorted: the monitor must not take the first images (old: 2 of 10 classes)."""
+    n_classes, per_train, per_test = 10, 50, 20
+    ytr = torch.arange(n_classes).repeat_interleave(per_train)  # class-sorted, like Tiny ImageNet train
+    yte = torch.arange(n_classes).repeat(per_test)  # interleaved, like a shuffled val split
+
+    def images(y: torch.Tensor) -> torch.Tensor:
+        return (y * 10).to(torch.uint8)[:, None, None, None].expand(-1, 4, 4, 3).contiguous()
+
+    trainer = DinoTrainer(RUN, n_classes, 16, steps_per_epoch=1, device=torch.device("cpu"))
+    trainer.measured = _LabelFromPixels(n_classes)
+    trainer.knn_train, trainer.knn_test = 100, 40  # caps below the split sizes, as 5,000 / 2,000 at scale
+    acc = trainer.evaluate(images(ytr), ytr, images(yte), yte)["knn_acc"]
+    assert acc > 0.9  # first-100 neighbours (classes 0 and 1 only) would give 0.2
+
+    sub = knn_subset(500, 100)
+    assert len(sub) == 100 and len(set(ytr[sub].tolist())) == n_classes
+    assert torch.equal(sub, knn_subset(500, 100))  # the same images at every epoch
+    assert torch.equal(knn_subset(30, 100), torch.arange(30))  # small splits: every image
+
+
+def test_head_last_layer_and_loss_stay_float32_under_bf16_autocast():
+    torch.manual_seed(0)
+    head = DINOHead(8, 64, hidden_dim=16, bottleneck_dim=8, norm_last_layer=False)
+    x = torch.randn(6, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = head(x)
+        h = head.mlp(x)
+        assert h.dtype == torch.bfloat16  # the MLP does run in bf16 under autocast
+    assert out.dtype == torch.float32
+    expected = head.last_layer(F.normalize(h.float(), dim=-1))  # float32 last layer on the same input
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+    loss_fn = DINOLoss(64, n_crops=3, student_temp=0.1, center_momentum=0.9)
+    s, t = torch.randn(6, 64).bfloat16(), torch.randn(4, 64).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = loss_fn(s, t, 0.04)
+    assert loss.dtype == torch.float32
+    ref = DINOLoss(64, n_crops=3, student_temp=0.1, center_momentum=0.9)(s.float(), t.float(), 0.04)
+    torch.testing.assert_close(loss, ref)
+
+
+@pytest.mark.parametrize("name", JITTER_OPS)
+def test_colour_ops_match_torchvision_per_image(name):
+    """Each jitter op equals torchvision's ``adjust_*`` applied image by image with that image's factor."""
+    import torchvision.transforms.functional as TF
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(5, 3, 12, 12, generator=g)
+    x[0] = 0.5  # a gray image: hue undefined, saturation 0
+    lo, hi = {"brightness": (0.6, 1.4), "contrast": (0.6, 1.4), "saturation": (0.8, 1.2), "hue": (-0.1, 0.1)}[
+        name
+    ]
+    f = lo + (hi - lo) * torch.rand(5, generator=g)
+    ours = colour_op(name, x, f)
+    ref = torch.stack([getattr(TF, f"adjust_{name}")(x[i], float(f[i])) for i in range(5)])
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-5)
+
+
+def test_crop_area_matches_torchvision_random_resized_crop():
+    """Mean crop area fraction of our boxes equals torchvision's RandomResizedCrop.get_params."""
+    import torchvision.transforms as T
+
+    torch.manual_seed(0)
+    img = torch.zeros(3, 32, 32)
+    for scale in [(0.4, 1.0), (0.05, 0.4)]:
+        ref = np.mean(
+            [
+                h * w / 1024
+                for _, _, h, w in (
+                    T.RandomResizedCrop.get_params(img, scale, (3 / 4, 4 / 3)) for _ in range(4000)
+                )
+            ]
+        )
+        boxes = MultiCrop(32, 16, 0, scale, scale, torch.Generator().manual_seed(1)).crop_boxes(
+            4000, 32, 32, scale
+        )
+        ours = float(((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).mean() / 1024)
+        assert abs(ours - ref) < 0.01, (scale, ours, ref)  # the old clamped draw gave 0.69 against 0.64
+        assert (boxes[:, :2] >= 0).all() and (boxes[:, 2:] <= 32).all()

@@ -23,7 +23,7 @@ plain timm ViT at that size and the extraction hooks see the usual token layout)
 ``dynamic_img_size=True``.
 
 Crops are made batched on the training device with ``torchvision.ops.roi_align`` (random resized
-crop) and tensor arithmetic (flip, colour jitter without hue, grayscale, Gaussian blur, solarisation),
+crop) and tensor arithmetic (flip, colour jitter with hue, grayscale, Gaussian blur, solarisation),
 every random draw from one seeded ``torch.Generator`` (``seed + 104729``), so augmentation is
 reproducible, separable from init and data order, and resumable.
 """
@@ -46,6 +46,8 @@ from runners.inputs import to_input
 from runners.models import build_model
 
 AUG_SEED_OFFSET = 104729
+# k-NN monitor: at most this many train / test images, the same seeded subset at every epoch and seed
+KNN_TRAIN, KNN_TEST, KNN_SUBSET_SEED = 5000, 2000, 0
 
 
 # ---- schedules ---------------------------------------------------------------------------------------
@@ -102,7 +104,15 @@ class DINOHead(nn.Module):
         g.requires_grad = not norm_last_layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.last_layer(F.normalize(self.mlp(x), dim=-1, p=2))
+        """(B, in_dim) -> (B, out_dim) float32 logits; under autocast the MLP runs in bf16, the rest not.
+
+        The normalisation and the last layer run in float32 with autocast off: the logits are divided by
+        temperatures down to 0.04 and fed to a softmax over up to 65536 prototypes, where bf16's 8-bit
+        mantissa (relative error 2^-9 on a logit of |l| <= ||w||) is amplified 25x.
+        """
+        h = self.mlp(x)
+        with torch.autocast(h.device.type, enabled=False):
+            return self.last_layer(F.normalize(h.float(), dim=-1, p=2))
 
 
 class DINOLoss(nn.Module):
@@ -118,18 +128,22 @@ class DINOLoss(nn.Module):
     ) -> torch.Tensor:
         """student_out: (n_crops * B, K), crops stacked crop-major; teacher_out: (2 * B, K). -> scalar.
 
-        Also updates the centre from this batch's teacher outputs (after computing the loss).
+        Computed in float32 whatever the inputs' dtype or an enclosing autocast. Also updates the centre from this batch's teacher outputs (after computing the loss).
         """
-        student = (student_out / self.student_temp).chunk(self.n_crops)
-        teacher = F.softmax((teacher_out - self.center) / teacher_temp, dim=-1).detach().chunk(2)
-        total, terms = 0.0, 0
-        for i, q in enumerate(teacher):
-            for j, s in enumerate(student):
-                if j == i:  # the same view seen by both: no information to distil
-                    continue
-                total = total + torch.sum(-q * F.log_softmax(s, dim=-1), dim=-1).mean()
-                terms += 1
-        self.update_center(teacher_out)
+        # temperatures and softmaxes in float32 even inside an autocast region (see DINOHead.forward)
+        with torch.autocast(student_out.device.type, enabled=False):
+            wide = torch.promote_types(student_out.dtype, torch.float32)  # float32, or float64 if given
+            student_out, teacher_out = student_out.to(wide), teacher_out.to(wide)
+            student = (student_out / self.student_temp).chunk(self.n_crops)
+            teacher = F.softmax((teacher_out - self.center) / teacher_temp, dim=-1).detach().chunk(2)
+            total, terms = 0.0, 0
+            for i, q in enumerate(teacher):
+                for j, s in enumerate(student):
+                    if j == i:  # the same view seen by both: no information to distil
+                        continue
+                    total = total + torch.sum(-q * F.log_softmax(s, dim=-1), dim=-1).mean()
+                    terms += 1
+            self.update_center(teacher_out)
         return total / terms
 
     @torch.no_grad()
@@ -147,14 +161,85 @@ def ema_update(student: nn.Module, teacher: nn.Module, momentum: float) -> None:
 
 
 # ---- multi-crop augmentation -----------------------------------------------------------------------------
+def _gray(x: torch.Tensor) -> torch.Tensor:
+    """Luma of [0, 1] RGB images (B, 3, H, W) -> (B, 1, H, W), torchvision's ``rgb_to_grayscale`` weights."""
+    return 0.2989 * x[:, :1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:]
+
+
+def shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Rotate the hue of [0, 1] RGB images (B, 3, H, W) by ``shift`` (B,) turns, through HSV.
+
+    The same conversion as torchvision's ``adjust_hue`` on tensors (h in [0, 1), h <- (h + shift) mod 1),
+    with one shift per image instead of one per call.
+    """
+    r, g, b = x.unbind(1)
+    maxc, minc = x.amax(1), x.amin(1)
+    flat = maxc == minc
+    span = maxc - minc
+    s = span / torch.where(flat, torch.ones_like(maxc), maxc)
+    div = torch.where(flat, torch.ones_like(span), span)
+    rc, gc, bc = (maxc - r) / div, (maxc - g) / div, (maxc - b) / div
+    h = (
+        (maxc == r) * (bc - gc)
+        + ((maxc == g) & (maxc != r)) * (2.0 + rc - bc)
+        + ((maxc != g) & (maxc != r)) * (4.0 + gc - rc)
+    )
+    h = torch.fmod(h / 6.0 + 1.0, 1.0)
+    h = torch.remainder(h + shift[:, None, None], 1.0)
+    i = torch.floor(h * 6.0)
+    f = h * 6.0 - i
+    i = i.to(torch.int64) % 6
+    v = maxc
+    p = (v * (1 - s)).clamp(0, 1)
+    q = (v * (1 - s * f)).clamp(0, 1)
+    t = (v * (1 - s * (1 - f))).clamp(0, 1)
+    # sector i -> (R, G, B) as (v, t, p), (q, v, p), (p, v, t), (p, q, v), (t, p, v), (v, p, q)
+    table = torch.stack(
+        [
+            torch.stack([v, q, p, p, t, v], 1),
+            torch.stack([t, v, v, q, p, p], 1),
+            torch.stack([p, p, t, v, v, q], 1),
+        ],
+        1,
+    )  # (B, 3, 6, H, W)
+    return torch.gather(table, 2, i[:, None, None].expand(-1, 3, 1, -1, -1)).squeeze(2)
+
+
+JITTER_OPS = ("brightness", "contrast", "saturation", "hue")
+
+
+def colour_op(name: str, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """One of torchvision's ``adjust_*`` on tensors, with a factor (B,) per image of x (B, 3, H, W) in [0, 1].
+
+    brightness: ``clamp(f x)``; contrast: ``clamp(f x + (1 - f) mean(gray(x)))``; saturation:
+    ``clamp(f x + (1 - f) gray(x))``; hue: ``shift_hue(x, f)``. Output (B, 3, H, W) in [0, 1].
+    """
+    if name == "hue":
+        return shift_hue(x, factor)
+    f = factor[:, None, None, None]
+    if name == "brightness":  # a blend with black
+        return (f * x).clamp(0, 1)
+    ref = _gray(x).mean(dim=(1, 2, 3), keepdim=True) if name == "contrast" else _gray(x)
+    return (f * x + (1 - f) * ref).clamp(0, 1)
+
+
 class MultiCrop:
     """Batched DINO crops of normalised images (B, 3, H, W) -> [global_1, global_2, local_1, ...].
 
     Global crops: (B, 3, H, W), area fraction in ``global_scale``; local crops: (B, 3, local, local),
-    area fraction in ``local_scale``; aspect ratio log-uniform in [3/4, 4/3]. Then, as in DINO:
-    horizontal flip (p 0.5), colour jitter (p 0.8; brightness 0.4, contrast 0.4, saturation 0.2; hue
-    is left out), grayscale (p 0.2), Gaussian blur (p 1.0 / 0.1 / 0.5 for global 1 / global 2 / local,
-    sigma U(0.1, 2.0) scaled by image size / 224), solarisation (p 0.2, global 2 only).
+    area fraction in ``local_scale``. The crop box is drawn as torchvision's ``RandomResizedCrop``: up to
+    10 tries of area fraction U(scale) and aspect ratio log-uniform in [3/4, 4/3], sides rounded to
+    pixels, the first that fits inside the image is taken, else the whole image (a square image has no
+    aspect-ratio clamp). Then, as DINO's ``DataAugmentationDINO``: horizontal flip (p 0.5); colour
+    jitter (p 0.8) as torchvision's ``ColorJitter(0.4, 0.4, 0.2, 0.1)``: brightness, contrast,
+    saturation and hue factors U(0.6, 1.4), U(0.6, 1.4), U(0.8, 1.2), U(-0.1, 0.1), applied in a random
+    order per image, each clamped to [0, 1]; grayscale (p 0.2); Gaussian blur (p 1.0 / 0.1 / 0.5 for
+    global 1 / global 2 / local); solarisation (p 0.2, global 2 only).
+
+    Differences from the reference, kept on purpose: the crop is resampled by ``roi_align`` (bilinear,
+    area-averaged) instead of PIL bicubic; the blur's sigma U(0.1, 2.0) is scaled by image size / 224
+    (the reference blurs 224 px crops, so the blur keeps its size relative to the image); crop offsets
+    are continuous instead of whole pixels.
     """
 
     def __init__(
@@ -169,17 +254,28 @@ class MultiCrop:
         self.image_size, self.local_size, self.n_local = image_size, local_size, n_local
         self.global_scale, self.local_scale, self.gen = global_scale, local_scale, generator
 
-    def _u(self, n: int, lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:
+    def _u(self, n: int | tuple[int, ...], lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:
         return lo + (hi - lo) * torch.rand(n, generator=self.gen)
+
+    def crop_boxes(self, b: int, h: int, w: int, scale: tuple[float, float], tries: int = 10) -> torch.Tensor:
+        """Crop boxes (b, 4) as (x0, y0, x1, y1) pixels, drawn as torchvision's ``RandomResizedCrop``."""
+        area = self._u((b, tries), *scale) * h * w
+        ratio = torch.exp(self._u((b, tries), math.log(3 / 4), math.log(4 / 3)))
+        cw, ch = torch.sqrt(area * ratio).round(), torch.sqrt(area / ratio).round()
+        fits = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
+        first = fits.to(torch.int8).argmax(1, keepdim=True)  # the first try that fits
+        any_fit = fits.any(1)
+        # fallback: the whole image, cut to aspect ratio 3/4 .. 4/3 (a centred crop, as torchvision)
+        fw, fh = (float(min(w, round(h * 4 / 3))), float(min(h, round(w * 4 / 3))))
+        cw = torch.where(any_fit, cw.gather(1, first).squeeze(1), torch.tensor(fw))
+        ch = torch.where(any_fit, ch.gather(1, first).squeeze(1), torch.tensor(fh))
+        x0 = torch.where(any_fit, self._u(b) * (w - cw), (w - cw) / 2)
+        y0 = torch.where(any_fit, self._u(b) * (h - ch), (h - ch) / 2)
+        return torch.stack([x0, y0, x0 + cw, y0 + ch], dim=1)
 
     def _resized_crop(self, x: torch.Tensor, size: int, scale: tuple[float, float]) -> torch.Tensor:
         b, _, h, w = x.shape
-        area = self._u(b, *scale) * h * w
-        ratio = torch.exp(self._u(b, math.log(3 / 4), math.log(4 / 3)))
-        cw = torch.sqrt(area * ratio).clamp(1, w)
-        ch = torch.sqrt(area / ratio).clamp(1, h)
-        x0, y0 = self._u(b) * (w - cw), self._u(b) * (h - ch)
-        boxes = torch.stack([torch.arange(b, dtype=torch.float32), x0, y0, x0 + cw, y0 + ch], dim=1)
+        boxes = torch.cat([torch.arange(b, dtype=torch.float32)[:, None], self.crop_boxes(b, h, w, scale)], 1)
         return roi_align(x, boxes.to(x.device, x.dtype), (size, size), spatial_scale=1.0, aligned=True)
 
     def _blur(self, x: torch.Tensor, p: float) -> torch.Tensor:
@@ -196,26 +292,35 @@ class MultiCrop:
         y = F.conv2d(F.pad(y, (0, 0, radius, radius), mode="replicate"), kk[:, :, :, None], groups=b * c)
         return torch.where(apply.to(x.device)[:, None, None, None], y.reshape(b, c, h, w), x)
 
+    def _jitter(self, x: torch.Tensor) -> torch.Tensor:
+        """torchvision's ``ColorJitter(0.4, 0.4, 0.2, 0.1)`` per image of [0, 1] images (B, 3, H, W)."""
+        b, dev = x.shape[0], x.device
+        factors = torch.stack(
+            [self._u(b, 0.6, 1.4), self._u(b, 0.6, 1.4), self._u(b, 0.8, 1.2), self._u(b, -0.1, 0.1)], 1
+        )
+        order = torch.rand((b, 4), generator=self.gen).argsort(1)  # a random order of the 4 ops per image
+        factors, order = factors.to(dev, x.dtype), order.to(dev)
+
+        for step in range(4):
+            for k in range(4):
+                idx = torch.nonzero(order[:, step] == k).squeeze(1)  # the images whose step-th op is k
+                if idx.numel():
+                    x = x.index_copy(0, idx, colour_op(JITTER_OPS[k], x[idx], factors[idx, k]))
+        return x
+
     def _colour(self, x: torch.Tensor, blur_p: float, solarize_p: float) -> torch.Tensor:
         b, dev = x.shape[0], x.device
 
         def per(v: torch.Tensor) -> torch.Tensor:
-            return v.to(dev, x.dtype)[:, None, None, None]
+            return v.to(dev)[:, None, None, None]
 
-        x = torch.where(per(self._u(b) < 0.5) > 0, x.flip(-1), x)
-        x = x * _STD + _MEAN  # colour operations work on [0, 1] intensities
-        jitter = per(self._u(b) < 0.8) > 0
-        y = x * per(self._u(b, 0.6, 1.4))
-        mean = y.mean(dim=(1, 2, 3), keepdim=True)
-        y = (y - mean) * per(self._u(b, 0.6, 1.4)) + mean
-        gray = (0.299 * y[:, :1] + 0.587 * y[:, 1:2] + 0.114 * y[:, 2:]).expand_as(y)
-        y = (y - gray) * per(self._u(b, 0.8, 1.2)) + gray
-        x = torch.where(jitter, y.clamp(0, 1), x)
-        gray = (0.299 * x[:, :1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:]).expand_as(x)
-        x = torch.where(per(self._u(b) < 0.2) > 0, gray, x)
+        x = torch.where(per(self._u(b) < 0.5), x.flip(-1), x)
+        x = (x * _STD + _MEAN).clamp(0, 1)  # colour operations work on [0, 1] intensities
+        x = torch.where(per(self._u(b) < 0.8), self._jitter(x), x)
+        x = torch.where(per(self._u(b) < 0.2), _gray(x).expand_as(x), x)
         x = self._blur(x, blur_p)
         if solarize_p > 0:
-            x = torch.where((per(self._u(b) < solarize_p) > 0) & (x >= 0.5), 1 - x, x)
+            x = torch.where(per(self._u(b) < solarize_p) & (x >= 0.5), 1 - x, x)
         return (x - _MEAN) / _STD
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -247,6 +352,18 @@ def knn_accuracy(
     sim, idx = (te @ tr.T).topk(min(k, tr.shape[0]), dim=1)
     votes = torch.zeros(te.shape[0], n_classes).scatter_add_(1, train_labels[idx], (sim / temperature).exp())
     return (votes.argmax(1) == test_labels).float().mean().item()
+
+
+def knn_subset(n: int, cap: int, seed: int = KNN_SUBSET_SEED) -> torch.Tensor:
+    """Indices (min(n, cap),) of the images the k-NN monitor uses from a split of ``n`` images.
+
+    Every image when ``n <= cap``; otherwise a seeded uniform random subset, sorted. Never the first
+    ``cap``: disk datasets are stored class by class (Tiny ImageNet: 500 images per class in order), where
+    the first 5,000 training images hold 10 of 200 classes.
+    """
+    if n <= cap:
+        return torch.arange(n)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:cap].sort().values
 
 
 @torch.no_grad()
@@ -293,6 +410,7 @@ class DinoTrainer:
         self.teacher.requires_grad_(False)
         self.teacher.eval()
         self.measured = self.teacher["backbone"]
+        self.knn_train, self.knn_test = KNN_TRAIN, KNN_TEST
         compile_ = tr.get("compile") and device.type == "cuda"
         self.student_backbone = torch.compile(student) if compile_ else student
         self.teacher_backbone = torch.compile(teacher) if compile_ else teacher
@@ -351,11 +469,13 @@ class DinoTrainer:
                     group["weight_decay"] = float(self.wd[it])
             idx = order[step * tr["batch_size"] : (step + 1) * tr["batch_size"]]
             crops = self.crops(to_input(xtr[idx], device))
+            # bf16 autocast on CUDA for the backbones and the head's MLP; the head's last layer and the
+            # loss (temperatures, softmaxes) run in float32 (DINOHead.forward, DINOLoss.forward)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 with torch.no_grad():
                     teacher_out = self.teacher["head"](self.teacher_backbone(torch.cat(crops[:2])))
                 student_out = self.student_forward(crops)
-            loss = self.loss_fn(student_out.float(), teacher_out.float(), temp)
+                loss = self.loss_fn(student_out, teacher_out, temp)
             if not torch.isfinite(loss):
                 raise RunFailedError(f"non-finite loss at step {step}", epoch)
             self.opt.zero_grad(set_to_none=True)
@@ -382,10 +502,11 @@ class DinoTrainer:
         }
 
     def evaluate(self, xtr: torch.Tensor, ytr: torch.Tensor, xte: torch.Tensor, yte: torch.Tensor) -> dict:
-        """Weighted k-NN (k=20) accuracy of the teacher's features: up to 5000 train / 2000 test images."""
-        ftr = features(self.measured, xtr[:5000], self.device)
-        fte = features(self.measured, xte[:2000], self.device)
-        return {"knn_acc": knn_accuracy(ftr, ytr[:5000], fte, yte[:2000])}
+        """Weighted k-NN (k=20) accuracy of the teacher's features on ``knn_subset`` of each split."""
+        tr, te = knn_subset(len(xtr), self.knn_train), knn_subset(len(xte), self.knn_test)
+        ftr = features(self.measured, xtr[tr], self.device)
+        fte = features(self.measured, xte[te], self.device)
+        return {"knn_acc": knn_accuracy(ftr, ytr[tr], fte, yte[te])}
 
     def state_dict(self) -> dict:
         return {

@@ -1,0 +1,790 @@
+"""The prepared GPU check: one command that shows whether the paper-scale path holds on a GPU.
+
+    python bench/gpu_check.py --out gpu_check                  # full, on one CUDA GPU: planned 585 s
+    PYTHONPATH=. python bench/gpu_check.py --out /tmp/gc --cpu-smoke   # every step, tiny, on the CPU
+    python bench/gpu_check.py --out gc --steps throughput,resume --limit throughput=60
+
+Each step runs in its own subprocess (this file with ``--step NAME``) under its own wall-clock limit;
+a step past its limit is killed with its whole process group (pytest, training subprocesses) and
+recorded as ``timed_out`` with whatever figures it had reported so far, and the next step starts. A step
+ends ``passed``, ``failed`` (it ran; its criterion did not hold), ``error`` (it raised; the log tail is
+kept), ``timed_out`` or ``skipped``. ``OUT/gpu_check.json`` holds every step (status, limit, seconds,
+figures, notes, error) and ``OUT/gpu_check.txt`` a short table; each step's output is in
+``OUT/logs/STEP.log``. The exit status is 0 when every step passed, else 1 (2: bad arguments, or the
+full check without a CUDA device).
+
+Steps and their limits in the full run (seconds; the sum, 585 s, is the planned worst case):
+
+1. ``environment`` (15): device, CUDA / torch / timm versions, bf16 support, free device memory, the
+   device's peak dense bf16 rate from ``PEAK_BF16_TFLOPS``.
+2. ``gpu_tests`` (100): ``pytest -m gpu tests`` (bf16 + compile + resume of tiny runs, both objectives);
+   passes when every selected test passed and none skipped.
+3. ``throughput`` (150): a training step of timm ``vit_small_patch16_224`` at 224 px, batch 128, through
+   our own trainers (``runners.objectives``, built from a parsed hypothesis: ``supervised`` and the
+   ``dino_paper`` preset), eager and with ``torch.compile``: images/s over 10 timed steps after 3 warm-up
+   steps, the first step's time (compilation), peak memory, and model FLOPs utilisation = FLOPs of one
+   step / step time / peak bf16 rate. FLOPs are *measured* with ``torch.utils.flop_counter.FlopCounterMode``
+   on one eager step (forward + backward + the teacher; matmuls, attention and convolutions).
+4. ``extraction`` (60): ``bench/extract.py``'s streaming extraction against a plain forward of the same
+   10^5-token probe (ViT-S width; 16 px / patch 4 as the CPU benchmark, and 224 px / patch 16), both
+   float32, interleaved batch by batch: ``overhead`` = streaming time / plain time; and every spectral
+   metric against the float64 two-pass reference (``naive_spectra``): passes when the largest relative
+   error is below 1e-6.
+5. ``dino_learns`` (170): a short DINO run through ``runners.train.train_run`` (see ``DINO_LEARNS``
+   below); the teacher's k-NN accuracy at initialisation and after each epoch. Passes when the final
+   accuracy is at least 0.10 above initialisation and above chance by three binomial standard errors
+   (chance + 3 sqrt(p (1 - p) / n_test), p = 1 / classes).
+6. ``resume`` (90): a compiled bf16 DINO run (``RESUME``) killed with SIGKILL in the middle of epoch 2 (a
+   real subprocess), run again with the same command, compared with an uninterrupted run. On the CPU the
+   result must be bitwise identical (as ``tests/test_train.py``). On CUDA, bf16 rounding and kernel
+   choices (autotuning, atomics in attention backward) are not bitwise reproducible even between two
+   uninterrupted runs, so the tolerance is: every epoch's loss within 1e-2 relative, every epoch's
+   k-NN accuracy within 0.05, the total variance of every spectrum within 5e-2 relative, and the
+   relative L2 distance of the final teacher weights below 5e-2; plus the structural checks (killed
+   at epoch 1 of the resume file, resumed from it, no temporary file left). A resume that restarted
+   from scratch, lost the optimiser or the crop generator, or replayed an epoch changes these by far more
+   than float rounding over ~100 steps.
+
+**Why this size for ``dino_learns``** (an estimate from step 3, not a trial on the GPU): ViT-Ti width
+(D = 192, 12 blocks, 3 heads) with patch 4 on 32 px images has 65 tokens per global crop and 17 per 16 px
+local crop. One DINO image (2 global + 6 local crops through the student, forward and backward; 2 global
+through the teacher) costs 8.8e9 FLOPs against 1.07e11 for ``dino_paper``'s ViT-S/16 (2 x 224 + 8 x 96 px),
+both counted by ``FlopCounterMode`` over one training step on the CPU: 12x fewer. Small
+matrices run at a lower utilisation, so take ~3x: ViT-Ti/32 trains at about 4x the images/s that step 3
+reports for ``dino_paper``. On an H100-class GPU step 3 should give at least 500 images/s for DINO (6%
+MFU), so >= 2,000 images/s here: 10 epochs x 10,000 images = 100,000 images in <= 50 s, plus generating
+12,000 textures on the CPU (about 30 s: 2.7 ms per 32 px image measured on one
+shared CPU core), per-epoch k-NN (7,000 images) and resume files: about 100 s of
+the 170 s limit, with room for a GPU 2-3x slower.
+
+Figures are not measured yet: no GPU has been available to this project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+STEPS = ("environment", "gpu_tests", "throughput", "extraction", "dino_learns", "resume")
+LIMITS_FULL = {
+    "environment": 15,
+    "gpu_tests": 100,
+    "throughput": 150,
+    "extraction": 60,
+    "dino_learns": 170,
+    "resume": 90,
+}
+LIMITS_SMOKE = {  # a shared 2-core CI machine: generous against the ~5-20 s each step takes there
+    "environment": 60,
+    "gpu_tests": 120,
+    "throughput": 120,
+    "extraction": 120,
+    "dino_learns": 120,
+    "resume": 180,
+}
+
+# Peak dense (no sparsity) bf16 tensor rates, TFLOP/s, from the vendors' datasheets; first match of the
+# device name wins, so the more specific names come first.
+PEAK_BF16_TFLOPS: list[tuple[str, float]] = [
+    ("GB200", 2500.0),
+    ("B200", 2250.0),
+    ("H200", 989.0),
+    ("GH200", 989.0),
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),  # SXM (names like "NVIDIA H100 80GB HBM3")
+    ("H800", 989.0),
+    ("A100", 312.0),
+    ("A800", 312.0),
+    ("L40S", 362.0),
+    ("L40", 181.0),
+    ("L4", 121.0),
+    ("A10G", 70.0),
+    ("A10", 125.0),
+    ("RTX 6000 Ada", 364.0),
+    ("A6000", 155.0),
+    ("RTX 4090", 165.0),  # with float32 accumulation
+    ("RTX 3090", 71.0),
+]
+
+STATUSES = ("passed", "failed", "error", "timed_out", "skipped")
+
+
+def peak_bf16_tflops(device_name: str) -> float | None:
+    """The device's dense bf16 peak in TFLOP/s from ``PEAK_BF16_TFLOPS``, or None if not listed."""
+    for key, value in PEAK_BF16_TFLOPS:
+        if key.lower() in device_name.lower():
+            return value
+    return None
+
+
+# ---- what a step child reports -------------------------------------------------------------------------
+class Report:
+    """A step's figures and notes, written to ``path`` after every update, so a killed step keeps them."""
+
+    def __init__(self, path: Path, smoke: bool):
+        self.path, self.smoke = path, smoke
+        self.figures: dict = {}
+        self.notes: list[str] = []
+
+    def put(self, **figures: object) -> None:
+        self.figures.update(figures)
+        self.write("running")
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        self.write("running")
+
+    def write(self, status: str) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"status": status, "figures": self.figures, "notes": self.notes}, f, default=str)
+        os.replace(tmp, self.path)
+
+
+def _device():
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _run_spec(design: dict) -> dict:
+    """A RunSpec dict through the project's own schema and planner (presets resolved as for any file)."""
+    from study.planner import plan_runs
+    from study.schema import parse_hypothesis
+
+    data = {
+        "name": "gpu_check",
+        "description": "gpu check",
+        "design": {"seeds": [0], **design},
+        "claims": [
+            {
+                "name": "u",
+                "kind": "u_shape",
+                "metric": "eed_pct",
+                "subset": {"dataset": design["datasets"][0]["name"]},
+                "regions": {"early": ["block_01"], "bottleneck": ["block_02"], "late": ["norm"]},
+            }
+        ],
+    }
+    return plan_runs(parse_hypothesis(data, "gpu_check"))[0].model_dump()
+
+
+# ---- 1. environment ------------------------------------------------------------------------------------
+def step_environment(rep: Report, work: Path) -> bool:
+    import timm
+    import torch
+
+    from runners.train import git_state
+
+    rep.put(torch=torch.__version__, timm=timm.__version__, cuda=torch.version.cuda, **git_state())
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        name = torch.cuda.get_device_name(0)
+        rep.put(
+            device=name,
+            capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+            bf16=torch.cuda.is_bf16_supported(),
+            free_gib=free / 2**30,
+            total_gib=total / 2**30,
+            peak_bf16_tflops=peak_bf16_tflops(name),
+        )
+        if peak_bf16_tflops(name) is None:
+            rep.note(f"{name!r} is not in PEAK_BF16_TFLOPS: MFU is not computed")
+        return bool(torch.cuda.is_bf16_supported())
+    with open("/proc/meminfo") as f:
+        avail = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable"))
+    rep.put(device="cpu", bf16=None, free_gib=avail / 2**20, peak_bf16_tflops=None, cpus=os.cpu_count())
+    rep.note("no CUDA device: CPU figures")
+    return True
+
+
+# ---- 2. gpu-marked tests -------------------------------------------------------------------------------
+def step_gpu_tests(rep: Report, work: Path) -> bool:
+    import xml.etree.ElementTree as ET
+
+    junit = work / "gpu_tests.xml"
+    where = "tests/test_gpu.py" if rep.smoke else "tests"  # smoke: skip collecting the whole suite
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", where, "-q", "-p", "no:cacheprovider"]
+    cmd += [f"--junitxml={junit}"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    print(out.stdout[-4000:], out.stderr[-4000:])
+    suite = ET.parse(junit).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    rep.put(command=" ".join(cmd[2:-1]), returncode=out.returncode, **counts)
+    if rep.smoke:
+        rep.note("smoke: pytest -m gpu on tests/test_gpu.py only; without CUDA its tests skip")
+        return out.returncode == 0 and counts["failures"] == counts["errors"] == 0
+    return out.returncode == 0 and counts["tests"] > 0 and counts["skipped"] == 0
+
+
+# ---- 3. throughput and MFU ------------------------------------------------------------------------------
+def _trainer_config(smoke: bool, objective: str, compile_: bool) -> tuple[dict, int, int]:
+    """(run spec, image size, batch): ViT-S/16 at 224 px, batch 128; smoke: a depth-2, D=16 ViT at 16 px."""
+    if smoke:
+        size, batch = 16, 4
+        model = {
+            "name": "vit_small_patch16_224",
+            "patch_size": 4,
+            "embed_dim": 16,
+            "depth": 2,
+            "num_heads": 2,
+        }
+        obj = {"kind": "dino", "preset": "dino_paper", "out_dim": 64, "hidden_dim": 32, "bottleneck_dim": 16}
+        obj.update(n_local_crops=2, local_crop_size=8)
+    else:
+        size, batch = 224, 128
+        model = {"preset": "vit_small"}
+        obj = {"kind": "dino", "preset": "dino_paper"}
+    design = {
+        "datasets": [{"name": "x", "variant": "objects", "n_train": 16, "n_test": 16, "image_size": size}],
+        "model": model,
+        "objective": obj if objective == "dino" else "supervised",
+        "training": {"batch_size": batch, "compile": compile_},
+    }
+    return _run_spec(design), size, batch
+
+
+def measure_step(
+    objective: str, smoke: bool, compile_: bool, warmup: int, timed: int, count_flops: bool
+) -> dict:
+    """Images/s of our trainer's ``train_epoch`` over ``timed`` steps after ``warmup`` steps.
+
+    Returns images_per_s, step_s, first_step_s (includes compilation), peak_mem_gib (CUDA) and, with
+    ``count_flops``, flops_per_step from ``FlopCounterMode`` over one more (eager) step.
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from runners.objectives import make_objective
+
+    run, size, batch = _trainer_config(smoke, objective, compile_)
+    device = _device()
+    steps = warmup + timed
+    torch.manual_seed(0)
+    trainer = make_objective(run, 100, size, steps, device)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (batch * steps, size, size, 3), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 100, (batch * steps,), generator=g)
+    if device.type == "cuda":
+        x = x.pin_memory()
+        torch.cuda.reset_peak_memory_stats()
+    times: list[float] = []
+    _sync()
+    t0 = time.perf_counter()
+    trainer.train_epoch(
+        1, x, y, torch.arange(batch * steps), lambda step, loss, n: times.append(time.perf_counter())
+    )
+    step_s = (times[-1] - times[warmup - 1]) / timed
+    out = {"images_per_s": batch / step_s, "step_s": step_s, "first_step_s": times[0] - t0, "batch": batch}
+    if device.type == "cuda":
+        out["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if count_flops:
+        trainer.steps_per_epoch = 1
+        with FlopCounterMode(display=False) as fc:
+            trainer.train_epoch(2, x[:batch], y[:batch], torch.arange(batch), lambda *a: None)
+        out["flops_per_step"] = float(fc.get_total_flops())
+    return out
+
+
+def step_throughput(rep: Report, work: Path) -> bool:
+    import torch
+
+    device = _device()
+    peak = peak_bf16_tflops(torch.cuda.get_device_name(0)) if device.type == "cuda" else None
+    warmup, timed = (1, 1) if rep.smoke else (3, 10)
+    rep.put(warmup_steps=warmup, timed_steps=timed, peak_bf16_tflops=peak, flops="FlopCounterMode, measured")
+    ok, flops = True, {}
+    for compile_ in (False, True):
+        for objective in ("supervised", "dino"):
+            name = f"{objective}{'_compiled' if compile_ else '_eager'}"
+            if compile_ and device.type != "cuda":
+                rep.put(**{name: "skipped: our trainers compile only on CUDA"})
+                continue
+            try:
+                res = measure_step(objective, rep.smoke, compile_, warmup, timed, count_flops=not compile_)
+            except Exception as exc:  # one configuration failing (e.g. compile) must not hide the others
+                traceback.print_exc()
+                rep.put(**{name: f"error: {type(exc).__name__}: {exc}"[:300]})
+                ok = False
+                continue
+            flops.setdefault(objective, res.get("flops_per_step"))
+            res["flops_per_step"] = flops[objective]
+            if peak and flops[objective]:
+                res["mfu"] = flops[objective] / res["step_s"] / (peak * 1e12)
+            rep.put(**{name: res})
+    return ok
+
+
+# ---- 4. extraction on the device -----------------------------------------------------------------------
+def _bench_extract():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_extract", REPO / "bench" / "extract.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def step_extraction(rep: Report, work: Path) -> bool:
+    bx = _bench_extract()
+    geometries = [(16, 4, 32)] if rep.smoke else [(16, 4, 0), (224, 16, 0)]
+    ok = True
+    for img, patch, images in geometries:
+        tokens = (img // patch) ** 2 + 1
+        images = images or -(-100_000 // tokens)
+        args = argparse.Namespace(
+            img_size=img, patch_size=patch, images=images, batch_size=64, offset=60.0, threads=0
+        )
+        if rep.smoke:  # a ViT of width 64 and depth 4 instead of ViT-S: seconds, not tens of seconds
+            args.arch = {"embed_dim": 64, "depth": 4, "num_heads": 4}
+        stream = bx.phase_streaming(args)  # interleaved plain / hooked forward, float32, on the device
+        model, probe, _ = bx._setup(args)
+        ref = bx.naive_spectra(model, probe, args.batch_size, per_layer=False)  # float64 two-pass
+        worst, where, degenerate = bx.metric_agreement(stream["eig"], ref)
+        res = {
+            "tokens": images * tokens,
+            "overhead": stream["t_stream"] / stream["t_plain"],
+            "t_plain_s": stream["t_plain"],
+            "t_stream_s": stream["t_stream"],
+            "max_rel_err": worst,
+            "worst_at": where,
+            "zero_variance_sets": len(degenerate),
+        }
+        rep.put(**{f"{img}px_patch{patch}": res})
+        ok &= worst < 1e-6
+    if rep.smoke:
+        rep.note("smoke: a D=64, depth-4 ViT on 32 images (544 tokens), not ViT-S on 10^5 tokens")
+    return ok
+
+
+# ---- 5. does DINO learn ----------------------------------------------------------------------------------
+DINO_LEARNS = {  # the full size (see the module docstring for the estimate behind it)
+    "datasets": [{"name": "tex", "variant": "textures", "n_train": 10000, "n_test": 2000, "image_size": 32}],
+    "model": {"preset": "vit_tiny", "patch_size": 4},
+    "objective": {"kind": "dino", "preset": "dino_small", "n_local_crops": 6},
+    "training": {"epochs": 10, "batch_size": 256, "lr": 5e-4, "warmup_epochs": 1},
+    "checkpoints": [10],
+    "probe": {"size": 256},
+}
+DINO_LEARNS_SMOKE = {
+    "datasets": [{"name": "tex", "variant": "textures", "n_train": 48, "n_test": 32, "image_size": 8}],
+    "model": {"preset": "vit_cpu12", "embed_dim": 16, "depth": 2, "num_heads": 2},
+    "objective": {
+        "kind": "dino",
+        "preset": "dino_small",
+        "out_dim": 32,
+        "hidden_dim": 16,
+        "bottleneck_dim": 8,
+    },
+    "training": {"epochs": 1, "batch_size": 16},
+    "checkpoints": [1],
+    "probe": {"size": 16},
+}
+
+
+def step_dino_learns(rep: Report, work: Path) -> bool:
+    import numpy as np
+    import torch
+
+    from runners.data import load_split, num_classes
+    from runners.objectives import make_objective
+    from runners.train import train_run
+
+    run = _run_spec(DINO_LEARNS_SMOKE if rep.smoke else DINO_LEARNS)
+    ds, tr = run["dataset"], run["training"]
+    t0 = time.perf_counter()
+    xtr, ytr = (torch.from_numpy(a) for a in load_split(ds, "train", work / "data"))
+    xte, yte = (torch.from_numpy(a) for a in load_split(ds, "test", work / "data"))
+    rep.put(data_s=time.perf_counter() - t0, n_train=len(xtr), n_test=len(xte), epochs=tr["epochs"])
+    # the initial teacher exactly as train_run builds it: same seed, same construction order
+    torch.manual_seed(run["seed"])
+    np.random.seed(run["seed"] % 2**32)
+    steps = math.ceil(len(xtr) / tr["batch_size"])
+    init = make_objective(run, num_classes(ds), ds["image_size"], steps, _device())
+    knn0 = init.evaluate(xtr, ytr, xte, yte)["knn_acc"]
+    n_test = min(len(xte), init.knn_test)
+    del init
+    rep.put(knn_init=knn0)
+    t0 = time.perf_counter()
+    result = train_run(run, work / "run", work / "data", progress=print)
+    history = result.get("history", [])
+    knn = [h["knn_acc"] for h in history]
+    p = 1 / num_classes(ds)
+    bar = p + 3 * math.sqrt(p * (1 - p) / n_test)
+    rep.put(
+        train_s=time.perf_counter() - t0,
+        status_run=result["status"],
+        knn_per_epoch=knn,
+        loss_per_epoch=[h["loss"] for h in history],
+        images_per_s=[h["images_per_s"] for h in history],
+        knn_final=knn[-1] if knn else None,
+        gain=(knn[-1] - knn0) if knn else None,
+        criterion=f"final - init >= 0.10 and final > {bar:.3f} (chance {p:.2f} + 3 binomial s.e., n={n_test})",
+    )
+    met = bool(knn) and result["status"] == "finished" and knn[-1] - knn0 >= 0.10 and knn[-1] > bar
+    rep.put(criterion_met=met)
+    if rep.smoke:
+        rep.note("smoke: 1 epoch of a depth-2 ViT; the criterion is computed and shown, not required")
+        return result["status"] == "finished"
+    return met
+
+
+# ---- 6. resume on CUDA after SIGKILL ---------------------------------------------------------------------
+RESUME = {
+    "datasets": [{"name": "obj", "variant": "objects", "n_train": 1024, "n_test": 512, "image_size": 32}],
+    "model": {"preset": "vit_cpu12"},
+    "objective": {"kind": "dino", "preset": "dino_small", "n_local_crops": 4},
+    "training": {"epochs": 3, "batch_size": 128, "compile": True},
+    "checkpoints": [0, 3],
+    "probe": {"size": 128},
+}
+RESUME_SMOKE = {
+    "datasets": [{"name": "obj", "variant": "objects", "n_train": 48, "n_test": 16, "image_size": 8}],
+    "model": {"preset": "vit_cpu12", "embed_dim": 16, "depth": 2, "num_heads": 2},
+    "objective": {
+        "kind": "dino",
+        "preset": "dino_small",
+        "out_dim": 32,
+        "hidden_dim": 16,
+        "bottleneck_dim": 8,
+    },
+    "training": {"epochs": 2, "batch_size": 16},
+    "checkpoints": [0, 2],
+    "probe": {"size": 16},
+}
+# CUDA tolerances (module docstring, step 6)
+RESUME_TOL = {"loss_rel": 1e-2, "knn_abs": 0.05, "spectrum_rel": 5e-2, "weights_rel": 5e-2}
+
+# Runs one training run; with PAUSE=EPOCH:STEP it prints MIDEPOCH after that step and sleeps, so the
+# parent can SIGKILL it at a known point in the middle of an epoch (after the step's optimiser update).
+DRIVER = """
+import contextlib, json, os, sys, time
+import runners.train as T
+spec = json.loads(open(sys.argv[1]).read())
+pause = os.environ.get("PAUSE")
+if pause:
+    pe, ps = map(int, pause.split(":"))
+
+    @contextlib.contextmanager
+    def progress(label, epoch, epochs, steps, bar):
+        def tick(step, loss, n):
+            if (epoch, step) == (pe, ps):
+                print("MIDEPOCH", flush=True)
+                time.sleep(3600)
+        yield tick
+
+    T._epoch_progress = progress
+T.train_run(spec, sys.argv[2], sys.argv[3], progress=lambda line: print(line, flush=True))
+"""
+
+
+def _driver(spec_file: Path, run_dir: Path, data_dir: Path, pause: str | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PAUSE", None)
+    if pause:
+        env["PAUSE"] = pause
+    cmd = [sys.executable, "-c", DRIVER, str(spec_file), str(run_dir), str(data_dir)]
+    return subprocess.Popen(
+        cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def step_resume(rep: Report, work: Path) -> bool:
+    import numpy as np
+    import torch
+
+    from runners.data import load_split
+    from runners.train import train_run
+
+    run = _run_spec(RESUME_SMOKE if rep.smoke else RESUME)
+    spec_file, data = work / "spec.json", work / "data"
+    spec_file.write_text(json.dumps(run))
+    for split in ("train", "test"):
+        load_split(run["dataset"], split, data)
+    cuda = torch.cuda.is_available()
+    rep.put(
+        device="cuda" if cuda else "cpu", compile=run["training"]["compile"] and cuda, tolerance=RESUME_TOL
+    )
+
+    # 1) uninterrupted, in this process (first: on CUDA it also fills the compile cache the others reuse)
+    t0 = time.perf_counter()
+    if train_run(run, work / "b", data, progress=print)["status"] != "finished":
+        raise RuntimeError("the uninterrupted run failed")
+    rep.put(straight_s=time.perf_counter() - t0)
+
+    # 2) killed with SIGKILL in the middle of epoch 2 (after step 1)
+    proc = _driver(spec_file, work / "a", data, pause="2:1")
+    line = ""
+    while "MIDEPOCH" not in line:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise RuntimeError(f"the run to be killed exited {proc.returncode} before the pause point")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    state = torch.load(work / "a" / "resume.pt", map_location="cpu", weights_only=False)
+    structural = {
+        "killed_by_sigkill": proc.returncode == -signal.SIGKILL,
+        "resume_file_epoch": state["epoch"],
+        "result_absent_after_kill": not (work / "a" / "result.json").exists(),
+        "no_temp_files": not list((work / "a").glob("*.tmp*")),
+    }
+    del state
+
+    # 3) the same command again
+    proc = _driver(spec_file, work / "a", data)
+    out, _ = proc.communicate()
+    print(out[-3000:])
+    structural["resumed_after_epoch_1"] = "resuming after epoch 1" in out
+    if proc.returncode != 0:
+        raise RuntimeError(f"resumed run exited {proc.returncode}")
+    rep.put(**structural)
+
+    ra = json.loads((work / "a" / "result.json").read_text())
+    rb = json.loads((work / "b" / "result.json").read_text())
+    timing = ("images_per_s", "epoch_s")
+    ha = [{k: v for k, v in h.items() if k not in timing} for h in ra["history"]]
+    hb = [{k: v for k, v in h.items() if k not in timing} for h in rb["history"]]
+    loss_rel = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(ha, hb, strict=True))
+    knn_abs = max(abs(a["knn_acc"] - b["knn_acc"]) for a, b in zip(ha, hb, strict=True))
+    with np.load(work / "a" / "spectra.npz") as fa, np.load(work / "b" / "spectra.npz") as fb:
+        keys_match = sorted(fa.files) == sorted(fb.files)
+        spectra_equal = keys_match and all(np.array_equal(fa[k], fb[k]) for k in fa.files)
+        spec_rel = max(abs(fa[k].sum() - fb[k].sum()) / max(abs(fb[k].sum()), 1e-30) for k in fb.files)
+    last = f"epoch_{run['training']['epochs']:03d}.pt"
+    wa = torch.load(work / "a" / "checkpoints" / last, weights_only=False)["model"]
+    wb = torch.load(work / "b" / "checkpoints" / last, weights_only=False)["model"]
+    weights_equal = all(torch.equal(wa[k], wb[k]) for k in wb)
+    w_rel = max(
+        float((wa[k].float() - wb[k].float()).norm() / wb[k].float().norm().clamp_min(1e-30)) for k in wb
+    )
+    bitwise = ha == hb and spectra_equal and weights_equal
+    rep.put(
+        bitwise=bitwise,
+        loss_rel_max=loss_rel,
+        knn_abs_max=knn_abs,
+        spectrum_rel_max=spec_rel,
+        weights_rel_max=w_rel,
+    )
+    structural_ok = (
+        structural["killed_by_sigkill"]
+        and structural["resume_file_epoch"] == 1
+        and structural["result_absent_after_kill"]
+        and structural["no_temp_files"]
+        and structural["resumed_after_epoch_1"]
+        and keys_match
+    )
+    if not cuda:
+        rep.note("CPU: bitwise equality required")
+        return structural_ok and bitwise
+    t = RESUME_TOL
+    within = loss_rel <= t["loss_rel"] and knn_abs <= t["knn_abs"]
+    within = within and spec_rel <= t["spectrum_rel"] and w_rel <= t["weights_rel"]
+    return structural_ok and within
+
+
+STEP_FUNCS = {
+    "environment": step_environment,
+    "gpu_tests": step_gpu_tests,
+    "throughput": step_throughput,
+    "extraction": step_extraction,
+    "dino_learns": step_dino_learns,
+    "resume": step_resume,
+}
+
+
+def run_child(name: str, result: Path, work: Path, smoke: bool) -> int:
+    """Body of ``--step NAME``: run one step, write its final report; exit 0 unless it raised."""
+    rep = Report(result, smoke)
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        ok = STEP_FUNCS[name](rep, work)
+    except Exception:
+        traceback.print_exc()
+        rep.write("error")
+        return 1
+    rep.write("passed" if ok else "failed")
+    return 0
+
+
+# ---- the parent: every step in its own subprocess under its own limit ------------------------------------
+def _tail(path: Path, n: int = 1500) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def run_step(name: str, limit: float, out: Path, smoke: bool) -> dict:
+    """Run one step in a new process group; kill the group at ``limit`` seconds. -> its JSON entry."""
+    result, log = out / "steps" / f"{name}.json", out / "logs" / f"{name}.log"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--step", name, "--result", str(result)]
+    cmd += ["--work", str(out / "work" / name)] + (["--cpu-smoke"] if smoke else [])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    t0 = time.perf_counter()
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=limit)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the step and everything it started (pytest, runs)
+            rc = proc.wait()
+            timed_out = True
+    seconds = time.perf_counter() - t0
+    try:
+        entry = json.loads(result.read_text())
+    except (OSError, json.JSONDecodeError):
+        entry = {"status": "error", "figures": {}, "notes": []}
+    if timed_out:
+        entry["status"] = "timed_out"
+        entry["error"] = f"killed after its limit of {limit:g} s"
+    elif entry["status"] in ("running", "error") or rc != 0:
+        entry["status"] = "error"
+        entry["error"] = f"exit status {rc}; log tail:\n{_tail(log)}"
+    return {**entry, "limit_s": limit, "seconds": round(seconds, 2), "log": str(log.relative_to(out))}
+
+
+def _summary(name: str, entry: dict) -> str:
+    """One short line of a step's main figures for the text table."""
+    f = entry.get("figures", {})
+
+    def num(v: object, fmt: str) -> str:
+        return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+    if name == "environment":
+        return f"{f.get('device')} torch {f.get('torch')} cuda {f.get('cuda')} bf16 {f.get('bf16')} free {num(f.get('free_gib'), '.1f')} GiB"
+    if name == "gpu_tests":
+        return f"{f.get('tests')} tests, {f.get('failures')} failed, {f.get('errors')} errors, {f.get('skipped')} skipped"
+    if name == "throughput":
+        parts = []
+        for key in ("supervised_eager", "dino_eager", "supervised_compiled", "dino_compiled"):
+            v = f.get(key)
+            if isinstance(v, dict):
+                mfu = f" mfu {v['mfu']:.2f}" if v.get("mfu") is not None else ""
+                parts.append(f"{key} {v['images_per_s']:.0f} img/s{mfu}")
+            elif v is not None:
+                parts.append(f"{key} {str(v)[:80]}")
+        return "; ".join(parts)
+    if name == "extraction":
+        return "; ".join(
+            f"{k} overhead {v['overhead']:.2f} err {v['max_rel_err']:.1e}"
+            for k, v in f.items()
+            if isinstance(v, dict)
+        )
+    if name == "dino_learns":
+        return f"k-NN {num(f.get('knn_init'), '.3f')} -> {num(f.get('knn_final'), '.3f')} (criterion met: {f.get('criterion_met')})"
+    if name == "resume":
+        return (
+            f"bitwise {f.get('bitwise')}; loss {num(f.get('loss_rel_max'), '.1e')} knn {num(f.get('knn_abs_max'), '.3f')} "
+            f"spectra {num(f.get('spectrum_rel_max'), '.1e')} weights {num(f.get('weights_rel_max'), '.1e')}"
+        )
+    return ""
+
+
+def write_outputs(out: Path, summary: dict) -> None:
+    (out / "gpu_check.json").write_text(json.dumps(summary, indent=1, default=str))
+    lines = [
+        f"GPU check ({summary['mode']}), planned {summary['planned_s']:g} s, took {summary['wall_s']:.0f} s",
+        f"{'step':<12} {'status':<10} {'s / limit':>12}  figures",
+    ]
+    for name, e in summary["steps"].items():
+        lines.append(
+            f"{name:<12} {e['status']:<10} {e.get('seconds', 0):>5.0f} / {e['limit_s']:<5g}  {_summary(name, e)}"
+        )
+    (out / "gpu_check.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, help="folder for gpu_check.json, gpu_check.txt and logs/")
+    ap.add_argument("--cpu-smoke", action="store_true", help="every step at tiny sizes (runs on the CPU)")
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    ap.add_argument("--limit", action="append", default=[], metavar="STEP=SECONDS", help="override a limit")
+    ap.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)  # internal: run one step (child)
+    ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.step:
+        return run_child(args.step, args.result, args.work, args.cpu_smoke)
+
+    if args.out is None:
+        print("gpu_check: --out: expected a folder for the results", file=sys.stderr)
+        return 2
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown or not steps:
+        print(
+            f"gpu_check: --steps: expected names from {list(STEPS)}, got {unknown or steps}", file=sys.stderr
+        )
+        return 2
+    limits = dict(LIMITS_SMOKE if args.cpu_smoke else LIMITS_FULL)
+    for item in args.limit:
+        name, _, value = item.partition("=")
+        try:
+            if name not in STEPS or float(value) <= 0:
+                raise ValueError
+            limits[name] = float(value)
+        except ValueError:
+            print(
+                f"gpu_check: --limit: expected STEP=SECONDS with STEP in {list(STEPS)}, got {item!r}",
+                file=sys.stderr,
+            )
+            return 2
+    if not args.cpu_smoke:
+        import torch
+
+        if not torch.cuda.is_available():
+            print(
+                "gpu_check: no CUDA device: the full check needs a GPU (use --cpu-smoke on a CPU)",
+                file=sys.stderr,
+            )
+            return 2
+    out = args.out
+    for sub in ("steps", "logs", "work"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    summary = {
+        "mode": "cpu-smoke" if args.cpu_smoke else "full",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "planned_s": sum(limits[s] for s in steps),
+        "limits_s": {s: limits[s] for s in steps},
+        "wall_s": 0.0,
+        "steps": {},
+    }
+    for name in steps:
+        print(f"[gpu_check] {name} (limit {limits[name]:g} s)", flush=True)
+        summary["steps"][name] = run_step(name, limits[name], out, args.cpu_smoke)
+        summary["wall_s"] = time.perf_counter() - t0
+        write_outputs(out, summary)  # after every step: a killed check keeps what it measured
+    summary["passed"] = all(e["status"] == "passed" for e in summary["steps"].values())
+    write_outputs(out, summary)
+    return 0 if summary["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

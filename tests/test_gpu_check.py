@@ -1,0 +1,97 @@
+"""bench/gpu_check.py: every step's code path at tiny sizes on the CPU, and a step past its limit killed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "bench" / "gpu_check.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, str(SCRIPT), *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check")
+    proc = _cli("--out", str(out), "--cpu-smoke")
+    return proc, out, json.loads((out / "gpu_check.json").read_text())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke run; a GPU runs the full check")
+def test_cpu_smoke_runs_every_step_and_writes_json_and_table(smoke):
+    gc = _module()
+    proc, out, summary = smoke
+    steps = summary["steps"]
+    assert list(steps) == list(gc.STEPS)
+    for name, entry in steps.items():
+        assert entry["status"] == "passed", (name, entry.get("error"), proc.stdout[-2000:])
+        assert entry["limit_s"] == gc.LIMITS_SMOKE[name] and 0 < entry["seconds"] < entry["limit_s"]
+    assert proc.returncode == 0 and summary["passed"] and summary["mode"] == "cpu-smoke"
+    f = {name: entry["figures"] for name, entry in steps.items()}
+    assert f["environment"]["device"] == "cpu" and f["environment"]["torch"] == torch.__version__
+    assert f["gpu_tests"]["tests"] >= 1 and f["gpu_tests"]["skipped"] == f["gpu_tests"]["tests"]
+    for objective in ("supervised", "dino"):
+        res = f["throughput"][f"{objective}_eager"]
+        assert res["images_per_s"] > 0 and res["flops_per_step"] > 0
+        assert "skipped" in f["throughput"][f"{objective}_compiled"]  # compile is CUDA-only in our trainers
+    assert (
+        f["throughput"]["dino_eager"]["flops_per_step"]
+        > f["throughput"]["supervised_eager"]["flops_per_step"]
+    )
+    ext = f["extraction"]["16px_patch4"]
+    assert ext["max_rel_err"] < 1e-6 and ext["overhead"] > 0
+    assert f["dino_learns"]["knn_init"] is not None and len(f["dino_learns"]["knn_per_epoch"]) == 1
+    assert isinstance(f["dino_learns"]["criterion_met"], bool)
+    res = f["resume"]
+    assert res["bitwise"] and res["killed_by_sigkill"] and res["resume_file_epoch"] == 1
+    assert res["resumed_after_epoch_1"] and res["no_temp_files"]
+    table = (out / "gpu_check.txt").read_text()
+    assert all(f"{name} " in table for name in gc.STEPS) and "passed" in table
+
+
+def test_step_past_its_limit_is_recorded_as_timed_out(tmp_path):
+    """A 1 s limit on a step that needs more: killed, recorded, the exit status says the check failed."""
+    proc = _cli("--out", str(tmp_path), "--cpu-smoke", "--steps", "throughput", "--limit", "throughput=1")
+    summary = json.loads((tmp_path / "gpu_check.json").read_text())
+    entry = summary["steps"]["throughput"]
+    assert entry["status"] == "timed_out" and "limit of 1 s" in entry["error"]
+    assert entry["seconds"] < 10  # killed at its limit, not left to finish
+    assert proc.returncode == 1 and not summary["passed"]
+    assert "timed_out" in (tmp_path / "gpu_check.txt").read_text()
+
+
+def test_bad_arguments_and_peak_table(tmp_path, capsys):
+    gc = _module()
+    assert gc.main(["--out", str(tmp_path), "--steps", "nope"]) == 2
+    assert "--steps: expected names from" in capsys.readouterr().err
+    assert gc.main(["--out", str(tmp_path), "--limit", "throughput=x"]) == 2
+    assert "--limit: expected STEP=SECONDS" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert gc.main(["--out", str(tmp_path)]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "gpu_check.json").exists()  # nothing half-written
+    peak = gc.peak_bf16_tflops
+    assert peak("NVIDIA H100 80GB HBM3") == 989.0 and peak("NVIDIA H100 PCIe") == 756.0
+    assert peak("NVIDIA H200") == 989.0 and peak("NVIDIA A100-SXM4-80GB") == 312.0
+    assert (
+        peak("NVIDIA L4") == 121.0 and peak("NVIDIA L40S") == 362.0 and peak("Tesla V100-SXM2-16GB") is None
+    )
