@@ -121,12 +121,20 @@ def _metrics_verb(path: Path) -> int:
 def _table_verb(args: argparse.Namespace) -> int:
     from analysis.table import make_table, save_table
     from study.orchestrate import read_run, run_rows
-    from study.planner import plan_runs
+    from study.planner import plan_runs, unknown_fingerprints
     from study.schema import load_hypothesis
 
     hyp = load_hypothesis(args.hypothesis)
     frames, missing = [], []
-    for spec in plan_runs(hyp):
+    plan = plan_runs(hyp, args.out / "data")  # recorded fingerprints: the data need not be on this host
+    unknown = unknown_fingerprints(plan)
+    if unknown:
+        raise StudyError(
+            f"dataset {', '.join(unknown)}: no fingerprint recorded in {args.out / 'data' / 'fingerprints.json'} "
+            "and the folder is not here, so its run keys are unknown (give the `run` output folder as --out)",
+            str(args.hypothesis),
+        )
+    for spec in plan:
         run_dir = args.out / "runs" / spec.key
         result = read_run(run_dir)
         if result is None or result.get("status") != "finished" or not (run_dir / "spectra.npz").exists():

@@ -2,7 +2,8 @@
 
 Output folder layout (``--out``, default ``study_results``)::
 
-    data/                      generated datasets (cached .npz)
+    data/                      generated datasets (cached .npz), decoded on-disk datasets (.npy maps)
+    data/fingerprints.json     the content fingerprint each on-disk dataset was run with
     runs/<run key>/            one folder per training run (result.json marks it finished)
     studies/<name>/            table.parquet, verdicts.json, verdicts.txt, hypothesis.yaml
     mlflow.db, mlartifacts/    the embedded MLflow store (unless MLFLOW_TRACKING_URI is set)
@@ -113,14 +114,22 @@ def run_study(
         report: write ``report.html``/``report.md`` into the study folder (and log them to MLflow).
         command: the command line that started this, recorded in MLflow and the report.
     """
-    from runners.datasets import check_dataset_folder
+    from runners.datasets import check_dataset_folder, recorded_fingerprints
 
     out_dir = Path(out_dir)
-    plan = plan_runs(hyp)
     runs_dir, data_dir = out_dir / "runs", out_dir / "data"
     layers = hyp.design.layers
     for ds in hyp.design.datasets:  # bad data paths stop the study before anything is written
         check_dataset_folder(ds.model_dump())
+    before = recorded_fingerprints(data_dir)
+    plan = plan_runs(hyp, data_dir, record=True)  # on-disk fingerprints recorded for hosts without the data
+    for s in {s.dataset["name"]: s for s in plan if "path" in s.dataset}.values():
+        old = before.get(f"{s.dataset['kind']}:{s.dataset['name']}", {}).get("fingerprint")
+        if old and old != s.dataset["fingerprint"]:
+            log(
+                f"data {s.dataset['name']}: the folder's content changed since it was recorded "
+                f"(fingerprint {old} -> {s.dataset['fingerprint']}): its runs get new keys"
+            )
 
     tracker = None
     stored: dict[str, object] = {}
