@@ -180,7 +180,8 @@ def dataset_fingerprint(spec: dict) -> str | None:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _record_key(spec: dict) -> str:
+def fingerprint_record_key(spec: dict) -> str:
+    """The entry of a dataset in ``fingerprints.json``: ``<kind>:<name>``."""
     return f"{spec['kind']}:{spec['name']}"
 
 
@@ -208,16 +209,20 @@ def resolve_fingerprint(spec: dict, data_dir: str | Path | None = None, record: 
       own fingerprint; else None (keys unknown).
     """
     if not record:
-        entry = recorded_fingerprints(data_dir).get(_record_key(spec)) if data_dir is not None else None
+        entry = (
+            recorded_fingerprints(data_dir).get(fingerprint_record_key(spec))
+            if data_dir is not None
+            else None
+        )
         return entry["fingerprint"] if entry else dataset_fingerprint(spec)
     fingerprint = dataset_fingerprint(spec)
     if fingerprint is None or data_dir is None:
         return fingerprint
     book = recorded_fingerprints(data_dir)
-    old = book.get(_record_key(spec))
+    old = book.get(fingerprint_record_key(spec))
     if old is None or old["fingerprint"] != fingerprint:
         history = ([old["fingerprint"], *old.get("history", [])] if old else [])[:20]
-        book[_record_key(spec)] = {
+        book[fingerprint_record_key(spec)] = {
             "fingerprint": fingerprint,
             "path": str(spec["path"]),
             "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

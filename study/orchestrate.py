@@ -114,7 +114,7 @@ def run_study(
         report: write ``report.html``/``report.md`` into the study folder (and log them to MLflow).
         command: the command line that started this, recorded in MLflow and the report.
     """
-    from runners.datasets import check_dataset_folder, recorded_fingerprints
+    from runners.datasets import check_dataset_folder, fingerprint_record_key, recorded_fingerprints
 
     out_dir = Path(out_dir)
     runs_dir, data_dir = out_dir / "runs", out_dir / "data"
@@ -124,7 +124,7 @@ def run_study(
     before = recorded_fingerprints(data_dir)
     plan = plan_runs(hyp, data_dir, record=True)  # on-disk fingerprints recorded for hosts without the data
     for s in {s.dataset["name"]: s for s in plan if "path" in s.dataset}.values():
-        old = before.get(f"{s.dataset['kind']}:{s.dataset['name']}", {}).get("fingerprint")
+        old = before.get(fingerprint_record_key(s.dataset), {}).get("fingerprint")
         if old and old != s.dataset["fingerprint"]:
             log(
                 f"data {s.dataset['name']}: the folder's content changed since it was recorded "

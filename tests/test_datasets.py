@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import struct
 from pathlib import Path
@@ -436,6 +437,14 @@ def test_run_key_does_not_depend_on_the_data_being_present(roots, tmp_path, monk
     shutil.rmtree(data)
     assert plan_runs(hyp, tmp_path / "out" / "data")[0].key == trained.key  # folder gone
     assert plan_runs(hyp, tmp_path / "elsewhere")[0].dataset["fingerprint"] is None  # nothing recorded
+    # data present again but changed: `run` keys it by its content and records the change
+    shutil.copytree(roots["ucmerced"], data)
+    next((data / "Images" / "beach").iterdir()).unlink()
+    (changed,) = plan_runs(hyp, tmp_path / "out" / "data", record=True)
+    assert changed.key != trained.key
+    assert plan_runs(hyp, tmp_path / "out" / "data")[0].key == changed.key
+    book = json.loads((tmp_path / "out" / "data" / "fingerprints.json").read_text())
+    assert book["ucmerced:ucm"]["history"] == [trained.dataset["fingerprint"]]
 
 
 def test_table_finds_runs_on_a_host_without_the_data(roots, tmp_path, monkeypatch, capsys):
