@@ -1,6 +1,6 @@
 """Loaders for datasets already on disk, in the layouts their publishers ship. Nothing is downloaded.
 
-    images, labels = load_disk_split(spec, "train", cache_dir)   # uint8 (N, S, S, 3), int64 (N,)
+    images, labels = load_disk_split(spec, "train", cache_dir)   # uint8 map (N, S, S, 3), int64 (N,)
 
 Layouts (``spec["path"]`` is the folder; a missing or malformed one raises a one-line
 :class:`~core.errors.StudyError` naming the path and the expected layout):
@@ -12,35 +12,64 @@ Layouts (``spec["path"]`` is the folder; a missing or malformed one raises a one
   ``val/val_annotations.txt`` (tab-separated: file, wnid, box). The val split is the held-out split.
 * ``ucmerced``: ``Images/<class>/*.tif``. No official split: a per-class stratified split drawn with
   ``split_seed`` (``test_fraction`` of each class held out); the split's file lists go in the cache.
-* ``imagefolder``: ``<train_dir>/<class>/*`` and ``<test_dir>/<class>/*`` (ImageNet-100 and similar);
-  ``classes`` restricts and orders the classes.
+* ``imagefolder``: ``<train_dir>/<class>/**`` and ``<test_dir>/<class>/**`` (ImageNet-100 and similar);
+  ``classes`` restricts and orders the classes. The rules are torchvision's ``ImageFolder``
+  (``find_classes`` + ``make_dataset``): class folders may be symbolic links and are walked recursively
+  with links followed, files are kept by extension (torchvision's ``IMG_EXTENSIONS``), samples come in
+  ``sorted(os.walk(class folder))`` order. One difference, on purpose: entries whose name starts with
+  ``.`` are skipped at every level, so a ``.ipynb_checkpoints`` folder is no class (torchvision 0.29's
+  ``find_classes`` would make it class 0) and macOS ``._*.JPEG`` resource forks are not read as images.
 
 Every image is converted to RGB, its shorter side resized to ``image_size`` (bicubic) and centre-cropped
-to a square, so a split is one uint8 array ``(N, image_size, image_size, 3)`` held in memory and cached
-as ``.npz`` (keyed by the folder's fingerprint and every setting that changes pixels). The probe set is
-drawn from the held-out split with the probe seed, so it is the same for every training seed.
+to a square. A split is decoded once, by a pool of threads, straight into a ``.npy`` file in the data
+cache (keyed by the folder's fingerprint and every setting that changes pixels), and returned as a
+copy-on-write memory map of it: ImageNet-100 at 224 px (~18.5 GiB) never has to fit in RAM, and batches
+index the map. The file is written under a temporary name and renamed when complete, so an interrupted
+decode never leaves a cache that is reused. The probe set is drawn from the held-out split with the probe
+seed, so it is the same for every training seed.
+
+Run keys use the folder's content fingerprint (:func:`dataset_fingerprint`: file paths and sizes, links
+followed). ``run`` records it in ``<out>/data/fingerprints.json`` (:func:`resolve_fingerprint`), and a
+host without the data (``table`` on an analysis machine) reuses the recorded one, so a hypothesis file
+plans the same keys with or without the data present.
 
 This module does not import torch: the planner uses :func:`resolve_path` and
-:func:`dataset_fingerprint` to build run keys.
+:func:`resolve_fingerprint` to build run keys.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from core.errors import StudyError
 from core.hashing import digest
-from core.io import cached_arrays
+from core.io import atomic_path, atomic_write_json
 
-LOADER_VERSION = 1  # bump when the pixels a spec produces change
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm")
+# Bump when the pixels or file lists a spec produces change (it enters the run keys of on-disk datasets).
+LOADER_VERSION = 2  # 2: links followed, hidden entries skipped, nested folders read; .npy memory maps
+IMAGE_EXTENSIONS = (
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".ppm",
+    ".bmp",
+    ".pgm",
+    ".tif",
+    ".tiff",
+    ".webp",
+)  # torchvision's
+FINGERPRINTS = "fingerprints.json"  # in the data cache: the fingerprint each on-disk dataset was run with
+_CHUNK = 1024  # images submitted to the decoding pool at once: bounds the pool's queue, not the speed
 LAYOUTS = {
     "cifar100": "the CIFAR-100 python version: files train, test, meta (pickled dicts)",
     "tiny_imagenet": "train/<wnid>/images/*.JPEG, val/images/*.JPEG and val/val_annotations.txt",
@@ -81,22 +110,126 @@ def check_dataset_folder(spec: dict) -> None:
         raise _bad(spec, root, "folder not found")
 
 
-def _files(root: Path) -> list[tuple[str, int]]:
+def _walk(top: str | Path) -> list[tuple[str, list[str]]]:
+    """``(folder, sorted file names)`` of every folder under ``top``, in ``sorted(os.walk(top))`` order.
+
+    Symbolic links to folders are followed (as ``os.walk(followlinks=True)``), except a link back to a
+    folder above it (a cycle); names starting with ``.`` are skipped. A broken link counts as a file.
+    """
+    out: list[tuple[str, list[str]]] = []
+
+    def visit(folder: str, above: frozenset[str]) -> None:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:  # unreadable: skipped, as os.walk does
+            return
+        files = sorted(e.name for e in entries if not e.name.startswith(".") and not e.is_dir())
+        out.append((folder, files))
+        for e in entries:
+            if not e.name.startswith(".") and e.is_dir():
+                real = os.path.realpath(e.path)
+                if real not in above:
+                    visit(e.path, above | {real})
+
+    visit(str(top), frozenset({os.path.realpath(top)}))
+    return sorted(out)
+
+
+def list_image_folder(directory: str | Path, classes: Sequence[str]) -> list[tuple[Path, int]]:
+    """``(image path, class index)`` of ``directory/<class>/**``: torchvision's ``make_dataset`` rules.
+
+    ``classes[i]`` gets label ``i``; classes are visited in sorted order and each class folder in
+    ``sorted(os.walk(folder, followlinks=True))`` order, keeping files by extension (``IMAGE_EXTENSIONS``),
+    as ``make_dataset(directory, {c: i}, IMG_EXTENSIONS)`` does, except that hidden entries are skipped.
+    A class without a folder contributes nothing.
+    """
+    index = {c: i for i, c in enumerate(classes)}
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for fn in sorted(filenames):
-            p = os.path.join(dirpath, fn)
-            out.append((os.path.relpath(p, root), os.path.getsize(p)))
+    for c in sorted(index):
+        folder = os.path.join(directory, c)
+        if not os.path.isdir(folder):
+            continue
+        for root, files in _walk(folder):
+            out += [(Path(root, f), index[c]) for f in files if f.lower().endswith(IMAGE_EXTENSIONS)]
+    return out
+
+
+def _files(root: Path) -> list[tuple[str, int]]:
+    """Sorted ``(relative path, size in bytes)`` of every non-hidden file under ``root``, links followed."""
+    out = []
+    for folder, files in _walk(root):
+        for fn in files:
+            p = os.path.join(folder, fn)
+            try:
+                size = os.path.getsize(p)
+            except OSError:  # a broken link: listed, so that fixing it changes the fingerprint
+                size = -1
+            out.append((os.path.relpath(p, root), size))
     return out
 
 
 def dataset_fingerprint(spec: dict) -> str | None:
-    """sha256 (16 hex digits) of the folder's sorted (relative path, size) list; None if it is absent."""
+    """sha256 (16 hex digits) of the folder's sorted (relative path, size) list; None if it is absent.
+
+    Files are listed as :func:`_walk` does (links followed, hidden entries skipped), so a folder of
+    links into an ImageNet tree is fingerprinted by the images the links reach.
+    """
     root = resolve_path(spec["path"], strict=False)
     if root is None or not root.is_dir():
         return None
     return digest(_files(root), 16)
+
+
+def fingerprint_record_key(spec: dict) -> str:
+    """The entry of a dataset in ``fingerprints.json``: ``<kind>:<name>``."""
+    return f"{spec['kind']}:{spec['name']}"
+
+
+def recorded_fingerprints(data_dir: str | Path) -> dict[str, dict]:
+    """The ``fingerprints.json`` of a data cache: ``{"<kind>:<name>": {"fingerprint", "path", ...}}``."""
+    path = Path(data_dir) / FINGERPRINTS
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StudyError(
+            f"unreadable fingerprint record ({exc}); delete it to re-record", str(path)
+        ) from None
+
+
+def resolve_fingerprint(spec: dict, data_dir: str | Path | None = None, record: bool = False) -> str | None:
+    """The content fingerprint that keys the runs of an on-disk dataset (``spec["path"]`` resolved).
+
+    * ``record=True`` (``run``, the data present): the folder's own fingerprint, written to
+      ``data_dir/fingerprints.json`` under ``<kind>:<name>`` (the previous value is kept in ``history``).
+      The folder's content wins: if it changed since it was recorded, its runs get new keys.
+    * otherwise (``table``, ``validate``): the recorded fingerprint if ``data_dir`` holds one, so the keys
+      are those the runs were trained under whether or not the data are on this host; else the folder's
+      own fingerprint; else None (keys unknown).
+    """
+    if not record:
+        entry = (
+            recorded_fingerprints(data_dir).get(fingerprint_record_key(spec))
+            if data_dir is not None
+            else None
+        )
+        return entry["fingerprint"] if entry else dataset_fingerprint(spec)
+    fingerprint = dataset_fingerprint(spec)
+    if fingerprint is None or data_dir is None:
+        return fingerprint
+    book = recorded_fingerprints(data_dir)
+    old = book.get(fingerprint_record_key(spec))
+    if old is None or old["fingerprint"] != fingerprint:
+        history = ([old["fingerprint"], *old.get("history", [])] if old else [])[:20]
+        book[fingerprint_record_key(spec)] = {
+            "fingerprint": fingerprint,
+            "path": str(spec["path"]),
+            "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "history": history,
+        }
+        atomic_write_json(Path(data_dir) / FINGERPRINTS, book, indent=1, sort_keys=True)
+    return fingerprint
 
 
 def _bad(spec: dict, root: Path, what: str) -> StudyError:
@@ -122,27 +255,115 @@ def _square(img, size: int) -> np.ndarray:
     return np.asarray(img, dtype=np.uint8)
 
 
-def _read_images(paths: list[Path], size: int) -> np.ndarray:
-    """Decode and resize files in threads (PIL releases the GIL while decoding). -> (N, size, size, 3)."""
+def _decode_file(path: str | Path, size: int) -> np.ndarray:
     from PIL import Image
 
-    def one(p: Path) -> np.ndarray:
-        with Image.open(p) as img:
-            return _square(img, size)
-
-    out = np.empty((len(paths), size, size, 3), dtype=np.uint8)
-    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
-        for i, arr in enumerate(pool.map(one, paths)):
-            out[i] = arr
-    return out
+    with Image.open(path) as img:
+        return _square(img, size)
 
 
-def _resize_array(images: np.ndarray, size: int) -> np.ndarray:
-    if images.shape[1] == size:
-        return images
+def _pwrite(fd: int, arr: np.ndarray, offset: int) -> None:
+    view = memoryview(np.ascontiguousarray(arr)).cast("B")
+    while view:  # a regular file takes it in one call; the loop is for the rare short write
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def _decode_range(paths: list[str], size: int, file: str, offset: int) -> None:
+    """Process-pool task: decode ``paths`` and write them, one after another, from byte ``offset``."""
+    fd = os.open(file, os.O_WRONLY)
+    try:
+        for j, p in enumerate(paths):
+            _pwrite(fd, _decode_file(p, size), offset + j * size * size * 3)
+    finally:
+        os.close(fd)
+
+
+def default_workers() -> int:
+    """Decoding threads: one per CPU this process may use (PIL releases the GIL while it decodes)."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def write_images(
+    out: Path,
+    items: Sequence[str | Path] | np.ndarray,
+    size: int,
+    workers: int | None = None,
+    pool: str = "thread",
+) -> None:
+    """Decode ``items`` into the ``.npy`` file ``out``: uint8 ``(N, size, size, 3)``, written atomically.
+
+    Each worker writes each image at its offset in the file (``os.pwrite``): nothing is held in memory but
+    the images being decoded, and the pages written are the page cache's, not this process's (writing
+    through a memory map would count every page written in the resident set). The file is written as
+    ``out.<pid>.tmp`` and renamed when complete; an exception or interrupt removes it.
+
+    Args:
+        items: image file paths, or uint8 images ``(N, H, W, 3)`` (CIFAR-100) to resize.
+        workers: pool size (default: :func:`default_workers`).
+        pool: ``thread`` or ``process`` (file paths only; the benchmark compares them).
+    """
+    n, nbytes = len(items), size * size * 3
+    workers = workers or default_workers()
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(tmp, "wb") as f:
+            header = {"descr": "|u1", "fortran_order": False, "shape": (n, size, size, 3)}
+            np.lib.format.write_array_header_1_0(f, header)
+            offset = f.tell()
+            f.truncate(offset + n * nbytes)
+        if pool == "process":
+            if isinstance(items, np.ndarray):
+                raise ValueError("pool='process' decodes files, not arrays")
+            step = max(1, min(256, -(-n // (4 * workers))))
+            with ProcessPoolExecutor(workers) as ex:
+                tasks = [
+                    ex.submit(
+                        _decode_range,
+                        [str(p) for p in items[i : i + step]],
+                        size,
+                        str(tmp),
+                        offset + i * nbytes,
+                    )
+                    for i in range(0, n, step)
+                ]
+                for t in tasks:
+                    t.result()
+        else:
+            _fill_with_threads(tmp, offset, items, size, workers)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _fill_with_threads(tmp: Path, offset: int, items, size: int, workers: int) -> None:
     from PIL import Image
 
-    return np.stack([_square(Image.fromarray(im), size) for im in images])
+    nbytes = size * size * 3
+    if isinstance(items, np.ndarray):
+
+        def one(i: int) -> None:
+            img = items[i] if items.shape[1] == size else _square(Image.fromarray(items[i]), size)
+            _pwrite(fd, img, offset + i * nbytes)
+    else:
+
+        def one(i: int) -> None:
+            _pwrite(fd, _decode_file(items[i], size), offset + i * nbytes)
+
+    fd = os.open(tmp, os.O_WRONLY)
+    ex: Executor = ThreadPoolExecutor(workers)
+    try:
+        for start in range(0, len(items), _CHUNK):
+            for _ in ex.map(one, range(start, min(len(items), start + _CHUNK))):
+                pass
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+        os.close(fd)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 # ---- one reader per layout: -> {"train": (paths or arrays, labels), "test": ...}, class names ----------
@@ -220,17 +441,15 @@ def _imagefolder(spec: dict, root: Path) -> tuple[dict, list[str]]:
     for d in dirs.values():
         if not d.is_dir():
             raise _bad(spec, root, f"missing {d.name}/")
-    found = sorted(p.name for p in dirs["train"].iterdir() if p.is_dir())
+    # torchvision's find_classes, hidden folders skipped (is_dir() follows links: linked classes count)
+    found = sorted(e.name for e in os.scandir(dirs["train"]) if e.is_dir() and not e.name.startswith("."))
     classes = list(spec.get("classes") or found)
     absent = [c for c in classes if c not in found]
     if absent or len(classes) < 2:
         raise _bad(spec, root, f"class folders {absent[:3] or classes} not found under {dirs['train'].name}/")
     splits = {}
     for split, d in dirs.items():
-        pairs = []
-        for i, c in enumerate(classes):
-            if (d / c).is_dir():
-                pairs += [(p, i) for p in sorted((d / c).iterdir()) if _is_image(p)]
+        pairs = list_image_folder(d, classes)
         if not pairs:
             raise _bad(spec, root, f"no images under {d.name}/<class>/")
         splits[split] = _unzip(pairs)
@@ -260,11 +479,19 @@ def _subset(n_total: int, n: int | None, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n_total, n, replace=False))
 
 
-def _materialise(spec: dict, data: tuple, size: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    items, labels = data
-    if isinstance(items, np.ndarray):
-        return _resize_array(items[idx], size), labels[idx]
-    return _read_images([items[i] for i in idx], size), labels[idx]
+def _read_cache(path: Path, labels_path: Path, size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The cached split as a copy-on-write map (writes stay in this process) and its labels, or None."""
+    if not (path.exists() and labels_path.exists()):
+        return None
+    try:
+        images, labels = np.load(path, mmap_mode="c"), np.load(labels_path)
+        if images.shape[1:] == (size, size, 3) and images.dtype == np.uint8 and len(labels) == len(images):
+            return images, labels
+    except (OSError, ValueError, EOFError):  # a corrupt cache is decoded again, never trusted
+        pass
+    path.unlink(missing_ok=True)
+    labels_path.unlink(missing_ok=True)
+    return None
 
 
 def load_disk_split(
@@ -273,17 +500,27 @@ def load_disk_split(
     cache_dir: str | Path,
     probe_size: int | None = None,
     probe_seed: int | None = None,
+    workers: int | None = None,
+    log: Callable[[str], None] | None = print,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Images and labels of one split of an on-disk dataset, read once and cached.
+    """Images and labels of one split of an on-disk dataset, decoded once into the cache and memory-mapped.
 
     Args:
         spec: the dataset spec as a dict (a ``*Dataset.model_dump()``; ``path`` may hold ``${VAR}``).
         split: ``train``, ``test`` (the held-out split) or ``probe`` (``probe_size`` images of the
             held-out split drawn with ``probe_seed``, before any ``n_test`` subsetting).
-        cache_dir: folder for the ``.npz`` cache.
+        cache_dir: folder for the ``.npy`` cache.
+        workers: decoding threads (default: one per usable CPU).
+        log: called with one line (the cache's size) before a split is decoded; None: quiet.
 
     Returns:
-        images: uint8 (N, image_size, image_size, 3); labels: int64 (N,) in 0..n_classes-1.
+        images: uint8 (N, image_size, image_size, 3), a copy-on-write ``np.memmap`` of the cache file
+        (index it batch by batch; ``np.asarray`` would read it all); labels: int64 (N,) in
+        0..n_classes-1.
+
+    Raises:
+        StudyError: the folder is missing or malformed, an image is unreadable, or the cache's disk has
+            less free space than the decoded split needs.
     """
     if split not in ("train", "test", "probe"):
         raise ValueError(f"unknown split {split!r}")
@@ -294,18 +531,16 @@ def load_disk_split(
             str(root),
             f"dataset {spec['name']}",
         )
+    size = spec["image_size"]
     key = {k: v for k, v in spec.items() if k not in ("name", "path", "fingerprint")}
     key.update(v=LOADER_VERSION, split=split, fp=spec.get("fingerprint") or dataset_fingerprint(spec))
     if split == "probe":
         key.update(probe_size=probe_size, probe_seed=probe_seed)
-    path = Path(cache_dir) / f"{spec['kind']}_{split}_{digest(key, 16, compact=False)}.npz"
-    return cached_arrays(
-        path, lambda: _decode(spec, split, root, probe_size, probe_seed), ("images", "labels")
-    )
-
-
-def _decode(spec: dict, split: str, root: Path, probe_size: int | None, probe_seed: int | None) -> dict:
-    """Read and resize one split of an on-disk dataset: ``{images, labels, n_classes}`` arrays."""
+    path = Path(cache_dir) / f"{spec['kind']}_{split}_{digest(key, 16, compact=False)}.npy"
+    labels_path = path.with_name(path.stem + ".labels.npy")
+    cached = _read_cache(path, labels_path, size)
+    if cached is not None:
+        return cached
     splits, classes = READERS[spec["kind"]](spec, root)
     source = "test" if split == "probe" else split
     n_total = len(splits[source][1])
@@ -320,11 +555,31 @@ def _decode(spec: dict, split: str, root: Path, probe_size: int | None, probe_se
     else:
         seed = spec.get("subset_seed", 0) * 2 + (split == "test")
         idx = _subset(n_total, spec.get(f"n_{split}"), seed)
+    items, labels = splits[source]
+    items = items[idx] if isinstance(items, np.ndarray) else [items[i] for i in idx]
+    need = len(idx) * size * size * 3 + len(idx) * 8 + 256
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(cache_dir).free
+    if need > free:
+        raise StudyError(
+            f"the decoded {split} split ({len(idx)} images at {size} px) needs {_size(need)} in the data "
+            f"cache but only {_size(free)} is free there; free space or use another --out",
+            str(cache_dir),
+            f"dataset {spec['name']}",
+        )
+    workers = workers or default_workers()
+    if log is not None:
+        log(
+            f"data {spec['name']}: decoding {len(idx)} {split} images at {size} px with {workers} threads "
+            f"into {_size(need)} of cache ({path.name}; {_size(free)} free)"
+        )
     try:
-        images, labels = _materialise(spec, splits[source], spec["image_size"], idx)
+        write_images(path, items, size, workers)
     except OSError as exc:  # PIL: truncated or not an image
         raise _bad(spec, root, f"unreadable image ({exc})") from None
-    return {"images": images, "labels": labels, "n_classes": np.int64(len(classes))}
+    with atomic_path(labels_path, suffix=".tmp.npy") as tmp:
+        np.save(tmp, labels[idx])
+    return _read_cache(path, labels_path, size)
 
 
 def disk_num_classes(spec: dict) -> int:

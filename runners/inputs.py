@@ -1,7 +1,8 @@
 """Images as stored (uint8, channels last) -> network inputs (normalised float, channels first).
 
-Datasets stay uint8 ``(N, H, W, 3)`` in memory (4x smaller than float32: CIFAR-100 at 224 px is 7.5 GB
-as uint8, 30 GB as float32) and each batch is converted on the training device.
+Datasets stay uint8 ``(N, H, W, 3)`` (4x smaller than float32: CIFAR-100 at 224 px is 7.5 GB as uint8,
+30 GB as float32; on-disk datasets are memory maps of the data cache, so only the batches read are
+paged in) and each batch is converted on the training device.
 """
 
 from __future__ import annotations

@@ -125,11 +125,20 @@ def _metrics_verb(path: Path) -> int:
 
 def _table_verb(args: argparse.Namespace) -> int:
     from analysis.table import save_table
+    from study.planner import unknown_fingerprints
     from study.schema import load_hypothesis
     from study.stages import collect_table, plan
 
     hyp = load_hypothesis(args.hypothesis)
-    collected = collect_table(plan(hyp), args.out / "runs", hyp.design.layers)
+    specs = plan(hyp, args.out / "data")  # recorded fingerprints: the data need not be on this host
+    unknown = unknown_fingerprints(specs)
+    if unknown:
+        raise StudyError(
+            f"dataset {', '.join(unknown)}: no fingerprint recorded in {args.out / 'data' / 'fingerprints.json'} "
+            "and the folder is not here, so its run keys are unknown (give the `run` output folder as --out)",
+            str(args.hypothesis),
+        )
+    collected = collect_table(specs, args.out / "runs", hyp.design.layers)
     if not collected.rows:
         raise StudyError(
             f"no finished run of this hypothesis under {args.out / 'runs'} (run `python -m study run` first)",

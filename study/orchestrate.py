@@ -6,7 +6,8 @@
 A finished run is never trained again (``force`` retrains); a run finished in the MLflow store (e.g. by
 another hypothesis file over the same design) is downloaded instead; an interrupted run resumes from its
 last complete epoch. A store artifact that is missing or corrupt stops the study with one line naming
-the run and the artifact.
+the run and the artifact. On-disk datasets are decoded once into memory-mappable ``.npy`` caches under
+``data/``, and their content fingerprints are recorded in ``data/fingerprints.json``.
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ def run_study(
 
     out_dir = Path(out_dir)
     runs_dir, data_dir, study_dir = out_dir / "runs", out_dir / "data", out_dir / "studies" / hyp.name
-    specs = stages.plan(hyp)
     for ds in hyp.design.datasets:  # bad data paths stop the study before anything is written
         check_dataset_folder(ds.model_dump())
+    specs = stages.plan(hyp, data_dir, record=True, log=log)  # on-disk fingerprints recorded for other hosts
     with open_tracker(track, out_dir, hyp.name, log_model) as tracker:
         tri = stages.triage(specs, runs_dir, {} if force else tracker.finished_runs(), force)
         stages.fetch_stored(tri, specs, runs_dir, tracker)

@@ -4,15 +4,22 @@ A run's key is a hash of everything that determines the trained model and its me
 spec, resolved model, objective, training settings, seed, checkpoint epochs, probe set, and the
 versions of the data generator and the extraction protocol). Two hypothesis files that need the same
 run get the same key, so the run is trained once and reused.
+
+An on-disk dataset enters the key by its content fingerprint and the loader's version, never by its path.
+``run`` records the fingerprint in ``<out>/data/fingerprints.json``; planning against that folder
+elsewhere (``table`` on a host without the data) reuses it, so the keys do not depend on where, or
+whether, the data are present (``runners.datasets.resolve_fingerprint``).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from core.hashing import digest
 from runners.data import GENERATOR_VERSION
-from runners.datasets import dataset_fingerprint, resolve_path
+from runners.datasets import LOADER_VERSION, resolve_fingerprint, resolve_path
 from study.schema import Hypothesis, SupervisedObjective
 
 # Bump when what a run measures changes (observation points, token sets, covariance scheme).
@@ -44,6 +51,8 @@ class RunSpec(BaseModel):
 def run_key(payload: dict) -> str:
     """sha256 (first 16 hex digits) of the canonical JSON of a run's determining fields."""
     payload = {**payload, "protocol_version": PROTOCOL_VERSION, "generator_version": GENERATOR_VERSION}
+    if "path" in payload["dataset"]:  # on disk; procedural keys stay as they were
+        payload["loader_version"] = LOADER_VERSION
     # The display name and where the files live do not change what is trained (the folder's content
     # fingerprint does); unset procedural knobs are left out so older files keep their keys.
     payload["dataset"] = {
@@ -56,8 +65,15 @@ def run_key(payload: dict) -> str:
     return digest(payload, 16)
 
 
-def plan_runs(hyp: Hypothesis) -> list[RunSpec]:
-    """One RunSpec per (dataset, seed) of the design, in file order."""
+def plan_runs(hyp: Hypothesis, data_dir: str | Path | None = None, record: bool = False) -> list[RunSpec]:
+    """One RunSpec per (dataset, seed) of the design, in file order.
+
+    Args:
+        data_dir: the output folder's ``data/``, where on-disk fingerprints are recorded (None: the
+            folder's own fingerprint if it is here, else None: ``dataset["fingerprint"]`` is None and the
+            keys of that dataset's runs are not those it was trained under).
+        record: record the fingerprint of each on-disk dataset's folder (``run``, with the data present).
+    """
     design = hyp.design
     runs = []
     objective = design.objective
@@ -65,10 +81,10 @@ def plan_runs(hyp: Hypothesis) -> list[RunSpec]:
     obj = "supervised" if objective == SupervisedObjective() else objective.model_dump()
     for ds in design.datasets:
         dataset = ds.model_dump()
-        if "path" in dataset:  # on disk: resolve ${ENV} if set; fingerprint the content if present
+        if "path" in dataset:  # on disk: resolve ${ENV} if set; the recorded or the content's fingerprint
             path = resolve_path(dataset["path"], strict=False)
             dataset["path"] = str(path) if path is not None else dataset["path"]
-            dataset["fingerprint"] = dataset_fingerprint(dataset) if path is not None else None
+            dataset["fingerprint"] = resolve_fingerprint(dataset, data_dir, record)
         for seed in design.seeds:
             payload = {
                 "dataset": dataset,
@@ -81,3 +97,10 @@ def plan_runs(hyp: Hypothesis) -> list[RunSpec]:
             }
             runs.append(RunSpec(key=run_key(payload), **payload))
     return runs
+
+
+def unknown_fingerprints(plan: list[RunSpec]) -> list[str]:
+    """Names of on-disk datasets in ``plan`` whose fingerprint (so whose run keys) is unknown here."""
+    return list(
+        dict.fromkeys(s.dataset["name"] for s in plan if "path" in s.dataset and not s.dataset["fingerprint"])
+    )

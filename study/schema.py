@@ -80,7 +80,8 @@ class _DiskDataset(_Strict):
 
     ``path`` may be ``${ENV_VAR}`` (or contain it) and may be replaced with ``--data-root NAME=PATH``.
     It is resolved when the run starts, not at validation, and is not part of the run key: a
-    fingerprint of the folder's content (file names and sizes) is, when the folder exists.
+    fingerprint of the folder's content (file names and sizes, links followed) is. ``run`` records it
+    in ``<out>/data/fingerprints.json``, so a host without the data plans the same keys.
     """
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")

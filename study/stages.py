@@ -64,9 +64,29 @@ class Collected:
     missing: list[RunSpec]
 
 
-def plan(hyp: Hypothesis) -> list[RunSpec]:
-    """Stage 1: the runs a hypothesis needs (``study.planner``)."""
-    return plan_runs(hyp)
+def plan(
+    hyp: Hypothesis, data_dir: Path | None = None, record: bool = False, log: Log | None = None
+) -> list[RunSpec]:
+    """Stage 1: the runs a hypothesis needs (``study.planner``).
+
+    Args:
+        data_dir: the output folder's ``data/``: on-disk datasets are keyed by the fingerprint recorded
+            there when their folder is not on this host (``table`` on an analysis host).
+        record: record each on-disk dataset's fingerprint there (``run``, with the data present), and
+            ``log`` a line when a folder's content changed since it was recorded (its runs get new keys).
+    """
+    from runners.datasets import fingerprint_record_key, recorded_fingerprints
+
+    before = recorded_fingerprints(data_dir) if record and data_dir is not None else {}
+    specs = plan_runs(hyp, data_dir, record=record)
+    for s in {s.dataset["name"]: s for s in specs if "path" in s.dataset}.values():
+        old = before.get(fingerprint_record_key(s.dataset), {}).get("fingerprint")
+        if old and old != s.dataset["fingerprint"] and log is not None:
+            log(
+                f"data {s.dataset['name']}: the folder's content changed since it was recorded "
+                f"(fingerprint {old} -> {s.dataset['fingerprint']}): its runs get new keys"
+            )
+    return specs
 
 
 def triage(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import pickle
+import json
 import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -26,25 +27,43 @@ def _rgb(rng: np.random.Generator, size: int, cls: int) -> np.ndarray:
     return np.clip(base + rng.normal(0, 10, base.shape), 0, 255).astype(np.uint8)
 
 
+def _py2_pickle(d: dict) -> bytes:
+    """Pickle ``d`` as Python 2's cPickle (protocol 2) does: ``str`` keys as BINSTRING opcodes, numpy arrays
+    through ``numpy.core.multiarray._reconstruct`` with the raw bytes as a BINSTRING (as in the official
+    CIFAR-100 files). Values: uint8 arrays, lists of ints, lists of ``bytes``."""
+
+    def s(b: bytes) -> bytes:
+        return (b"U" + bytes([len(b)]) + b) if len(b) < 256 else (b"T" + struct.pack("<i", len(b)) + b)
+
+    def i(n: int) -> bytes:
+        return b"J" + struct.pack("<i", n)
+
+    def value(v) -> bytes:
+        if isinstance(v, np.ndarray):
+            dt = b"cnumpy\ndtype\n" + s(b"u1") + i(0) + i(1) + b"\x87R(" + i(3) + s(b"|") + b"NNN"
+            dt += i(-1) + i(-1) + i(0) + b"tb"
+            shape = b"(" + b"".join(i(n) for n in v.shape) + b"t"
+            head = b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\n" + i(0) + b"\x85" + s(b"b")
+            return head + b"\x87R(" + i(1) + shape + dt + b"\x89" + s(v.astype(np.uint8).tobytes()) + b"tb"
+        return b"](" + b"".join(s(x) if isinstance(x, bytes) else i(int(x)) for x in v) + b"e"
+
+    return b"\x80\x02}(" + b"".join(s(k.encode()) + value(v) for k, v in d.items()) + b"u."
+
+
 def write_cifar100(root: Path) -> Path:
-    """train/test/meta pickles as the official python version: bytes keys, (N, 3072) channel-major."""
+    """train/test/meta pickled by Python 2 as the official python version: str keys, (N, 3072) channel-major."""
     rng = np.random.default_rng(0)
     root.mkdir(parents=True)
     for split in ("train", "test"):
         labels = [c for c in range(N_CLASSES) for _ in range(PER_CLASS)]
         data = np.stack([_rgb(rng, 32, c).transpose(2, 0, 1).reshape(-1) for c in labels])
-        d = {
-            b"data": data,
-            b"fine_labels": labels,
-            b"coarse_labels": [c % 2 for c in labels],
-            b"filenames": [],
-        }
-        (root / split).write_bytes(pickle.dumps(d, protocol=2))
+        d = {"data": data, "fine_labels": labels, "coarse_labels": [c % 2 for c in labels], "filenames": []}
+        (root / split).write_bytes(_py2_pickle(d))
     meta = {
-        b"fine_label_names": [f"fine{i}".encode() for i in range(100)],
-        b"coarse_label_names": [f"coarse{i}".encode() for i in range(20)],
+        "fine_label_names": [f"fine{i}".encode() for i in range(100)],
+        "coarse_label_names": [f"coarse{i}".encode() for i in range(20)],
     }
-    (root / "meta").write_bytes(pickle.dumps(meta, protocol=2))
+    (root / "meta").write_bytes(_py2_pickle(meta))
     return root
 
 
@@ -58,7 +77,10 @@ def write_tiny_imagenet(root: Path) -> Path:
         d = root / "train" / w / "images"
         d.mkdir(parents=True)
         for i in range(PER_CLASS):
-            Image.fromarray(_rgb(rng, 64, c)).save(d / f"{w}_{i}.JPEG", quality=95)
+            img = Image.fromarray(_rgb(rng, 64, c))
+            if c == 0 and i == 0:  # a few Tiny ImageNet images are greyscale JPEGs (mode L)
+                img = img.convert("L")
+            img.save(d / f"{w}_{i}.JPEG", quality=95)
             fn = f"val_{c * PER_CLASS + i}.JPEG"
             Image.fromarray(_rgb(rng, 64, c)).save(root / "val" / "images" / fn, quality=95)
             ann.append(f"{fn}\t{w}\t0\t0\t63\t63")
@@ -69,13 +91,14 @@ def write_tiny_imagenet(root: Path) -> Path:
 
 
 def write_ucmerced(root: Path) -> Path:
-    """Images/<class>/<class>NN.tif (the archive's own layout)."""
+    """Images/<class>/<class>NN.tif (the archive's own layout); some are 40 x 38 (the archive has 256 x 247)."""
     rng = np.random.default_rng(2)
     for c, name in enumerate(["agricultural", "airplane", "beach"][:N_CLASSES]):
         d = root / "Images" / name
         d.mkdir(parents=True)
         for i in range(2 * PER_CLASS):
-            Image.fromarray(_rgb(rng, 40, c)).save(d / f"{name}{i:02d}.tif")
+            img = _rgb(rng, 40, c)
+            Image.fromarray(img[:38] if i % 3 == 0 else img).save(d / f"{name}{i:02d}.tif")
     return root
 
 
@@ -278,3 +301,172 @@ def test_run_with_missing_data_folder_writes_nothing(tmp_path, capsys, monkeypat
     err = capsys.readouterr().err.strip()
     assert "folder not found" in err and "cifar100 layout" in err
     assert not out.exists()
+
+
+# ---- ImageNet-100 as researchers build it: links into an ImageNet tree, notebook litter, nested folders ----
+def _linked_imagefolder(root: Path, source: Path, classes: list[str]) -> Path:
+    """``ln -s source/<split>/<class> root/<split>/`` for each class: how ImageNet-100 is usually built."""
+    for split in ("train", "val"):
+        (root / split).mkdir(parents=True)
+        for c in classes:
+            (root / split / c).symlink_to(source / split / c, target_is_directory=True)
+    return root
+
+
+def test_symlinked_class_folders_are_fingerprinted_and_read(roots, tmp_path):
+    """Two folders of links to different classes: different fingerprints, caches and images."""
+    src = roots["imagefolder"]
+    a = _linked_imagefolder(tmp_path / "in_a", src, ["n10", "n11", "n12"])
+    b = _linked_imagefolder(tmp_path / "in_b", src, ["n11", "n12", "n13"])
+    empty = tmp_path / "empty"
+    for split in ("train", "val"):
+        for c in ("n10", "n11", "n12"):
+            (empty / split / c).mkdir(parents=True)
+    fps = {dataset_fingerprint({"path": str(p)}) for p in (a, b, empty)}
+    assert len(fps) == 3
+    xa, ya = load_disk_split(_spec("imagefolder", a, classes=None), "train", tmp_path / "cache")
+    xb, yb = load_disk_split(_spec("imagefolder", b, classes=None), "train", tmp_path / "cache")
+    assert len(xa) == len(xb) == N_CLASSES * PER_CLASS
+    assert not np.array_equal(xa, xb)  # b is not served a's cache
+    fresh, _ = load_disk_split(_spec("imagefolder", b, classes=None), "train", tmp_path / "fresh")
+    np.testing.assert_array_equal(xb, fresh)
+    # class i of b is source class n1(i+1): its dominant channel is (i + 1) mod 3
+    assert (xb.reshape(len(xb), -1, 3).mean(1).argmax(1) == (yb + 1) % 3).all()
+
+
+def test_hidden_folders_and_files_are_skipped(roots, tmp_path):
+    """A ``.ipynb_checkpoints`` folder is no class and macOS ``._*`` files are not images."""
+    from runners.datasets import disk_num_classes
+
+    root = tmp_path / "in100"
+    shutil.copytree(roots["imagefolder"], root)
+    for split in ("train", "val"):
+        (root / split / ".ipynb_checkpoints").mkdir()
+        Image.fromarray(_rgb(np.random.default_rng(9), 48, 1)).save(
+            root / split / ".ipynb_checkpoints" / "x.jpg"
+        )
+        (root / split / "n10" / "._img0.JPEG").write_bytes(b"\x00\x05\x16\x07 AppleDouble resource fork")
+        (root / split / "n10" / ".cache").mkdir()
+        Image.fromarray(_rgb(np.random.default_rng(9), 48, 1)).save(root / split / "n10" / ".cache" / "y.jpg")
+    spec = _spec("imagefolder", root, classes=None)
+    assert disk_num_classes(spec) == N_CLASSES + 1  # the fixture's 4 class folders, not 5
+    for split in ("train", "test"):
+        x, y = load_disk_split(spec, split, tmp_path / "cache")
+        assert len(x) == (N_CLASSES + 1) * PER_CLASS
+        assert (x.reshape(len(x), -1, 3).mean(1).argmax(1) == y % 3).all()  # labels not shifted
+
+
+def test_nested_folders_inside_a_class_are_read(roots, tmp_path):
+    root = tmp_path / "nested"
+    shutil.copytree(roots["imagefolder"], root)
+    sub = root / "train" / "n10" / "extra" / "deeper"
+    sub.mkdir(parents=True)
+    for i in range(3):
+        Image.fromarray(_rgb(np.random.default_rng(i), 48, 0)).save(sub / f"more{i}.png")
+    x, y = load_disk_split(_spec("imagefolder", root), "train", tmp_path / "cache")
+    assert np.bincount(y).tolist() == [PER_CLASS + 3, PER_CLASS, PER_CLASS]
+
+
+def test_image_folder_listing_matches_torchvision(roots, tmp_path):
+    """Our listing of class folders is torchvision's ``make_dataset`` (links followed, nested folders read)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+    from runners.datasets import list_image_folder
+
+    root = _linked_imagefolder(tmp_path / "in", roots["imagefolder"], ["n10", "n11"]) / "train"
+    shutil.copytree(roots["imagefolder"] / "train" / "n12", root / "n12")
+    (root / "n12" / "a-b").mkdir()  # '-' sorts before '/': the order of sorted(os.walk(...)) is kept
+    (root / "n12" / "a").mkdir()
+    for d in ("a-b", "a"):
+        Image.fromarray(_rgb(np.random.default_rng(0), 8, 0)).save(root / "n12" / d / "z.png")
+    (root / "n12" / "notes.txt").write_text("not an image")
+    classes, class_to_idx = find_classes(root)
+    ours = list_image_folder(root, classes)
+    assert [(str(p), y) for p, y in ours] == make_dataset(root, class_to_idx, IMG_EXTENSIONS)
+
+
+def test_split_is_a_memory_map_written_atomically(roots, tmp_path, monkeypatch, capsys):
+    """The decoded split is a read-only-on-disk .npy map; an interrupted decode leaves no cache behind."""
+    import runners.datasets as datasets
+
+    spec = _spec("imagefolder", roots["imagefolder"])
+    real, calls = datasets._square, []
+
+    def failing(img, size):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(img, size)
+
+    monkeypatch.setattr(datasets, "_square", failing)
+    with pytest.raises(KeyboardInterrupt):
+        load_disk_split(spec, "train", tmp_path / "cache")
+    assert list((tmp_path / "cache").glob("*")) == []
+    monkeypatch.setattr(datasets, "_square", real)
+    x, y = load_disk_split(spec, "train", tmp_path / "cache")
+    assert isinstance(x, np.memmap) and x.shape == (N_CLASSES * PER_CLASS, 8, 8, 3)
+    assert "decoding" in capsys.readouterr().out  # the cache size is printed before decoding
+    again, y2 = load_disk_split(spec, "train", tmp_path / "cache")
+    assert isinstance(again, np.memmap)
+    np.testing.assert_array_equal(again, x)
+    np.testing.assert_array_equal(y2, y)
+
+
+def test_refuses_when_the_disk_cannot_hold_the_cache(roots, tmp_path, monkeypatch):
+    import runners.datasets as datasets
+
+    monkeypatch.setattr(datasets.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 100))
+    with pytest.raises(StudyError) as err:
+        load_disk_split(_spec("cifar100", roots["cifar100"], image_size=64), "train", tmp_path / "cache")
+    msg = str(err.value)
+    assert "\n" not in msg and "free" in msg and "cifar100" in msg
+    assert not list((tmp_path / "cache").glob("*.npy"))
+
+
+def test_run_key_does_not_depend_on_the_data_being_present(roots, tmp_path, monkeypatch):
+    """The fingerprint is recorded in the data folder when runs are planned for training and reused."""
+    hyp = parse_hypothesis(yaml.safe_load(HYP))
+    data = tmp_path / "ucm"
+    shutil.copytree(roots["ucmerced"], data)
+    monkeypatch.setenv("STUDY_TEST_DATA", str(data))
+    (trained,) = plan_runs(hyp, tmp_path / "out" / "data", record=True)
+    assert trained.dataset["fingerprint"] == dataset_fingerprint(trained.dataset)
+    monkeypatch.delenv("STUDY_TEST_DATA")
+    assert plan_runs(hyp, tmp_path / "out" / "data")[0].key == trained.key  # variable unset
+    monkeypatch.setenv("STUDY_TEST_DATA", str(data))
+    shutil.rmtree(data)
+    assert plan_runs(hyp, tmp_path / "out" / "data")[0].key == trained.key  # folder gone
+    assert plan_runs(hyp, tmp_path / "elsewhere")[0].dataset["fingerprint"] is None  # nothing recorded
+    # data present again but changed: `run` keys it by its content and records the change
+    shutil.copytree(roots["ucmerced"], data)
+    next((data / "Images" / "beach").iterdir()).unlink()
+    (changed,) = plan_runs(hyp, tmp_path / "out" / "data", record=True)
+    assert changed.key != trained.key
+    assert plan_runs(hyp, tmp_path / "out" / "data")[0].key == changed.key
+    book = json.loads((tmp_path / "out" / "data" / "fingerprints.json").read_text())
+    assert book["ucmerced:ucm"]["history"] == [trained.dataset["fingerprint"]]
+
+
+def test_table_finds_runs_on_a_host_without_the_data(roots, tmp_path, monkeypatch, capsys):
+    """Train on a fixture folder, delete the folder: `table` still finds the runs by their recorded keys."""
+    from study.cli import main
+
+    data = tmp_path / "in100"
+    shutil.copytree(roots["imagefolder"], data)
+    text = HYP.replace(
+        '{name: ucm, kind: ucmerced, path: "${STUDY_TEST_DATA}", image_size: 8, test_fraction: 0.5}',
+        '{name: ucm, kind: imagefolder, path: "${STUDY_TEST_DATA}", image_size: 8}',
+    )
+    hyp = tmp_path / "h.yaml"
+    hyp.write_text(text)
+    monkeypatch.setenv("STUDY_TEST_DATA", str(data))
+    out = tmp_path / "out"
+    assert main(["run", str(hyp), "--out", str(out), "--no-mlflow", "--no-report", "--workers", "1"]) == 0
+    shutil.rmtree(data)
+    monkeypatch.delenv("STUDY_TEST_DATA")
+    capsys.readouterr()
+    assert main(["table", str(hyp), "--out", str(out)]) == 0
+    assert "1 run(s)" in capsys.readouterr().out
+    assert main(["table", str(hyp), "--out", str(tmp_path / "other")]) == 2  # nothing recorded there
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "fingerprint" in err and "ucm" in err
