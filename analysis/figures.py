@@ -239,3 +239,121 @@ def covariance_figures(runs_dir: Path, run_keys: list[str], labels: dict, missin
                 fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
         return [Figure("covariances", f"{caption}: run {labels.get(key, key)} (key {key})", png=_png(fig))]
     return [Figure("covariances", caption, missing="every covariances.npz was unreadable (see Missing)")]
+
+
+def knob_figure(result, ylabel: str) -> Figure:
+    """A claim over a swept knob: per-seed points and lines, the seed mean with a 95% t band, and the
+    fitted trend (per-seed OLS lines, their mean and 95% t band); the trials' test accuracy (mean over
+    seeds) on a second axis when the sweep recorded it (``details["accuracy"]``, same layout as the curve).
+
+    Reads ``result.details["curve"] = {"knob", "x": (T,), "per_seed": {seed: (T,)}}``.
+    """
+    curve = (result.details or {}).get("curve") or {}
+    knob = curve.get("knob", "knob")
+    name, caption = f"knob_{knob}", f"{ylabel} against {knob}: seeds, mean (95% t band) and fitted trend"
+    if not curve.get("per_seed"):
+        return Figure(name, caption, missing="no per-seed curve in the claim's result")
+    x = np.asarray(curve["x"], float)
+    seeds = list(curve["per_seed"])
+    y = np.asarray([curve["per_seed"][s] for s in seeds], float)  # (S, T)
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for row in y:
+        ax.plot(x, row, color="C0", alpha=0.35, lw=0.8, marker="o", ms=3)
+    mean, low, high = t_band(y)
+    ax.fill_between(x, low, high, color="C0", alpha=0.2, lw=0)
+    ax.plot(x, mean, color="C0", lw=2, marker="o", ms=4, label=f"mean of {len(seeds)} seeds (95% t CI)")
+    fits = np.array([np.polyval(np.polyfit(x, row, 1), x) for row in y]) if len(x) > 1 else y
+    fmean, flow, fhigh = t_band(fits)
+    ax.fill_between(x, flow, fhigh, color="C3", alpha=0.12, lw=0)
+    ax.plot(
+        x,
+        fmean,
+        color="C3",
+        lw=1.5,
+        ls="--",
+        label=f"fitted trend, slope {result.effect:.3g} ({result.verdict})",
+    )
+    cross = (result.details or {}).get("crossing")
+    if cross and np.isfinite(cross.get("mean_curve", np.nan)):
+        ax.axhline(cross["level"], color="grey", lw=0.8, ls=":")
+        ax.axvline(cross["mean_curve"], color="grey", lw=0.8, ls=":")
+    accuracy = (result.details or {}).get("accuracy") or {}
+    if accuracy.get("per_seed"):
+        acc = np.asarray(list(accuracy["per_seed"].values()), float)
+        ax2 = ax.twinx()
+        ax2.plot(
+            np.asarray(accuracy["x"], float), np.nanmean(acc, axis=0), color="C2", lw=1.2, marker="s", ms=3
+        )
+        ax2.set_ylabel("test accuracy (mean over seeds)", color="C2", fontsize=8)
+    ax.set_xlabel(knob)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3)
+    plotted = {"datasets": [knob], "epochs": [curve.get("epoch", "last")], "layers": [], "x": x.tolist()}
+    return Figure(name, caption, png=_png(fig), plotted=plotted)
+
+
+def trials_figure(trials: pd.DataFrame, knob: str, label: str) -> Figure:
+    """A sweep's objective against one knob: per-seed points and lines, the seed mean with a 95% t band,
+    and each trial's test accuracy (mean over seeds) on a second axis.
+
+    ``trials``: one row per trial x seed with columns ``knob``, ``seed``, ``objective``, ``test_acc``.
+    """
+    name, caption = (
+        f"sweep_{knob}",
+        f"sweep objective ({label}) against {knob}; test accuracy on the right axis",
+    )
+    if trials.empty or knob not in trials:
+        return Figure(name, caption, missing="no complete trial")
+    obj = trials.pivot_table(index="seed", columns=knob, values="objective", aggfunc="mean").sort_index(
+        axis=1
+    )
+    x = obj.columns.to_numpy(dtype=float)
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for _, row in obj.iterrows():
+        ax.plot(x, row.to_numpy(), color="C0", alpha=0.35, lw=0.8, marker="o", ms=3)
+    mean, low, high = t_band(obj.to_numpy(dtype=float))
+    ax.fill_between(x, low, high, color="C0", alpha=0.2, lw=0)
+    ax.plot(
+        x, mean, color="C0", lw=2, marker="o", ms=4, label=f"{label}: mean of {len(obj)} seeds (95% t CI)"
+    )
+    if trials.test_acc.notna().any():
+        acc = trials.pivot_table(index="seed", columns=knob, values="test_acc", aggfunc="mean").sort_index(
+            axis=1
+        )
+        ax2 = ax.twinx()
+        ax2.plot(
+            acc.columns.to_numpy(dtype=float),
+            acc.mean(axis=0).to_numpy(),
+            color="C2",
+            marker="s",
+            ms=3,
+            lw=1.2,
+        )
+        ax2.set_ylabel("test accuracy (mean over seeds)", color="C2", fontsize=8)
+    ax.set_xlabel(knob)
+    ax.set_ylabel(label)
+    ax.legend(fontsize=7, loc="best")
+    ax.grid(alpha=0.3)
+    return Figure(
+        name, caption, png=_png(fig), plotted={"datasets": [knob], "epochs": ["last"], "x": x.tolist()}
+    )
+
+
+def optuna_figures(optuna_study) -> list[Figure]:
+    """optuna's own matplotlib contour and slice plots of a search over two knobs or more."""
+    import warnings
+
+    from optuna.visualization import matplotlib as ovm
+
+    out = []
+    for name, plot in (("contour", ovm.plot_contour), ("slice", ovm.plot_slice)):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # optuna marks its matplotlib plots experimental
+                axes = plot(optuna_study)
+            ax = np.ravel(axes)[0] if isinstance(axes, np.ndarray) else axes
+            out.append(Figure(f"sweep_{name}", f"optuna {name} plot of the objective", png=_png(ax.figure)))
+        except Exception as exc:  # noqa: BLE001 - a plot optuna cannot draw is listed, not fatal
+            out.append(Figure(f"sweep_{name}", f"optuna {name} plot", missing=f"{type(exc).__name__}: {exc}"))
+    return out

@@ -52,6 +52,7 @@ class ReportInput:
             reused keys and the failed keys (key -> reason).
         file, command: the hypothesis file and the command that ran the study.
         missing: what could not be read (shown under "Missing").
+        preface, preface_lines: figures and lines shown before the claims (a sweep's objective curves).
     """
 
     title: str
@@ -67,6 +68,8 @@ class ReportInput:
     file: str | None = None
     command: str | None = None
     missing: list[str] = field(default_factory=list)
+    preface: list[Figure] = field(default_factory=list)  # figures before the claims (a sweep's curves)
+    preface_lines: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -272,6 +275,10 @@ def _html(
             f"<figcaption>{e(f.caption)}</figcaption></figure>"
         )
 
+    if inp.preface or inp.preface_lines:
+        out.append("<h2>Sweep</h2>")
+        out += [f"<p>{e(line)}</p>" for line in inp.preface_lines]
+        out += [fig_html(f) for f in inp.preface]
     for sec in sections:
         r = sec.result
         out.append(f"<h2>{e(sec.title)}</h2>")
@@ -327,6 +334,14 @@ def _markdown(
         "|" + "---|" * len(_HEADERS),
     ]
     out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in _verdict_rows(sections)]
+    if inp.preface or inp.preface_lines:
+        out += ["", "## Sweep", ""] + inp.preface_lines + [""]
+        out += [
+            f"![{f.caption}]({fig_paths[f.name]})"
+            if f.name in fig_paths
+            else f"*missing: {f.caption}: {f.missing}*"
+            for f in inp.preface
+        ]
     for sec in sections:
         out += ["", f"## {sec.title}", "", "What the test found:", ""]
         out += [f"- {line}" for line in sec.findings]
@@ -367,7 +382,8 @@ def write_report(study_dir: str | Path, inp: ReportInput) -> tuple[Path, Path]:
     ]
     vers = package_versions()
     fig_paths: dict[str, str] = {}
-    for f in [f for s in sections for f in s.figures] + covs:
+    missing += [f"sweep: {f.caption}: {f.missing}" for f in inp.preface if f.missing]
+    for f in [f for s in sections for f in s.figures] + covs + inp.preface:
         if f.png is not None:
             atomic_write_bytes(study_dir / "figures" / f"{f.name}.png", f.png)
             fig_paths[f.name] = f"figures/{f.name}.png"

@@ -7,6 +7,7 @@
     python -m study ui [--out study_results] [--port 5000]
     python -m study metrics SPECTRUM.npy      # every eigenvalue metric of a saved spectrum, as JSON
     python -m study table hypotheses/u_shape.yaml --out study_results [--to PATH]   # rebuild the tidy table
+    python -m study sweep hypotheses/complexity_sweep.yaml [--n-trials N] [--storage URL] [--workers N]
 
 Bad input prints one line (file, field, what was expected) to stderr and exits with status 2.
 """
@@ -49,6 +50,23 @@ def _parser() -> argparse.ArgumentParser:
         help="also log weight files to MLflow (off: ~88 MB per ViT-S seed)",
     )
     r.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
+
+    sw = sub.add_parser("sweep", help="run optuna trials over a dataset's knobs and test claims over them")
+    sw.add_argument("hypothesis", type=Path)
+    sw.add_argument(
+        "--out", type=Path, default=Path("study_results"), help="output folder (default: study_results)"
+    )
+    sw.add_argument(
+        "--n-trials", type=int, default=None, help="trials in all (default: the file's, or the grid)"
+    )
+    sw.add_argument(
+        "--storage", default=None, help="optuna storage URL (default: a journal file in the output folder)"
+    )
+    sw.add_argument(
+        "--workers", default="auto", help="parallel training processes ('auto': one per CPU core)"
+    )
+    sw.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    sw.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
 
     a = sub.add_parser("analyze", help="re-test a hypothesis's claims on a saved tidy table (no training)")
     a.add_argument("hypothesis", type=Path)
@@ -152,6 +170,37 @@ def _table_verb(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep_verb(args: argparse.Namespace, hyp, argv) -> int:
+    from analysis.verdicts import format_verdicts
+    from study.sweep import run_sweep
+
+    if hyp.sweep is None:
+        raise StudyError(
+            "no sweep section (expected sweep: {dataset, space, sampler, objective})",
+            str(args.hypothesis),
+            "sweep",
+        )
+    if args.n_trials is not None and args.n_trials < 1:
+        raise StudyError(f"--n-trials: expected a positive integer, got {args.n_trials}")
+    outcome = run_sweep(
+        hyp,
+        args.hypothesis,
+        args.out,
+        n_trials=args.n_trials,
+        storage=args.storage,
+        workers=_workers(args.workers),
+        track=not args.no_mlflow,
+        report=not args.no_report,
+        command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
+    )
+    print()
+    print(format_verdicts(outcome.results))
+    print(f"\nresults: {outcome.sweep_dir}/ (trials.csv, table.parquet, verdicts.json)")
+    if outcome.report:
+        print(f"report:  {outcome.report}")
+    return 0
+
+
 def _workers(value: str) -> int | str:
     if value == "auto":
         return value
@@ -189,6 +238,14 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(format_verdicts(results))
             return 0
+        if args.verb == "sweep":
+            return _sweep_verb(args, hyp, argv)
+        if hyp.sweep is not None and args.verb == "run":
+            raise StudyError(
+                "this file declares a sweep: run it with `python -m study sweep FILE`",
+                str(args.hypothesis),
+                "sweep",
+            )
         if args.verb == "run":
             from analysis.verdicts import format_verdicts
             from study.orchestrate import run_study

@@ -25,8 +25,10 @@ from pydantic import (
 
 from analysis.kinds import KINDS, claim_models
 from analysis.kinds.base import Condition, Subset  # noqa: F401 - part of the schema's public names
+from analysis.observables import ALL_METRICS
 from core.errors import StudyError
-from core.layers import layer_names
+from core.knobs import INTEGER_KNOBS, Knob
+from core.layers import TokenSet, layer_names
 
 
 class _Strict(BaseModel):
@@ -444,11 +446,142 @@ CLAIM_KINDS = tuple(KINDS)
 Claim = Annotated[Union[tuple(claim_models())], Field(discriminator="kind")]  # noqa: UP007 - built at run time
 
 
+# --------------------------------------------------------------------------------------------------
+# Sweep: a design dataset's knobs varied over trials (python -m study sweep)
+# --------------------------------------------------------------------------------------------------
+class KnobRange(_Strict):
+    """A range of a knob for the ``qmc``, ``random`` and ``tpe`` samplers (integers for integer knobs)."""
+
+    low: float
+    high: float
+    step: float | None = Field(None, gt=0)  # a discrete grid inside the range
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _ordered(self) -> KnobRange:
+        if not self.low < self.high:
+            raise ValueError(f"expected low < high, got low {self.low} and high {self.high} (an empty range)")
+        return self
+
+
+class SweepObjective(_Strict):
+    """Each trial's objective: a per-seed number, averaged over seeds; optuna maximises or minimises it.
+
+    Either a per-seed summary of ``metric`` over ``layers`` at ``epoch`` (``min``, ``mean``, ``range`` =
+    max - min, ``argmin`` = the depth index of the minimum), or the effect of the claim named ``claim``
+    (a claim of the file that is not over a knob; its per-seed values on the trial's runs).
+    """
+
+    metric: str | None = None
+    summary: Literal["min", "mean", "range", "argmin"] = "min"
+    layers: list[str] | None = None  # default: every block
+    epoch: int | Literal["last"] = "last"
+    token_set: TokenSet = "all"
+    claim: str | None = None
+    direction: Literal["maximize", "minimize"] = "maximize"
+
+    @model_validator(mode="after")
+    def _one_of(self) -> SweepObjective:
+        if (self.metric is None) == (self.claim is None):
+            raise ValueError("give either metric (a per-seed summary) or claim (a claim's effect)")
+        return self
+
+
+class Sweep(_Strict):
+    """Which dataset's knobs vary, over what, with which optuna sampler, for how many trials.
+
+    ``space`` maps a knob to a list of values (any sampler; ``grid`` needs lists) or a range
+    (``{low, high, step?, log?}``; ``qmc``, ``random``, ``tpe``). ``storage``: any optuna storage URL
+    (e.g. a database shared by many workers); default an embedded journal file in the output folder.
+    """
+
+    dataset: str
+    space: dict[Knob, list[float] | KnobRange] = Field(min_length=1)
+    sampler: Literal["grid", "qmc", "random", "tpe"] = "grid"
+    n_trials: int | None = Field(None, ge=1)  # default: the grid's size (grid), else required
+    objective: SweepObjective
+    storage: str | None = None
+    seed: int = 0  # the sampler's seed
+
+    @model_validator(mode="after")
+    def _space(self) -> Sweep:
+        for knob, values in self.space.items():
+            if isinstance(values, list) and not values:
+                raise _FieldError(f"sweep.space.{knob}", "expected at least one value, got an empty list")
+            if self.sampler == "grid" and not isinstance(values, list):
+                raise _FieldError(
+                    f"sweep.space.{knob}", "the grid sampler needs a list of values, got a range"
+                )
+        if self.sampler != "grid" and self.n_trials is None:
+            raise _FieldError("sweep.n_trials", f"the {self.sampler} sampler needs n_trials")
+        return self
+
+    def grid_size(self) -> int:
+        size = 1
+        for values in self.space.values():
+            size *= len(values) if isinstance(values, list) else 1
+        return size
+
+
 class Hypothesis(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
     design: Design
     claims: list[Claim] = Field(min_length=1)
+    sweep: Sweep | None = None
+
+    @model_validator(mode="after")
+    def _check_sweep(self) -> Hypothesis:
+        """A sweep varies knobs of a procedural design dataset within their domains; knob claims need it."""
+        varied = set(self.sweep.space) if self.sweep else set()
+        for i, claim in enumerate(self.claims):
+            knob = claim.knob()
+            if knob is not None and knob not in varied:
+                what = f"the sweep varies {sorted(varied)}" if varied else "the file has no sweep section"
+                raise _FieldError(
+                    f"claims[{i}].over", f"a claim over {knob!r} needs a sweep that varies it; {what}"
+                )
+        if self.sweep is None:
+            return self
+        names = {d.name: d for d in self.design.datasets}
+        ds = names.get(self.sweep.dataset)
+        if not isinstance(ds, ProceduralDataset):
+            procedural = sorted(n for n, d in names.items() if isinstance(d, ProceduralDataset))
+            raise _FieldError(
+                "sweep.dataset",
+                f"expected a procedural design dataset {procedural}, got {self.sweep.dataset!r}",
+            )
+        for knob, values in self.sweep.space.items():
+            points = values if isinstance(values, list) else [values.low, values.high]
+            for v in points:
+                try:
+                    ProceduralDataset.model_validate(
+                        {**ds.model_dump(), knob: int(v) if knob in INTEGER_KNOBS else v}
+                    )
+                except ValidationError as exc:
+                    why = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                    raise _FieldError(
+                        f"sweep.space.{knob}", f"{v!r} is outside the knob's domain: {why}"
+                    ) from None
+        obj = self.sweep.objective
+        if obj.claim is not None:
+            plain = [c.name for c in self.claims if c.knob() is None]
+            if obj.claim not in plain:
+                raise _FieldError(
+                    "sweep.objective.claim",
+                    f"expected the name of a claim not over a knob {plain}, got {obj.claim!r}",
+                )
+        if obj.metric is not None and obj.metric not in ALL_METRICS:
+            raise _FieldError(
+                "sweep.objective.metric",
+                f"unknown metric {obj.metric!r}; expected one of {list(ALL_METRICS)}",
+            )
+        for layer in obj.layers or []:
+            if layer not in self.design.layers:
+                raise _FieldError(
+                    "sweep.objective.layers", f"unknown layer {layer!r}; expected one of {self.design.layers}"
+                )
+        return self
 
     @model_validator(mode="after")
     def _check_claims(self) -> Hypothesis:

@@ -46,6 +46,9 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
+# MLflow 3 opens an experiment on its GenAI overview unless it is marked as model training
+EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_TAGS = {EXPERIMENT_KIND: "custom_model_development"}
 _BATCH = 1000  # MLflow's log_batch limit on metrics per call
 _TAG_MAX = 5000  # MLflow's limit on a tag value's length
 # artifacts of a child run that a reuse needs (required) or carries along when present (optional)
@@ -86,7 +89,7 @@ class Tracker:
         log_model: also log weight files a run folder holds (off by default: ~88 MB per ViT-S seed).
     """
 
-    def __init__(self, out_dir: Path, experiment: str, log_model: bool = False):
+    def __init__(self, out_dir: Path, experiment: str, log_model: bool = False, role: str = "study"):
         import mlflow
         from mlflow.tracking import MlflowClient
 
@@ -101,10 +104,15 @@ class Tracker:
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             artifacts = (self.out_dir / "mlartifacts" / experiment).resolve().as_uri()
-            exp_id = self.client.create_experiment(experiment, artifact_location=artifacts)
+            exp_id = self.client.create_experiment(
+                experiment, artifact_location=artifacts, tags=EXPERIMENT_TAGS
+            )
         else:
             exp_id = exp.experiment_id
+            if (exp.tags or {}).get(EXPERIMENT_KIND) != EXPERIMENT_TAGS[EXPERIMENT_KIND]:
+                self.client.set_experiment_tag(exp_id, EXPERIMENT_KIND, EXPERIMENT_TAGS[EXPERIMENT_KIND])
         self.experiment_id = exp_id
+        self.role = role
         self.parent_id: str | None = None
         state = git_state()
         self.git_commit = state["git_commit"] or "unknown"
@@ -114,9 +122,9 @@ class Tracker:
     def __enter__(self) -> Tracker:
         run = self.client.create_run(
             self.experiment_id,
-            run_name=time.strftime("study %Y-%m-%d %H:%M:%S"),
+            run_name=time.strftime(f"{self.role} %Y-%m-%d %H:%M:%S"),
             tags={
-                "study.role": "study",
+                "study.role": self.role,
                 "git_commit": self.git_commit,
                 "git_dirty": str(self.git_dirty).lower(),
                 "mlflow.source.git.commit": self.git_commit,
@@ -193,10 +201,25 @@ class Tracker:
         if summary:
             # shown as the run's description in the UI
             self.client.set_tag(self.parent_id, "mlflow.note.content", summary[:_TAG_MAX])
+        # named by what it holds: the study and its verdict counts (the start time stays in its start_time)
+        counts = {}
+        for r in results:
+            counts[r.verdict] = counts.get(r.verdict, 0) + 1
+        what = ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "no claims"
+        name = self.client.get_experiment(self.experiment_id).name
+        self.client.update_run(self.parent_id, name=f"{name}: {what}"[:250])
+
+    def set_tags(self, run_id: str | None, tags: dict) -> None:
+        """Set tags on a run (the parent when ``run_id`` is None); values cut to MLflow's length limit."""
+        for k, v in tags.items():
+            self.client.set_tag(run_id or self.parent_id, k, str(v)[:_TAG_MAX])
+
+    def log_artifact(self, path: Path) -> None:
+        self.client.log_artifact(self.parent_id, str(path))
 
     # ---- child runs -------------------------------------------------------------------------------
     def log_training_run(
-        self, spec, result: dict, rows: pd.DataFrame, run_dir: Path | None = None, data=None
+        self, spec, result: dict, rows: pd.DataFrame, run_dir: Path | None = None, data=None, tags=None
     ) -> str:
         """A nested child run for one trained model; returns its MLflow run id.
 
@@ -208,22 +231,27 @@ class Tracker:
                 ``scalars.json`` become artifacts (and weight files, with ``log_model``).
             data: the run source's ``DataRecord`` for its dataset (from the prepare-data stage), logged as
                 the run's training input; None logs the dataset spec alone.
+            tags: more tags (a sweep's trial number and knob values).
         """
         from mlflow.entities import Metric
 
         status = "FINISHED" if result.get("status") == "finished" else "FAILED"
-        tags = {
-            "mlflow.parentRunId": self.parent_id,
-            "run_key": spec.key,
-            "dataset": spec.dataset["name"],
-            "seed": str(spec.seed),
-            "reused": "false",
-            "study.role": "training",
-            "git_commit": self.git_commit,
-            "git_dirty": str(self.git_dirty).lower(),
-            "mlflow.source.git.commit": self.git_commit,
-            "spec_hash": digest(spec.model_dump()),
-        }
+        extra, tags = (
+            tags,
+            {
+                "mlflow.parentRunId": self.parent_id,
+                "run_key": spec.key,
+                "dataset": spec.dataset["name"],
+                "seed": str(spec.seed),
+                "reused": "false",
+                "study.role": "training",
+                "git_commit": self.git_commit,
+                "git_dirty": str(self.git_dirty).lower(),
+                "mlflow.source.git.commit": self.git_commit,
+                "spec_hash": digest(spec.model_dump()),
+            },
+        )
+        tags.update({k: str(v)[:_TAG_MAX] for k, v in (extra or {}).items()})
         if result.get("environment"):
             tags.update({f"env.{k}": str(v) for k, v in result["environment"].items()})
         run = self.client.create_run(self.experiment_id, run_name=spec.label, tags=tags)
@@ -393,10 +421,16 @@ class NullTracker:
     def log_results(self, *args, **kwargs) -> None:
         return None
 
+    def set_tags(self, *args, **kwargs) -> None:
+        return None
+
+    def log_artifact(self, *args, **kwargs) -> None:
+        return None
+
 
 @contextmanager
-def open_tracker(track: bool, out_dir: Path, experiment: str, log_model: bool = False):
+def open_tracker(track: bool, out_dir: Path, experiment: str, log_model: bool = False, role: str = "study"):
     """A :class:`Tracker` whose parent run is open inside the block (FAILED if the block raises), or a
     :class:`NullTracker` when ``track`` is False."""
-    with Tracker(out_dir, experiment, log_model=log_model) if track else NullTracker() as tracker:
+    with Tracker(out_dir, experiment, log_model=log_model, role=role) if track else NullTracker() as tracker:
         yield tracker

@@ -85,7 +85,7 @@ class ClaimBase(Strict):
             raise ValueError(
                 "confirmatory claims are always Holm-adjusted; set confirmatory: false for bh/none"
             )
-        if self.needs_subset_dataset and self.subset.dataset is None:
+        if self.requires_dataset() and self.subset.dataset is None:
             raise ValueError(f"a {self.kind} claim needs subset.dataset")
         for fld in ("a", "b", "target"):
             cond = getattr(self, fld, None)
@@ -95,6 +95,14 @@ class ClaimBase(Strict):
             if cond.dataset is None and self.subset.dataset is None:
                 raise ValueError("competitors[].dataset or subset.dataset is required")
         return self
+
+    def requires_dataset(self) -> bool:
+        """Whether ``subset.dataset`` must be given (the kind reads one dataset)."""
+        return self.needs_subset_dataset
+
+    def knob(self) -> str | None:
+        """The data-complexity knob this claim runs over (a sweep's claim), or None."""
+        return None
 
     def named(self) -> list[tuple[str, str, object]]:
         """Every (field, what, value) the claim names, with what in {dataset, layer, epoch}: for validation."""
@@ -237,6 +245,99 @@ class TableView:
         )
         # a seed whose values are all NaN in these layers must stay visible, so it is reported as excluded
         return wide.reindex(index=sorted(df.seed.unique()), columns=layers)
+
+
+def knob_rows(view: TableView, claim, knob: str, where: str) -> tuple[pd.DataFrame, int]:
+    """The rows of a claim over a knob: its metric and token set at its epoch, across every trial dataset.
+
+    The table must carry the knob as a column (a sweep's table: one value per trial dataset).
+    """
+    table = view.table
+    if knob not in table.columns:
+        raise StudyError(
+            f"a claim over {knob!r} needs a sweep's table, whose rows carry the knob's value "
+            "(python -m study sweep FILE); this table has no such column",
+            where,
+            "over",
+        )
+    for col, value, name in (
+        ("metric", claim.metric, "metric"),
+        ("token_set", claim.subset.token_set, "subset.token_set"),
+    ):
+        if value not in view._present[col]:
+            raise StudyError(f"{value!r} is not in the table (it has {view._present[col]})", where, name)
+    df = table[(table.metric == claim.metric) & (table.token_set == claim.subset.token_set)]
+    return view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
+
+
+def crossing(x: np.ndarray, y: np.ndarray, level: float) -> dict:
+    """Where curves first reach ``level``, by linear interpolation between neighbouring points.
+
+    Args:
+        x: (T,) ascending knob values; y: (S, T) per-seed curves.
+
+    Returns:
+        dict with ``per_seed`` (S,) crossing x (NaN where a curve never reaches the level), ``mean_curve``
+        (the crossing of the seed-mean curve, NaN if none), and ``mean``/``ci`` (95% t over the seeds that
+        cross) and ``n_crossing``.
+    """
+    from analysis.inference import t_test
+
+    def first(curve: np.ndarray) -> float:
+        d = curve - level
+        if d[0] == 0:
+            return float(x[0])
+        for i in range(len(d) - 1):
+            if d[i] == 0 or d[i] * d[i + 1] < 0 or d[i + 1] == 0:
+                if d[i + 1] == d[i]:
+                    return float(x[i])
+                return float(x[i] + (x[i + 1] - x[i]) * (-d[i]) / (d[i + 1] - d[i]))
+        return float("nan")
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    per_seed = np.array([first(row) for row in y])
+    ok = per_seed[np.isfinite(per_seed)]
+    t = (
+        t_test(ok, "two-sided")
+        if len(ok) >= 2
+        else {"mean": float(ok.mean()) if len(ok) else float("nan"), "ci": (float("nan"),) * 2}
+    )
+    return {
+        "level": float(level),
+        "per_seed": per_seed.tolist(),
+        "mean_curve": first(y.mean(axis=0)) if len(y) else float("nan"),
+        "mean": float(t["mean"]),
+        "ci": list(t["ci"]),
+        "n_crossing": int(len(ok)),
+    }
+
+
+def crossing_lines(cross: dict | None, knob: str | None) -> list[str]:
+    """The report's line for a :func:`crossing` result (none without one)."""
+    if not cross:
+        return []
+    from core.fmt import fmt_num
+
+    n = len(cross["per_seed"])
+    return [
+        f"the curve reaches {fmt_num(cross['level'])} at {knob} = {fmt_num(cross['mean_curve'], 3)} (seed-mean "
+        f"curve); per seed {fmt_num(cross['mean'], 3)} (95% CI {fmt_num(cross['ci'][0], 3)}, "
+        f"{fmt_num(cross['ci'][1], 3)}) over the {cross['n_crossing']} of {n} seeds whose curve reaches it"
+    ]
+
+
+def summarise_layers(wide: pd.DataFrame, summary: str, order: dict[str, int]) -> pd.Series:
+    """Per seed, one number from a (seed x layer) frame: ``mean``, ``min``, ``range`` (max - min) or
+    ``argmin`` (the depth index ``order[layer]`` of the minimum); NaN where a seed misses a layer."""
+    if summary == "mean":
+        return wide.mean(axis=1, skipna=False)
+    if summary == "min":
+        return wide.min(axis=1, skipna=False)
+    if summary == "range":
+        return wide.max(axis=1, skipna=False) - wide.min(axis=1, skipna=False)
+    idx = np.array([order[c] for c in wide.columns], dtype=np.float64)
+    out = pd.Series(idx[np.argmin(wide.to_numpy(), axis=1)], index=wide.index)
+    return out.where(wide.notna().all(axis=1))
 
 
 def select(table: pd.DataFrame | TableView, claim, where: str) -> tuple[pd.DataFrame, int]:

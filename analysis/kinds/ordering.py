@@ -23,13 +23,18 @@ from analysis.kinds.base import (
     Scenario,
     TableView,
     complete_seeds,
+    crossing,
+    crossing_lines,
+    knob_rows,
     outcome_from_stats,
     register_kind,
+    summarise_layers,
     token_count_warnings,
     token_counts,
 )
 from analysis.kinds.trend import trend_statistics
 from core.fmt import fmt_num, fmt_p
+from core.knobs import Knob
 
 
 class OrderingClaim(ClaimBase):
@@ -38,11 +43,16 @@ class OrderingClaim(ClaimBase):
     Per seed and dataset the metric is summarised over ``layers`` (``mean``, ``min``, ``argmin``: the
     depth index of the minimum, or ``range``: max - min). Without ``levels``: Jonckheere-Terpstra with
     a permutation p-value. With ``levels`` (a continuous knob value per dataset): per-seed slopes of
-    the summary on the level, t(S-1) (``method: mixed`` fits MixedLM instead).
+    the summary on the level, t(S-1) (``method: mixed`` fits MixedLM instead). ``over: <knob>`` (a
+    sweep's claim) replaces ``datasets``: the groups are the knob's values across the sweep's trials, in
+    ascending order, and the test is the per-seed slope of the summary on the knob (``level``: where the
+    per-seed curve reaches that value).
     """
 
     kind: Literal["ordering"]
-    datasets: list[str] = Field(min_length=2)
+    datasets: list[str] | None = Field(None, min_length=2)
+    over: Knob | None = None
+    level: float | None = None
     direction: Literal["increasing", "decreasing"]
     layers: list[str] = Field(min_length=1)
     summary: Literal["mean", "min", "argmin", "range"] = "mean"
@@ -53,6 +63,14 @@ class OrderingClaim(ClaimBase):
 
     @model_validator(mode="after")
     def _levels_match(self) -> OrderingClaim:
+        if (self.datasets is None) == (self.over is None):
+            raise ValueError("give either datasets (in their claimed order) or over: <a swept knob>")
+        if self.over is not None:
+            if self.levels is not None:
+                raise ValueError("over a knob the levels are the knob's values; drop levels")
+            return self
+        if self.level is not None:
+            raise ValueError("level is for an ordering over a swept knob (over: <knob>)")
         if self.levels is not None and len(self.levels) != len(self.datasets):
             raise ValueError(
                 f"levels needs one value per dataset ({len(self.datasets)}), got {len(self.levels)}"
@@ -60,6 +78,9 @@ class OrderingClaim(ClaimBase):
         if len(set(self.datasets)) != len(self.datasets):
             raise ValueError("datasets must be distinct")
         return self
+
+    def knob(self) -> str | None:
+        return self.over
 
 
 def ordering_statistics(
@@ -99,18 +120,6 @@ def ordering_statistics(
     return out
 
 
-def _summarise(wide: pd.DataFrame, summary: str, order: dict[str, int]) -> pd.Series:
-    if summary == "mean":
-        return wide.mean(axis=1, skipna=False)
-    if summary == "min":
-        return wide.min(axis=1, skipna=False)
-    if summary == "range":
-        return wide.max(axis=1, skipna=False) - wide.min(axis=1, skipna=False)
-    idx = np.array([order[c] for c in wide.columns], dtype=np.float64)
-    out = pd.Series(idx[np.argmin(wide.to_numpy(), axis=1)], index=wide.index)
-    return out.where(wide.notna().all(axis=1))
-
-
 def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
     """Per-seed summaries of the listed datasets follow their listed order (see :func:`ordering_statistics`).
 
@@ -120,47 +129,73 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     """
     view = TableView.of(table)
     excluded = dict(excluded or {})
-    cols, counts = {}, {}
-    for i, ds in enumerate(claim.datasets):
-        df = view.slice(claim.metric, ds, claim.subset.token_set, where, f"datasets[{i}].")
-        df, ep = view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
-        wide = view.wide(df, list(claim.layers), where, "layers")
-        order = df.drop_duplicates("layer").set_index("layer").layer_index.to_dict()
-        cols[ds] = _summarise(wide, claim.summary, order)
-        counts[ds] = token_counts(df[df.layer.isin(claim.layers)])
+    if claim.knob() is not None:
+        groups, levels, cols, counts = _knob_groups(view, claim, where)
+    else:
+        groups, levels, cols, counts = list(claim.datasets), claim.levels, {}, {}
+        for i, ds in enumerate(claim.datasets):
+            df = view.slice(claim.metric, ds, claim.subset.token_set, where, f"datasets[{i}].")
+            df, _ = view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
+            wide = view.wide(df, list(claim.layers), where, "layers")
+            order = df.drop_duplicates("layer").set_index("layer").layer_index.to_dict()
+            cols[ds] = summarise_layers(wide, claim.summary, order)
+            counts[ds] = token_counts(df[df.layer.isin(claim.layers)])
     frame = pd.DataFrame(cols)
     seeds = complete_seeds([frame], excluded)
-    y = frame.loc[seeds, list(claim.datasets)].to_numpy(dtype=np.float64)
+    y = frame.loc[seeds, groups].to_numpy(dtype=np.float64)
     stat = ordering_statistics(
-        y,
-        claim.direction,
-        None if claim.levels is None else np.asarray(claim.levels),
-        claim.method,
-        claim.n_permutations,
+        y, claim.direction, None if levels is None else np.asarray(levels), claim.method, claim.n_permutations
     )
     details = {
         "summary": claim.summary,
-        "test": "jonckheere_terpstra_permutation"
-        if claim.levels is None
-        else f"slope_on_levels ({claim.method})",
+        "test": "jonckheere_terpstra_permutation" if levels is None else f"slope_on_levels ({claim.method})",
         "jt": stat["jt"],
         "per_seed_summary": {
-            ds: dict(zip(seeds, map(float, y[:, j]), strict=True)) for j, ds in enumerate(claim.datasets)
+            ds: dict(zip(seeds, map(float, y[:, j]), strict=True)) for j, ds in enumerate(groups)
         },
-        "mean_summary": dict(
-            zip(claim.datasets, map(float, y.mean(axis=0)) if len(seeds) else [], strict=False)
-        ),
+        "mean_summary": dict(zip(groups, map(float, y.mean(axis=0)) if len(seeds) else [], strict=False)),
         **({"mixed": stat["mixed"]} if stat["mixed"] else {}),
     }
+    if claim.knob() is not None:
+        details["curve"] = {
+            "knob": claim.knob(),
+            "x": list(levels),
+            "per_seed": dict(zip(seeds, y.tolist(), strict=True)),
+        }
+        if claim.level is not None and len(seeds):
+            details["crossing"] = crossing(np.asarray(levels), y, claim.level)
     out = outcome_from_stats(
         stat,
         seeds,
         excluded,
         details,
-        labellings_per_seed=math.factorial(len(claim.datasets)) if claim.levels is None else 0,
+        labellings_per_seed=math.factorial(len(groups)) if levels is None else 0,
     )
     out.warnings += token_count_warnings(counts)
     return out
+
+
+def _knob_groups(view: TableView, claim, where: str):
+    """Over a knob: group labels ``knob=value`` (ascending), the values, and per group the per-seed summary
+    (the mean over trials sharing the value, when a sweep varies other knobs too) and token counts."""
+    knob = claim.knob()
+    df, _ = knob_rows(view, claim, knob, where)
+    view.wide(df, list(claim.layers), where, "layers")  # one-line error for a missing layer
+    levels = sorted(float(v) for v in df[knob].dropna().unique())
+    order = df.drop_duplicates("layer").set_index("layer").layer_index.to_dict()
+    per_trial = {}
+    for ds, rows in df.groupby("dataset", sort=True):
+        wide = view.wide(rows, list(claim.layers), where, "layers")
+        per_trial[ds] = (float(rows[knob].iloc[0]), summarise_layers(wide, claim.summary, order))
+    cols, counts, groups = {}, {}, []
+    for level in levels:
+        label = f"{knob}={level:g}"
+        groups.append(label)
+        cols[label] = pd.concat([v for lv, v in per_trial.values() if lv == level], axis=1).mean(
+            axis=1, skipna=False
+        )
+        counts[label] = token_counts(df[(df[knob] == level) & df.layer.isin(claim.layers)])
+    return groups, levels, cols, counts
 
 
 def _simulate(with_levels: bool):
@@ -178,6 +213,10 @@ def figures(ctx: FigureContext) -> list:
     from analysis.figures import profile_figure
 
     claim = ctx.claim
+    if claim.knob() is not None:
+        from analysis.figures import knob_figure
+
+        return [knob_figure(ctx.result, f"{claim.summary} of {claim.metric}")]
     return [
         profile_figure(
             ctx.table,
@@ -194,6 +233,7 @@ def explain(claim, result) -> list[str]:
     """The test, each dataset's mean summary and its per-seed summaries."""
     d = result.details
     lines = [f"test: {d.get('test')}, per-seed {d.get('summary')} over {len(claim.layers)} layer(s)"]
+    lines += crossing_lines(d.get("crossing"), claim.knob())
     if d.get("jt"):
         jt = d["jt"]
         how = "exact over" if jt.get("exact") else "Monte Carlo,"

@@ -12,7 +12,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
+from pydantic import Field, model_validator
 from statsmodels.stats.multitest import multipletests
 
 from analysis.inference import per_seed_kendall, per_seed_slopes, sign_flip_p, t_test
@@ -24,7 +24,10 @@ from analysis.kinds.base import (
     Scenario,
     TableView,
     complete_seeds,
+    crossing,
+    crossing_lines,
     few_seeds_warning,
+    knob_rows,
     register_kind,
     std_effect,
 )
@@ -32,27 +35,43 @@ from analysis.mixed import fit_random_slopes
 from analysis.simulate import simulate_trends
 from core.errors import StudyError
 from core.fmt import fmt_num, fmt_p, unit_of
+from core.knobs import Knob
 
 
 class TrendClaim(ClaimBase):
-    """The metric increases (or decreases) over epochs (or over layers, in depth order).
+    """The metric increases (or decreases) over epochs, over layers in depth order, or over a swept knob.
 
     ``layers`` lists the observation points; ``aggregate`` says how several are combined: ``pooled``
     (per seed, the mean over the layers, one test), ``all`` (every layer must show the trend:
     intersection-union) or ``any`` (at least one: Holm across layers). ``method``: per-seed OLS
     ``slope`` or Kendall ``kendall`` tau tested across seeds with t(S-1), or ``mixed`` (MixedLM,
-    random intercept and slope by seed, t(S-1)).
+    random intercept and slope by seed, t(S-1)). ``over: <knob>`` (a sweep's claim, ``python -m study
+    sweep``): per seed the curve of the metric at ``subset.epoch`` against the knob's values across the
+    trials; ``level`` asks where the curve reaches that value (the knob value, with a CI over seeds).
     """
 
     kind: Literal["trend"]
     needs_subset_dataset: ClassVar[bool] = True
     direction: Literal["increasing", "decreasing"]
-    over: Literal["epoch", "layer"] = "epoch"
+    over: Literal["epoch", "layer"] | Knob = "epoch"
     layers: list[str] = Field(min_length=1)  # over: layer, the layers in depth order the trend runs over
     aggregate: Literal["pooled", "all", "any"] = "pooled"
     method: Literal["slope", "kendall", "mixed"] = "slope"
     epochs: list[int] | None = None  # over: epoch, the epochs used (default: all in the table)
     margin: float | None = Field(None, gt=0)  # slope per unit; equivalence within it REJECTS the trend
+    level: float | None = None  # over a knob: report where the curve reaches this value
+
+    def requires_dataset(self) -> bool:
+        return self.knob() is None  # over a knob the rows come from every trial of the sweep
+
+    def knob(self) -> str | None:
+        return None if self.over in ("epoch", "layer") else self.over
+
+    @model_validator(mode="after")
+    def _level_needs_knob(self) -> TrendClaim:
+        if self.level is not None and self.knob() is None:
+            raise ValueError("level is for a trend over a swept knob (over: <knob>)")
+        return self
 
 
 def trend_statistics(
@@ -116,6 +135,12 @@ def _epochs(df: pd.DataFrame, claim, where: str) -> list[int]:
 
 def _trend_arrays(view: TableView, claim, where: str) -> tuple[np.ndarray, dict[str, pd.DataFrame]]:
     """x (T,) and, per series (a layer, or ``pooled``), a (seed x T) frame."""
+    knob = claim.knob()
+    if knob is not None:
+        df, _ = knob_rows(view, claim, knob, where)
+        view.wide(df, list(claim.layers), where, "layers")  # one-line error for a missing layer
+        levels = sorted(float(v) for v in df[knob].dropna().unique())
+        return _series(df[df.layer.isin(claim.layers)], claim, knob, levels)
     df = view.slice(claim.metric, claim.subset.dataset, claim.subset.token_set, where)
     if claim.over == "layer":
         df, _ = view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
@@ -125,16 +150,20 @@ def _trend_arrays(view: TableView, claim, where: str) -> tuple[np.ndarray, dict[
     epochs = _epochs(df, claim, where)
     df = df[df.epoch.isin(epochs)]
     view.wide(df, list(claim.layers), where, "layers")  # one-line error for a missing layer
-    df = df[df.layer.isin(claim.layers)]
-    cube = df.pivot_table(index="seed", columns=["layer", "epoch"], values="value", aggfunc="mean")
-    x = np.asarray(epochs, dtype=np.float64)
+    return _series(df[df.layer.isin(claim.layers)], claim, "epoch", epochs)
+
+
+def _series(df: pd.DataFrame, claim, col: str, points: list) -> tuple[np.ndarray, dict[str, pd.DataFrame]]:
+    """The (seed x point) frame per series, the points being the values of ``col`` (epoch or a knob)."""
+    cube = df.pivot_table(index="seed", columns=["layer", col], values="value", aggfunc="mean")
+    x = np.asarray(points, dtype=np.float64)
     if claim.aggregate == "pooled":
-        pooled = cube.T.groupby(level="epoch").mean().T.reindex(columns=epochs)
-        # a seed missing any layer at an epoch must not be averaged over fewer layers
-        counts = cube.notna().T.groupby(level="epoch").sum().T.reindex(columns=epochs)
+        pooled = cube.T.groupby(level=col).mean().T.reindex(columns=points)
+        # a seed missing any layer at a point must not be averaged over fewer layers
+        counts = cube.notna().T.groupby(level=col).sum().T.reindex(columns=points)
         pooled = pooled.where(counts == len(claim.layers))
         return x, {"pooled": pooled}
-    return x, {layer: cube[layer].reindex(columns=epochs) for layer in claim.layers}
+    return x, {layer: cube[layer].reindex(columns=points) for layer in claim.layers}
 
 
 def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
@@ -191,6 +220,15 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
             for (n, s), hp in zip(stats_by.items(), holm_p, strict=True)
         },
     }
+    if claim.knob() is not None:
+        curves = series[binding].loc[seeds].to_numpy(dtype=np.float64)
+        details["curve"] = {
+            "knob": claim.knob(),
+            "x": x.tolist(),
+            "per_seed": dict(zip(seeds, curves.tolist(), strict=True)),
+        }
+        if claim.level is not None and len(seeds):
+            details["crossing"] = crossing(x, curves, claim.level)
     if claim.method != "mixed" and len(names) == 1 and len(seeds) >= 2:
         # the mixed model as a second opinion (random intercept and slope by seed, t(S-1))
         fit = fit_random_slopes(x, series[names[0]].loc[seeds].to_numpy(dtype=np.float64))
@@ -236,6 +274,10 @@ def figures(ctx: FigureContext) -> list:
     from analysis.figures import epoch_figure, profile_figure
 
     claim, table = ctx.claim, ctx.table
+    if claim.knob() is not None:
+        from analysis.figures import knob_figure
+
+        return [knob_figure(ctx.result, claim.metric)]
     if claim.over == "epoch":
         x = ctx.result.details.get("x") or []
         return [
@@ -263,12 +305,13 @@ def figures(ctx: FigureContext) -> list:
 def explain(claim, result) -> list[str]:
     """The method, and per series (a layer, or the pooled mean) its effect, CI, p and per-seed values."""
     d = result.details
-    per = "per epoch" if claim.over == "epoch" else "per layer index"
+    per = {"epoch": "per epoch", "layer": "per layer index"}.get(claim.over, f"per unit of {claim.over}")
     what = {"slope": f"OLS slope {per}", "kendall": "Kendall tau", "mixed": f"MixedLM fixed slope {per}"}[
         claim.method
     ]
     lines = [f"test: per-seed {what}, {claim.aggregate} over {len(claim.layers)} layer(s), t(S-1)"]
     unit = unit_of(claim.metric)
+    lines += crossing_lines(d.get("crossing"), claim.knob())
     for name, s in (d.get("per_series") or {}).items():
         per_seed = ", ".join(f"seed {k}: {fmt_num(v, 3)}" for k, v in (s.get("per_seed") or {}).items())
         lines.append(

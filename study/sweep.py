@@ -1,0 +1,504 @@
+"""``python -m study sweep FILE``: optuna trials over a design dataset's knobs; each trial's seeds go through
+the stages of ``study.stages`` (plan, triage, execute, collect), so runs are keyed, cached, reused across
+files and tracked like any other run.
+
+    python -m study sweep hypotheses/complexity_sweep.yaml [--n-trials N] [--storage URL] [--workers N]
+
+Each trial is one design point: the swept dataset with the trial's knob values. The runs of a batch of
+trials are executed together, so different trials use the workers in parallel. A trial's value is the
+objective averaged over its seeds (per-seed values and run keys are the trial's user attributes; every
+child run carries its trial number and knob values as tags). The claims over a knob are tested on the
+table of every complete trial, the seed being the unit: per seed, the curve against the knob.
+
+Output (``--out``): ``sweeps/<name>/`` holds ``journal.log`` (the optuna study, unless ``--storage``),
+``table.parquet`` (every trial's tidy rows, with the trial's knob values as columns), ``trials.csv`` (one
+row per trial x seed: knob values, objective, test accuracy, run key), ``verdicts.json``/``.txt`` and the
+report. Run folders live in ``runs/`` as for ``run``.
+
+Resume: the same command continues a killed sweep. A finished trial is never run again; a trial left
+RUNNING by a process that is gone is marked FAIL and run again with the same parameters, and its finished
+runs are reused (optuna's heartbeat works only with RDB storage and ``optimize()``, so this checks the
+owner process itself).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.kinds.base import summarise_layers
+from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
+from core.errors import StudyError
+from core.io import atomic_write_json, atomic_write_text
+from core.knobs import INTEGER_KNOBS
+from core.runfolder import RunFolder
+from study import stages
+from study.planner import RunSpec
+from study.schema import Hypothesis, ProceduralDataset
+from study.tracking import open_tracker
+
+Log = Callable[[str], None]
+OWNER = "study.owner"  # trial user attribute: "<host>:<pid>" of the process running it
+
+
+@dataclass
+class TrialPoint:
+    """One trial: its optuna number, knob values, dataset spec and the runs it needs."""
+
+    number: int
+    params: dict[str, float]
+    dataset: ProceduralDataset
+    specs: list[RunSpec]
+    trial: object = None  # the optuna Trial while it runs
+
+
+@dataclass
+class SweepOutcome:
+    results: list[ClaimResult]
+    trials: pd.DataFrame
+    table: pd.DataFrame
+    sweep_dir: Path
+    trained: list[str] = field(default_factory=list)
+    report: Path | None = None
+
+
+# ---- optuna -------------------------------------------------------------------------------------------
+def _distributions(hyp: Hypothesis) -> dict:
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    out = {}
+    for knob, values in hyp.sweep.space.items():
+        if isinstance(values, list):
+            out[knob] = CategoricalDistribution(
+                [int(v) if knob in INTEGER_KNOBS else float(v) for v in values]
+            )
+        elif knob in INTEGER_KNOBS:
+            out[knob] = IntDistribution(
+                int(values.low), int(values.high), step=int(values.step or 1), log=values.log
+            )
+        else:
+            out[knob] = FloatDistribution(values.low, values.high, step=values.step, log=values.log)
+    return out
+
+
+def _grid_sampler_class():
+    import optuna
+
+    class GridSampler(optuna.samplers.GridSampler):
+        """optuna's grid sampler without its ``after_trial`` stop: ``Study.stop`` works only inside
+        ``optimize()``, and this loop asks and tells, counting the trials itself."""
+
+        def after_trial(self, study, trial, state, values) -> None:
+            return None
+
+    return GridSampler
+
+
+def _GridSampler(*args, **kwargs):  # noqa: N802 - a class made on first use (optuna is imported lazily)
+    return _grid_sampler_class()(*args, **kwargs)
+
+
+def _sampler(hyp: Hypothesis):
+    import optuna
+
+    sw = hyp.sweep
+    if sw.sampler == "grid":
+        return _GridSampler({k: list(v) for k, v in sw.space.items()}, seed=sw.seed)
+    if sw.sampler == "qmc":
+        return optuna.samplers.QMCSampler(seed=sw.seed)
+    if sw.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=sw.seed)
+    return optuna.samplers.TPESampler(seed=sw.seed)
+
+
+def storage_url(hyp: Hypothesis, out_dir: Path, override: str | None = None) -> str | None:
+    """The optuna storage: ``--storage``, the file's ``sweep.storage``, else None (the embedded journal)."""
+    return override or hyp.sweep.storage
+
+
+def open_optuna_study(hyp: Hypothesis, out_dir: Path, storage: str | None, file: str):
+    """The sweep's optuna study (created or loaded). A storage that cannot be opened is one line."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    where = "--storage" if storage and storage != hyp.sweep.storage else "sweep.storage"
+    try:
+        if storage is None:
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend
+
+            path = Path(out_dir) / "sweeps" / hyp.name / "journal.log"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            backend = JournalStorage(JournalFileBackend(str(path)))
+        else:
+            backend = optuna.storages.get_storage(storage)
+        direction = hyp.sweep.objective.direction
+        return optuna.create_study(
+            study_name=hyp.name,
+            storage=backend,
+            sampler=_sampler(hyp),
+            direction=direction,
+            load_if_exists=True,
+        )
+    except Exception as exc:  # noqa: BLE001 - any storage failure is a user-facing input error
+        raise StudyError(
+            f"cannot open the optuna storage {storage!r} ({type(exc).__name__}: {exc})", file, where
+        ) from None
+
+
+def _alive(owner: str | None) -> bool:
+    host, _, pid = (owner or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return host != "" and host != socket.gethostname()  # another host's trial: assume it is alive
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover_stale(optuna_study, hyp: Hypothesis, log: Log) -> int:
+    """Mark trials left RUNNING by a dead process FAIL, and queue their parameters again (grid sampling
+    revisits a failed point by itself). Returns how many were recovered."""
+    from optuna.trial import TrialState
+
+    n = 0
+    for t in optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if _alive(t.user_attrs.get(OWNER)):
+            continue
+        optuna_study.tell(t.number, state=TrialState.FAIL)
+        if hyp.sweep.sampler != "grid":
+            optuna_study.enqueue_trial(dict(t.params), skip_if_exists=False)
+        log(f"trial {t.number} was left running by a process that is gone: run again with {dict(t.params)}")
+        n += 1
+    return n
+
+
+# ---- trials -> runs -------------------------------------------------------------------------------------
+def trial_label(base: str, params: dict) -> str:
+    """The trial dataset's name: the swept dataset's name and the knob values (``objects-texture_reliance0.25``)."""
+    return base + "".join(f"-{k}{v:g}" for k, v in sorted(params.items()))
+
+
+def trial_point(hyp: Hypothesis, number: int, params: dict, data_dir: Path) -> TrialPoint:
+    """The design point of one trial: the swept dataset with the knob values, and its runs (one per seed)."""
+    base = next(d for d in hyp.design.datasets if d.name == hyp.sweep.dataset)
+    values = {k: int(v) if k in INTEGER_KNOBS else float(v) for k, v in params.items()}
+    ds = ProceduralDataset.model_validate(
+        {**base.model_dump(), **values, "name": trial_label(base.name, values)}
+    )
+    design = hyp.design.model_copy(update={"datasets": [ds]})
+    specs = stages.plan(hyp.model_copy(update={"design": design}), data_dir)
+    return TrialPoint(number, values, ds, specs)
+
+
+def seed_objective(hyp: Hypothesis, table: pd.DataFrame, base_name: str) -> pd.Series:
+    """Per seed, the sweep's objective on one trial's table (seed -> value; NaN where undefined).
+
+    A claim objective is the claim's per-seed effect values (its kind's ``evaluate`` on the trial's rows,
+    the trial dataset read under the swept dataset's name); a metric objective is the per-seed summary.
+    """
+    obj = hyp.sweep.objective
+    if obj.claim is not None:
+        from analysis.kinds import get_kind
+        from analysis.kinds.base import TableView
+
+        claim = next(c for c in hyp.claims if c.name == obj.claim)
+        out = get_kind(claim.kind).evaluate(
+            TableView(table.assign(dataset=base_name)), claim, "sweep.objective.claim", {}
+        )
+        if len(out.effect_values) != len(out.seeds_used):
+            raise StudyError(
+                f"claim {obj.claim!r} has no per-seed effect values (e.g. method: mixed); use a metric objective",
+                None,
+                "sweep.objective.claim",
+            )
+        return pd.Series(dict(zip(out.seeds_used, out.effect_values, strict=True)), dtype=float)
+    layers = obj.layers or [x for x in hyp.design.layers if x.startswith("block_")]
+    rows = table[(table.metric == obj.metric) & (table.token_set == obj.token_set)]
+    if rows.empty:
+        return pd.Series(dtype=float)
+    epoch = int(rows.epoch.max()) if obj.epoch == "last" else int(obj.epoch)
+    rows = rows[(rows.epoch == epoch) & rows.layer.isin(layers)]
+    wide = rows.pivot_table(index="seed", columns="layer", values="value", aggfunc="mean").reindex(
+        columns=layers
+    )
+    order = dict(zip(hyp.design.layers, range(len(hyp.design.layers)), strict=True))
+    return summarise_layers(wide, obj.summary, order)
+
+
+def test_accuracy(runs_dir: Path, spec: RunSpec) -> float:
+    """The run's last recorded test accuracy (NaN when its objective records none, e.g. DINO)."""
+    history = (RunFolder(runs_dir / spec.key).read_result() or {}).get("history") or []
+    value = history[-1].get("test_acc") if history else None
+    return float("nan") if value is None else float(value)
+
+
+# ---- the loop ---------------------------------------------------------------------------------------------
+def _ask(optuna_study, hyp: Hypothesis, n: int, data_dir: Path) -> list[TrialPoint]:
+    dists = _distributions(hyp)
+    owner = f"{socket.gethostname()}:{os.getpid()}"
+    points = []
+    for _ in range(n):
+        trial = optuna_study.ask(dists)
+        trial.set_user_attr(OWNER, owner)
+        point = trial_point(hyp, trial.number, dict(trial.params), data_dir)
+        point.trial = trial
+        points.append(point)
+    return points
+
+
+def _batch_size(hyp: Hypothesis, remaining: int, workers: int | str) -> int:
+    """All remaining trials for samplers that do not learn from results; for TPE, enough trials to keep
+    every worker busy (their runs execute together)."""
+    if hyp.sweep.sampler != "tpe":
+        return remaining
+    cores = (os.cpu_count() or 1) if workers == "auto" else int(workers)
+    return max(1, min(remaining, -(-cores // len(hyp.design.seeds))))
+
+
+def _counts(optuna_study) -> tuple[int, int]:
+    from optuna.trial import TrialState
+
+    trials = optuna_study.get_trials(deepcopy=False)
+    done = sum(t.state == TrialState.COMPLETE for t in trials)
+    running = sum(t.state == TrialState.RUNNING and _alive(t.user_attrs.get(OWNER)) for t in trials)
+    return done, running
+
+
+def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list[str]) -> None:
+    """Plan, triage, execute and collect the runs of a batch of trials together; tell each trial its value."""
+    from optuna.trial import TrialState
+
+    runs_dir, data_dir = out_dir / "runs", out_dir / "data"
+    specs = list({s.key: s for p in points for s in p.specs}.values())
+    trial_of = {s.key: p for p in reversed(points) for s in p.specs}
+    tri = stages.triage(specs, runs_dir, {} if force else tracker.finished_runs(), force)
+    stages.fetch_stored(tri, specs, runs_dir, tracker)
+    stages.clear_for_training(tri.todo, runs_dir, force)
+    log(
+        f"trials {[p.number for p in points]}: {len(specs)} runs, {len(tri.reused_from)} reused, {len(tri.todo)} to train"
+    )
+    data = stages.prepare_data(tri.todo, data_dir, log)
+    failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log)
+    trained += [s.key for s in tri.todo]
+    for spec in tri.todo:
+        result = RunFolder(runs_dir / spec.key).read_result()
+        if result is not None:
+            p = trial_of[spec.key]
+            tags = {"trial": p.number, **{f"knob.{k}": v for k, v in p.params.items()}, "sweep": hyp.name}
+            tracker.log_training_run(
+                spec,
+                result,
+                pd.DataFrame(columns=["value"]),
+                runs_dir / spec.key,
+                data.get(stages.dataset_key(spec.dataset)),
+                tags=tags,
+            )
+    base = hyp.sweep.dataset
+    for p in points:
+        got = stages.collect_table(p.specs, runs_dir, hyp.design.layers, failed)
+        per_seed = seed_objective(hyp, got.table, base) if len(got.table) else pd.Series(dtype=float)
+        finite = per_seed[np.isfinite(per_seed.to_numpy(dtype=float))]
+        p.trial.set_user_attr("run_keys", [s.key for s in p.specs])
+        p.trial.set_user_attr("objective_per_seed", {str(k): float(v) for k, v in per_seed.items()})
+        p.trial.set_user_attr("test_acc_per_seed", {str(s.seed): test_accuracy(runs_dir, s) for s in p.specs})
+        if finite.empty:
+            p.trial.study.tell(p.trial, state=TrialState.FAIL)
+            log(f"trial {p.number} {p.params}: FAILED (no seed finished)")
+        else:
+            p.trial.study.tell(p.trial, float(finite.mean()))
+            log(f"trial {p.number} {p.params}: objective {finite.mean():.4g} over {len(finite)} seeds")
+
+
+def trials_table(optuna_study, hyp: Hypothesis) -> pd.DataFrame:
+    """One row per complete trial x seed: trial, knob values, seed, run key, objective, test accuracy."""
+    from optuna.trial import TrialState
+
+    rows = []
+    for t in optuna_study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        keys = dict(zip(hyp.design.seeds, t.user_attrs.get("run_keys", []), strict=False))
+        obj, acc = t.user_attrs.get("objective_per_seed", {}), t.user_attrs.get("test_acc_per_seed", {})
+        for seed in hyp.design.seeds:
+            rows.append(
+                {
+                    "trial": t.number,
+                    **{k: float(v) for k, v in t.params.items()},
+                    "seed": seed,
+                    "run_key": keys.get(seed),
+                    "objective": obj.get(str(seed), float("nan")),
+                    "test_acc": acc.get(str(seed), float("nan")),
+                    "trial_value": t.value,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def sweep_table(trials: pd.DataFrame, hyp: Hypothesis, out_dir: Path) -> pd.DataFrame:
+    """The tidy rows of every complete trial (one per distinct design point), with the knob values as columns."""
+    frames = []
+    knobs = list(hyp.sweep.space)
+    for _, first in trials.drop_duplicates(knobs).iterrows():
+        point = trial_point(hyp, int(first.trial), {k: first[k] for k in knobs}, out_dir / "data")
+        got = stages.collect_table(point.specs, out_dir / "runs", hyp.design.layers)
+        frames.append(got.table.assign(**point.params))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def accuracy_warnings(results: list[ClaimResult], claims, trials: pd.DataFrame) -> None:
+    """Put each trial's test accuracy beside a knob claim, and warn when accuracy itself moves with the knob:
+    then an effect over the knob is also an effect of how well the task is learnt."""
+    from analysis.inference import per_seed_slopes, t_test
+
+    for claim, r in zip(claims, results, strict=True):
+        knob = claim.knob()
+        if knob is None or trials.empty or trials.test_acc.isna().all():
+            continue
+        acc = trials.pivot_table(index="seed", columns=knob, values="test_acc", aggfunc="mean").sort_index(
+            axis=1
+        )
+        r.details["accuracy"] = {
+            "x": [float(v) for v in acc.columns],
+            "per_seed": {int(s): row.tolist() for s, row in acc.iterrows()},
+        }
+        y = acc.dropna().to_numpy(dtype=float)
+        if y.shape[0] >= 2 and y.shape[1] >= 2:
+            t = t_test(per_seed_slopes(acc.columns.to_numpy(dtype=float), y), "two-sided")
+            r.details["accuracy"].update(slope=t["mean"], ci=list(t["ci"]), p=t["p"])
+            if t["p"] < 0.05:
+                r.warnings.append(
+                    f"test accuracy changes with {knob} (per-seed slope {t['mean']:.3g} per unit, 95% CI "
+                    f"{t['ci'][0]:.3g} to {t['ci'][1]:.3g}, p {t['p']:.3g}): {knob} also changes how well the "
+                    "task is learnt, so this effect is not of the knob alone"
+                )
+
+
+def run_sweep(
+    hyp: Hypothesis,
+    hyp_path: Path,
+    out_dir: Path,
+    n_trials: int | None = None,
+    storage: str | None = None,
+    workers: int | str = "auto",
+    force: bool = False,
+    log: Log = print,
+    track: bool = True,
+    report: bool = True,
+    command: str | None = None,
+) -> SweepOutcome:
+    """Run (or continue) a sweep, then test its claims over knobs. See the module docstring."""
+    out_dir = Path(out_dir)
+    sweep_dir = out_dir / "sweeps" / hyp.name
+    optuna_study = open_optuna_study(hyp, out_dir, storage_url(hyp, out_dir, storage), str(hyp_path))
+    target = n_trials or hyp.sweep.n_trials or hyp.sweep.grid_size()
+    trained: list[str] = []
+    with open_tracker(track, out_dir, f"{hyp.name}.sweep", role="sweep") as tracker:
+        tracker.set_tags(
+            None,
+            {
+                "sweep.sampler": hyp.sweep.sampler,
+                "sweep.space": hyp.sweep.model_dump()["space"],
+                "sweep.n_trials": target,
+            },
+        )
+        recover_stale(optuna_study, hyp, log)
+        while True:
+            done, running = _counts(optuna_study)
+            if done + running >= target:
+                break
+            t0 = time.perf_counter()
+            points = _ask(
+                optuna_study, hyp, _batch_size(hyp, target - done - running, workers), out_dir / "data"
+            )
+            _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained)
+            log(
+                f"{_counts(optuna_study)[0]}/{target} trials complete ({time.perf_counter() - t0:.0f}s for this batch)"
+            )
+        trials = trials_table(optuna_study, hyp)
+        table = sweep_table(trials, hyp, out_dir)
+        knob_claims = [c for c in hyp.claims if c.knob() is not None]
+        results = (
+            evaluate_claims(hyp.model_copy(update={"claims": knob_claims}), table, source=str(hyp_path))
+            if knob_claims and len(table)
+            else []
+        )
+        accuracy_warnings(results, knob_claims, trials)
+        paths = write_sweep_outputs(sweep_dir, hyp_path, trials, table, results, command)
+        report_path = None
+        if report:
+            report_path = write_sweep_report(
+                sweep_dir, hyp, knob_claims, results, table, trials, optuna_study, out_dir, command
+            )
+            log(f"report: {report_path}")
+        tracker.log_results(
+            [*paths.values(), *([report_path] if report_path else [])],
+            results,
+            f"**{hyp.name}** (sweep)\n\n```\n{format_verdicts(results)}\n```",
+        )
+    return SweepOutcome(results, trials, table, sweep_dir, trained, report_path)
+
+
+def write_sweep_outputs(sweep_dir: Path, hyp_path: Path, trials, table, results, command) -> dict[str, Path]:
+    """``table.parquet``, ``trials.csv``, ``verdicts.json``, ``verdicts.txt`` and ``hypothesis.yaml``, atomically."""
+    from analysis.table import save_table
+
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "sweep": sweep_dir.name,
+        "file": str(hyp_path),
+        "command": command,
+        "trials": trials.to_dict(orient="records"),
+        "claims": [r.to_dict() for r in results],
+    }
+    return {
+        "table": save_table(table, sweep_dir / "table.parquet")
+        if len(table)
+        else sweep_dir / "table.parquet",
+        "trials": save_table(trials, sweep_dir / "trials.csv"),
+        "verdicts": atomic_write_json(sweep_dir / "verdicts.json", payload, indent=1, default=float),
+        "text": atomic_write_text(sweep_dir / "verdicts.txt", format_verdicts(results) + "\n"),
+        "hypothesis": atomic_write_text(
+            sweep_dir / "hypothesis.yaml", Path(hyp_path).read_text(encoding="utf-8")
+        ),
+    }
+
+
+def write_sweep_report(
+    sweep_dir, hyp, claims, results, table, trials, optuna_study, out_dir, command
+) -> Path:
+    """The report: the objective against each knob (seeds, mean band, accuracy), optuna's contour and slice
+    plots for searches over two knobs or more, then each knob claim as in a study's report."""
+    from analysis.figures import optuna_figures, trials_figure
+    from analysis.report import ReportInput, write_report
+
+    obj = hyp.sweep.objective
+    label = f"{obj.summary} of {obj.metric}" if obj.metric else f"effect of {obj.claim!r}"
+    preface = [trials_figure(trials, knob, label) for knob in hyp.sweep.space]
+    if len(hyp.sweep.space) >= 2:
+        preface += optuna_figures(optuna_study)
+    inp = ReportInput(
+        title=f"{hyp.name} (sweep)",
+        description=hyp.description.strip(),
+        claims=claims,
+        results=results,
+        table=table,
+        runs_dir=out_dir / "runs",
+        file=None,
+        command=command,
+        preface=preface,
+        preface_lines=[
+            f"{len(trials.trial.unique()) if len(trials) else 0} complete trials of {hyp.sweep.sampler} sampling over "
+            f"{', '.join(hyp.sweep.space)} on dataset {hyp.sweep.dataset}, {len(hyp.design.seeds)} seeds each; "
+            f"objective: {label} ({obj.direction})",
+        ],
+    )
+    return write_report(sweep_dir, inp)[0]
