@@ -225,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.verb == "validate":
             from study.planner import plan_runs
 
+            if hyp.sweep is not None:
+                trials = hyp.sweep.n_trials or hyp.sweep.grid_size()
+                n = trials * len(hyp.design.seeds)
+                print(
+                    f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), a sweep of {trials} trial(s) x {len(hyp.design.seeds)} seeds = {n} run(s)"
+                )
+                return 0
             print(f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), {len(plan_runs(hyp))} run(s) planned")
             return 0
         if args.verb == "analyze":

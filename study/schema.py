@@ -503,6 +503,34 @@ class Sweep(_Strict):
     storage: str | None = None
     seed: int = 0  # the sampler's seed
 
+    @field_validator("space", mode="before")
+    @classmethod
+    def _ranges(cls, space: object) -> object:
+        """A mapping value is a range: validated here so an error names the knob and the problem."""
+        if not isinstance(space, dict):
+            return space
+        out = {}
+        for knob, values in space.items():
+            if isinstance(values, dict):
+                try:
+                    values = KnobRange.model_validate(values)
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    what = (
+                        "unknown key"
+                        if err["type"] == "extra_forbidden"
+                        else err["msg"].removeprefix("Value error, ")
+                    )
+                    loc = ".".join(map(str, err["loc"]))
+                    raise _FieldError(f"sweep.space.{knob}" + (f".{loc}" if loc else ""), what) from None
+            elif not isinstance(values, list):
+                raise _FieldError(
+                    f"sweep.space.{knob}",
+                    f"expected a list of values or a range {{low, high}}, got {values!r}",
+                )
+            out[knob] = values
+        return out
+
     @model_validator(mode="after")
     def _space(self) -> Sweep:
         for knob, values in self.space.items():

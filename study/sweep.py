@@ -167,8 +167,8 @@ def _alive(owner: str | None) -> bool:
 
 
 def recover_stale(optuna_study, hyp: Hypothesis, log: Log) -> int:
-    """Mark trials left RUNNING by a dead process FAIL, and queue their parameters again (grid sampling
-    revisits a failed point by itself). Returns how many were recovered."""
+    """Mark trials left RUNNING by a dead process FAIL, and queue their parameters again (enqueued, so the
+    grid sampler too runs that point again: it counts a failed point as visited). Returns how many."""
     from optuna.trial import TrialState
 
     n = 0
@@ -176,8 +176,7 @@ def recover_stale(optuna_study, hyp: Hypothesis, log: Log) -> int:
         if _alive(t.user_attrs.get(OWNER)):
             continue
         optuna_study.tell(t.number, state=TrialState.FAIL)
-        if hyp.sweep.sampler != "grid":
-            optuna_study.enqueue_trial(dict(t.params), skip_if_exists=False)
+        optuna_study.enqueue_trial(dict(t.params), skip_if_exists=False)
         log(f"trial {t.number} was left running by a process that is gone: run again with {dict(t.params)}")
         n += 1
     return n
@@ -275,8 +274,9 @@ def _counts(optuna_study) -> tuple[int, int]:
     return done, running
 
 
-def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list[str]) -> None:
-    """Plan, triage, execute and collect the runs of a batch of trials together; tell each trial its value."""
+def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list[str]) -> int:
+    """Plan, triage, execute and collect the runs of a batch of trials together; tell each trial its value.
+    Returns how many of the batch's trials completed."""
     from optuna.trial import TrialState
 
     runs_dir, data_dir = out_dir / "runs", out_dir / "data"
@@ -304,7 +304,7 @@ def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list
                 data.get(stages.dataset_key(spec.dataset)),
                 tags=tags,
             )
-    base = hyp.sweep.dataset
+    base, complete = hyp.sweep.dataset, 0
     for p in points:
         got = stages.collect_table(p.specs, runs_dir, hyp.design.layers, failed)
         per_seed = seed_objective(hyp, got.table, base) if len(got.table) else pd.Series(dtype=float)
@@ -317,7 +317,9 @@ def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list
             log(f"trial {p.number} {p.params}: FAILED (no seed finished)")
         else:
             p.trial.study.tell(p.trial, float(finite.mean()))
+            complete += 1
             log(f"trial {p.number} {p.params}: objective {finite.mean():.4g} over {len(finite)} seeds")
+    return complete
 
 
 def trials_table(optuna_study, hyp: Hypothesis) -> pd.DataFrame:
@@ -419,7 +421,9 @@ def run_sweep(
             points = _ask(
                 optuna_study, hyp, _batch_size(hyp, target - done - running, workers), out_dir / "data"
             )
-            _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained)
+            if not _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained):
+                log("no trial of this batch completed (see the failed runs above): stopping the sweep here")
+                break
             log(
                 f"{_counts(optuna_study)[0]}/{target} trials complete ({time.perf_counter() - t0:.0f}s for this batch)"
             )

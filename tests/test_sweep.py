@@ -1,0 +1,263 @@
+"""Sweeps: the ``sweep:`` section's validation, claims over a knob on a synthetic sweep table, a tiny sweep
+end to end (table, trial table, MLflow links, verdict over the knob), and a sweep killed mid-trial."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from analysis.kinds.base import crossing
+from analysis.verdicts import evaluate_claims
+from study.cli import main
+from study.schema import parse_hypothesis
+
+ROOT = Path(__file__).parents[1]
+TINY_SWEEP = """\
+name: tiny_sweep
+description: a seconds-long sweep for tests
+design:
+  datasets: [{name: objects, variant: objects, n_train: 64, n_test: 32, image_size: 8}]
+  model: {preset: vit_cpu12, embed_dim: 16, depth: 3, num_heads: 2}
+  training: {epochs: 1, batch_size: 32}
+  seeds: [0, 1]
+  checkpoints: [1]
+  probe: {size: 16}
+sweep:
+  dataset: objects
+  space: {texture_reliance: [0.0, 0.5, 1.0]}
+  sampler: grid
+  objective: {metric: eed_pct, summary: min, layers: [block_01, block_02, block_03]}
+claims:
+  - name: eed floor rises with texture reliance
+    kind: ordering
+    metric: eed_pct
+    subset: {token_set: all, epoch: last}
+    over: texture_reliance
+    direction: increasing
+    layers: [block_01, block_02, block_03]
+    summary: min
+  - name: eed grows with texture reliance
+    kind: trend
+    metric: eed_pct
+    subset: {token_set: all}
+    over: texture_reliance
+    direction: increasing
+    layers: [block_01, block_02, block_03]
+    level: 50.0
+"""
+
+
+def _doc(**sweep) -> dict:
+    doc = yaml.safe_load(TINY_SWEEP)
+    doc["sweep"].update(sweep)
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("edit", "field", "says"),
+    [
+        ({"space": {"texture_reliance": []}}, "sweep.space.texture_reliance", "empty list"),
+        (
+            {"space": {"texture_reliance": {"low": 0.5, "high": 0.5}}, "sampler": "random", "n_trials": 2},
+            "sweep.space",
+            "empty range",
+        ),
+        ({"space": {"wobble": [1.0]}}, "sweep.space", "wobble"),
+        (
+            {"space": {"texture_reliance": [0.0, 1.5]}},
+            "sweep.space.texture_reliance",
+            "outside the knob's domain",
+        ),
+        (
+            {"space": {"texture_reliance": {"low": 0.0, "high": 1.0}}},
+            "sweep.space.texture_reliance",
+            "grid sampler needs a list",
+        ),
+        ({"space": {"clutter": [0.0, 1.0]}}, "claims[0].over", "needs a sweep that varies it"),
+        ({"dataset": "nope"}, "sweep.dataset", "procedural design dataset"),
+        ({"objective": {"metric": "eed_pct", "claim": "x"}}, "sweep.objective", "either metric"),
+    ],
+)
+def test_bad_sweep_sections_are_one_line_and_write_nothing(tmp_path, capsys, edit, field, says):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_doc(**edit)))
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and str(path) in err and field in err and says in err, err
+    assert not out.exists()
+
+
+def test_unopenable_storage_is_one_line_and_trains_nothing(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY_SWEEP)
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "--storage", "sqlite:////nonexistent/dir/x.db"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--storage" in err and "cannot open the optuna storage" in err
+    assert not (out / "runs").exists()
+
+
+def test_run_refuses_a_sweep_file(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY_SWEEP)
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "study sweep" in capsys.readouterr().err
+
+
+def _sweep_table(
+    slope: float, n_seeds: int = 5, seed: int = 0, layers=("block_01", "block_02", "block_03")
+) -> pd.DataFrame:
+    """Trial datasets at texture_reliance 0..1, per-seed curves with a known mean slope, tidy rows."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    knob = [0.0, 0.25, 0.5, 0.75, 1.0]
+    offsets = rng.normal(0, 2, n_seeds)
+    for s in range(n_seeds):
+        for k in knob:
+            for li, layer in enumerate(layers):
+                rows.append(
+                    {
+                        "run_key": f"k{s}{k}",
+                        "dataset": f"objects-texture_reliance{k:g}",
+                        "seed": s,
+                        "epoch": 1,
+                        "layer": layer,
+                        "layer_index": li + 2,
+                        "token_set": "all",
+                        "n_tokens": 80,
+                        "metric": "eed_pct",
+                        "value": 40 + offsets[s] + slope * k + li + rng.normal(0, 0.5),
+                        "texture_reliance": k,
+                    }  # fmt: skip
+                )
+    return pd.DataFrame(rows)
+
+
+def test_claims_over_a_knob_find_a_planted_slope_and_its_crossing():
+    hyp = parse_hypothesis(yaml.safe_load(TINY_SWEEP))
+    up, flat = evaluate_claims(hyp, _sweep_table(8.0)), evaluate_claims(hyp, _sweep_table(0.0, seed=1))
+    assert [r.verdict for r in up] == ["ACCEPTED", "ACCEPTED"]
+    assert up[1].effect == pytest.approx(8.0, abs=1.5) and up[1].details["curve"]["x"] == [
+        0.0,
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+    ]
+    assert all(r.verdict != "ACCEPTED" for r in flat)
+    # the trend's level 50: mean curve ~ 41 + 8 k reaches it near k = 1.1 (beyond the sweep) or not at all
+    assert up[1].details["crossing"]["level"] == 50.0
+
+
+def test_crossing_interpolates_per_seed_and_on_the_mean():
+    x = np.array([0.0, 1.0, 2.0])
+    y = np.array([[0.0, 2.0, 4.0], [1.0, 3.0, 5.0], [5.0, 5.0, 5.0]])  # reach 3 at 1.5, 1.0, never
+    c = crossing(x, y, 3.0)
+    assert c["per_seed"][:2] == [1.5, 1.0] and np.isnan(c["per_seed"][2])
+    assert (
+        c["mean_curve"] == pytest.approx(0.75) and c["n_crossing"] == 2 and c["mean"] == pytest.approx(1.25)
+    )
+
+
+def test_tiny_sweep_end_to_end(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY_SWEEP)
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "--workers", "2"]) == 0
+    sweep_dir = out / "sweeps" / "tiny_sweep"
+    trials = pd.read_csv(sweep_dir / "trials.csv")
+    assert sorted(trials.texture_reliance.unique()) == [0.0, 0.5, 1.0] and len(trials) == 6
+    assert trials.objective.notna().all() and trials.test_acc.between(0, 1).all()
+    table = pd.read_parquet(sweep_dir / "table.parquet")
+    assert set(table.texture_reliance) == {0.0, 0.5, 1.0} and set(table.seed) == {0, 1}
+    assert "Sweep" in (sweep_dir / "report.html").read_text()
+    import json
+
+    claims = json.loads((sweep_dir / "verdicts.json").read_text())["claims"]
+    assert [c["details"]["curve"]["knob"] for c in claims] == ["texture_reliance"] * 2
+    assert all(c["verdict"] in ("ACCEPTED", "REJECTED", "INCONCLUSIVE") for c in claims)
+    # trials <-> runs, both ways
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny_sweep.sweep")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    children = client.search_runs([exp.experiment_id], "tags.`study.role` = 'training'")
+    assert sorted(r.data.tags["run_key"] for r in children) == sorted(trials.run_key)
+    for r in children:
+        row = trials[trials.run_key == r.data.tags["run_key"]].iloc[0]
+        assert (
+            int(r.data.tags["trial"]) == row.trial
+            and float(r.data.tags["knob.texture_reliance"]) == row.texture_reliance
+        )
+    (parent,) = client.search_runs([exp.experiment_id], "tags.`study.role` = 'sweep'")
+    assert parent.info.run_name.startswith("tiny_sweep.sweep: ")
+    assert "trials.csv" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+    # a rerun trains nothing
+    t0 = time.perf_counter()
+    assert main(["sweep", str(path), "--out", str(out), "--no-mlflow", "--no-report"]) == 0
+    assert pd.read_csv(sweep_dir / "trials.csv").equals(trials) and time.perf_counter() - t0 < 60
+
+
+def test_a_sweep_killed_mid_trial_resumes_and_trains_each_run_once(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY_SWEEP.replace("[0.0, 0.5, 1.0]", "[0.0, 1.0]"))
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable,
+        "-m",
+        "study",
+        "sweep",
+        str(path),
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--no-mlflow",
+        "--no-report",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
+    )
+    lines = []
+    for line in first.stdout:  # kill as soon as the first run has finished: its trial is left RUNNING
+        lines.append(line)
+        if "] finished (" in line:
+            first.send_signal(signal.SIGKILL)
+            break
+    first.wait(timeout=120)
+    first.stdout.close()
+    assert first.returncode == -signal.SIGKILL
+    second = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "left running by a process that is gone" in second.stdout
+    trained = [x.split("]")[0] for x in lines + second.stdout.splitlines(True) if "] epoch 1/1 " in x]
+    assert (
+        sorted(trained) == sorted(set(trained)) and len(trained) == 4
+    )  # 2 trials x 2 seeds, each trained once
+    trials = pd.read_csv(out / "sweeps" / "tiny_sweep" / "trials.csv")
+    assert sorted(trials.texture_reliance.unique()) == [0.0, 1.0] and trials.objective.notna().all()
+
+
+def test_shipped_sweep_validates_and_its_claims_run_on_a_sweep_table():
+    from study.schema import load_hypothesis
+
+    hyp = load_hypothesis(ROOT / "hypotheses" / "complexity_sweep.yaml")
+    assert hyp.sweep.grid_size() == 5 and len(hyp.design.seeds) >= 3
+    assert set(hyp.sweep.space["texture_reliance"]) >= {0.0, 1.0}
+    # every block rises with the knob by the same amount: the floor rises, the dip (range) does not shrink
+    table = _sweep_table(8.0, layers=[f"block_{i:02d}" for i in range(1, 13)])
+    floor, dip = evaluate_claims(hyp, table)
+    assert floor.verdict == "ACCEPTED" and floor.details["curve"]["knob"] == "texture_reliance"
+    assert dip.verdict != "ACCEPTED"
