@@ -37,6 +37,7 @@ from core.io import atomic_path
 from core.provenance import git_state, package_versions
 from core.runfolder import RunFolder, spectrum_key
 from runners.data import load_split, num_classes
+from runners.executors import adopt_thread_budget
 from runners.extract import extract_spectra, save_covariances, save_observables, snapshot_epochs
 from runners.inputs import to_tensor
 from runners.objectives import make_objective
@@ -204,6 +205,7 @@ def train_run(
             checkpoint(0)
         # ---- training loop ---------------------------------------------------------------------------
         for epoch in range(start_epoch + 1, tr["epochs"] + 1):
+            threads = adopt_thread_budget()  # a parallel worker takes the cores of finished ones
             t0 = time.perf_counter()
             order = torch.randperm(xtr.shape[0], generator=data_gen)
             with _epoch_progress(label, epoch, tr["epochs"], steps_per_epoch, bar) as tick:
@@ -213,6 +215,7 @@ def train_run(
             entry = {"epoch": epoch, **stats, **objective.evaluate(xtr, ytr, xte, yte)}
             entry["images_per_s"] = seen / elapsed
             entry["epoch_s"] = elapsed
+            entry["threads"] = threads if threads is not None else torch.get_num_threads()
             history.append(entry)
             quality = " ".join(
                 f"{k} {entry[k]:.3f}" for k in ("train_acc", "test_acc", "knn_acc") if k in entry

@@ -30,3 +30,30 @@ def test_make_executor_choices():
     assert isinstance(make_executor(1, 5, cuda=False), InlineExecutor)
     assert isinstance(make_executor(2, 1, cuda=False), InlineExecutor)
     assert isinstance(make_executor(2, 5, cuda=False), ProcessExecutor)
+
+
+def report_budget(wait_for_two: bool) -> int:
+    """A job that reads its thread budget as a training run does each epoch; returns the largest seen."""
+    import time
+
+    from runners.executors import adopt_thread_budget
+
+    seen = adopt_thread_budget() or 0
+    deadline = time.monotonic() + (30 if wait_for_two else 0.5)
+    while time.monotonic() < deadline and not (wait_for_two and seen >= 2):
+        time.sleep(0.05)
+        seen = max(seen, adopt_thread_budget() or 0)
+    return seen
+
+
+def test_the_last_running_job_gets_the_free_cores():
+    # 2 workers x 1 thread, 2 jobs: once the short one ends nothing waits, so the long one gets 2 threads
+    out = {i: (r, e) for i, r, e in ProcessExecutor(2, threads=1).map_jobs(report_budget, [(False,), (True,)])}
+    assert out[0] == (1, None) and out[1] == (2, None)
+
+
+def test_a_job_outside_an_executor_has_no_budget(monkeypatch):
+    from runners.executors import THREADS_FILE_ENV, adopt_thread_budget
+
+    monkeypatch.delenv(THREADS_FILE_ENV, raising=False)
+    assert adopt_thread_budget() is None
