@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pandas as pd
 
 from analysis.kinds.base import summarise_layers
@@ -88,26 +89,15 @@ def _distributions(hyp: Hypothesis) -> dict:
     return out
 
 
-def _grid_sampler_class():
-    import optuna
+class _GridSampler(optuna.samplers.GridSampler):
+    """optuna's grid sampler without its ``after_trial`` stop: ``Study.stop`` works only inside
+    ``optimize()``, and this loop asks and tells, counting the trials itself."""
 
-    class GridSampler(optuna.samplers.GridSampler):
-        """optuna's grid sampler without its ``after_trial`` stop: ``Study.stop`` works only inside
-        ``optimize()``, and this loop asks and tells, counting the trials itself."""
-
-        def after_trial(self, study, trial, state, values) -> None:
-            return None
-
-    return GridSampler
-
-
-def _GridSampler(*args, **kwargs):  # noqa: N802 - a class made on first use (optuna is imported lazily)
-    return _grid_sampler_class()(*args, **kwargs)
+    def after_trial(self, study, trial, state, values) -> None:
+        return None
 
 
 def _sampler(hyp: Hypothesis):
-    import optuna
-
     sw = hyp.sweep
     if sw.sampler == "grid":
         return _GridSampler({k: list(v) for k, v in sw.space.items()}, seed=sw.seed)
@@ -118,15 +108,13 @@ def _sampler(hyp: Hypothesis):
     return optuna.samplers.TPESampler(seed=sw.seed)
 
 
-def storage_url(hyp: Hypothesis, out_dir: Path, override: str | None = None) -> str | None:
+def storage_url(hyp: Hypothesis, override: str | None = None) -> str | None:
     """The optuna storage: ``--storage``, the file's ``sweep.storage``, else None (the embedded journal)."""
     return override or hyp.sweep.storage
 
 
 def open_optuna_study(hyp: Hypothesis, out_dir: Path, storage: str | None, file: str):
     """The sweep's optuna study (created or loaded). A storage that cannot be opened is one line."""
-    import optuna
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     where = "--storage" if storage and storage != hyp.sweep.storage else "sweep.storage"
     try:
@@ -400,7 +388,7 @@ def run_sweep(
     """Run (or continue) a sweep, then test its claims over knobs. See the module docstring."""
     out_dir = Path(out_dir)
     sweep_dir = out_dir / "sweeps" / hyp.name
-    optuna_study = open_optuna_study(hyp, out_dir, storage_url(hyp, out_dir, storage), str(hyp_path))
+    optuna_study = open_optuna_study(hyp, out_dir, storage_url(hyp, storage), str(hyp_path))
     target = n_trials or hyp.sweep.n_trials or hyp.sweep.grid_size()
     trained: list[str] = []
     with open_tracker(track, out_dir, f"{hyp.name}.sweep", role="sweep") as tracker:
