@@ -3,7 +3,8 @@
 A run's key is a hash of everything that determines the trained model and its measurements (dataset
 spec, resolved model, objective, training settings, seed, checkpoint epochs, probe set, and the
 versions of the data generator and the extraction protocol). Two hypothesis files that need the same
-run get the same key, so the run is trained once and reused.
+run get the same key, so the run is trained once and reused. An imported run (``design.source``) is
+keyed by the sha256 fingerprint of its files' content (and how they are read) in place of training.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class RunSpec(BaseModel):
     source: str = (
         "train"  # the run source that fills its folder (runners.sources); "train" stays out of the key
     )
+    # an imported run: the source's settings, its resolved path and its content fingerprint (None: trained)
+    imported: dict | None = None
 
     @property
     def label(self) -> str:
@@ -53,22 +56,24 @@ def run_key(payload: dict) -> str:
     payload["training"] = {k: v for k, v in payload["training"].items() if k != "compile"}
     if payload.get("source", "train") == "train":
         payload.pop("source", None)
+    if payload.get("imported") is None:
+        payload.pop("imported", None)
+    else:  # an imported run is its files' content: where they lie does not change it
+        payload["imported"] = {k: v for k, v in payload["imported"].items() if k not in ("path", "paths")}
     return digest(payload, 16)
 
 
 def plan_runs(hyp: Hypothesis) -> list[RunSpec]:
     """One RunSpec per (dataset, seed) of the design, in file order."""
     design = hyp.design
+    if design.source is not None:
+        return _plan_imports(hyp)
     runs = []
     objective = design.objective
     # plain supervised stays the string it always was (stable keys); anything else is its settings
     obj = "supervised" if objective == SupervisedObjective() else objective.model_dump()
     for ds in design.datasets:
-        dataset = ds.model_dump()
-        if "path" in dataset:  # on disk: resolve ${ENV} if set; fingerprint the content if present
-            path = resolve_path(dataset["path"], strict=False)
-            dataset["path"] = str(path) if path is not None else dataset["path"]
-            dataset["fingerprint"] = dataset_fingerprint(dataset) if path is not None else None
+        dataset = _dataset_payload(ds)
         for seed in design.seeds:
             payload = {
                 "dataset": dataset,
@@ -78,6 +83,42 @@ def plan_runs(hyp: Hypothesis) -> list[RunSpec]:
                 "seed": seed,
                 "checkpoints": design.checkpoint_epochs,
                 "probe": design.probe.model_dump(),
+            }
+            runs.append(RunSpec(key=run_key(payload), **payload))
+    return runs
+
+
+def _dataset_payload(ds) -> dict:
+    dataset = ds.model_dump()
+    if "path" in dataset:  # on disk: resolve ${ENV} if set; fingerprint the content if present
+        path = resolve_path(dataset["path"], strict=False)
+        dataset["path"] = str(path) if path is not None else dataset["path"]
+        dataset["fingerprint"] = dataset_fingerprint(dataset) if path is not None else None
+    return dataset
+
+
+def _plan_imports(hyp: Hypothesis) -> list[RunSpec]:
+    """Imported runs (``design.source``): keyed by their files' content fingerprint, not by training."""
+    from runners.imported import imported_record
+
+    design = hyp.design
+    source = design.source.model_dump()
+    runs = []
+    for ds in design.datasets:
+        dataset = _dataset_payload(ds)
+        for seed in design.seeds:
+            payload = {
+                "dataset": dataset,
+                "model": design.model.resolved(),
+                "objective": "none",  # nothing is trained
+                "training": {},
+                "seed": seed,
+                "checkpoints": design.checkpoint_epochs,
+                "probe": design.probe.model_dump(),
+                "source": source["kind"],
+                "imported": imported_record(
+                    source, dataset["name"], seed, design.checkpoint_epochs, len(design.seeds)
+                ),
             }
             runs.append(RunSpec(key=run_key(payload), **payload))
     return runs
