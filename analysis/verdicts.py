@@ -147,7 +147,12 @@ def _evaluate_one(view: TableView, claim, where: str, excluded: dict[int, str]) 
     except NotTestable as exc:
         nan = float("nan")
         return Outcome(
-            p_value=nan, effect=nan, ci=(nan, nan), seeds_excluded=excluded, not_testable=exc.message
+            p_value=nan,
+            effect=nan,
+            ci=(nan, nan),
+            seeds_excluded=excluded,
+            warnings=[f"not testable on this source: {exc.message}"],
+            not_testable=exc.message,
         )
 
 
