@@ -80,7 +80,9 @@ class RunFolder:
         """True when ``result.json`` says finished and ``spectra.npz`` (or imported ``rows.parquet``) exists."""
         result = self.read_result()
         return bool(
-            result and result.get("status") == "finished" and any(self.file(m).is_file() for m in MEASUREMENTS)
+            result
+            and result.get("status") == "finished"
+            and any(self.file(m).is_file() for m in MEASUREMENTS)
         )
 
     def has_spectra(self) -> bool:
