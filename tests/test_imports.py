@@ -267,6 +267,14 @@ def test_tgo_i_import_file_on_a_tgo_layout_log(tmp_path, capsys):
     ]
     assert child.data.tags["source.kind"] == "table" and child.data.tags["source.format"] == "jsonl"
     assert json.loads(child.data.tags["source.mapping"])["layers"]["Layer_00_PosEmbed"] == "pos_embed"
+    # the run folder gone, the import is fetched back from the tracking store (rows.parquet, not spectra)
+    import shutil
+
+    shutil.rmtree(out / "runs")
+    assert main(["run", str(hyp), "--out", str(out), "--data-root", f"source={log}", "--no-report"]) == 0
+    assert f"from MLflow run {child.info.run_id}" in capsys.readouterr().out
+    again = json.loads((out / "studies" / "tgo_i_import" / "verdicts.json").read_text())["claims"]
+    assert [c["details"] for c in again] == [c["details"] for c in verdicts]
 
 
 def test_tgo_log_per_seed_files_give_a_verdict(tmp_path, monkeypatch):
