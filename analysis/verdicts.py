@@ -9,7 +9,10 @@ Verdict rule (also in the README, "Read a verdict"):
   significant at 2.5% one-sided; for ``equivalence``, the CI lies entirely outside the margin; or, for an
   effect claim that declares a ``margin``, equivalence within that margin holds (TOST p < alpha);
 * INCONCLUSIVE: otherwise (including too few seeds or data that allow no test), reported with the
-  achieved power and the seeds needed for 80% power at the observed effect.
+  achieved power and the seeds needed for 80% power at the observed effect. A claim on fewer than 2
+  seeds says so ("1 seed: a test across seeds needs >= 2"); a claim whose metric the table lacks (e.g. an
+  imported metric log that does not record it) is "not testable on this source", and the other claims go
+  on.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from statsmodels.stats.multitest import multipletests
 
 from analysis.inference import bootstrap_ci, power_and_seeds_needed, tost
 from analysis.kinds import get_kind
-from analysis.kinds.base import Outcome, TableView
+from analysis.kinds.base import NotTestable, Outcome, TableView
 from core.fmt import fmt_num, fmt_p, unit_of
 
 ACCEPTED, REJECTED, INCONCLUSIVE = "ACCEPTED", "REJECTED", "INCONCLUSIVE"
@@ -121,6 +124,11 @@ def adjust(pvalues: list[float], method: str) -> list[float]:
 
 def decide(outcome: Outcome, p_adjusted: float, alpha: float, margin: float | None = None) -> tuple[str, str]:
     """The verdict rule (module docstring) and a one-phrase reason."""
+    if outcome.not_testable:
+        return INCONCLUSIVE, f"not testable on this source: {outcome.not_testable}"
+    n = len(outcome.seeds_used)
+    if n < 2:  # every claim is tested across seeds: one seed gives a description, never a verdict
+        return INCONCLUSIVE, f"{n} seed{'' if n == 1 else 's'}: a test across seeds needs >= 2"
     if not math.isnan(p_adjusted) and p_adjusted < alpha:
         return ACCEPTED, f"adjusted p < {alpha:g} in the claimed direction"
     if outcome.contradicted:
@@ -130,6 +138,22 @@ def decide(outcome: Outcome, p_adjusted: float, alpha: float, margin: float | No
         if not math.isnan(eq["p"]) and eq["p"] < alpha:
             return REJECTED, f"equivalence within +-{margin:g} holds (TOST p = {eq['p']:.3g})"
     return INCONCLUSIVE, "neither the claim nor its negation is supported"
+
+
+def _evaluate_one(view: TableView, claim, where: str, excluded: dict[int, str]) -> Outcome:
+    """The claim's kind evaluates it; a metric the table lacks makes it not testable instead of an error."""
+    try:
+        return get_kind(claim.kind).evaluate(view, claim, where=where, excluded=excluded)
+    except NotTestable as exc:
+        nan = float("nan")
+        return Outcome(
+            p_value=nan,
+            effect=nan,
+            ci=(nan, nan),
+            seeds_excluded=excluded,
+            warnings=[f"not testable on this source: {exc.message}"],
+            not_testable=exc.message,
+        )
 
 
 def evaluate_claims(
@@ -159,9 +183,7 @@ def evaluate_claims(
             else "; ".join(f"{d}: {w}" for d, w in r.items())
             for seed, r in reasons.items()
         }
-        outcomes.append(
-            get_kind(claim.kind).evaluate(view, claim, where=f"{source}: claims[{i}]", excluded=excluded)
-        )
+        outcomes.append(_evaluate_one(view, claim, f"{source}: claims[{i}]", excluded))
     families: dict[str, list[int]] = {}
     for i, c in enumerate(hyp.claims):
         families.setdefault("confirmatory" if c.confirmatory else f"exploratory/{c.adjust}", []).append(i)

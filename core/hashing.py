@@ -24,6 +24,10 @@ def digest(obj, length: int | None = None, compact: bool = True) -> str:
     return hashlib.sha256(canonical_json(obj, compact).encode()).hexdigest()[:length]
 
 
-def file_digest(path: str | Path) -> str:
-    """sha256 hex of a file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+def file_digest(path: str | Path, chunk: int = 1 << 22) -> str:
+    """sha256 hex of a file's bytes, read in ``chunk``-byte pieces (a checkpoint need not fit in memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

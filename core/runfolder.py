@@ -5,17 +5,22 @@ checkpoints or metric logs plug in the same way) and read by everything downstre
 report, tracking, reuse). Files:
 
 * ``result.json``: ``{"status": "finished" | "failed", "run": <run spec>, "n_tokens": {"{layer}/{token_set}":
-  n}, "history": [...], "environment": {...}, ...}``. Written last: a folder whose ``result.json`` says
+  n}, "history": [...], "environment": {...}, ...}``; an imported run adds ``"source"`` (kind, path,
+  fingerprint, format, the state-dict key or the name mapping used). Written last: a folder whose ``result.json`` says
   ``finished`` is a finished run, and nothing else is.
 * ``spectra.npz``: covariance eigenvalues ``(D,)`` float64, keyed :func:`spectrum_key`
-  (``"{epoch}/{layer}/{token_set}"``). Required for a finished run.
+  (``"{epoch}/{layer}/{token_set}"``). A finished run holds it, or ``rows.parquet`` instead.
+* ``rows.parquet`` (instead of ``spectra.npz``, for a run imported from a metric log, which has no
+  spectra): the run's tidy rows, columns ``analysis.table.COLUMNS`` (``layer_index`` is recomputed from the
+  design when the table is collected; ``n_tokens`` is -1 when the log does not say).
 * ``scalars.json`` (optional): activation observables, ``{"values": {"{epoch}/{layer}/{token_set}/{name}":
   value | null}, ...}``.
 * ``covariances.npz`` (optional): float32 ``(D, D)`` covariance snapshots keyed ``"{epoch}/{layer}"``.
 * ``checkpoints/epoch_NNN.pt`` (optional): weights at checkpoint epochs; ``resume.pt`` while a run is
   in progress.
 
-Every write is atomic (:mod:`core.io`). This module imports numpy only.
+Every write is atomic (:mod:`core.io`). This module imports numpy (and pandas inside the ``rows.parquet``
+reader and writer) only.
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
-from core.io import atomic_save_npz, atomic_write_json
+from core.io import atomic_path, atomic_save_npz, atomic_write_json
 
 RESULT, SPECTRA, SCALARS, COVARIANCES = "result.json", "spectra.npz", "scalars.json", "covariances.npz"
+ROWS = "rows.parquet"
 REQUIRED = (SPECTRA, RESULT)  # what a finished run must hold (and what a copy of it must carry)
-OPTIONAL = (COVARIANCES, SCALARS)
+MEASUREMENTS = (SPECTRA, ROWS)  # a finished run holds one of them: spectra, or imported rows
+OPTIONAL = (COVARIANCES, SCALARS, ROWS)
 
 
 def spectrum_key(epoch: int, layer: str, token_set: str) -> str:
@@ -70,9 +77,16 @@ class RunFolder:
             return None
 
     def is_finished(self) -> bool:
-        """True when ``result.json`` says finished and ``spectra.npz`` exists."""
+        """True when ``result.json`` says finished and ``spectra.npz`` (or imported ``rows.parquet``) exists."""
         result = self.read_result()
-        return bool(result and result.get("status") == "finished" and self.file(SPECTRA).is_file())
+        return bool(
+            result
+            and result.get("status") == "finished"
+            and any(self.file(m).is_file() for m in MEASUREMENTS)
+        )
+
+    def has_spectra(self) -> bool:
+        return self.file(SPECTRA).is_file()
 
     # ---- readers ----------------------------------------------------------------------------------
     def read_spectra(self) -> dict[str, np.ndarray]:
@@ -96,12 +110,23 @@ class RunFolder:
         with np.load(path) as f:
             return {(int(k.split("/")[0]), k.split("/")[1]): f[k] for k in f.files}
 
+    def read_rows(self):
+        """The imported tidy rows (``rows.parquet``) as a pandas DataFrame; raises what pandas raises."""
+        import pandas as pd
+
+        return pd.read_parquet(self.file(ROWS))
+
     # ---- writers ----------------------------------------------------------------------------------
     def write_result(self, result: dict) -> None:
         atomic_write_json(self.file(RESULT), result, indent=1)
 
     def write_spectra(self, spectra: dict[str, np.ndarray]) -> None:
         atomic_save_npz(self.file(SPECTRA), **spectra)
+
+    def write_rows(self, rows) -> None:
+        """Write imported tidy rows (a pandas DataFrame) to ``rows.parquet`` atomically."""
+        with atomic_path(self.file(ROWS)) as tmp:
+            rows.to_parquet(tmp, index=False)
 
     def merge_scalars(self, values: dict[str, float], meta: dict | None = None) -> None:
         """Add observables to ``scalars.json`` (read, merge, atomic write); NaN is stored as null.

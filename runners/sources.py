@@ -1,9 +1,14 @@
 """Run sources: what fills a run folder. Training is one source; imported runs plug in beside it.
 
 A run's ``source`` (``RunSpec.source``, default ``train``) names the :class:`RunSource` that fills its
-folder ``runs/<key>/``. Orchestration calls a source at two points only, so a new source (imported
-checkpoints, an imported metric log, ...) is one class registered in :data:`SOURCES` and nothing else
-changes. A source must:
+folder ``runs/<key>/``. Orchestration calls a source at three points only, so a new source is one class
+registered in :data:`SOURCES` and nothing else changes. Registered: ``train`` (a timm ViT trained with
+the run's objective), ``checkpoints`` (a seed's saved weights measured exactly as a trained run is) and
+``table`` (an imported metric log's rows; no spectra). A source must:
+
+* ``check(run)``: raise a one-line ``StudyError`` for bad input (a missing folder, a checkpoint that does
+  not fit the model, an unmapped name in a log, ...) before anything is recorded; called for every run
+  that is not finished yet, in the main process, before the tracker opens.
 
 * ``prepare(run, data_dir)``: make what its runs share ready once, in the main process, before any
   worker starts (generate or decode a dataset into ``data_dir``, fingerprint imported files); return a
@@ -26,6 +31,8 @@ from pathlib import Path
 from typing import Protocol
 
 from core.hashing import digest
+from core.layers import layer_names
+from core.runfolder import RunFolder
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,10 @@ class DataRecord:
 class RunSource(Protocol):
     name: str
 
+    def check(self, run: dict) -> None:
+        """Raise StudyError for bad input before anything is recorded (see the module docstring)."""
+        ...
+
     def prepare(self, run: dict, data_dir: str | Path) -> DataRecord | None:
         """Make the run's shared inputs ready (see the module docstring)."""
         ...
@@ -64,6 +75,11 @@ class TrainingSource:
     """Train a timm ViT with the run's objective and measure its spectra (``runners.train``)."""
 
     name = "train"
+
+    def check(self, run: dict) -> None:
+        from runners.datasets import check_dataset_folder
+
+        check_dataset_folder(run["dataset"])
 
     def prepare(self, run: dict, data_dir: str | Path) -> DataRecord:
         from runners.data import load_split, num_classes
@@ -82,7 +98,83 @@ class TrainingSource:
         return train_run(run, run_dir, data_dir, progress=progress, bar=bar)
 
 
-SOURCES: dict[str, RunSource] = {"train": TrainingSource()}
+class CheckpointSource:
+    """Saved checkpoints of the design's timm ViT, one folder per seed (``runners.checkpoints``)."""
+
+    name = "checkpoints"
+
+    def check(self, run: dict) -> None:
+        from runners.checkpoints import check_checkpoints
+        from runners.datasets import check_dataset_folder
+
+        check_dataset_folder(run["dataset"])
+        check_checkpoints(run)
+
+    def prepare(self, run: dict, data_dir: str | Path) -> DataRecord:
+        from runners.data import load_split
+
+        ds, probe = run["dataset"], run["probe"]
+        shape = list(load_split(ds, "probe", data_dir, probe["size"], probe["seed"])[0].shape)
+        return DataRecord(ds["name"], ds, digest(ds, 16), {"probe": shape})
+
+    def fill(
+        self, run: dict, run_dir: str | Path, data_dir: str | Path, progress=None, bar: bool = False
+    ) -> dict:
+        from runners.checkpoints import import_checkpoints
+
+        return import_checkpoints(run, run_dir, data_dir, progress=progress)
+
+
+class TableSource:
+    """An imported metric log (``runners.imported``): its rows go to ``rows.parquet``, no spectra."""
+
+    name = "table"
+
+    def check(self, run: dict) -> None:
+        from runners.imported import read_metric_log
+
+        read_metric_log(run, layer_names(run["model"]["depth"]))
+
+    def prepare(self, run: dict, data_dir: str | Path) -> DataRecord:
+        ds = run["dataset"]
+        return DataRecord(ds["name"], ds, digest(ds, 16), {"log": run["imported"]["path"]})
+
+    def fill(
+        self, run: dict, run_dir: str | Path, data_dir: str | Path, progress=None, bar: bool = False
+    ) -> dict:
+        from core.provenance import git_state, package_versions
+        from runners.imported import read_metric_log
+
+        rows, mapping = read_metric_log(run, layer_names(run["model"]["depth"]))
+        rec = run["imported"]
+        folder = RunFolder(run_dir)
+        folder.path.mkdir(parents=True, exist_ok=True)
+        folder.write_rows(rows)
+        if progress is not None:
+            inferred = mapping["inferred_layers"]
+            named = ", ".join(f"{k} -> {mapping['layers'][k]}" for k in inferred) or "none"
+            progress(
+                f"[{run['dataset']['name']}/seed{run['seed']}] imported {len(rows)} rows from {rec['path']} "
+                f"({rec.get('format')}); layer names inferred: {named}"
+            )
+        source = {k: rec.get(k) for k in ("kind", "path", "fingerprint", "format")}
+        result = {
+            "status": "finished",
+            "run": run,
+            "history": [],
+            "n_tokens": {},
+            "environment": {**package_versions(("numpy", "pandas", "pyarrow")), **git_state()},
+            "source": {**source, "mapping": mapping, "epochs": sorted(int(e) for e in rows.epoch.unique())},
+        }
+        folder.write_result(result)
+        return result
+
+
+SOURCES: dict[str, RunSource] = {
+    "train": TrainingSource(),
+    "checkpoints": CheckpointSource(),
+    "table": TableSource(),
+}
 
 
 def get_source(name: str) -> RunSource:

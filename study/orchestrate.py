@@ -1,6 +1,6 @@
 """``python -m study run``: the stages of ``study.stages`` in order, with the tracker around them.
 
-    plan -> triage (finished here / finished in the store / to do) -> prepare data -> execute
+    plan -> check inputs -> triage (finished here / finished in the store / to do) -> prepare data -> execute
       -> collect the table -> evaluate -> write outputs and the report -> log results
 
 A finished run is never trained again (``force`` retrains); a run finished in the MLflow store (e.g. by
@@ -66,13 +66,11 @@ def run_study(
         report: write ``report.html``/``report.md`` into the study folder (and log them to MLflow).
         command: the command line that started this, recorded in MLflow and the report.
     """
-    from runners.datasets import check_dataset_folder
-
     out_dir = Path(out_dir)
     runs_dir, data_dir, study_dir = out_dir / "runs", out_dir / "data", out_dir / "studies" / hyp.name
-    for ds in hyp.design.datasets:  # bad data paths stop the study before anything is written
-        check_dataset_folder(ds.model_dump())
     specs = stages.plan(hyp, data_dir, record=True, log=log)  # on-disk fingerprints recorded for other hosts
+    # bad data paths or imports stop the study before anything is written or recorded
+    stages.check_inputs(specs, runs_dir, force)
     with open_tracker(track, out_dir, hyp.name, log_model) as tracker:
         tri = stages.triage(specs, runs_dir, {} if force else tracker.finished_runs(), force)
         stages.fetch_stored(tri, specs, runs_dir, tracker)

@@ -8,7 +8,8 @@ run get the same key, so the run is trained once and reused.
 An on-disk dataset enters the key by its content fingerprint and the loader's version, never by its path.
 ``run`` records the fingerprint in ``<out>/data/fingerprints.json``; planning against that folder
 elsewhere (``table`` on a host without the data) reuses it, so the keys do not depend on where, or
-whether, the data are present (``runners.datasets.resolve_fingerprint``).
+whether, the data are present (``runners.datasets.resolve_fingerprint``). An imported run (``design.source``) is keyed by the sha256
+fingerprint of its files' content (and how they are read) in place of training.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class RunSpec(BaseModel):
     source: str = (
         "train"  # the run source that fills its folder (runners.sources); "train" stays out of the key
     )
+    # an imported run: the source's settings, its resolved path and its content fingerprint (None: trained)
+    imported: dict | None = None
 
     @property
     def label(self) -> str:
@@ -62,6 +65,10 @@ def run_key(payload: dict) -> str:
     payload["training"] = {k: v for k, v in payload["training"].items() if k != "compile"}
     if payload.get("source", "train") == "train":
         payload.pop("source", None)
+    if payload.get("imported") is None:
+        payload.pop("imported", None)
+    else:  # an imported run is its files' content: where they lie does not change it
+        payload["imported"] = {k: v for k, v in payload["imported"].items() if k not in ("path", "paths")}
     return digest(payload, 16)
 
 
@@ -75,16 +82,14 @@ def plan_runs(hyp: Hypothesis, data_dir: str | Path | None = None, record: bool 
         record: record the fingerprint of each on-disk dataset's folder (``run``, with the data present).
     """
     design = hyp.design
+    if design.source is not None:
+        return _plan_imports(hyp)
     runs = []
     objective = design.objective
     # plain supervised stays the string it always was (stable keys); anything else is its settings
     obj = "supervised" if objective == SupervisedObjective() else objective.model_dump()
     for ds in design.datasets:
-        dataset = ds.model_dump()
-        if "path" in dataset:  # on disk: resolve ${ENV} if set; the recorded or the content's fingerprint
-            path = resolve_path(dataset["path"], strict=False)
-            dataset["path"] = str(path) if path is not None else dataset["path"]
-            dataset["fingerprint"] = resolve_fingerprint(dataset, data_dir, record)
+        dataset = _dataset_payload(ds, data_dir, record)
         for seed in design.seeds:
             payload = {
                 "dataset": dataset,
@@ -104,3 +109,39 @@ def unknown_fingerprints(plan: list[RunSpec]) -> list[str]:
     return list(
         dict.fromkeys(s.dataset["name"] for s in plan if "path" in s.dataset and not s.dataset["fingerprint"])
     )
+
+
+def _dataset_payload(ds, data_dir=None, record: bool = False) -> dict:
+    dataset = ds.model_dump()
+    if "path" in dataset:  # on disk: resolve ${ENV} if set; the recorded or the content's fingerprint
+        path = resolve_path(dataset["path"], strict=False)
+        dataset["path"] = str(path) if path is not None else dataset["path"]
+        dataset["fingerprint"] = resolve_fingerprint(dataset, data_dir, record)
+    return dataset
+
+
+def _plan_imports(hyp: Hypothesis) -> list[RunSpec]:
+    """Imported runs (``design.source``): keyed by their files' content fingerprint, not by training."""
+    from runners.imported import imported_record
+
+    design = hyp.design
+    source = design.source.model_dump()
+    runs = []
+    for ds in design.datasets:
+        dataset = _dataset_payload(ds)
+        for seed in design.seeds:
+            payload = {
+                "dataset": dataset,
+                "model": design.model.resolved(),
+                "objective": "none",  # nothing is trained
+                "training": {},
+                "seed": seed,
+                "checkpoints": design.checkpoint_epochs,
+                "probe": design.probe.model_dump(),
+                "source": source["kind"],
+                "imported": imported_record(
+                    source, dataset["name"], seed, design.checkpoint_epochs, len(design.seeds)
+                ),
+            }
+            runs.append(RunSpec(key=run_key(payload), **payload))
+    return runs

@@ -28,7 +28,7 @@ from analysis.kinds.base import Condition, Subset  # noqa: F401 - part of the sc
 from analysis.observables import ALL_METRICS
 from core.errors import StudyError
 from core.knobs import INTEGER_KNOBS, Knob
-from core.layers import TokenSet, layer_names
+from core.layers import TOKEN_SETS, TokenSet, layer_names
 
 
 class _Strict(BaseModel):
@@ -130,6 +130,14 @@ class ImageFolderDataset(_DiskDataset):
     classes: list[str] | None = Field(None, min_length=2)
 
 
+class ExternalDataset(_Strict):
+    """A dataset known by name only, for a metric log imported with ``design.source: {kind: table}``:
+    its images are never read, so it has no path and nothing is generated."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    kind: Literal["external"]
+
+
 def _dataset_kind(v: object) -> str:
     if isinstance(v, dict):
         return v.get("kind", "procedural")  # files written before real datasets existed have no kind
@@ -141,10 +149,11 @@ DatasetSpec = Annotated[
     | Annotated[Cifar100Dataset, Tag("cifar100")]
     | Annotated[TinyImageNetDataset, Tag("tiny_imagenet")]
     | Annotated[UCMercedDataset, Tag("ucmerced")]
-    | Annotated[ImageFolderDataset, Tag("imagefolder")],
+    | Annotated[ImageFolderDataset, Tag("imagefolder")]
+    | Annotated[ExternalDataset, Tag("external")],
     Discriminator(_dataset_kind),
 ]
-DATASET_KINDS = ("procedural", "cifar100", "tiny_imagenet", "ucmerced", "imagefolder")
+DATASET_KINDS = ("procedural", "cifar100", "tiny_imagenet", "ucmerced", "imagefolder", "external")
 
 MODEL_PRESETS: dict[str, dict] = {
     # 12 blocks keep the papers' depth; D=64 with 4 heads is what 2 CPU cores train in minutes.
@@ -337,6 +346,89 @@ class ProbeSpec(_Strict):
     covariance_epochs: Literal["first_last", "none"] | list[int] = "first_last"
 
 
+# --------------------------------------------------------------------------------------------------
+# Run sources: training (no ``source``), or runs imported from disk (runners.sources)
+# --------------------------------------------------------------------------------------------------
+class _ImportedSource(_Strict):
+    """Where imported runs live: ``path`` (one template for every seed) or ``paths`` (seed -> path).
+
+    A path may hold ``${ENV_VAR}`` (or be replaced with ``--data-root source=PATH``), ``{seed}`` and
+    ``{dataset}`` (filled in per run). It is resolved when the study runs; the run key holds a fingerprint
+    of the files' content, not the path.
+    """
+
+    path: str | None = Field(None, min_length=1)
+    paths: dict[int, str] | None = None
+
+    @model_validator(mode="after")
+    def _one_path(self):
+        if (self.path is None) == (self.paths is None):
+            raise ValueError("give either path (a template with {seed}) or paths (seed -> path)")
+        return self
+
+
+class CheckpointsSource(_ImportedSource):
+    """Checkpoints of a timm ViT (``design.model``), one folder per seed, spectra measured on the probe set.
+
+    A folder holds ``epoch_NNN.pt`` / ``.pth`` / ``.safetensors`` files (``design.checkpoints`` names the
+    epochs imported), or one un-numbered checkpoint when ``design.checkpoints`` lists one epoch. A file is a
+    state dict, or holds one under ``model``, ``state_dict``, ``model_state_dict`` or ``teacher``.
+    """
+
+    kind: Literal["checkpoints"]
+
+
+class TableSource(_ImportedSource):
+    """An imported metric log: a tidy table (``.csv``/``.parquet``, columns of ``analysis.table``) or
+    JSON lines, one object per epoch: ``{"epoch": 1, "layers": {"<layer>": {"<metric>": value}}}``.
+
+    ``layers`` maps the file's layer names to observation points (``block_05``, or ``norm/cls`` for one token
+    set; ``null`` skips a layer); ``metrics`` maps metric names (``null`` skips). Names left out are
+    inferred when unambiguous (our own names; TGO-I's ``Layer_05_Block05``-style names) and reported.
+    ``token_set``: the token set of a layer whose mapping names none. The seed is the file's (``{seed}`` in
+    the path, or ``paths``), or each line's ``seed_field`` / the table's ``seed`` column.
+    """
+
+    kind: Literal["table"]
+    format: Literal["auto", "tidy", "jsonl"] = "auto"  # auto: .jsonl/.json -> jsonl, .csv/.parquet -> tidy
+    layers: dict[str, str | None] | None = None
+    metrics: dict[str, str | None] | None = None
+    token_set: TokenSet = "all"
+    seed_field: str = "seed"
+
+    @field_validator("layers")
+    @classmethod
+    def _points(cls, v: dict | None) -> dict | None:
+        for name, target in (v or {}).items():
+            if target is not None:
+                layer, _, tset = target.partition("/")
+                if tset and tset not in TOKEN_SETS:
+                    raise ValueError(f"layer {name!r}: expected 'layer' or 'layer/token_set', got {target!r}")
+        return v
+
+    @field_validator("metrics")
+    @classmethod
+    def _metric_names(cls, v: dict | None) -> dict | None:
+        for name, target in (v or {}).items():
+            if target is not None and target not in ALL_METRICS:
+                raise ValueError(
+                    f"metric {name!r}: unknown metric {target!r}; expected one of {list(ALL_METRICS)}"
+                )
+        return v
+
+
+def _source_kind(v: object) -> str:
+    kind = v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
+    return f"{kind}_source"
+
+
+SourceSpec = Annotated[
+    Annotated[CheckpointsSource, Tag("checkpoints_source")] | Annotated[TableSource, Tag("table_source")],
+    Discriminator(_source_kind),
+]
+SOURCE_TAGS = ("checkpoints_source", "table_source")
+
+
 class Design(_Strict):
     datasets: list[DatasetSpec] = Field(min_length=1)
     model: ModelSpec = ModelSpec()
@@ -345,6 +437,7 @@ class Design(_Strict):
     seeds: list[int] = Field(min_length=1)
     checkpoints: list[int] | None = None  # epochs at which spectra are measured; default: last epoch
     probe: ProbeSpec = ProbeSpec()
+    source: SourceSpec | None = None  # None: train every run; else import them (objective/training unused)
 
     @model_validator(mode="before")
     @classmethod
@@ -392,9 +485,11 @@ class Design(_Strict):
         names = [d.name for d in self.datasets]
         if len(set(names)) != len(names):
             raise ValueError(f"dataset names must be unique, got {names}")
-        for ep in self.checkpoint_epochs:
-            if not 0 <= ep <= self.training.epochs:
-                raise ValueError(f"checkpoint epoch {ep} outside 0..{self.training.epochs}")
+        if self.source is None:
+            for ep in self.checkpoint_epochs:
+                if not 0 <= ep <= self.training.epochs:
+                    raise ValueError(f"checkpoint epoch {ep} outside 0..{self.training.epochs}")
+        self._check_source()
         m = self.model.resolved()
         if "embed_dim" in m and "num_heads" in m and m["embed_dim"] % m["num_heads"]:
             raise ValueError(f"embed_dim {m['embed_dim']} is not divisible by num_heads {m['num_heads']}")
@@ -414,9 +509,54 @@ class Design(_Strict):
                     )
         return self
 
+    def _check_source(self) -> None:
+        """An import source's paths cover every seed and dataset; its layer names exist in the model."""
+        src = self.source
+        external = [d.name for d in self.datasets if d.kind == "external"]
+        if external and (src is None or src.kind != "table"):
+            raise _FieldError(
+                "design.datasets", f"dataset {external[0]!r} (kind external) needs a table source"
+            )
+        if src is None:
+            return
+        if src.kind == "checkpoints" and not self.checkpoints:
+            raise _FieldError(
+                "design.checkpoints", "required with a checkpoints source (the epochs to import)"
+            )
+        if src.paths is not None and set(src.paths) != set(self.seeds):
+            raise _FieldError(
+                "design.source.paths",
+                f"expected one path per seed {self.seeds}, got seeds {sorted(src.paths)}",
+            )
+        templates = [src.path] if src.path is not None else list(src.paths.values())
+        if (
+            src.path is not None
+            and len(self.seeds) > 1
+            and src.kind == "checkpoints"
+            and "{seed}" not in src.path
+        ):
+            raise _FieldError(
+                "design.source.path", f"expected {{seed}} in the path (one folder per seed), got {src.path!r}"
+            )
+        if (
+            len(self.datasets) > 1
+            and src.kind == "checkpoints"
+            and any("{dataset}" not in t for t in templates)
+        ):
+            raise _FieldError("design.source.path", "expected {dataset} in the path (several datasets)")
+        for name, target in (getattr(src, "layers", None) or {}).items():
+            if target is not None and target.partition("/")[0] not in self.layers:
+                raise _FieldError(
+                    f"design.source.layers.{name}",
+                    f"unknown layer {target.partition('/')[0]!r}; expected one of {self.layers}",
+                )
+
     @property
     def checkpoint_epochs(self) -> list[int]:
-        return sorted(set(self.checkpoints)) if self.checkpoints else [self.training.epochs]
+        """Epochs measured. A table source without ``checkpoints`` takes every epoch of its log: []."""
+        if self.checkpoints:
+            return sorted(set(self.checkpoints))
+        return [] if self.source is not None and self.source.kind == "table" else [self.training.epochs]
 
     @property
     def layers(self) -> list[str]:
@@ -425,18 +565,26 @@ class Design(_Strict):
 
 
 def with_data_roots(hyp: Hypothesis, roots: dict[str, str], file: str | None = None) -> Hypothesis:
-    """A copy of ``hyp`` whose on-disk datasets named in ``roots`` (name -> folder) get those paths."""
+    """A copy of ``hyp`` whose on-disk datasets named in ``roots`` (name -> folder) get those paths.
+
+    The name ``source`` sets the path (template) of an import source (``design.source.path``).
+    """
     known = {d.name: d for d in hyp.design.datasets}
+    source = hyp.design.source
     for name in roots:
-        if name not in known or not hasattr(known[name], "path"):
-            disk = sorted(n for n, d in known.items() if hasattr(d, "path"))
+        if (name not in known or not hasattr(known[name], "path")) and not (name == "source" and source):
+            disk = sorted(n for n, d in known.items() if hasattr(d, "path")) + (["source"] if source else [])
             raise StudyError(
                 f"expected the name of an on-disk dataset {disk}, got {name!r}", file, "--data-root"
             )
     datasets = [
-        d.model_copy(update={"path": roots[d.name]}) if d.name in roots else d for d in hyp.design.datasets
+        d.model_copy(update={"path": roots[d.name]}) if d.name in roots and d.name in known else d
+        for d in hyp.design.datasets
     ]
-    return hyp.model_copy(update={"design": hyp.design.model_copy(update={"datasets": datasets})})
+    update: dict = {"datasets": datasets}
+    if source is not None and "source" in roots:
+        update["source"] = source.model_copy(update={"path": roots["source"], "paths": None})
+    return hyp.model_copy(update={"design": hyp.design.model_copy(update=update)})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -626,7 +774,7 @@ class Hypothesis(_Strict):
                     )
                 if what == "layer" and value not in layers:
                     raise _FieldError(where, f"unknown layer {value!r}; expected one of {self.design.layers}")
-                if what == "epoch" and value != "last" and value not in epochs:
+                if what == "epoch" and value != "last" and epochs and value not in epochs:
                     raise _FieldError(where, f"expected a checkpoint epoch {epochs} or 'last', got {value}")
         return self
 
@@ -646,6 +794,7 @@ def _loc(loc: tuple) -> str:
         elif part in (
             *DATASET_KINDS,
             *CLAIM_KINDS,
+            *SOURCE_TAGS,
             "supervised",
             "dino",
         ):  # discriminator tags pydantic inserts

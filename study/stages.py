@@ -1,6 +1,7 @@
 """The stages of a study, each a function from one artifact to the next, callable on its own.
 
-    plan -> triage -> (fetch stored) -> prepare data -> execute -> collect table -> evaluate -> write
+    plan -> check inputs -> triage -> (fetch stored) -> prepare data -> execute -> collect table
+      -> evaluate -> write
 
 ``study.orchestrate.run_study`` runs them in order for ``python -m study run``; the ``table`` verb calls
 :func:`collect_table` alone, and a sweep can call any of them per trial. Output folder layout::
@@ -25,7 +26,7 @@ from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
 from core.errors import StudyError
 from core.hashing import canonical_json
 from core.io import atomic_write_json, atomic_write_text
-from core.runfolder import SPECTRA, RunFolder
+from core.runfolder import ROWS, SPECTRA, RunFolder
 from study.planner import RunSpec, plan_runs
 from study.schema import Hypothesis
 
@@ -87,6 +88,23 @@ def plan(
                 f"(fingerprint {old} -> {s.dataset['fingerprint']}): its runs get new keys"
             )
     return specs
+
+
+def check_inputs(specs: list[RunSpec], runs_dir: Path, force: bool = False) -> None:
+    """Stage 1b: each run's source checks its inputs (``RunSource.check``): bad input stops the study with
+    one line before anything is written or recorded. Runs finished here (and not forced) are skipped: they
+    were checked when filled, and their key holds their inputs' fingerprint."""
+    from runners.sources import get_source
+
+    checked: set[str] = set()
+    for spec in specs:
+        run = spec.model_dump()
+        # a training run checks its dataset folder, which its seeds share: once per dataset
+        token = dataset_key(spec.dataset) if spec.source == "train" else spec.key
+        if token in checked or (not force and RunFolder(runs_dir / spec.key).is_finished()):
+            continue
+        checked.add(token)
+        get_source(spec.source).check(run)
 
 
 def triage(
@@ -195,8 +213,22 @@ def execute(
 
 
 def run_rows(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
-    """Tidy rows of one finished run, from its folder alone; one-line error naming an unreadable artifact."""
+    """Tidy rows of one finished run, from its folder alone; one-line error naming an unreadable artifact.
+
+    A run imported from a metric log holds its rows (``rows.parquet``) instead of spectra.
+    """
     folder = RunFolder(run_dir)
+    if not folder.has_spectra() and folder.file(ROWS).is_file():
+        try:
+            rows = folder.read_rows()
+        except Exception as exc:  # noqa: BLE001 - a truncated parquet surfaces as many exception types
+            raise StudyError(
+                f"run {spec.label} (key {spec.key}): artifact {ROWS} is corrupt "
+                f"({type(exc).__name__}: {exc}); rerun with --force to import it again",
+                str(folder.file(ROWS)),
+            ) from None
+        order = {name: i for i, name in enumerate(layers)}
+        return rows.assign(run_key=spec.key, layer_index=rows.layer.map(order).fillna(-1).astype(int))
     try:
         spectra = folder.read_spectra()
     except Exception as exc:  # noqa: BLE001 - a missing/truncated npz surfaces as many exception types

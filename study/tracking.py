@@ -9,12 +9,15 @@ Layout, chosen to read naturally in the MLflow UI:
   hypothesis file, the tidy table, the verdicts, ``reused_runs.json`` and the report
   (``report.html``, ``report.md``); metrics ``claim_N/{effect,ci_low,ci_high,p_value,p_adjusted}``;
   its description (``mlflow.note.content``) is the verdict table;
-* a nested **child run** per trained model: its spec as params; tags ``run_key``, ``git_commit``,
-  ``git_dirty``, ``spec_hash`` (sha256 of the run spec); ``train/*`` metrics per epoch and spectral
+* a nested **child run** per trained (or imported) model: its spec as params; tags ``run_key``,
+  ``git_commit``, ``git_dirty``, ``spec_hash`` (sha256 of the run spec); ``train/*`` metrics per epoch and spectral
   metrics named ``{metric}/{layer}/{token_set}`` with step = epoch (names reduced to the characters
   MLflow allows); artifacts ``spectra.npz`` (the eigenvalues), ``result.json`` and, when recorded,
   ``covariances.npz``; the dataset through ``log_inputs`` (a numpy dataset whose digest is the dataset
-  spec hash and whose source carries the spec). Model weights only with ``log_model=True``.
+  spec hash and whose source carries the spec). Model weights only with ``log_model=True``. An imported
+  run (``runners.sources``) is tagged ``source.kind``, ``source.path``, ``source.fingerprint``,
+  ``source.format`` and ``source.mapping`` or ``source.state_dict_key``; a metric log's run carries
+  ``rows.parquet`` (its tidy rows) in place of ``spectra.npz``.
 
 A finished child run is found again by its ``run_key`` tag (searched across experiments), so another
 hypothesis file that needs the same run reuses it instead of training again (:meth:`Tracker.fetch_run`).
@@ -40,7 +43,7 @@ import pandas as pd
 from core.errors import StudyError
 from core.hashing import digest, file_digest
 from core.provenance import git_state
-from core.runfolder import OPTIONAL, REQUIRED, parse_spectrum_key
+from core.runfolder import OPTIONAL, REQUIRED, RESULT, ROWS, SPECTRA, parse_spectrum_key
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
@@ -254,6 +257,8 @@ class Tracker:
         tags.update({k: str(v)[:_TAG_MAX] for k, v in (extra or {}).items()})
         if result.get("environment"):
             tags.update({f"env.{k}": str(v) for k, v in result["environment"].items()})
+        if result.get("source"):  # an imported run: where it came from and how it was read
+            tags.update(_source_tags(result["source"]))
         run = self.client.create_run(self.experiment_id, run_name=spec.label, tags=tags)
         rid = run.info.run_id
         params = _flatten("", {k: v for k, v in spec.model_dump().items() if k != "key"}, {})
@@ -343,9 +348,11 @@ class Tracker:
         with tempfile.TemporaryDirectory() as tmp:
             listed = {a.path for a in self.client.list_artifacts(rid)}
             got: dict[str, Path] = {}
-            for name in RUN_ARTIFACTS_REQUIRED + RUN_ARTIFACTS_OPTIONAL:
+            # a run imported from a metric log holds tidy rows instead of spectra (core.runfolder)
+            required = (RESULT, ROWS) if ROWS in listed and SPECTRA not in listed else RUN_ARTIFACTS_REQUIRED
+            for name in dict.fromkeys(RUN_ARTIFACTS_REQUIRED + RUN_ARTIFACTS_OPTIONAL):
                 if name not in listed:
-                    if name in RUN_ARTIFACTS_REQUIRED:
+                    if name in required:
                         raise StudyError(
                             f"{where}: artifact {name} is missing from the tracking store; "
                             "rerun with --force to retrain it",
@@ -365,18 +372,12 @@ class Tracker:
                     raise ValueError(f"status {result.get('status')!r}, expected 'finished'")
             except (OSError, ValueError) as exc:
                 raise StudyError(f"{where}: artifact result.json is corrupt ({exc})", self.uri) from None
+            measured = SPECTRA if SPECTRA in got else ROWS
             try:
-                with np.load(got["spectra.npz"]) as f:
-                    keys = list(f.files)
-                    for k in keys:
-                        f[k]  # noqa: B018 - reading every array is what detects a truncated file
-                if not keys:
-                    raise ValueError("no '{epoch}/{layer}/{token_set}' keys")
-                for k in keys:
-                    parse_spectrum_key(k)
-            except Exception as exc:  # noqa: BLE001 - zip/pickle/value errors all mean a corrupt file
+                _check_measurements(got[measured])
+            except Exception as exc:  # noqa: BLE001 - zip/pickle/parquet/value errors all mean a corrupt file
                 raise StudyError(
-                    f"{where}: artifact spectra.npz is corrupt ({type(exc).__name__}: {exc}); "
+                    f"{where}: artifact {measured} is corrupt ({type(exc).__name__}: {exc}); "
                     "rerun with --force to retrain it",
                     self.uri,
                 ) from None
@@ -393,6 +394,32 @@ class Tracker:
         items = [Param(k, str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i : i + 100])
+
+
+def _source_tags(source: dict) -> dict[str, str]:
+    """Tags of an imported run (``result.json``'s ``source``): ``source.kind``, ``source.path``,
+    ``source.fingerprint``, ``source.format``, ``source.mapping`` and ``source.state_dict_key``."""
+    tags = {f"source.{k}": str(source[k]) for k in ("kind", "path", "fingerprint", "format") if k in source}
+    for k in ("mapping", "state_dict_key"):
+        if source.get(k) is not None:
+            value = source[k] if isinstance(source[k], str) else json.dumps(source[k], sort_keys=True)
+            tags[f"source.{k}"] = value[:_TAG_MAX]
+    return tags
+
+
+def _check_measurements(path: Path) -> None:
+    """Read a downloaded ``spectra.npz`` in full (or ``rows.parquet``); raise on a truncated or odd file."""
+    if path.name == ROWS:
+        pd.read_parquet(path)
+        return
+    with np.load(path) as f:
+        keys = list(f.files)
+        for k in keys:
+            f[k]  # noqa: B018 - reading every array is what detects a truncated file
+    if not keys:
+        raise ValueError("no '{epoch}/{layer}/{token_set}' keys")
+    for k in keys:
+        parse_spectrum_key(k)
 
 
 class NullTracker:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -124,11 +126,14 @@ def test_failed_seed_is_reported_excluded():
     assert r.n_seeds == 4
 
 
-def test_missing_metric_is_one_line_error():
+def test_missing_metric_is_not_testable_not_an_error():
     table = simulate_layer_table("u", 3, 3.0, np.random.default_rng(0))
     table["metric"] = "stable_rank"
-    with pytest.raises(StudyError, match="claims\\[0\\]: metric: 'eed_pct' is not in the table"):
-        evaluate_claims(HYP, table, source="f.yaml")
+    r = evaluate_claims(HYP, table, source="f.yaml")[0]
+    assert r.verdict == INCONCLUSIVE and math.isnan(r.p_value) and math.isnan(r.p_adjusted)
+    assert r.reason == (
+        "not testable on this source: metric 'eed_pct' is not in the table (it has ['stable_rank'])"
+    )
 
 
 def test_missing_layer_is_one_line_error():

@@ -48,7 +48,9 @@ def report_budget(wait_for_two: bool) -> int:
 
 def test_the_last_running_job_gets_the_free_cores():
     # 2 workers x 1 thread, 2 jobs: once the short one ends nothing waits, so the long one gets 2 threads
-    out = {i: (r, e) for i, r, e in ProcessExecutor(2, threads=1).map_jobs(report_budget, [(False,), (True,)])}
+    out = {
+        i: (r, e) for i, r, e in ProcessExecutor(2, threads=1).map_jobs(report_budget, [(False,), (True,)])
+    }
     assert out[0] == (1, None) and out[1] == (2, None)
 
 

@@ -164,13 +164,21 @@ def test_nonfinite_values_exclude_the_seed(table):
     assert 2 in r.seeds_excluded and r.n_seeds == 4
 
 
+@pytest.mark.parametrize("kind", list(CLAIMS))
+def test_missing_metric_is_not_testable_and_the_others_go_on(kind, table):
+    absent = {**CLAIMS[kind], "metric": "twonn_id"}  # a metric the table does not hold
+    gone, kept = evaluate_claims(_hyp(absent, CLAIMS[kind]), table, source="f.yaml")
+    assert gone.verdict == INCONCLUSIVE and gone.reason.startswith("not testable on this source: metric")
+    assert gone.n_seeds == 0 and any("not testable" in w for w in gone.warnings)
+    assert kept.n_seeds == 5 and math.isfinite(kept.p_value)
+
+
 @pytest.mark.parametrize(
     "kind,drop,match",
     [
         ("trend", ("layer", "block_07"), "block_07"),
         ("extremum", ("layer", "norm"), "norm"),
         ("ordering", ("dataset", "mixed"), "'mixed' is not in the table"),
-        ("compare", ("metric", "eed_pct"), "'eed_pct' is not in the table"),
         ("equivalence", ("epoch", 8), "epoch 4 is not in the table"),
     ],
 )

@@ -156,6 +156,7 @@ class Outcome:
         std_effect: standardised effect (mean / sd of the binding test's per-seed values) in the claimed
             direction; the basis of the power and seeds-needed numbers of an inconclusive claim.
         two_sided: the binding test is two-sided (power is computed at alpha / 2 per side).
+        not_testable: non-empty when the table holds nothing to test the claim on (:class:`NotTestable`).
     """
 
     p_value: float
@@ -170,6 +171,7 @@ class Outcome:
     std_effect: float = float("nan")
     two_sided: bool = False
     labellings_per_seed: int = 0  # randomisation tests: K! (JT) or 2 (sign flips); p >= this^-S. 0 = t-based
+    not_testable: str = ""  # why the table cannot test the claim at all (e.g. its metric is absent)
 
 
 def std_effect(test: dict, sign: float = 1.0) -> float:
@@ -189,10 +191,16 @@ def few_seeds_warning(n: int, p: float) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 # Table access
 # --------------------------------------------------------------------------------------------------
+class NotTestable(StudyError):
+    """The table has no rows of the claim's metric: a source that does not measure it (an imported metric
+    log, a metric undefined everywhere). The claim is reported as not testable; the others go on."""
+
+
 class TableView:
     """The tidy table grouped once by (metric, dataset, token_set), so many claims slice it cheaply.
 
-    Every lookup of a value the table lacks raises a one-line StudyError naming the claim field.
+    Every lookup of a value the table lacks raises a one-line StudyError naming the claim field; a metric it
+    lacks raises :class:`NotTestable` (the claim cannot be tested on this table, which is no input error).
     """
 
     def __init__(self, table: pd.DataFrame):
@@ -214,6 +222,10 @@ class TableView:
             ("token_set", token_set, f"{fld}token_set" if fld else "subset.token_set"),
         ):
             if value not in self._present[col]:
+                if col == "metric":
+                    raise NotTestable(
+                        f"metric {value!r} is not in the table (it has {self._present[col]})", where, name
+                    )
                 raise StudyError(f"{value!r} is not in the table (it has {self._present[col]})", where, name)
         df = self._groups.get((metric, dataset, token_set))
         if df is None:

@@ -133,8 +133,11 @@ def _epochs(df: pd.DataFrame, claim, where: str) -> list[int]:
     return sorted(claim.epochs)
 
 
-def _trend_arrays(view: TableView, claim, where: str) -> tuple[np.ndarray, dict[str, pd.DataFrame]]:
-    """x (T,) and, per series (a layer, or ``pooled``), a (seed x T) frame."""
+def _trend_arrays(
+    view: TableView, claim, where: str
+) -> tuple[np.ndarray, dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
+    """x (T,); per series (a layer, or ``pooled``) a (seed x T) frame; per claimed layer a (seed x T)
+    frame (over epochs or a knob; empty over layers)."""
     knob = claim.knob()
     if knob is not None:
         df, _ = knob_rows(view, claim, knob, where)
@@ -146,24 +149,64 @@ def _trend_arrays(view: TableView, claim, where: str) -> tuple[np.ndarray, dict[
         df, _ = view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
         wide = view.wide(df, list(claim.layers), where, "layers")
         order = df.drop_duplicates("layer").set_index("layer").layer_index
-        return order.loc[list(claim.layers)].to_numpy(dtype=np.float64), {"over layers": wide}
+        return order.loc[list(claim.layers)].to_numpy(dtype=np.float64), {"over layers": wide}, {}
     epochs = _epochs(df, claim, where)
     df = df[df.epoch.isin(epochs)]
     view.wide(df, list(claim.layers), where, "layers")  # one-line error for a missing layer
     return _series(df[df.layer.isin(claim.layers)], claim, "epoch", epochs)
 
 
-def _series(df: pd.DataFrame, claim, col: str, points: list) -> tuple[np.ndarray, dict[str, pd.DataFrame]]:
-    """The (seed x point) frame per series, the points being the values of ``col`` (epoch or a knob)."""
+def _series(df: pd.DataFrame, claim, col: str, points: list):
+    """x, the (seed x point) frame per series and per layer, the points being the values of ``col``
+    (epoch or a knob)."""
     cube = df.pivot_table(index="seed", columns=["layer", col], values="value", aggfunc="mean")
     x = np.asarray(points, dtype=np.float64)
+    per_layer = {layer: cube[layer].reindex(columns=points) for layer in claim.layers}
     if claim.aggregate == "pooled":
         pooled = cube.T.groupby(level=col).mean().T.reindex(columns=points)
         # a seed missing any layer at a point must not be averaged over fewer layers
         counts = cube.notna().T.groupby(level=col).sum().T.reindex(columns=points)
         pooled = pooled.where(counts == len(claim.layers))
-        return x, {"pooled": pooled}
-    return x, {layer: cube[layer].reindex(columns=points) for layer in claim.layers}
+        return x, {"pooled": pooled}, per_layer
+    return x, per_layer, per_layer
+
+
+def describe_within_seed(
+    x: np.ndarray, series: pd.DataFrame, per_layer: dict[str, pd.DataFrame], seeds: list[int], direction: str
+) -> dict:
+    """Descriptive statistics of each seed's own trajectory, for when no test across seeds is possible.
+
+    Args:
+        x: (T,) epochs (or layer indices).
+        series: (seed x T) the tested series (the pooled mean over layers, or one layer).
+        per_layer: layer -> (seed x T) frame (over epochs; empty over layers).
+        seeds: the seeds to describe.
+        direction: ``increasing`` or ``decreasing`` (which way a layer must move to count).
+
+    Returns:
+        seed -> ``{"kendall_tau": tau of the series with x, "first", "last": its end values,
+        "layers_in_direction": layers whose own tau has the claimed sign, "n_layers", "share",
+        "per_layer_tau": {layer: tau}}``. Nothing here is a test: one seed has no between-seed variance.
+    """
+    sign = 1.0 if direction == "increasing" else -1.0
+    out = {}
+    for seed in seeds:
+        y = series.loc[seed].to_numpy(dtype=np.float64)
+        taus = {
+            layer: float(per_seed_kendall(x, f.loc[[seed]].to_numpy(dtype=np.float64))[0])
+            for layer, f in per_layer.items()
+        }
+        moving = sum(1 for t in taus.values() if sign * t > 0)
+        out[seed] = {
+            "kendall_tau": float(per_seed_kendall(x, y[None, :])[0]),
+            "first": float(y[0]),
+            "last": float(y[-1]),
+            "layers_in_direction": moving,
+            "n_layers": len(taus),
+            "share": moving / len(taus) if taus else float("nan"),
+            "per_layer_tau": taus,
+        }
+    return out
 
 
 def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
@@ -176,7 +219,7 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     """
     view = TableView.of(table)
     excluded = dict(excluded or {})
-    x, series = _trend_arrays(view, claim, where)
+    x, series, per_layer = _trend_arrays(view, claim, where)
     seeds = complete_seeds(list(series.values()), excluded)
     stats_by = {
         name: trend_statistics(x, frame.loc[seeds].to_numpy(dtype=np.float64), claim.direction, claim.method)
@@ -229,6 +272,8 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
         }
         if claim.level is not None and len(seeds):
             details["crossing"] = crossing(x, curves, claim.level)
+    if len(seeds) == 1:  # no test across seeds: the seed's own trajectory, described (never a verdict)
+        details["descriptive"] = describe_within_seed(x, series[binding], per_layer, seeds, claim.direction)
     if claim.method != "mixed" and len(names) == 1 and len(seeds) >= 2:
         # the mixed model as a second opinion (random intercept and slope by seed, t(S-1))
         fit = fit_random_slopes(x, series[names[0]].loc[seeds].to_numpy(dtype=np.float64))
@@ -312,6 +357,20 @@ def explain(claim, result) -> list[str]:
     lines = [f"test: per-seed {what}, {claim.aggregate} over {len(claim.layers)} layer(s), t(S-1)"]
     unit = unit_of(claim.metric)
     lines += crossing_lines(d.get("crossing"), claim.knob())
+    over = {"epoch": "epochs", "layer": "layers"}.get(claim.over, claim.over)
+    move = "rise" if claim.direction == "increasing" else "fall"
+    for seed, desc in (d.get("descriptive") or {}).items():
+        lines.append(
+            f"descriptive, within seed {seed} (not a verdict: a test across seeds needs >= 2): Kendall tau "
+            f"over {over} {fmt_num(desc['kendall_tau'], 2)} ({fmt_num(desc['first'], 3)} -> "
+            f"{fmt_num(desc['last'], 3)}{unit})"
+            + (
+                f"; {desc['layers_in_direction']} of {desc['n_layers']} layers {move} "
+                f"({fmt_num(100 * desc['share'], 0)}%)"
+                if desc["n_layers"]
+                else ""
+            )
+        )
     for name, s in (d.get("per_series") or {}).items():
         per_seed = ", ".join(f"seed {k}: {fmt_num(v, 3)}" for k, v in (s.get("per_seed") or {}).items())
         lines.append(
