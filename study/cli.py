@@ -2,6 +2,8 @@
 
     python -m study validate hypotheses/u_shape.yaml
     python -m study run hypotheses/u_shape.yaml [--out study_results] [--workers auto] [--force]
+        [--until-decided [--max-seeds N] [--batch K] [--spending obf|pocock]]
+    python -m study plan hypotheses/u_shape.yaml [--pilot TABLE] [--json]   # seeds and run-hours needed
     python -m study analyze hypotheses/u_shape.yaml --table study_results/studies/u_shape/table.parquet [--json]
     python -m study report study_results/studies/u_shape   (or the hypothesis file) [--out study_results]
     python -m study ui [--out study_results] [--port 5000]
@@ -49,6 +51,16 @@ def _parser() -> argparse.ArgumentParser:
         help="also log weight files to MLflow (off: ~88 MB per ViT-S seed)",
     )
     r.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
+    _add_sequential_options(r)
+    pl = sub.add_parser(
+        "plan", help="seeds and run-hours each claim needs for 80%%/90%% power (trains nothing)"
+    )
+    pl.add_argument("hypothesis", type=Path)
+    pl.add_argument(
+        "--pilot", type=Path, default=None, help="tidy table of a pilot (default: the study's own)"
+    )
+    pl.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     a = sub.add_parser("analyze", help="re-test a hypothesis's claims on a saved tidy table (no training)")
     a.add_argument("hypothesis", type=Path)
@@ -66,6 +78,38 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_results_verbs(sub)
     return p
+
+
+def _add_sequential_options(r) -> None:
+    r.add_argument(
+        "--until-decided",
+        action="store_true",
+        help="add seeds in batches until every confirmatory claim is decided (group-sequential)",
+    )
+    r.add_argument("--max-seeds", type=int, default=None, help="most seeds (default: twice the file's)")
+    r.add_argument("--batch", type=int, default=2, help="seeds added per look (default 2)")
+    r.add_argument(
+        "--spending",
+        choices=("obf", "pocock"),
+        default="obf",
+        help="alpha spending: O'Brien-Fleming type (default) or Pocock type",
+    )
+
+
+def _sequential_plan(args, hyp):
+    if not args.until_decided:
+        return None
+    from study.orchestrate import SequentialPlan
+
+    n = len(hyp.design.seeds)
+    max_seeds = args.max_seeds if args.max_seeds is not None else 2 * n
+    if max_seeds < n or args.batch < 1:
+        raise StudyError(
+            f"expected --max-seeds >= the file's {n} seeds and --batch >= 1, got {max_seeds} and {args.batch}",
+            str(args.hypothesis),
+            "--max-seeds",
+        )
+    return SequentialPlan(max_seeds, args.batch, args.spending)
 
 
 # ---- results people can look at: report and ui ---------------------------------------------------------
@@ -161,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
             return _metrics_verb(args.spectrum)
         if args.verb == "table":
             return _table_verb(args)
+        if args.verb == "plan":
+            from study.planning import plan_verb
+
+            return plan_verb(args.hypothesis, args.out, args.pilot, args.json)
         from study.schema import load_hypothesis
 
         hyp = load_hypothesis(args.hypothesis)
@@ -199,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                 track=not args.no_mlflow,
                 log_model=args.log_model,
                 report=not args.no_report,
+                sequential=_sequential_plan(args, hyp),
                 command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
             )
             print()
