@@ -78,27 +78,57 @@ def sequential_outcomes(looks: list[int], p: np.ndarray, contradicted: np.ndarra
     return {"accepted": accepted, "seeds": np.asarray(looks)[stop]}
 
 
-def calibrate_sequential(label: str, looks: list[int], reps: int, alpha: float, seed: int = 0) -> list[dict]:
-    """Sequential rows of one kind (one per spending function): type-I, expected seeds and power."""
+CHUNK = 50  # studies per task: results do not depend on how many workers share the tasks
+
+
+def _looked_studies(label: str, looks: tuple[int, ...], effect: float, chunk: int, n: int, seed: int):
+    """(n, K) stage p-values and REJECT flags of ``n`` studies, each tested at every look."""
     sc = scenario(label)
-    rng = np.random.default_rng([seed, len(looks), sum(map(ord, label))])
+    rng = np.random.default_rng([seed, len(looks), sum(map(ord, label)), round(effect * 1000), chunk])
+    studies = [sc.at_looks(list(looks), effect, rng) for _ in range(n)]
+    p = np.array([[r["p"] for r in s] for s in studies], dtype=np.float64)
+    c = np.array([[bool(r.get("contradicted", False)) for r in s] for s in studies])
+    return p, c
+
+
+def simulate_looks(labels, looks: list[int], reps: int, workers: int = 1, seed: int = 0) -> dict:
+    """(label, effect) -> (p (reps, K), contradicted (reps, K)), for the null and every EFFECTS entry."""
+    tasks = [
+        (label, tuple(looks), eff, i, min(CHUNK, reps - i * CHUNK), seed)
+        for label in labels
+        for eff in (0.0, *EFFECTS)
+        for i in range(math.ceil(reps / CHUNK))
+    ]
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers) as pool:
+            parts = list(pool.map(_looked_studies, *zip(*tasks, strict=True), chunksize=1))
+    else:
+        parts = [_looked_studies(*t) for t in tasks]
+    out: dict = {}
+    for t, (p, c) in zip(tasks, parts, strict=True):
+        out.setdefault((t[0], t[2]), []).append((p, c))
+    return {k: (np.vstack([x[0] for x in v]), np.vstack([x[1] for x in v])) for k, v in out.items()}
+
+
+def calibrate_sequential(label: str, looks: list[int], sims: dict, alpha: float) -> list[dict]:
+    """Sequential rows of one kind (one per spending function): type-I, expected seeds and power.
+
+    ``sims``: :func:`simulate_looks` output holding this label.
+    """
     fractions = [n / looks[-1] for n in looks]
-    sims = {}
-    for eff in (0.0, *EFFECTS):
-        studies = [sc.at_looks(looks, eff, rng) for _ in range(reps)]
-        p = np.array([[r["p"] for r in s] for s in studies], dtype=np.float64)
-        c = np.array([[bool(r.get("contradicted", False)) for r in s] for s in studies])
-        sims[eff] = (p, c)
     rows = []
     for spending in SPENDING_FUNCTIONS:
         noms = nominal_levels(fractions, alpha, spending)
         row = {"kind": label, "spending": spending, "looks": looks, "noms": noms}
-        for eff, (p, c) in sims.items():
+        for eff in (0.0, *EFFECTS):
+            p, c = sims[(label, eff)]
             got = sequential_outcomes(looks, p, c, noms)
             row[f"accept@{eff:g}"] = float(got["accepted"].mean())
             row[f"seeds@{eff:g}"] = float(got["seeds"].mean())
             row[f"fixed@{eff:g}"] = float(np.mean(np.nan_to_num(p[:, -1], nan=2.0) < alpha))
-        row["bound"] = alpha + 2 * math.sqrt(alpha * (1 - alpha) / reps)
+        row["bound"] = alpha + 2 * math.sqrt(alpha * (1 - alpha) / len(p))
         rows.append(row)
     return rows
 
@@ -136,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sequential", action="store_true", help="group-sequential rows (see the docstring)")
     ap.add_argument("--looks", type=int, nargs="+", default=[4, 6, 8, 10], help="seeds at each look")
+    ap.add_argument(
+        "--workers", type=int, default=1, help="processes for --sequential (results do not change)"
+    )
     ap.add_argument("--reps", type=int, default=1000, help="null studies per kind and S (default 1000)")
     ap.add_argument("--power-reps", type=int, default=300, help="studies per alternative (default 300)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[3, 5, 10])
@@ -145,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if args.sequential:
         looks = sorted(set(args.looks))
-        rows = [r for k in args.kinds for r in calibrate_sequential(k, looks, args.reps, args.alpha)]
+        sims = simulate_looks(args.kinds, looks, args.reps, args.workers)
+        rows = [r for k in args.kinds for r in calibrate_sequential(k, looks, sims, args.alpha)]
         return 0 if print_sequential(rows, args.reps, args.alpha, time.perf_counter() - t0) else 1
     rows = [calibrate(k, s, args.reps, args.power_reps, args.alpha) for k in args.kinds for s in args.seeds]
     head = "| kind | least favourable null | S | type-I | bound | ok | power d=0.5 | d=1 | d=2 | CI coverage (d=1) | warned fits |"
