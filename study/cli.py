@@ -252,7 +252,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             print()
             print(format_verdicts(outcome.results))
-            print(f"\nresults: {outcome.study_dir}/ (table.parquet, verdicts.json)")
+            if outcome.sequential:
+                seq = outcome.sequential
+                print(
+                    f"\n{len(seq['looks'])} looks; stopped at {seq['stopped_at']} seeds: {seq['stopped_because']}"
+                )
+            print(f"\nresults: {outcome.study_dir}/ (table.parquet, verdicts.json, registration.json)")
             if outcome.report:
                 print(f"report:  {outcome.report}")
             if not args.no_mlflow:
