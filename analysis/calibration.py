@@ -17,6 +17,13 @@ CALIBRATION_KINDS = {
 }
 
 
+def scenario(label: str):
+    """The :class:`~analysis.kinds.base.Scenario` behind a calibration label."""
+    if label not in CALIBRATION_KINDS:
+        raise ValueError(f"unknown calibration label {label!r}")
+    return KINDS[CALIBRATION_KINDS[label][0]].calibration[label]
+
+
 def simulate_claim_study(label: str, n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
     """One simulated study for ``label`` (a key of CALIBRATION_KINDS) through the kind's array core.
 

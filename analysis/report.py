@@ -53,6 +53,10 @@ class ReportInput:
         file, command: the hypothesis file and the command that ran the study.
         missing: what could not be read (shown under "Missing").
         preface, preface_lines: figures and lines shown before the claims (a sweep's objective curves).
+        sequential: the looks of a study run ``--until-decided`` (``{spending, max_seeds, batch, looks:
+            [{look, seeds, fraction, alpha_spent}], stopped_at, stopped_because}``), or None.
+
+    Each result's ``registration`` (time and status: pre-registered or post hoc) is shown in the header.
     """
 
     title: str
@@ -70,6 +74,7 @@ class ReportInput:
     missing: list[str] = field(default_factory=list)
     preface: list[Figure] = field(default_factory=list)  # figures before the claims (a sweep's curves)
     preface_lines: list[str] = field(default_factory=list)
+    sequential: dict | None = None
 
 
 @dataclass
@@ -125,6 +130,7 @@ def read_study(
         file=verdicts.get("file"),
         command=verdicts.get("command"),
         missing=missing,
+        sequential=verdicts.get("sequential"),
     )
 
 
@@ -147,6 +153,13 @@ def findings(claim, result: ClaimResult) -> list[str]:
         f"{result.n_seeds} seeds ({', '.join(map(str, result.seeds_used))})"
     )
     lines.append(f"{result.verdict}: {result.reason}")
+    if result.sequential:
+        seq = result.sequential
+        lines += [
+            f"look {lk['look']} ({lk['seeds']} seeds): stage p {fmt_p(lk['p'])}, nominal level {lk['nominal']:.3g}, "
+            f"alpha spent {lk['alpha_spent']:.3g} of {seq['level']:.3g} ({seq['spending']})"
+            for lk in seq["looks"]
+        ]
     if result.verdict == INCONCLUSIVE and result.n_seeds >= 2:
         need = (
             f"{result.seeds_needed} seeds"
@@ -212,6 +225,33 @@ pre{background:#f6f6f6;padding:8px;overflow-x:auto}
 _HEADERS = ["claim", "kind", "metric", "subset", "verdict", "effect (95% CI)", "p", "p (Holm)", "seeds"]
 
 
+def header_lines(inp: ReportInput) -> list[str]:
+    """Registration time and status of each claim, and where a sequential study stopped."""
+    lines = []
+    for r in inp.results:
+        reg = r.registration
+        if reg:
+            extra = f" (its data existed from {reg['data_from']})" if reg.get("data_from") else ""
+            family = "; adjusted with the exploratory claims" if r.post_hoc else ""
+            lines.append(f"claim {r.name}: registered {reg['registered_at']}, {reg['status']}{extra}{family}")
+    seq = inp.sequential
+    if seq:
+        looks = "; ".join(
+            f"look {lk['look']}: {lk['seeds']} seeds, alpha spent {lk['alpha_spent']:.3g}"
+            for lk in seq["looks"]
+        )
+        lines.append(
+            f"sequential seeds ({seq['spending']} spending over at most {seq['max_seeds']} seeds, "
+            f"batches of {seq['batch']}): {len(seq['looks'])} looks ({looks}); stopped at {seq['stopped_at']} "
+            f"seeds: {seq['stopped_because']}"
+        )
+    return lines
+
+
+def _verdict_cell(r: ClaimResult) -> str:
+    return f"{r.verdict} (post hoc)" if r.post_hoc else r.verdict
+
+
 def _verdict_rows(sections: list[Section]) -> list[list[str]]:
     rows = []
     for s in sections:
@@ -223,7 +263,7 @@ def _verdict_rows(sections: list[Section]) -> list[list[str]]:
                 r.kind,
                 r.metric,
                 s.subset,
-                r.verdict,
+                _verdict_cell(r),
                 f"{fmt_num(r.effect)}{unit} ({fmt_num(r.ci_low)}, {fmt_num(r.ci_high)})",
                 fmt_p(r.p_value),
                 fmt_p(r.p_adjusted),
@@ -256,12 +296,16 @@ def _html(
     out.append(
         f"<p>{len(inp.runs)} runs ({len(inp.reused)} reused from earlier invocations, {len(inp.failed)} failed).</p>"
     )
+    head = header_lines(inp)
+    if head:
+        out.append('<ul class="registration">' + "".join(f"<li>{e(line)}</li>" for line in head) + "</ul>")
     out.append('<h2>Verdicts</h2><table id="verdicts" class="verdicts"><thead><tr>')
     out += [f"<th>{e(h)}</th>" for h in _HEADERS]
     out.append("</tr></thead><tbody>")
-    for row in _verdict_rows(sections):
+    for sec, row in zip(sections, _verdict_rows(sections), strict=True):
+        cls = e(sec.result.verdict)
         cells = [
-            f'<td class="{e(v)}">{e(v)}</td>' if j == 4 else f"<td>{e(v)}</td>" for j, v in enumerate(row)
+            f'<td class="{cls}">{e(v)}</td>' if j == 4 else f"<td>{e(v)}</td>" for j, v in enumerate(row)
         ]
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
@@ -325,9 +369,9 @@ def _markdown(
     out = [f"# Study report: {inp.title}", ""]
     if inp.description:
         out += [inp.description, ""]
+    out += [f"{len(inp.runs)} runs ({len(inp.reused)} reused, {len(inp.failed)} failed).", ""]
+    out += [f"- {line}" for line in header_lines(inp)] + ([""] if header_lines(inp) else [])
     out += [
-        f"{len(inp.runs)} runs ({len(inp.reused)} reused, {len(inp.failed)} failed).",
-        "",
         "## Verdicts",
         "",
         "| " + " | ".join(_HEADERS) + " |",

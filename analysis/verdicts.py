@@ -13,6 +13,11 @@ Verdict rule (also in the README, "Read a verdict"):
   seeds says so ("1 seed: a test across seeds needs >= 2"); a claim whose metric the table lacks (e.g. an
   imported metric log that does not record it) is "not testable on this source", and the other claims go
   on.
+
+A claim registered only after some of its runs had finished (``post_hoc``, see ``study.registration``) is
+adjusted with the exploratory claims, never the confirmatory ones. With seeds added until the claims are
+decided (:func:`decide_sequential`), ACCEPTED needs the stage p below the look's nominal level of a
+group-sequential boundary (``analysis.sequential``) instead of ``alpha``.
 """
 
 from __future__ import annotations
@@ -62,10 +67,21 @@ class ClaimResult:
     reason: str = ""
     power: float = float("nan")
     seeds_needed: int | None = None
+    # {hash, registered_at, status: "pre-registered" | "post hoc"} when the study recorded its claims
+    registration: dict = field(default_factory=dict)
+    # {spending, max_seeds, looks: [{look, seeds, fraction, p, nominal, alpha_spent}], decided_at_look}
+    sequential: dict = field(default_factory=dict)
+
+    @property
+    def post_hoc(self) -> bool:
+        return self.registration.get("status") == "post hoc"
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["seeds_excluded"] = {str(k): v for k, v in self.seeds_excluded.items()}
+        for key in ("registration", "sequential"):  # only where a study recorded them
+            if not d[key]:
+                del d[key]
         return _json_safe(d)
 
     @classmethod
@@ -91,6 +107,8 @@ class ClaimResult:
             adjustment=d.get("adjustment", "holm"),
             reason=d.get("reason", ""),
             seeds_needed=d.get("seeds_needed"),
+            registration=d.get("registration") or {},
+            sequential=d.get("sequential") or {},
         )
 
 
@@ -156,8 +174,24 @@ def _evaluate_one(view: TableView, claim, where: str, excluded: dict[int, str]) 
         )
 
 
+def families(hyp, post_hoc: set[str] | None = None) -> dict[str, list[int]]:
+    """Claim indices per multiplicity family: ``confirmatory`` and ``exploratory/<adjust>``.
+
+    A confirmatory claim named in ``post_hoc`` (registered after its data existed) joins ``exploratory/holm``.
+    """
+    out: dict[str, list[int]] = {}
+    for i, c in enumerate(hyp.claims):
+        confirmatory = c.confirmatory and c.name not in (post_hoc or set())
+        out.setdefault("confirmatory" if confirmatory else f"exploratory/{c.adjust}", []).append(i)
+    return out
+
+
 def evaluate_claims(
-    hyp, table: pd.DataFrame, source: str = "hypothesis", failed: dict[str, dict[int, str]] | None = None
+    hyp,
+    table: pd.DataFrame,
+    source: str = "hypothesis",
+    failed: dict[str, dict[int, str]] | None = None,
+    post_hoc: set[str] | None = None,
 ) -> list[ClaimResult]:
     """Test every claim of a hypothesis on a tidy table, adjust for multiplicity, apply the verdict rule.
 
@@ -169,6 +203,7 @@ def evaluate_claims(
         table: the tidy table (``analysis.table.COLUMNS``).
         source: the hypothesis file name, for error messages.
         failed: per dataset, the seeds whose runs failed (seed -> reason); reported as excluded.
+        post_hoc: names of claims registered after their data existed: adjusted as exploratory.
     """
     view = TableView.of(table)
     outcomes = []
@@ -184,11 +219,8 @@ def evaluate_claims(
             for seed, r in reasons.items()
         }
         outcomes.append(_evaluate_one(view, claim, f"{source}: claims[{i}]", excluded))
-    families: dict[str, list[int]] = {}
-    for i, c in enumerate(hyp.claims):
-        families.setdefault("confirmatory" if c.confirmatory else f"exploratory/{c.adjust}", []).append(i)
     adjusted, method_of = {}, {}
-    for fam, idx in families.items():
+    for fam, idx in families(hyp, post_hoc).items():
         method = "holm" if fam == "confirmatory" else fam.split("/")[1]
         for i, a in zip(idx, adjust([outcomes[i].p_value for i in idx], method), strict=True):
             adjusted[i], method_of[i] = a, method
@@ -238,6 +270,75 @@ def evaluate_claims(
     return results
 
 
+def decide_sequential(
+    hyp,
+    looks: list[list[ClaimResult]],
+    seeds_at: list[int],
+    max_seeds: int,
+    spending: str = "obf",
+    post_hoc: set[str] | None = None,
+) -> list[ClaimResult]:
+    """Verdicts of a study that added seeds between looks (group-sequential, ``analysis.sequential``).
+
+    Each family (:func:`families`) is tested with group-sequential Holm (``none``: each claim at its own
+    alpha; ``bh``: Holm, which also bounds the false discovery rate) over the looks' one-sided stage
+    p-values, with boundaries from ``spending`` at information fractions ``seeds_at / max_seeds``. A claim
+    is ACCEPTED at the first look whose stage p crosses its boundary; REJECTED at the first look where the
+    fixed-sample rule rejects it (its CI excludes the claimed effect, or equivalence within its margin:
+    stopping for this only lowers the chance of accepting, so the type-I error stays bounded); whichever
+    comes first decides it. Otherwise it is INCONCLUSIVE at the last look.
+
+    Args:
+        looks: per look, the fixed-sample results of every claim (:func:`evaluate_claims`).
+        seeds_at: (K,) planned seeds at each look; ``max_seeds``: the planned maximum.
+
+    Returns:
+        One result per claim: the result at the look that decided it (else the last), its verdict and
+        reason from the sequential rule, and ``sequential`` filled in.
+    """
+    from analysis.sequential import alpha_spent, nominal_levels, sequential_holm
+
+    fractions = [n / max_seeds for n in seeds_at]
+    p = np.array([[look[i].p_value for look in looks] for i in range(len(hyp.claims))], dtype=np.float64)
+    crossed: dict[int, tuple[int, float] | None] = {}
+    for fam, idx in families(hyp, post_hoc).items():
+        alphas = [hyp.claims[i].alpha for i in idx]
+        got = sequential_holm(p[idx], alphas, fractions, spending, weighted=not fam.endswith("/none"))
+        crossed.update(zip(idx, got, strict=True))
+    out = []
+    for i, claim in enumerate(hyp.claims):
+        rejected = next((k for k, look in enumerate(looks) if look[i].verdict == REJECTED), None)
+        accepted, level = crossed[i] if crossed[i] is not None else (None, claim.alpha)
+        noms = nominal_levels(fractions, level, spending)
+        if accepted is not None and (rejected is None or accepted <= rejected):
+            k, verdict = accepted, ACCEPTED
+            reason = (
+                f"stage p {fmt_p(p[i, k])} < {noms[k]:.3g}, the nominal level of look {k + 1} "
+                f"({seeds_at[k]} seeds; {spending} spending of alpha {level:.3g})"
+            )
+        elif rejected is not None:
+            k, verdict, reason = rejected, REJECTED, f"{looks[rejected][i].reason} (look {rejected + 1})"
+        else:
+            k, verdict = len(looks) - 1, INCONCLUSIVE
+            reason = f"no look's stage p crossed its group-sequential boundary ({len(looks)} looks)"
+        r = ClaimResult.from_dict(looks[k][i].to_dict())
+        r.verdict, r.reason = verdict, reason
+        r.adjustment = f"{r.adjustment}, group-sequential ({spending})"
+        spent = alpha_spent(np.asarray(fractions), level, spending)
+        r.sequential = {
+            "spending": spending,
+            "max_seeds": max_seeds,
+            "level": level,
+            "decided_at_look": k + 1 if verdict != INCONCLUSIVE else None,
+            "looks": [
+                {"look": j + 1, "seeds": n, "fraction": f, "p": p[i, j], "nominal": nm, "alpha_spent": s}
+                for j, (n, f, nm, s) in enumerate(zip(seeds_at, fractions, noms, spent, strict=True))
+            ],
+        }
+        out.append(r)
+    return out
+
+
 def format_verdicts(results: list[ClaimResult]) -> str:
     """A plain-text verdict table (one line per claim) followed by warnings and exclusions."""
     rows = [("claim", "verdict", "effect (95% CI)", "p (Holm)", "seeds")]
@@ -246,7 +347,7 @@ def format_verdicts(results: list[ClaimResult]) -> str:
         rows.append(
             (
                 r.name,
-                r.verdict,
+                f"{r.verdict} (post hoc)" if r.post_hoc else r.verdict,
                 f"{fmt_num(r.effect, 2)}{unit} ({fmt_num(r.ci_low, 2)}, {fmt_num(r.ci_high, 2)})",
                 fmt_p(r.p_adjusted),
                 str(r.n_seeds),
@@ -271,6 +372,17 @@ def format_verdicts(results: list[ClaimResult]) -> str:
             lines.append(
                 f"  ? {r.name}: power {fmt_num(r.power, 2)} at the observed effect; 80% power needs {need}"
             )
+        if r.post_hoc:
+            lines.append(
+                f"  ! {r.name}: post hoc: registered {r.registration.get('registered_at')}, after some of "
+                "its runs had finished; adjusted with the exploratory claims"
+            )
+        if r.sequential:
+            seq = r.sequential
+            looks = ", ".join(
+                f"{lk['seeds']} seeds: p {fmt_p(lk['p'])} vs {lk['nominal']:.3g}" for lk in seq["looks"]
+            )
+            lines.append(f"  ~ {r.name}: {len(seq['looks'])} looks ({seq['spending']}): {looks}")
         for w in r.warnings:
             lines.append(f"  ! {r.name}: {w}")
         for seed, why in r.seeds_excluded.items():

@@ -8,6 +8,17 @@ ACCEPTED verdicts (p < alpha in the claimed direction) against the bound alpha +
 then ``--power-reps`` studies at effects of 0.5, 1 and 2 per-seed noise SDs (power) and the 95% CI
 coverage of the kind's effect at effect 1. Prints one table (markdown); exits 1 if a bound fails.
 Every study goes through the same array cores the table adapters call.
+
+    PYTHONPATH=. python bench/calibration.py --sequential [--reps 1000] [--looks 4 6 8 10] [--alpha 0.05]
+
+``--sequential``: group-sequential rows (``analysis.sequential``), as ``run --until-decided`` tests. Each
+simulated study is drawn once at the largest look and its kind's test run on its first n seeds at every
+look; a look ACCEPTS when its stage p is below the look's nominal level (Lan-DeMets O'Brien-Fleming and
+Pocock type spending over the maximum), and the study stops at the first look that accepts or REJECTS
+(the CI excludes the claimed effect). Per kind and spending function: type-I error over all looks on the
+least favourable null (against alpha + 2 MC SE), the expected seeds under the null and at effects 0.5, 1
+and 2, and power, beside the fixed design with the same maximum (every seed, one test at alpha) and the
+seeds saved. ``--reps`` studies per row and effect.
 """
 
 from __future__ import annotations
@@ -19,7 +30,8 @@ import time
 
 import numpy as np
 
-from analysis.calibration import CALIBRATION_KINDS, simulate_claim_study
+from analysis.calibration import CALIBRATION_KINDS, scenario, simulate_claim_study
+from analysis.sequential import SPENDING_FUNCTIONS, nominal_levels
 
 EFFECTS = (0.5, 1.0, 2.0)  # alternatives, in per-seed noise SDs
 
@@ -45,8 +57,118 @@ def calibrate(label: str, n_seeds: int, reps: int, power_reps: int, alpha: float
     return row
 
 
+def sequential_outcomes(looks: list[int], p: np.ndarray, contradicted: np.ndarray, noms: np.ndarray) -> dict:
+    """Where each simulated study stops and whether it accepted.
+
+    Args:
+        looks: (K,) seeds at each look; p, contradicted: (reps, K) stage p-values and REJECT flags;
+        noms: (K,) nominal levels of the looks.
+
+    Returns:
+        dict with ``accepted`` (reps,) bool (a crossing at a look no later than the first REJECT) and
+        ``seeds`` (reps,) the seeds at the look the study stopped (the last look if it never decided).
+    """
+    k = len(looks)
+    cross = np.nan_to_num(p, nan=2.0) < noms[None, :]
+    first_cross = np.where(cross.any(1), cross.argmax(1), k)
+    first_rej = np.where(contradicted.any(1), contradicted.argmax(1), k)
+    accepted = first_cross < k
+    accepted &= first_cross <= first_rej
+    stop = np.minimum(np.minimum(first_cross, first_rej), k - 1)
+    return {"accepted": accepted, "seeds": np.asarray(looks)[stop]}
+
+
+CHUNK = 50  # studies per task: results do not depend on how many workers share the tasks
+
+
+def _looked_studies(label: str, looks: tuple[int, ...], effect: float, chunk: int, n: int, seed: int):
+    """(n, K) stage p-values and REJECT flags of ``n`` studies, each tested at every look."""
+    sc = scenario(label)
+    rng = np.random.default_rng([seed, len(looks), sum(map(ord, label)), round(effect * 1000), chunk])
+    studies = [sc.at_looks(list(looks), effect, rng) for _ in range(n)]
+    p = np.array([[r["p"] for r in s] for s in studies], dtype=np.float64)
+    c = np.array([[bool(r.get("contradicted", False)) for r in s] for s in studies])
+    return p, c
+
+
+def simulate_looks(labels, looks: list[int], reps: int, workers: int = 1, seed: int = 0) -> dict:
+    """(label, effect) -> (p (reps, K), contradicted (reps, K)), for the null and every EFFECTS entry."""
+    tasks = [
+        (label, tuple(looks), eff, i, min(CHUNK, reps - i * CHUNK), seed)
+        for label in labels
+        for eff in (0.0, *EFFECTS)
+        for i in range(math.ceil(reps / CHUNK))
+    ]
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers) as pool:
+            parts = list(pool.map(_looked_studies, *zip(*tasks, strict=True), chunksize=1))
+    else:
+        parts = [_looked_studies(*t) for t in tasks]
+    out: dict = {}
+    for t, (p, c) in zip(tasks, parts, strict=True):
+        out.setdefault((t[0], t[2]), []).append((p, c))
+    return {k: (np.vstack([x[0] for x in v]), np.vstack([x[1] for x in v])) for k, v in out.items()}
+
+
+def calibrate_sequential(label: str, looks: list[int], sims: dict, alpha: float) -> list[dict]:
+    """Sequential rows of one kind (one per spending function): type-I, expected seeds and power.
+
+    ``sims``: :func:`simulate_looks` output holding this label.
+    """
+    fractions = [n / looks[-1] for n in looks]
+    rows = []
+    for spending in SPENDING_FUNCTIONS:
+        noms = nominal_levels(fractions, alpha, spending)
+        row = {"kind": label, "spending": spending, "looks": looks, "noms": noms}
+        for eff in (0.0, *EFFECTS):
+            p, c = sims[(label, eff)]
+            got = sequential_outcomes(looks, p, c, noms)
+            row[f"accept@{eff:g}"] = float(got["accepted"].mean())
+            row[f"seeds@{eff:g}"] = float(got["seeds"].mean())
+            row[f"fixed@{eff:g}"] = float(np.mean(np.nan_to_num(p[:, -1], nan=2.0) < alpha))
+        row["bound"] = alpha + 2 * math.sqrt(alpha * (1 - alpha) / len(p))
+        rows.append(row)
+    return rows
+
+
+def print_sequential(rows: list[dict], reps: int, alpha: float, seconds: float) -> bool:
+    head = (
+        "| kind | spending | type-I (any look) | bound | ok | fixed type-I | E[seeds] null | E[seeds] d=0.5 | d=1 | d=2 "
+        "| power d=0.5 seq / fixed | d=1 | d=2 | seeds saved null / d=1 |"
+    )
+    print(head)
+    print("|" + "|".join(["---"] * (head.count("|") - 1)) + "|")
+    ok_all = True
+    for r in rows:
+        ok = r["accept@0"] <= r["bound"]
+        ok_all &= ok
+        n_max = r["looks"][-1]
+        power = " | ".join(f"{r[f'accept@{e:g}']:.2f} / {r[f'fixed@{e:g}']:.2f}" for e in EFFECTS)
+        print(
+            f"| {r['kind']} | {r['spending']} | {r['accept@0']:.3f} | {r['bound']:.3f} | {'yes' if ok else 'NO'} | "
+            f"{r['fixed@0']:.3f} | {r['seeds@0']:.2f} | "
+            + " | ".join(f"{r[f'seeds@{e:g}']:.2f}" for e in EFFECTS)
+            + f" | {power} | {n_max - r['seeds@0']:.2f} / {n_max - r['seeds@1']:.2f} |"
+        )
+    looks = rows[0]["looks"] if rows else []
+    print(
+        f"\nlooks at {looks} seeds (fixed design: {looks[-1] if looks else '-'} seeds); one-sided alpha {alpha}; "
+        f"nominal levels obf {np.round(nominal_levels([n / looks[-1] for n in looks], alpha, 'obf'), 5).tolist()}, "
+        f"pocock {np.round(nominal_levels([n / looks[-1] for n in looks], alpha, 'pocock'), 5).tolist()}; "
+        f"{reps} studies per row and effect; {seconds:.0f} s"
+    )
+    return ok_all
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sequential", action="store_true", help="group-sequential rows (see the docstring)")
+    ap.add_argument("--looks", type=int, nargs="+", default=[4, 6, 8, 10], help="seeds at each look")
+    ap.add_argument(
+        "--workers", type=int, default=1, help="processes for --sequential (results do not change)"
+    )
     ap.add_argument("--reps", type=int, default=1000, help="null studies per kind and S (default 1000)")
     ap.add_argument("--power-reps", type=int, default=300, help="studies per alternative (default 300)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[3, 5, 10])
@@ -54,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", nargs="+", default=list(CALIBRATION_KINDS), choices=list(CALIBRATION_KINDS))
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    if args.sequential:
+        looks = sorted(set(args.looks))
+        sims = simulate_looks(args.kinds, looks, args.reps, args.workers)
+        rows = [r for k in args.kinds for r in calibrate_sequential(k, looks, sims, args.alpha)]
+        return 0 if print_sequential(rows, args.reps, args.alpha, time.perf_counter() - t0) else 1
     rows = [calibrate(k, s, args.reps, args.power_reps, args.alpha) for k in args.kinds for s in args.seeds]
     head = "| kind | least favourable null | S | type-I | bound | ok | power d=0.5 | d=1 | d=2 | CI coverage (d=1) | warned fits |"
     print(head)

@@ -5,8 +5,8 @@ checkpoints or metric logs plug in the same way) and read by everything downstre
 report, tracking, reuse). Files:
 
 * ``result.json``: ``{"status": "finished" | "failed", "run": <run spec>, "n_tokens": {"{layer}/{token_set}":
-  n}, "history": [...], "environment": {...}, ...}``; an imported run adds ``"source"`` (kind, path,
-  fingerprint, format, the state-dict key or the name mapping used). Written last: a folder whose ``result.json`` says
+  n}, "history": [...], "environment": {...}, "finished_at": <unix seconds>, ...}``; an imported run adds
+  ``"source"`` (kind, path, fingerprint, format, the state-dict key or the name mapping used). Written last: a folder whose ``result.json`` says
   ``finished`` is a finished run, and nothing else is.
 * ``spectra.npz``: covariance eigenvalues ``(D,)`` float64, keyed :func:`spectrum_key`
   (``"{epoch}/{layer}/{token_set}"``). A finished run holds it, or ``rows.parquet`` instead.
@@ -75,6 +75,15 @@ class RunFolder:
             return json.loads(self.file(RESULT).read_text())
         except (OSError, json.JSONDecodeError):
             return None
+
+    def finished_at(self) -> float | None:
+        """When the run finished (unix seconds): ``result.json``'s ``finished_at``, else its file time;
+        None for a run that did not finish."""
+        result = self.read_result()
+        if not result or result.get("status") != "finished":
+            return None
+        at = result.get("finished_at")
+        return float(at) if isinstance(at, int | float) else self.file(RESULT).stat().st_mtime
 
     def is_finished(self) -> bool:
         """True when ``result.json`` says finished and ``spectra.npz`` (or imported ``rows.parquet``) exists."""

@@ -252,6 +252,7 @@ def train_run(
         "n_tokens": n_tokens,
         "device": device.type,
         "environment": environment(),
+        "finished_at": time.time(),  # seconds since the epoch: when the data existed (pre-registration)
     }
     folder.write_result(result)
     resume_path.unlink(missing_ok=True)

@@ -2,6 +2,8 @@
 
     python -m study validate hypotheses/u_shape.yaml
     python -m study run hypotheses/u_shape.yaml [--out study_results] [--workers auto] [--force]
+        [--until-decided [--max-seeds N] [--batch K] [--spending obf|pocock]]
+    python -m study plan hypotheses/u_shape.yaml [--pilot TABLE] [--json]   # seeds and run-hours needed
     python -m study analyze hypotheses/u_shape.yaml --table study_results/studies/u_shape/table.parquet [--json]
     python -m study report study_results/studies/u_shape   (or the hypothesis file) [--out study_results]
     python -m study ui [--out study_results] [--port 5000]
@@ -50,6 +52,16 @@ def _parser() -> argparse.ArgumentParser:
         help="also log weight files to MLflow (off: ~88 MB per ViT-S seed)",
     )
     r.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
+    _add_sequential_options(r)
+    pl = sub.add_parser(
+        "plan", help="seeds and run-hours each claim needs for 80%%/90%% power (trains nothing)"
+    )
+    pl.add_argument("hypothesis", type=Path)
+    pl.add_argument(
+        "--pilot", type=Path, default=None, help="tidy table of a pilot (default: the study's own)"
+    )
+    pl.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     sw = sub.add_parser("sweep", help="run optuna trials over a dataset's knobs and test claims over them")
     sw.add_argument("hypothesis", type=Path)
@@ -84,6 +96,38 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_results_verbs(sub)
     return p
+
+
+def _add_sequential_options(r) -> None:
+    r.add_argument(
+        "--until-decided",
+        action="store_true",
+        help="add seeds in batches until every confirmatory claim is decided (group-sequential)",
+    )
+    r.add_argument("--max-seeds", type=int, default=None, help="most seeds (default: twice the file's)")
+    r.add_argument("--batch", type=int, default=2, help="seeds added per look (default 2)")
+    r.add_argument(
+        "--spending",
+        choices=("obf", "pocock"),
+        default="obf",
+        help="alpha spending: O'Brien-Fleming type (default) or Pocock type",
+    )
+
+
+def _sequential_plan(args, hyp):
+    if not args.until_decided:
+        return None
+    from study.orchestrate import SequentialPlan
+
+    n = len(hyp.design.seeds)
+    max_seeds = args.max_seeds if args.max_seeds is not None else 2 * n
+    if max_seeds < n or args.batch < 1:
+        raise StudyError(
+            f"expected --max-seeds >= the file's {n} seeds and --batch >= 1, got {max_seeds} and {args.batch}",
+            str(args.hypothesis),
+            "--max-seeds",
+        )
+    return SequentialPlan(max_seeds, args.batch, args.spending)
 
 
 # ---- results people can look at: report and ui ---------------------------------------------------------
@@ -209,6 +253,75 @@ def _workers(value: str) -> int | str:
     return int(value)
 
 
+def _validate_verb(args: argparse.Namespace, hyp) -> int:
+    from study.planner import plan_runs
+
+    if hyp.sweep is not None:
+        trials = hyp.sweep.n_trials or hyp.sweep.grid_size()
+        n = trials * len(hyp.design.seeds)
+        print(
+            f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), a sweep of {trials} trial(s) x "
+            f"{len(hyp.design.seeds)} seeds = {n} run(s)"
+        )
+        return 0
+    print(f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), {len(plan_runs(hyp))} run(s) planned")
+    return 0
+
+
+def _analyze_verb(args: argparse.Namespace, hyp) -> int:
+    from analysis.table import load_table
+    from analysis.verdicts import evaluate_claims, format_verdicts
+
+    results = evaluate_claims(hyp, load_table(args.table), source=str(args.hypothesis))
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=1, default=float))
+    else:
+        print(format_verdicts(results))
+    return 0
+
+
+def _run_verb(args: argparse.Namespace, hyp, argv) -> int:
+    from analysis.verdicts import format_verdicts
+    from study.orchestrate import run_study
+    from study.schema import with_data_roots
+
+    if hyp.sweep is not None:
+        raise StudyError(
+            "this file declares a sweep: run it with `python -m study sweep FILE`",
+            str(args.hypothesis),
+            "sweep",
+        )
+    roots = dict(r.partition("=")[::2] for r in args.data_root)
+    if any(not k or not v for k, v in roots.items()) or len(roots) != len(args.data_root):
+        raise StudyError(f"--data-root: expected NAME=PATH, got {args.data_root}")
+    hyp = with_data_roots(hyp, roots, str(args.hypothesis)) if roots else hyp
+    outcome = run_study(
+        hyp,
+        args.hypothesis,
+        args.out,
+        workers=_workers(args.workers),
+        force=args.force,
+        track=not args.no_mlflow,
+        log_model=args.log_model,
+        report=not args.no_report,
+        sequential=_sequential_plan(args, hyp),
+        command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
+    )
+    print()
+    print(format_verdicts(outcome.results))
+    if outcome.sequential:
+        seq = outcome.sequential
+        print(f"\n{len(seq['looks'])} looks; stopped at {seq['stopped_at']} seeds: {seq['stopped_because']}")
+    print(f"\nresults: {outcome.study_dir}/ (table.parquet, verdicts.json, registration.json)")
+    if outcome.report:
+        print(f"report:  {outcome.report}")
+    if not args.no_mlflow:
+        from study.tracking import default_tracking_uri
+
+        print(f"mlflow:  mlflow ui --backend-store-uri {default_tracking_uri(args.out)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -219,71 +332,20 @@ def main(argv: list[str] | None = None) -> int:
             return _metrics_verb(args.spectrum)
         if args.verb == "table":
             return _table_verb(args)
+        if args.verb == "plan":
+            from study.planning import plan_verb
+
+            return plan_verb(args.hypothesis, args.out, args.pilot, args.json)
         from study.schema import load_hypothesis
 
         hyp = load_hypothesis(args.hypothesis)
-        if args.verb == "validate":
-            from study.planner import plan_runs
-
-            if hyp.sweep is not None:
-                trials = hyp.sweep.n_trials or hyp.sweep.grid_size()
-                n = trials * len(hyp.design.seeds)
-                print(
-                    f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), a sweep of {trials} trial(s) x {len(hyp.design.seeds)} seeds = {n} run(s)"
-                )
-                return 0
-            print(f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), {len(plan_runs(hyp))} run(s) planned")
-            return 0
-        if args.verb == "analyze":
-            from analysis.table import load_table
-            from analysis.verdicts import evaluate_claims, format_verdicts
-
-            table = load_table(args.table)
-            results = evaluate_claims(hyp, table, source=str(args.hypothesis))
-            if args.json:
-                print(json.dumps([r.to_dict() for r in results], indent=1, default=float))
-            else:
-                print(format_verdicts(results))
-            return 0
+        verbs = {"validate": _validate_verb, "analyze": _analyze_verb}
+        if args.verb in verbs:
+            return verbs[args.verb](args, hyp)
         if args.verb == "sweep":
             return _sweep_verb(args, hyp, argv)
-        if hyp.sweep is not None and args.verb == "run":
-            raise StudyError(
-                "this file declares a sweep: run it with `python -m study sweep FILE`",
-                str(args.hypothesis),
-                "sweep",
-            )
         if args.verb == "run":
-            from analysis.verdicts import format_verdicts
-            from study.orchestrate import run_study
-            from study.schema import with_data_roots
-
-            roots = dict(r.partition("=")[::2] for r in args.data_root)
-            if any(not k or not v for k, v in roots.items()) or len(roots) != len(args.data_root):
-                raise StudyError(f"--data-root: expected NAME=PATH, got {args.data_root}")
-            hyp = with_data_roots(hyp, roots, str(args.hypothesis)) if roots else hyp
-
-            outcome = run_study(
-                hyp,
-                args.hypothesis,
-                args.out,
-                workers=_workers(args.workers),
-                force=args.force,
-                track=not args.no_mlflow,
-                log_model=args.log_model,
-                report=not args.no_report,
-                command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
-            )
-            print()
-            print(format_verdicts(outcome.results))
-            print(f"\nresults: {outcome.study_dir}/ (table.parquet, verdicts.json)")
-            if outcome.report:
-                print(f"report:  {outcome.report}")
-            if not args.no_mlflow:
-                from study.tracking import default_tracking_uri
-
-                print(f"mlflow:  mlflow ui --backend-store-uri {default_tracking_uri(args.out)}")
-            return 0
+            return _run_verb(args, hyp, argv)
     except StudyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

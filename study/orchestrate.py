@@ -8,6 +8,12 @@ another hypothesis file over the same design) is downloaded instead; an interrup
 last complete epoch. A store artifact that is missing or corrupt stops the study with one line naming
 the run and the artifact. On-disk datasets are decoded once into memory-mappable ``.npy`` caches under
 ``data/``, and their content fingerprints are recorded in ``data/fingerprints.json``.
+
+Before anything is trained the claims and the design are registered (``study.registration``); a claim
+first registered after some of its runs had finished is ``post hoc`` and adjusted as exploratory. With
+a :class:`SequentialPlan` (``run --until-decided``) seeds are added in batches after each look until every
+confirmatory claim is decided or the maximum is reached, and the verdicts come from group-sequential
+boundaries over the looks (``analysis.verdicts.decide_sequential``).
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.verdicts import ClaimResult, format_verdicts
+from analysis.verdicts import INCONCLUSIVE, ClaimResult, decide_sequential, families, format_verdicts
+from core.errors import StudyError
 from core.runfolder import RunFolder
-from study import stages
+from study import registration, stages
 from study.schema import Hypothesis
 from study.tracking import open_tracker
 
@@ -35,6 +42,7 @@ class StudyOutcome:
     failed: dict[str, str]
     reused_from: dict[str, str] | None = None  # key -> "local" or "mlflow:<run id>"
     report: Path | None = None
+    sequential: dict | None = None  # the looks of --until-decided (verdicts.json "sequential")
 
 
 def _log_triage(log: Callable[[str], None], hyp: Hypothesis, specs, tri: stages.Triage) -> None:
@@ -45,6 +53,144 @@ def _log_triage(log: Callable[[str], None], hyp: Hypothesis, specs, tri: stages.
             src = reused[spec.key]
             where = "runs/ folder" if src == "local" else f"MLflow run {src.split(':', 1)[1]}"
             log(f"  reused {spec.label} (key {spec.key}, from {where})")
+
+
+@dataclass(frozen=True)
+class SequentialPlan:
+    """``run --until-decided``: add ``batch`` seeds per look up to ``max_seeds``, alpha spent by ``spending``."""
+
+    max_seeds: int
+    batch: int = 2  # a look per two new seeds: seeds train in parallel, and each look costs a little power
+    spending: str = "obf"  # O'Brien-Fleming type: almost no alpha early, near-full power at the maximum
+
+    def as_dict(self) -> dict:
+        return {"max_seeds": self.max_seeds, "batch": self.batch, "spending": self.spending}
+
+
+def seed_schedule(seeds: list[int], plan: SequentialPlan | None) -> list[list[int]]:
+    """The seeds of each look: the file's, then ``batch`` more at a time (the next integers, counting up
+    from the smallest seed, that the file does not list) up to ``max_seeds``."""
+    if plan is None:
+        return [list(seeds)]
+    if plan.max_seeds < len(seeds) or plan.batch < 1:
+        raise StudyError(
+            f"expected --max-seeds >= the file's {len(seeds)} seeds and --batch >= 1, "
+            f"got {plan.max_seeds} and {plan.batch}",
+            None,
+            "--max-seeds",
+        )
+    extra, n = [], min(seeds)
+    while len(seeds) + len(extra) < plan.max_seeds:
+        if n not in seeds:
+            extra.append(n)
+        n += 1
+    looks = [list(seeds)]
+    while len(looks[-1]) < plan.max_seeds:
+        looks.append(list(seeds) + extra[: len(looks[-1]) - len(seeds) + plan.batch])
+    return looks
+
+
+def with_seeds(hyp: Hypothesis, seeds: list[int]) -> Hypothesis:
+    return hyp.model_copy(update={"design": hyp.design.model_copy(update={"seeds": list(seeds)})})
+
+
+@dataclass
+class _Look:
+    hyp: Hypothesis
+    specs: list
+    tri: stages.Triage
+    failed: dict[str, str]
+    collected: stages.Collected
+    results: list[ClaimResult]
+    status: dict[str, dict]
+
+
+def _train_look(hyp, runs_dir: Path, data_dir: Path, tracker, done: set[str], opts: dict, on_triaged=None):
+    """Triage, fetch, train and collect the runs of one look.
+
+    ``done``: keys handled by earlier looks (never retrained, not counted as reused); updated here.
+    ``opts``: ``workers``, ``force``, ``log``. ``on_triaged(specs, tri)``: called before training.
+    """
+    log, force = opts["log"], opts["force"]
+    specs = stages.plan(hyp, data_dir)
+    new = [s for s in specs if s.key not in done]
+    tri = stages.triage(new, runs_dir, {} if force else tracker.finished_runs(), force)
+    stages.fetch_stored(tri, new, runs_dir, tracker)
+    stages.clear_for_training(tri.todo, runs_dir, force)
+    _log_triage(log, hyp, new, tri)
+    data = stages.prepare_data(tri.todo, data_dir, log)
+    if on_triaged is not None:
+        on_triaged(specs, tri)
+    failed = stages.execute(tri.todo, runs_dir, data_dir, opts["workers"], log)
+    collected = stages.collect_table(specs, runs_dir, hyp.design.layers, failed)
+    for spec in tri.todo:  # runs trained by this invocation become child runs
+        result = RunFolder(runs_dir / spec.key).read_result()
+        if result is not None:
+            rows = collected.rows.get(spec.key, pd.DataFrame(columns=["value"]))
+            tracker.log_training_run(
+                spec, result, rows, runs_dir / spec.key, data.get(stages.dataset_key(spec.dataset))
+            )
+    done.update(s.key for s in specs)
+    return specs, tri, failed, collected
+
+
+def _decided(hyp: Hypothesis, results: list[ClaimResult], post_hoc: set[str]) -> bool:
+    """Every confirmatory claim (every claim, if none is confirmatory) is ACCEPTED or REJECTED."""
+    idx = families(hyp, post_hoc).get("confirmatory") or range(len(hyp.claims))
+    return all(results[i].verdict != INCONCLUSIVE for i in idx)
+
+
+def _run_looks(hyp, hyp_path, dirs, tracker, plan: SequentialPlan | None, opts: dict, reg: dict):
+    """Every look of the study; returns (last look's specs, merged triage, failed, collected, results,
+    claim status, sequential summary or None)."""
+    runs_dir, data_dir = dirs
+    done: set[str] = set()
+    merged, failed_all, looks, seeds_at = stages.Triage(), {}, [], []
+    schedule = seed_schedule(hyp.design.seeds, plan)
+
+    def on_first(specs, tri):
+        tracker.log_study(hyp, hyp_path, specs, tri, opts["command"])
+
+    for k, seeds in enumerate(schedule):
+        hyp_k = with_seeds(hyp, seeds) if plan else hyp
+        specs, tri, failed, collected = _train_look(
+            hyp_k, runs_dir, data_dir, tracker, done, opts, on_first if k == 0 else None
+        )
+        merged.finished += tri.finished
+        merged.stored.update(tri.stored)
+        merged.todo += tri.todo
+        failed_all.update(failed)
+        status = registration.claim_status(reg, hyp_k, specs, runs_dir)
+        post_hoc = {n for n, st in status.items() if st["status"] == registration.POST_HOC}
+        looks.append(stages.evaluate(hyp_k, collected.table, str(hyp_path), collected.failed_seeds, post_hoc))
+        seeds_at.append(len(seeds))
+        if plan is None:
+            return specs, merged, failed_all, collected, looks[-1], status, None
+        results = decide_sequential(hyp_k, looks, seeds_at, plan.max_seeds, plan.spending, post_hoc)
+        stop = _decided(hyp_k, results, post_hoc)
+        opts["log"](
+            f"look {k + 1}: {len(seeds)} seeds, {'every confirmatory claim decided' if stop else 'undecided'}"
+        )
+        if stop or k == len(schedule) - 1:
+            break
+    summary = {
+        **plan.as_dict(),
+        "looks": [
+            {"look": j + 1, "seeds": n, "fraction": n / plan.max_seeds, "alpha_spent": float(a)}
+            for j, (n, a) in enumerate(zip(seeds_at, _family_spent(hyp, seeds_at, plan), strict=True))
+        ],
+        "stopped_at": seeds_at[-1],
+        "stopped_because": "every confirmatory claim decided" if stop else "the maximum number of seeds",
+    }
+    return specs, merged, failed_all, collected, results, status, summary
+
+
+def _family_spent(hyp: Hypothesis, seeds_at: list[int], plan: SequentialPlan) -> list[float]:
+    """Cumulative alpha spent at each look by the confirmatory family (alpha of its first claim)."""
+    from analysis.sequential import alpha_spent
+
+    alpha = next((c.alpha for c in hyp.claims if c.confirmatory), hyp.claims[0].alpha)
+    return list(alpha_spent([n / plan.max_seeds for n in seeds_at], alpha, plan.spending))
 
 
 def run_study(
@@ -58,6 +204,7 @@ def run_study(
     log_model: bool = False,
     report: bool = True,
     command: str | None = None,
+    sequential: SequentialPlan | None = None,
 ) -> StudyOutcome:
     """Run (or reuse) every planned run, then test the claims. See the module docstring.
 
@@ -65,42 +212,83 @@ def run_study(
         log_model: log weight files of newly trained runs to MLflow (off: ~88 MB per ViT-S seed).
         report: write ``report.html``/``report.md`` into the study folder (and log them to MLflow).
         command: the command line that started this, recorded in MLflow and the report.
+        sequential: add seeds until the claims are decided (``run --until-decided``).
     """
     out_dir = Path(out_dir)
     runs_dir, data_dir, study_dir = out_dir / "runs", out_dir / "data", out_dir / "studies" / hyp.name
-    specs = stages.plan(hyp, data_dir, record=True, log=log)  # on-disk fingerprints recorded for other hosts
-    # bad data paths or imports stop the study before anything is written or recorded
-    stages.check_inputs(specs, runs_dir, force)
+    seed_schedule(hyp.design.seeds, sequential)  # a bad plan stops the study before anything is written
+    # bad data paths or imports stop the study before anything is written or recorded; on-disk
+    # fingerprints are recorded for hosts without the data
+    stages.check_inputs(stages.plan(hyp, data_dir, record=True, log=log), runs_dir, force)
     with open_tracker(track, out_dir, hyp.name, log_model) as tracker:
-        tri = stages.triage(specs, runs_dir, {} if force else tracker.finished_runs(), force)
-        stages.fetch_stored(tri, specs, runs_dir, tracker)
-        stages.clear_for_training(tri.todo, runs_dir, force)
-        _log_triage(log, hyp, specs, tri)
-        data = stages.prepare_data(tri.todo, data_dir, log)
-        tracker.log_study(hyp, hyp_path, specs, tri, command)
-        failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log)
-        collected = stages.collect_table(specs, runs_dir, hyp.design.layers, failed)
-        for spec in tri.todo:  # runs trained by this invocation become child runs
-            result = RunFolder(runs_dir / spec.key).read_result()
-            if result is not None:
-                rows = collected.rows.get(spec.key, pd.DataFrame(columns=["value"]))
-                tracker.log_training_run(
-                    spec, result, rows, runs_dir / spec.key, data.get(stages.dataset_key(spec.dataset))
-                )
-        results = stages.evaluate(hyp, collected.table, str(hyp_path), collected.failed_seeds)
-        paths = stages.write_outputs(
-            study_dir, hyp_path, specs, tri, failed, collected.table, results, command
+        # what the study declares is recorded before anything is trained
+        reg = registration.register(study_dir, hyp, sequential.as_dict() if sequential else None)
+        opts = {"workers": workers, "force": force, "log": log, "command": command}
+        specs, tri, failed, collected, results, status, seq = _run_looks(
+            hyp, hyp_path, (runs_dir, data_dir), tracker, sequential, opts, reg
         )
-        report_paths = []
-        if report:
-            report_paths = stages.write_study_report(
-                study_dir, hyp, results, collected.table, runs_dir, specs, tri, failed, hyp_path, command
+        for r in results:
+            r.registration = status[r.name]
+        final_hyp = with_seeds(hyp, sorted({s.seed for s in specs})) if sequential else hyp
+        tracker.log_registration(
+            (
+                registration.design_hash(hyp.design),
+                reg["designs"][registration.design_hash(hyp.design)]["registered_at"],
+            ),
+            [(c.name, status[c.name]) for c in hyp.claims],
+        )
+        if seq:
+            tracker.set_tag(
+                "sequential",
+                f"{len(seq['looks'])} looks, stopped at {seq['stopped_at']} seeds: {seq['stopped_because']}",
             )
-            log(f"report: {report_paths[0]}")
-        summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(results)}\n```"
-        tracker.log_results(
-            [paths["table"], paths["verdicts"], paths["text"], *report_paths], results, summary
+        return _finish(
+            final_hyp,
+            hyp_path,
+            study_dir,
+            runs_dir,
+            specs,
+            tri,
+            failed,
+            collected,
+            results,
+            seq,
+            tracker,
+            report,
+            command,
+            log,
         )
+
+
+def _finish(
+    hyp,
+    hyp_path,
+    study_dir,
+    runs_dir,
+    specs,
+    tri,
+    failed,
+    collected,
+    results,
+    seq,
+    tracker,
+    report,
+    command,
+    log,
+):
+    """Write outputs and the report, log the results; the :class:`StudyOutcome`."""
+    extra = {"sequential": seq} if seq else {}
+    paths = stages.write_outputs(
+        study_dir, hyp_path, specs, tri, failed, collected.table, results, command, extra
+    )
+    report_paths = []
+    if report:
+        report_paths = stages.write_study_report(
+            study_dir, hyp, results, collected.table, runs_dir, specs, tri, failed, hyp_path, command, seq
+        )
+        log(f"report: {report_paths[0]}")
+    summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(results)}\n```"
+    tracker.log_results([paths["table"], paths["verdicts"], paths["text"], *report_paths], results, summary)
     return StudyOutcome(
         results,
         collected.table,
@@ -110,4 +298,5 @@ def run_study(
         failed,
         tri.reused_from,
         report_paths[0] if report_paths else None,
+        seq,
     )

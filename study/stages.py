@@ -270,9 +270,12 @@ def collect_table(
     return Collected(table, rows, failed_seeds, missing)
 
 
-def evaluate(hyp: Hypothesis, table: pd.DataFrame, source: str, failed_seeds=None) -> list[ClaimResult]:
-    """Stage 6: every claim tested, adjusted and decided (``analysis.verdicts``)."""
-    return evaluate_claims(hyp, table, source=source, failed=failed_seeds)
+def evaluate(
+    hyp: Hypothesis, table: pd.DataFrame, source: str, failed_seeds=None, post_hoc: set[str] | None = None
+) -> list[ClaimResult]:
+    """Stage 6: every claim tested, adjusted and decided (``analysis.verdicts``); ``post_hoc`` claims
+    (registered after their data existed) are adjusted as exploratory."""
+    return evaluate_claims(hyp, table, source=source, failed=failed_seeds, post_hoc=post_hoc)
 
 
 def write_outputs(
@@ -284,8 +287,12 @@ def write_outputs(
     table: pd.DataFrame,
     results: list[ClaimResult],
     command: str | None = None,
+    extra: dict | None = None,
 ) -> dict[str, Path]:
-    """Stage 7: ``table.parquet``, ``verdicts.json``, ``verdicts.txt`` and ``hypothesis.yaml``, each atomic."""
+    """Stage 7: ``table.parquet``, ``verdicts.json``, ``verdicts.txt`` and ``hypothesis.yaml``, each atomic.
+
+    ``extra``: further top-level fields of ``verdicts.json`` (``registration``, ``sequential``).
+    """
     study_dir.mkdir(parents=True, exist_ok=True)
     payload = {
         "hypothesis": study_dir.name,
@@ -297,6 +304,7 @@ def write_outputs(
         "failed": failed,
         "command": command,
         "claims": [r.to_dict() for r in results],
+        **(extra or {}),
     }
     paths = {
         "table": save_table(table, study_dir / "table.parquet"),
@@ -310,9 +318,20 @@ def write_outputs(
 
 
 def write_study_report(
-    study_dir: Path, hyp: Hypothesis, results, table, runs_dir: Path, specs, tri, failed, hyp_path, command
+    study_dir: Path,
+    hyp: Hypothesis,
+    results,
+    table,
+    runs_dir: Path,
+    specs,
+    tri,
+    failed,
+    hyp_path,
+    command,
+    sequential: dict | None = None,
 ) -> list[Path]:
-    """Stage 8: ``report.html`` and ``report.md`` from the typed claims and results."""
+    """Stage 8: ``report.html`` and ``report.md`` from the typed claims and results (``sequential``: the
+    looks of ``--until-decided``, see ``analysis.report.ReportInput``)."""
     from analysis.report import ReportInput, write_report
 
     inp = ReportInput(
@@ -328,5 +347,6 @@ def write_study_report(
         failed=failed,
         file=str(hyp_path),
         command=command,
+        sequential=sequential,
     )
     return list(write_report(study_dir, inp))

@@ -5,7 +5,10 @@ Layout, chosen to read naturally in the MLflow UI:
 * an **experiment** per hypothesis (study) name;
 * a **parent run** per invocation: the design as params; tags ``git_commit``, ``git_dirty``,
   ``spec_hash`` (sha256 of the hypothesis file), ``command``, ``verdict.N`` per claim and
-  ``reused_runs`` (the runs taken from earlier invocations, ``label=key@mlflow_run_id``); artifacts: the
+  ``reused_runs`` (the runs taken from earlier invocations, ``label=key@mlflow_run_id``),
+  ``registration.design`` and ``registration.claim.N`` (hash, first registration time and status of
+  the design and each claim, ``study.registration``), ``sequential`` (the looks of ``--until-decided``);
+  artifacts: the
   hypothesis file, the tidy table, the verdicts, ``reused_runs.json`` and the report
   (``report.html``, ``report.md``); metrics ``claim_N/{effect,ci_low,ci_high,p_value,p_adjusted}``;
   its description (``mlflow.note.content``) is the verdict table;
@@ -183,6 +186,19 @@ class Tracker:
             path = Path(tmp) / "reused_runs.json"
             path.write_text(json.dumps(reused, indent=1))
             self.client.log_artifact(self.parent_id, str(path))
+
+    def log_registration(self, design: tuple[str, str], claims: list[tuple[str, dict]]) -> None:
+        """Tags ``registration.design`` = ``hash @ time`` and ``registration.claim.N`` = ``name: hash @ time
+        (status)`` for each (name, ``study.registration.claim_status`` entry or {hash, registered_at})."""
+        self.client.set_tag(self.parent_id, "registration.design", f"{design[0][:16]} @ {design[1]}")
+        for i, (name, reg) in enumerate(claims):
+            status = f" ({reg['status']})" if reg.get("status") else ""
+            text = f"{name}: {reg['hash'][:16]} @ {reg['registered_at']}{status}"
+            self.client.set_tag(self.parent_id, f"registration.claim.{i}", text[:_TAG_MAX])
+
+    def set_tag(self, key: str, value: str) -> None:
+        """One tag on the parent run (cut to MLflow's length limit)."""
+        self.client.set_tag(self.parent_id, key, value[:_TAG_MAX])
 
     def log_results(self, artifacts: list[Path], results, summary: str | None = None) -> None:
         for path in artifacts:
@@ -452,6 +468,12 @@ class NullTracker:
         return None
 
     def log_artifact(self, *args, **kwargs) -> None:
+        return None
+
+    def log_registration(self, *args, **kwargs) -> None:
+        return None
+
+    def set_tag(self, *args, **kwargs) -> None:
         return None
 
 

@@ -98,6 +98,21 @@ def test_calibration_scenarios_run(label):
     rng = np.random.default_rng(0)
     for effect in (0.0, 2.0):
         r = KINDS[kind].calibration[lab].simulate(5, effect, rng)
-        assert set(r) == {"p", "covered", "warned"}
+        assert {"p", "covered", "warned"} <= set(r) <= {"p", "covered", "warned", "contradicted"}
         assert math.isnan(r["p"]) or 0.0 <= r["p"] <= 1.0
         assert r["covered"] in (None, True, False) and isinstance(r["warned"], bool)
+
+
+@pytest.mark.parametrize("label", [(k, lab) for k in KINDS for lab in KINDS[k].calibration], ids=str)
+def test_calibration_scenarios_test_the_first_seeds_at_each_look(label):
+    """Every scenario splits into draw + test, so a sequential design tests one study at several looks;
+    a single look at S seeds is exactly the one-shot study."""
+    kind, lab = label
+    sc = KINDS[kind].calibration[lab]
+    assert sc.sequential
+    for effect in (0.0, 2.0):
+        one = sc.simulate(6, effect, np.random.default_rng(1))
+        (look,) = sc.at_looks([6], effect, np.random.default_rng(1))
+        assert one == look or (math.isnan(one["p"]) and math.isnan(look["p"]))
+        looks = sc.at_looks([3, 4, 6], effect, np.random.default_rng(2))
+        assert len(looks) == 3 and all(isinstance(r["contradicted"], bool) for r in looks)

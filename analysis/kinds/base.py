@@ -69,6 +69,9 @@ class ClaimBase(Strict):
     subset: Subset
     alpha: float = Field(0.05, gt=0, lt=0.5)
     confirmatory: bool = True  # Holm-adjusted together with the file's other confirmatory claims
+    # smallest effect of interest, in the metric's units (the effect's own units, as the kind reports it):
+    # what `python -m study plan` sizes the seeds for; declared before the data, like the claim itself
+    sesoi: float | None = Field(None, gt=0)
     # Exploratory claims (confirmatory: false) are adjusted among themselves: holm (default) or bh (FDR).
     adjust: Literal["holm", "bh", "none"] = "holm"
 
@@ -459,10 +462,36 @@ class Scenario:
     returns ``{"p": one-sided p in the claimed direction (NaN: no test), "covered": whether the 95% CI of
     the effect covers the truth (None: no known truth), "warned": the fit recorded a warning}``.
     ``effect`` is in per-seed noise SDs.
+
+    A scenario may instead give the two halves, so a sequential design can test the first ``n`` seeds of
+    one simulated study at each look (:meth:`at_looks`): ``draw(n_seeds, effect, rng) -> (arrays, truth)``
+    (a tuple of arrays, the seed on the first axis of each, and the true effect or None) and
+    ``test(arrays, truth, rng) -> dict`` (the keys above, plus ``contradicted``: the verdict rule would
+    REJECT). ``simulate`` is then ``test(*draw(...))``.
     """
 
     description: str
-    simulate: Callable[[int, float, np.random.Generator], dict]
+    simulate: Callable[[int, float, np.random.Generator], dict] | None = None
+    draw: Callable[[int, float, np.random.Generator], tuple] | None = None
+    test: Callable[[tuple, Any, np.random.Generator], dict] | None = None
+
+    def __post_init__(self) -> None:
+        if self.simulate is None:
+            if self.draw is None or self.test is None:
+                raise ValueError(f"scenario {self.description!r}: give simulate, or draw and test")
+            object.__setattr__(
+                self, "simulate", lambda n, effect, rng: self.test(*self.draw(n, effect, rng), rng)
+            )
+
+    @property
+    def sequential(self) -> bool:
+        """The scenario can be tested at several looks of one study."""
+        return self.draw is not None and self.test is not None
+
+    def at_looks(self, looks: list[int], effect: float, rng: np.random.Generator) -> list[dict]:
+        """One study of ``max(looks)`` seeds, tested on its first ``n`` seeds for each ``n`` in ``looks``."""
+        arrays, truth = self.draw(max(looks), effect, rng)
+        return [self.test(tuple(a[:n] for a in arrays), truth, rng) for n in looks]
 
 
 @dataclass(frozen=True)
@@ -513,6 +542,14 @@ def _declared_margin(claim) -> float | None:
     return getattr(claim, "margin", None)
 
 
+def _t_based(claim) -> int:
+    return 0
+
+
+def _declared_sesoi(claim) -> float | None:
+    return claim.sesoi
+
+
 @dataclass(frozen=True)
 class ClaimKind:
     """A registered claim kind (see the module docstring).
@@ -528,6 +565,12 @@ class ClaimKind:
             reason, power, warnings and excluded seeds are added for every kind).
         rejection_margin: ``claim -> margin or None``: a margin within which equivalence REJECTS the
             claim (default: the claim's ``margin`` field, if any).
+        labellings_per_seed: ``claim -> int``: for a randomisation test, the equally likely labellings
+            of one seed's data under the null (2 for sign flips, K! for a permutation of K conditions), so
+            its p cannot go below ``labellings^-S``; 0 for a t-based test (the default). What
+            ``python -m study plan`` reads to say how many seeds a claim needs at the least.
+        planning_effect: ``claim -> effect or None``: the effect ``plan`` sizes the seeds for when no
+            pilot gives one (default: the claim's ``sesoi``).
         example: a valid claim of this kind as a hypothesis file writes it (without ``name``), over a
             design of datasets ``objects``, ``mixed``, ``textures`` and a 12-block ViT: the contract test
             (tests/test_kind_contract.py) evaluates it and draws its figures.
@@ -540,6 +583,8 @@ class ClaimKind:
     figures: Callable[[FigureContext], list] = _no_figures
     explain: Callable[[Any, Any], list[str]] = _no_explanation
     rejection_margin: Callable[[Any], float | None] = _declared_margin
+    labellings_per_seed: Callable[[Any], int] = _t_based
+    planning_effect: Callable[[Any], float | None] = _declared_sesoi
     example: dict = field(default_factory=dict)
 
 

@@ -83,15 +83,19 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     )
 
 
-def _simulate(alternative: str):
-    def simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
-        base = rng.normal(0, 1, n_seeds)
-        st = compare_statistics(
-            base + effect + rng.normal(0, 1, n_seeds), base + rng.normal(0, 1, n_seeds), alternative
-        )
-        return {"p": st["p"], "covered": bool(st["ci"][0] <= effect <= st["ci"][1]), "warned": False}
+def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
+    """(a (S,), b (S,)) sharing a seed offset; a - b has mean ``effect`` and SD sqrt(2)."""
+    base = rng.normal(0, 1, n_seeds)
+    return (base + effect + rng.normal(0, 1, n_seeds), base + rng.normal(0, 1, n_seeds)), effect
 
-    return simulate
+
+def _test(alternative: str):
+    def test(arrays: tuple, truth: float, rng: np.random.Generator) -> dict:
+        st = compare_statistics(*arrays, alternative)
+        covered = bool(st["ci"][0] <= truth <= st["ci"][1])
+        return {"p": st["p"], "covered": covered, "warned": False, "contradicted": bool(st["contradicted"])}
+
+    return test
 
 
 def explain(claim, result) -> list[str]:
@@ -114,8 +118,8 @@ register_kind(
         model=CompareClaim,
         evaluate=evaluate,
         calibration={
-            "compare": Scenario("no difference (one-sided greater)", _simulate("greater")),
-            "compare_two_sided": Scenario("no difference (two-sided)", _simulate("two-sided")),
+            "compare": Scenario("no difference (one-sided greater)", draw=_draw, test=_test("greater")),
+            "compare_two_sided": Scenario("no difference (two-sided)", draw=_draw, test=_test("two-sided")),
         },
         figures=condition_figures,
         explain=explain,

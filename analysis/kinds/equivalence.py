@@ -80,11 +80,15 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     return paired_outcome(stat, seeds, excluded, details, resolved)
 
 
-def _simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
+def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
     truth = 1.0 - min(effect, 1.0)  # margin 1: effect = how far inside the margin (capped at the centre)
-    a = rng.normal(0, 1, n_seeds) + truth
-    st = equivalence_statistics(a, np.zeros(n_seeds), 1.0)
-    return {"p": st["p"], "covered": bool(st["ci"][0] <= truth <= st["ci"][1]), "warned": False}
+    return (rng.normal(0, 1, n_seeds) + truth, np.zeros(n_seeds)), truth
+
+
+def _test(arrays: tuple, truth: float, rng: np.random.Generator) -> dict:
+    st = equivalence_statistics(*arrays, 1.0)
+    covered = bool(st["ci"][0] <= truth <= st["ci"][1])
+    return {"p": st["p"], "covered": covered, "warned": False, "contradicted": bool(st["contradicted"])}
 
 
 def explain(claim, result) -> list[str]:
@@ -109,12 +113,20 @@ def _no_margin(claim) -> None:
     return None  # the margin is what the claim tests, not a way to reject it
 
 
+def _planning_effect(claim) -> float:
+    """How far inside the margin the true difference is assumed to lie: ``sesoi``, or (default) the whole
+    margin, i.e. a true difference of 0."""
+    return claim.sesoi if claim.sesoi is not None else claim.margin
+
+
 register_kind(
     ClaimKind(
         name="equivalence",
         model=EquivalenceClaim,
         evaluate=evaluate,
-        calibration={"equivalence": Scenario("true difference exactly at the margin (1 SD)", _simulate)},
+        calibration={
+            "equivalence": Scenario("true difference exactly at the margin (1 SD)", draw=_draw, test=_test)
+        },
         figures=condition_figures,
         explain=explain,
         example={
@@ -126,5 +138,6 @@ register_kind(
             "margin": 3.0,
         },
         rejection_margin=_no_margin,
+        planning_effect=_planning_effect,
     )
 )

@@ -105,13 +105,18 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     return paired_outcome(stat, seeds, excluded, details, resolved)
 
 
-def _simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
+def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
     base = rng.normal(0, 1, (n_seeds, 1))
     target = base[:, 0] + effect + rng.normal(0, 1, n_seeds)
     comps = base + np.array([0.0, -10.0, -10.0, -10.0]) + rng.normal(0, 1, (n_seeds, 4))
-    st = extremum_statistics(target, comps, "highest")
+    return (target, comps), effect
+
+
+def _test(arrays: tuple, truth: float, rng: np.random.Generator) -> dict:
+    st = extremum_statistics(*arrays, "highest")
     ci = st["tests"][0]["ci"]
-    return {"p": st["p"], "covered": bool(ci[0] <= effect <= ci[1]), "warned": False}
+    covered = bool(ci[0] <= truth <= ci[1])
+    return {"p": st["p"], "covered": covered, "warned": False, "contradicted": bool(st["contradicted"])}
 
 
 def explain(claim, result) -> list[str]:
@@ -133,7 +138,9 @@ register_kind(
         name="extremum",
         model=ExtremumClaim,
         evaluate=evaluate,
-        calibration={"extremum": Scenario("target ties one competitor, 3 others far below", _simulate)},
+        calibration={
+            "extremum": Scenario("target ties one competitor, 3 others far below", draw=_draw, test=_test)
+        },
         figures=condition_figures,
         explain=explain,
         example={

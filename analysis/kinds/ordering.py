@@ -198,14 +198,26 @@ def _knob_groups(view: TableView, claim, where: str):
     return groups, levels, cols, counts
 
 
-def _simulate(with_levels: bool):
-    def simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
-        y = rng.normal(0, 1, (n_seeds, 1)) + effect * np.arange(3)[None, :] + rng.normal(0, 1, (n_seeds, 3))
-        levels = np.array([0.0, 1.0, 2.0]) if with_levels else None
-        st = ordering_statistics(y, "increasing", levels, n_permutations=999, seed=int(rng.integers(1 << 30)))
-        return {"p": st["p"], "covered": bool(st["ci"][0] <= effect <= st["ci"][1]), "warned": False}
+def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
+    y = rng.normal(0, 1, (n_seeds, 1)) + effect * np.arange(3)[None, :] + rng.normal(0, 1, (n_seeds, 3))
+    return (y,), effect
 
-    return simulate
+
+def _test(with_levels: bool):
+    def test(arrays: tuple, truth: float, rng: np.random.Generator) -> dict:
+        levels = np.array([0.0, 1.0, 2.0]) if with_levels else None
+        st = ordering_statistics(
+            arrays[0], "increasing", levels, n_permutations=999, seed=int(rng.integers(1 << 30))
+        )
+        covered = bool(st["ci"][0] <= truth <= st["ci"][1])
+        return {"p": st["p"], "covered": covered, "warned": False, "contradicted": bool(st["contradicted"])}
+
+    return test
+
+
+def _labellings(claim) -> int:
+    """Distinct within-seed labellings of the JT permutation test (0: a t test, over levels or a knob)."""
+    return math.factorial(len(claim.datasets)) if claim.levels is None and claim.knob() is None else 0
 
 
 def figures(ctx: FigureContext) -> list:
@@ -255,9 +267,14 @@ register_kind(
         model=OrderingClaim,
         evaluate=evaluate,
         calibration={
-            "ordering_jt": Scenario("3 datasets with equal means, seed offsets", _simulate(False)),
-            "ordering_levels": Scenario("3 knob levels with equal means, seed offsets", _simulate(True)),
+            "ordering_jt": Scenario(
+                "3 datasets with equal means, seed offsets", draw=_draw, test=_test(False)
+            ),
+            "ordering_levels": Scenario(
+                "3 knob levels with equal means, seed offsets", draw=_draw, test=_test(True)
+            ),
         },
+        labellings_per_seed=_labellings,
         figures=figures,
         explain=explain,
         example={

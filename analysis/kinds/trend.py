@@ -295,22 +295,28 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
         details=details,
         effect_values=np.asarray(b["values"], float).tolist() if claim.method != "mixed" else [],
         std_effect=b["std_effect"],
-        labellings_per_seed=2 if claim.method == "kendall" else 0,
+        labellings_per_seed=_labellings(claim),
     )
 
 
-def _simulate(method: str):
-    def simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
-        x, y = simulate_trends(
-            n_seeds, 6, effect * 0.5, rng, slope_sd=0.5
-        )  # 0.5 SD per epoch of slope spread
-        st = trend_statistics(x, y, "increasing", method)
-        truth = effect * 0.5
+def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
+    _, y = simulate_trends(n_seeds, 6, effect * 0.5, rng, slope_sd=0.5)  # 0.5 SD per epoch of slope spread
+    return (y,), effect * 0.5
+
+
+def _test(method: str):
+    def test(arrays: tuple, truth: float, rng: np.random.Generator) -> dict:
+        y = arrays[0]
+        st = trend_statistics(np.arange(y.shape[1], dtype=float), y, "increasing", method)
         covered = None if method == "kendall" else bool(st["ci"][0] <= truth <= st["ci"][1])
         warned = bool(st["mixed"] and st["mixed"]["warnings"])
-        return {"p": st["p"], "covered": covered, "warned": warned}
+        return {"p": st["p"], "covered": covered, "warned": warned, "contradicted": bool(st["contradicted"])}
 
-    return simulate
+    return test
+
+
+def _labellings(claim) -> int:
+    return 2 if claim.method == "kendall" else 0
 
 
 def figures(ctx: FigureContext) -> list:
@@ -388,9 +394,12 @@ register_kind(
         model=TrendClaim,
         evaluate=evaluate,
         calibration={
-            f"trend_{m}": Scenario("per-seed random slopes (mean 0) + AR(1) noise, 6 epochs", _simulate(m))
+            f"trend_{m}": Scenario(
+                "per-seed random slopes (mean 0) + AR(1) noise, 6 epochs", draw=_draw, test=_test(m)
+            )
             for m in ("slope", "kendall", "mixed")
         },
+        labellings_per_seed=_labellings,
         figures=figures,
         explain=explain,
         example={

@@ -271,33 +271,40 @@ def evaluate(
         details=details,
         effect_values=(-stat["contrasts"][stat["binding"]]).tolist(),
         std_effect=stat["std_effect"],
-        labellings_per_seed=2 if loso else 0,
+        labellings_per_seed=_labellings(claim),
     )
 
 
-def _simulate_declared(null_shape: str) -> Callable:
-    def simulate(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
+def _draw(null_shape: str) -> Callable:
+    def draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
         shape = "u" if effect > 0 else null_shape
         prof = simulate_profiles(shape, n_seeds, effect if effect > 0 else 20.0, rng)
-        st = u_shape_statistics(
-            prof[:, [0, 1]].mean(1), prof[:, [2, 3, 4]].mean(1), prof[:, [9, 10, 11]].mean(1)
-        )
-        truth = effect if effect > 0 else None
-        ci = st["tests"]["early"]["ci"]  # the early contrast (not selected by the data): truth = dip depth
-        return {
-            "p": st["p"],
-            "covered": None if truth is None else bool(ci[0] <= truth <= ci[1]),
-            "warned": False,
-        }
+        return (prof,), (effect if effect > 0 else None)
 
-    return simulate
+    return draw
 
 
-def _simulate_loso(n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
-    prof = simulate_profiles("u" if effect > 0 else "step_down", n_seeds, effect if effect > 0 else 20.0, rng)
+def _test_declared(arrays: tuple, truth: float | None, rng: np.random.Generator) -> dict:
+    prof = arrays[0]
+    st = u_shape_statistics(prof[:, [0, 1]].mean(1), prof[:, [2, 3, 4]].mean(1), prof[:, [9, 10, 11]].mean(1))
+    ci = st["tests"]["early"]["ci"]  # the early contrast (not selected by the data): truth = dip depth
+    return {
+        "p": st["p"],
+        "covered": None if truth is None else bool(ci[0] <= truth <= ci[1]),
+        "warned": False,
+        "contradicted": bool(st["contradicted"]),
+    }
+
+
+def _test_loso(arrays: tuple, truth: float | None, rng: np.random.Generator) -> dict:
+    prof = arrays[0]
     cand = prof[:, 2:9]  # blocks 3-9: strictly between the early (1-2) and late (10-12) regions
     st = u_shape_loso_statistics(prof[:, [0, 1]].mean(1), cand, prof[:, [9, 10, 11]].mean(1))
-    return {"p": st["p"], "covered": None, "warned": False}
+    return {"p": st["p"], "covered": None, "warned": False, "contradicted": bool(st["contradicted"])}
+
+
+def _labellings(claim) -> int:
+    return 2 if claim.regions.bottleneck == "leave_one_seed_out" else 0
 
 
 def figures(ctx: FigureContext) -> list:
@@ -358,13 +365,20 @@ register_kind(
         evaluate=evaluate,
         calibration={
             "u_shape": Scenario(
-                "monotone step-down (early >> bottleneck = late)", _simulate_declared("step_down")
+                "monotone step-down (early >> bottleneck = late)",
+                draw=_draw("step_down"),
+                test=_test_declared,
             ),
-            "u_shape_convex": Scenario("monotone convex decay", _simulate_declared("decreasing_convex")),
+            "u_shape_convex": Scenario(
+                "monotone convex decay", draw=_draw("decreasing_convex"), test=_test_declared
+            ),
             "u_shape_loso": Scenario(
-                "monotone step-down; bottleneck chosen leave-one-seed-out", _simulate_loso
+                "monotone step-down; bottleneck chosen leave-one-seed-out",
+                draw=_draw("step_down"),
+                test=_test_loso,
             ),
         },
+        labellings_per_seed=_labellings,
         figures=figures,
         explain=explain,
         example={

@@ -1,0 +1,212 @@
+"""``python -m study plan FILE [--pilot TABLE] [--json]``: seeds and run-hours each claim needs. Nothing trains.
+
+Per claim, from ``analysis.planning``: the seeds for 80% and 90% power at the smallest effect of interest
+(the claim's ``sesoi``, or its kind's ``planning_effect``; without one, the pilot's observed effect), at
+the pilot's per-seed SD and at its upper 80% bound; the power of the file's own seeds; and the seed floor
+of a randomisation test. The pilot is ``--pilot TABLE`` (a tidy table, e.g. 2-3 seeds of a cheap run), or
+the study's own ``table.parquet`` when it has one. Confirmatory claims are planned at the Bonferroni level
+``alpha / m`` (m confirmatory claims): the level Holm's first step needs, so the plan holds whatever the
+other claims show; exploratory claims at their family's ``alpha / m`` (``none``: alpha).
+
+Run-hours: a run's time comes from finished runs of the same design (``epoch_s`` in their result.json
+history, scaled to the design's epochs), otherwise from a short timed training step on this machine
+(``runners.timing``) scaled by steps per epoch and epochs (evaluation and extraction not included).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from analysis.kinds import get_kind
+from analysis.kinds.base import TableView
+from analysis.planning import plan_claim
+from analysis.verdicts import families
+from core.errors import StudyError
+from core.fmt import fmt_num
+from study.planner import RunSpec
+from study.schema import Hypothesis
+from study.stages import plan as plan_runs
+
+_NOT_IN_KEY = ("key", "seed", "source")
+
+
+def _design_of(run: dict) -> dict:
+    return {k: v for k, v in run.items() if k not in _NOT_IN_KEY}
+
+
+def finished_run_seconds(spec: RunSpec, runs_dir: Path) -> float | None:
+    """Mean training seconds of a run of ``spec``'s design (any seed) from finished runs' epoch times."""
+    want, times = _design_of(spec.model_dump()), []
+    for path in sorted(Path(runs_dir).glob("*/result.json")) if Path(runs_dir).is_dir() else []:
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        history = result.get("history") or []
+        epoch_s = [h["epoch_s"] for h in history if isinstance(h.get("epoch_s"), int | float)]
+        if result.get("status") == "finished" and epoch_s and _design_of(result.get("run") or {}) == want:
+            times.append(float(np.mean(epoch_s)) * spec.training["epochs"])
+    return float(np.mean(times)) if times else None
+
+
+def steps_per_epoch(spec: RunSpec) -> int | None:
+    """Optimiser steps per epoch of a run (None when the training set's size is not in the spec)."""
+    n_train, tr = spec.dataset.get("n_train"), spec.training
+    if not n_train:
+        return None
+    steps = math.ceil(n_train / tr["batch_size"])
+    return min(steps, tr["max_steps_per_epoch"]) if tr.get("max_steps_per_epoch") else steps
+
+
+def run_hours(specs: list[RunSpec], runs_dir: Path, time_step: Callable[[dict], float] | None) -> dict:
+    """dataset name -> {"hours": one run's training hours (None: unknown), "source": where it came from}."""
+    out = {}
+    for spec in specs:
+        name = spec.dataset["name"]
+        if name in out:
+            continue
+        seconds = finished_run_seconds(spec, runs_dir)
+        if seconds is not None:
+            out[name] = {"hours": seconds / 3600, "source": "finished runs (epoch_s)"}
+            continue
+        steps = steps_per_epoch(spec)
+        if time_step is None or steps is None:
+            out[name] = {"hours": None, "source": "unknown (no finished run, no timed step)"}
+            continue
+        per_step = time_step(spec.model_dump())
+        hours = per_step * steps * spec.training["epochs"] / 3600
+        out[name] = {
+            "hours": hours,
+            "source": f"timed step here ({per_step * 1000:.0f} ms x {steps} x epochs)",
+        }
+    return out
+
+
+def _pilot_table(hyp: Hypothesis, out_dir: Path, pilot: Path | None):
+    from analysis.table import load_table
+
+    if pilot is not None:
+        return load_table(pilot), str(pilot)
+    own = Path(out_dir) / "studies" / hyp.name / "table.parquet"
+    return (load_table(own), str(own)) if own.is_file() else (None, None)
+
+
+def plan_claims(hyp: Hypothesis, table, source: str = "pilot") -> list[dict]:
+    """One plan row per claim (``analysis.planning.plan_claim`` plus the claim's name, kind and level)."""
+    view = TableView.of(table) if table is not None else None
+    level: dict[int, float] = {}
+    for fam, idx in families(hyp).items():
+        m = 1 if fam.endswith("/none") else len(idx)
+        level.update({i: hyp.claims[i].alpha / m for i in idx})
+    rows = []
+    for i, claim in enumerate(hyp.claims):
+        kind = get_kind(claim.kind)
+        outcome = kind.evaluate(view, claim, f"{source}: claims[{i}]", {}) if view is not None else None
+        values = np.asarray(outcome.effect_values if outcome else [], dtype=np.float64)
+        effect, effect_from = kind.planning_effect(claim), "declared"
+        if effect is None and outcome is not None and values.size >= 2:
+            effect, effect_from = float(outcome.std_effect * values.std(ddof=1)), "pilot"
+        row = plan_claim(
+            effect,
+            values,
+            level[i],
+            len(hyp.design.seeds),
+            two_sided=bool(outcome and outcome.two_sided),
+            labellings=kind.labellings_per_seed(claim),
+        )
+        rows.append(
+            {"claim": claim.name, "kind": claim.kind, "effect": effect, "effect_from": effect_from}
+            | {"alpha": level[i], **row}
+        )
+    return rows
+
+
+def plan_study(
+    hyp: Hypothesis,
+    out_dir: Path,
+    pilot: Path | None = None,
+    time_step: Callable[[dict], float] | None = None,
+) -> dict:
+    """The whole plan: claims, per-run hours per dataset, and run-hours per seed of the design."""
+    table, source = _pilot_table(hyp, out_dir, pilot)
+    specs = plan_runs(hyp)
+    hours = run_hours(specs, Path(out_dir) / "runs", time_step)
+    per_seed = (
+        None if any(h["hours"] is None for h in hours.values()) else sum(h["hours"] for h in hours.values())
+    )
+    claims = plan_claims(hyp, table, source or "pilot")
+    for row in claims:
+        for key in ("seeds_80", "seeds_90", "seeds_80_upper", "seeds_90_upper"):
+            row[f"run_hours_{key.removeprefix('seeds_')}"] = (
+                None if per_seed is None or row[key] is None else row[key] * per_seed
+            )
+    return {
+        "hypothesis": hyp.name,
+        "file_seeds": len(hyp.design.seeds),
+        "pilot": source,
+        "run_hours_per_seed": per_seed,
+        "per_run": hours,
+        "claims": claims,
+    }
+
+
+def format_plan(plan: dict) -> str:
+    """The plan as a text table, one line per claim, then the cost basis and the seed floors."""
+    head = ("claim", "effect", "sd (80% bound)", "alpha", "80%: seeds (bound)", "90%: seeds (bound)")
+    head += (f"power @{plan['file_seeds']}", "run-h 80% (bound)")
+
+    def seeds(row, k):
+        a, b = row[f"seeds_{k}"], row[f"seeds_{k}_upper"]
+        return f"{a if a is not None else '-'} ({b if b is not None else '-'})"
+
+    def hours(row):
+        a, b = row["run_hours_80"], row["run_hours_80_upper"]
+        return f"{fmt_num(a, 2) if a is not None else '-'} ({fmt_num(b, 2) if b is not None else '-'})"
+
+    rows = [head]
+    for r in plan["claims"]:
+        effect = "-" if r["effect"] is None else f"{fmt_num(r['effect'], 3)} ({r['effect_from']})"
+        sd = f"{fmt_num(r['sd'], 3)} ({fmt_num(r['sd_upper80'], 3)}), n={r['n_pilot']}"
+        rows.append(
+            (r["claim"], effect, sd, f"{r['alpha']:.3g}", seeds(r, 80), seeds(r, 90))
+            + (fmt_num(r["power_file"], 2), hours(r))
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.append(f"pilot: {plan['pilot'] or 'none (give --pilot TABLE for the per-seed SD)'}")
+    for name, h in plan["per_run"].items():
+        lines.append(
+            f"run time {name}: {fmt_num(h['hours'], 3) if h['hours'] is not None else '?'} h ({h['source']})"
+        )
+    for r in plan["claims"]:
+        if r["floor"] > plan["file_seeds"]:
+            lines.append(
+                f"! {r['claim']}: its randomisation test cannot accept at any effect with fewer than {r['floor']} "
+                f"seeds (p >= labellings^-S); the file plans {plan['file_seeds']}"
+            )
+        if r["effect"] is None:
+            lines.append(f"! {r['claim']}: no smallest effect of interest (declare sesoi, or give a pilot)")
+    return "\n".join(lines)
+
+
+def _timed_step(run: dict) -> float:
+    from runners.timing import time_training_step  # torch only when no finished run gives the time
+
+    return time_training_step(run)
+
+
+def plan_verb(hyp_path: Path, out_dir: Path, pilot: Path | None, as_json: bool) -> int:
+    """The ``plan`` verb: print the plan (a table, or JSON)."""
+    from study.schema import load_hypothesis
+
+    hyp = load_hypothesis(hyp_path)
+    if pilot is not None and not Path(pilot).is_file():
+        raise StudyError("file not found (expected a tidy table, .parquet or .csv)", str(pilot), "--pilot")
+    plan = plan_study(hyp, out_dir, pilot, _timed_step)
+    print(json.dumps(plan, indent=1, default=float) if as_json else format_plan(plan))
+    return 0

@@ -1,0 +1,157 @@
+"""``python -m study plan``: seeds for 80%/90% power checked against statsmodels and against simulation,
+the SD's chi-square bound, seed floors of randomisation tests, and the run-hours basis."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+from scipy import stats
+from statsmodels.stats.power import TTestPower
+
+from analysis.kinds.compare import compare_statistics
+from analysis.planning import plan_claim, power, sd_upper_bound, seed_floor, seeds_needed
+from analysis.simulate import simulate_study_table
+from analysis.table import save_table
+from core.runfolder import RunFolder
+from study.cli import main
+from study.planning import plan_study
+from study.schema import parse_hypothesis
+from tests.conftest import TINY_HYPOTHESIS
+
+
+@pytest.mark.parametrize("d, alpha, two_sided", [(0.8, 0.05, False), (0.5, 0.01, False), (1.2, 0.05, True)])
+def test_seeds_and_power_agree_with_statsmodels(d, alpha, two_sided):
+    alt = "two-sided" if two_sided else "larger"
+    solved = TTestPower().solve_power(effect_size=d, alpha=alpha, power=0.8, alternative=alt)
+    assert seeds_needed(d, alpha, 0.8, two_sided) == math.ceil(float(np.ravel(solved)[0]))
+    assert power(d, 7, alpha, two_sided) == pytest.approx(TTestPower().power(d, 7, alpha, alternative=alt))
+    assert seeds_needed(-d, alpha, 0.8) is None and seeds_needed(1e-4, alpha, 0.8) is None
+
+
+def test_sd_upper_bound_is_the_chi_square_bound():
+    """P(sd_hat * sqrt((n-1)/chi2_0.2) >= sigma) = 0.8 for normal data."""
+    assert sd_upper_bound(2.0, 4) == pytest.approx(2.0 * math.sqrt(3 / stats.chi2.ppf(0.2, 3)))
+    rng = np.random.default_rng(0)
+    sds = rng.normal(0, 1, (20_000, 4)).std(axis=1, ddof=1)
+    cover = np.mean([sd_upper_bound(s, 4) >= 1.0 for s in sds])
+    assert abs(cover - 0.8) < 0.01
+
+
+def test_plan_claim_gives_more_seeds_at_the_bound():
+    values = np.array([1.0, 1.5, 0.4, 1.2])
+    row = plan_claim(0.5, values, 0.05, 3)
+    sd = values.std(ddof=1)
+    assert row["sd"] == pytest.approx(sd) and row["d"] == pytest.approx(0.5 / sd)
+    assert row["seeds_80"] == seeds_needed(0.5 / sd, 0.05, 0.8)
+    assert row["seeds_80_upper"] > row["seeds_80"] and row["seeds_90"] > row["seeds_80"]
+    assert row["power_file"] == pytest.approx(power(0.5 / sd, 3, 0.05))
+
+
+def test_planned_seeds_reach_the_power_in_simulation():
+    """compare: a pilot's SD known, effect = sesoi; the kind's own test at the planned S has 80% power."""
+    sd_diff, sesoi = 1.0, 0.6
+    n = seeds_needed(sesoi / sd_diff, 0.05, 0.8)
+    rng = np.random.default_rng(1)
+    hits = []
+    for _ in range(3000):
+        base = rng.normal(0, 3, n)  # seed offsets shared by both conditions: they cancel in the pairs
+        a = base + sesoi + rng.normal(0, sd_diff / math.sqrt(2), n)
+        b = base + rng.normal(0, sd_diff / math.sqrt(2), n)
+        hits.append(compare_statistics(a, b, "greater")["p"] < 0.05)
+    assert abs(np.mean(hits) - power(sesoi / sd_diff, n, 0.05)) < 3 * math.sqrt(0.8 * 0.2 / 3000)
+    assert power(sesoi / sd_diff, n, 0.05) >= 0.8 > power(sesoi / sd_diff, n - 1, 0.05)
+
+
+def test_seed_floors_of_randomisation_tests():
+    assert seed_floor(2, 0.05) == 5 and 0.5**5 < 0.05 <= 0.5**4  # sign flips: p >= 2^-S
+    assert seed_floor(6, 0.05) == 2  # JT over 3 conditions: (3!)^-S
+    assert seed_floor(0, 0.05) == 0
+    row = plan_claim(1.0, np.array([0.1, 0.9, 0.5]), 0.05, 3, labellings=2)
+    assert row["floor"] == 5 and row["power_file"] == 0.0 and row["seeds_80"] >= 5
+
+
+def _hyp(tmp_path, claims: list[dict], seeds=(0, 1, 2)) -> tuple:
+    data = yaml.safe_load(TINY_HYPOTHESIS)
+    data["design"]["seeds"] = list(seeds)
+    data["design"]["model"]["depth"] = 12
+    data["design"]["datasets"] = [
+        {"name": n, "variant": "objects", "n_train": 64, "n_test": 32, "image_size": 8}
+        for n in ("objects", "cue_mix", "textures")
+    ]
+    data["claims"] = claims
+    path = tmp_path / "h.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path, parse_hypothesis(data)
+
+
+CLAIMS = [
+    {
+        "name": "dip",
+        "kind": "u_shape",
+        "metric": "eed_pct",
+        "subset": {"dataset": "objects"},
+        "regions": {"early": ["block_01"], "bottleneck": ["block_04"], "late": ["block_12"]},
+        "sesoi": 1.0,
+    },
+    {
+        "name": "kendall",
+        "kind": "trend",
+        "metric": "eed_pct",
+        "subset": {"dataset": "objects"},
+        "direction": "increasing",
+        "layers": ["block_06"],
+        "method": "kendall",
+        "confirmatory": False,
+    },
+]
+
+
+def test_plan_verb_table_and_json(tmp_path, capsys, monkeypatch):
+    import study.planning
+
+    monkeypatch.setattr(study.planning, "_timed_step", lambda run: 1.0)
+    path, hyp = _hyp(tmp_path, CLAIMS)
+    pilot = tmp_path / "pilot.parquet"
+    table = simulate_study_table(n_seeds=3, epochs=(0, 2), metrics=("eed_pct",), token_sets=("all",))
+    save_table(table, pilot)
+    out = tmp_path / "out"
+    # a finished run of this design (another seed) gives the per-run time; nothing is timed or trained
+    from study.planner import plan_runs
+
+    spec = plan_runs(hyp)[0].model_copy(update={"seed": 99, "key": "other"})
+    RunFolder(out / "runs" / "other").write_result(
+        {"status": "finished", "run": spec.model_dump(), "history": [{"epoch": 1, "epoch_s": 36.0}] * 2}
+    )
+    plan = plan_study(hyp, out, pilot, time_step=lambda run: 1.0)
+    dip, kendall = plan["claims"]
+    assert dip["effect"] == 1.0 and dip["effect_from"] == "declared" and dip["n_pilot"] == 3
+    assert dip["alpha"] == 0.05 and dip["floor"] == 0
+    assert kendall["effect_from"] == "pilot" and kendall["floor"] == 5  # sign-flip p >= 2^-S
+    assert plan["per_run"]["objects"] == {"hours": 72.0 / 3600, "source": "finished runs (epoch_s)"}
+    # the other two datasets were timed: 1 s per step x 2 steps per epoch x 2 epochs
+    assert plan["per_run"]["textures"]["hours"] == pytest.approx(4 / 3600)
+    assert plan["run_hours_per_seed"] == pytest.approx((72 + 8) / 3600)
+    assert dip["run_hours_80"] == pytest.approx(dip["seeds_80"] * plan["run_hours_per_seed"])
+    assert main(["plan", str(path), "--pilot", str(pilot), "--out", str(out), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert [c["claim"] for c in got["claims"]] == ["dip", "kendall"]
+    assert main(["plan", str(path), "--pilot", str(pilot), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "kendall: its randomisation test cannot accept at any effect with fewer than 5 seeds" in text
+
+
+def test_plan_without_pilot_and_bad_pilot(tmp_path, capsys, tiny_yaml):
+    path = tiny_yaml
+    assert main(["plan", str(path), "--out", str(tmp_path / "out"), "--json"]) == 0  # times a real step
+    got = json.loads(capsys.readouterr().out)
+    assert (
+        got["pilot"] is None and got["claims"][0]["seeds_80"] is None and got["claims"][0]["effect"] is None
+    )
+    assert got["per_run"]["objects"]["hours"] > 0 and "timed step" in got["per_run"]["objects"]["source"]
+    assert main(["plan", str(path), "--pilot", str(tmp_path / "none.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--pilot" in err

@@ -1,0 +1,223 @@
+"""``run --until-decided`` and pre-registration, end to end.
+
+A fake run source writes synthetic run folders (a planted per-seed effect in an observable, noise from the
+seed), so looks are quick; one test trains real tiny models.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+import runners.sources
+from core.runfolder import RunFolder
+from study.cli import main
+from tests.conftest import TINY_HYPOTHESIS
+
+LAYERS = ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "norm"]
+
+
+class PlantedSource:
+    """Fills a run folder with random spectra and a ``diagonality`` observable: block_01 minus block_02 is
+    ``effect``, every other layer 1.0 above block_02, plus N(0, 0.02) noise drawn from the run's seed."""
+
+    name = "train"
+
+    def __init__(self, effect: float):
+        self.effect = effect
+        self.filled: list[int] = []
+
+    def check(self, run):
+        return None
+
+    def prepare(self, run, data_dir):
+        return None
+
+    def fill(self, run, run_dir, data_dir, progress=None, bar=False):
+        rng = np.random.default_rng(run["seed"])
+        folder = RunFolder(run_dir)
+        spectra, scalars = {}, {}
+        for layer in LAYERS:
+            spectra[f"2/{layer}/all"] = np.sort(rng.gamma(1.0, 1.0, 16))[::-1]
+        base = rng.normal(0.5, 0.1)
+        for layer in LAYERS:  # every layer well above block_02, and block_01 above it by the effect
+            scalars[f"2/{layer}/all/diagonality"] = base + 1.0 + rng.normal(0, 0.02)
+        scalars["2/block_01/all/diagonality"] = base + self.effect + rng.normal(0, 0.02)
+        scalars["2/block_02/all/diagonality"] = base + rng.normal(0, 0.02)
+        folder.write_spectra(spectra)
+        folder.merge_scalars(scalars)
+        result = {"status": "finished", "run": run, "n_tokens": {}, "finished_at": time.time()}
+        folder.write_result(result)
+        self.filled.append(run["seed"])
+        return result
+
+
+def _write(tmp_path, claims: list[dict], seeds=(0, 1, 2)) -> str:
+    data = yaml.safe_load(TINY_HYPOTHESIS)
+    data["design"]["seeds"] = list(seeds)
+    data["design"]["checkpoints"] = [2]
+    data["claims"] = claims
+    path = tmp_path / "h.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+DIFF = {
+    "name": "higher",
+    "kind": "compare",
+    "metric": "diagonality",
+    "subset": {"dataset": "objects"},
+    "a": {"layers": ["block_01"]},
+    "b": {"layers": ["block_02"]},
+}
+U = {
+    "name": "dip",
+    "kind": "u_shape",
+    "metric": "diagonality",
+    "subset": {"dataset": "objects"},
+    "regions": {"early": ["pos_embed"], "bottleneck": ["block_02"], "late": ["block_03"]},
+}
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    def use(effect: float) -> PlantedSource:
+        src = PlantedSource(effect)
+        monkeypatch.setitem(runners.sources.SOURCES, "train", src)
+        return src
+
+    return use
+
+
+def _run(path, out, *extra) -> int:
+    return main(["run", path, "--out", str(out), "--no-mlflow", "--workers", "1", "--no-report", *extra])
+
+
+def test_stops_early_on_a_planted_large_effect(tmp_path, planted):
+    src = planted(0.5)
+    path = _write(tmp_path, [DIFF])
+    assert _run(path, tmp_path / "out", "--until-decided", "--max-seeds", "9", "--batch", "3") == 0
+    v = json.loads((tmp_path / "out/studies/tiny/verdicts.json").read_text())
+    assert sorted(src.filled) == [0, 1, 2]  # decided at the first look: no seed added
+    seq = v["sequential"]
+    assert seq["stopped_at"] == 3 and len(seq["looks"]) == 1 and seq["stopped_because"].startswith("every")
+    claim = v["claims"][0]
+    assert claim["verdict"] == "ACCEPTED" and claim["sequential"]["decided_at_look"] == 1
+    look = claim["sequential"]["looks"][0]
+    assert look["p"] < look["nominal"] < 0.05 and look["fraction"] == pytest.approx(1 / 3)
+    assert "nominal level of look 1" in claim["reason"]
+
+
+def test_goes_to_the_maximum_on_a_null(tmp_path, planted):
+    src = planted(0.0)
+    path = _write(tmp_path, [DIFF])
+    assert _run(path, tmp_path / "out", "--until-decided", "--max-seeds", "7", "--batch", "2") == 0
+    v = json.loads((tmp_path / "out/studies/tiny/verdicts.json").read_text())
+    assert sorted(src.filled) == list(range(7))  # the file's seeds, then 3, 4, then 5, 6
+    seq = v["sequential"]
+    assert [lk["seeds"] for lk in seq["looks"]] == [3, 5, 7] and seq["stopped_at"] == 7
+    assert seq["stopped_because"] == "the maximum number of seeds"
+    assert [round(lk["alpha_spent"], 6) for lk in seq["looks"]][-1] == 0.05
+    claim = v["claims"][0]
+    assert claim["verdict"] == "INCONCLUSIVE" and claim["n_seeds"] == 7
+    assert [lk["seeds"] for lk in claim["sequential"]["looks"]] == [3, 5, 7]
+    # a second invocation reuses every run: nothing is trained again
+    src.filled.clear()
+    assert _run(path, tmp_path / "out", "--until-decided", "--max-seeds", "7", "--batch", "2") == 0
+    assert src.filled == []
+
+
+def test_bad_sequential_options_are_one_line_errors(tmp_path, planted, capsys):
+    planted(0.0)
+    path = _write(tmp_path, [DIFF])
+    assert _run(path, tmp_path / "out", "--until-decided", "--max-seeds", "2") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-seeds" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_edited_claim_is_post_hoc_and_exploratory(tmp_path, planted, capsys):
+    planted(0.5)
+    out = tmp_path / "out"
+    path = _write(tmp_path, [DIFF, U])
+    assert main(["run", path, "--out", str(out), "--no-mlflow", "--workers", "1"]) == 0
+    study = out / "studies/tiny"
+    reg = json.loads((study / "registration.json").read_text())
+    assert len(reg["claims"]) == 2 and len(reg["designs"]) == 1
+    v1 = json.loads((study / "verdicts.json").read_text())
+    assert [c["registration"]["status"] for c in v1["claims"]] == ["pre-registered"] * 2
+    assert [c["adjustment"] for c in v1["claims"]] == ["holm", "holm"]
+    first = {c["name"]: c["registration"]["registered_at"] for c in v1["claims"]}
+
+    # the regions are edited after the data exist; the other claim is unchanged
+    edited = dict(U, regions={"early": ["pos_embed"], "bottleneck": ["block_02"], "late": ["norm"]})
+    _write(tmp_path, [DIFF, edited])
+    time.sleep(1.1)  # registration times are shown to the second
+    capsys.readouterr()
+    assert main(["run", path, "--out", str(out), "--no-mlflow", "--workers", "1"]) == 0
+    printed = capsys.readouterr().out
+    v2 = json.loads((study / "verdicts.json").read_text())
+    higher, dip = v2["claims"]
+    assert higher["registration"]["status"] == "pre-registered"
+    assert higher["registration"]["registered_at"] == first["higher"] and higher["adjustment"] == "holm"
+    assert dip["registration"]["status"] == "post hoc" and dip["adjustment"] == "holm"
+    assert dip["registration"]["registered_at"] > first["dip"]
+    assert len(json.loads((study / "registration.json").read_text())["claims"]) == 3
+    # alone in its (exploratory) family, its p is not adjusted; the confirmatory family holds one claim
+    assert dip["p_adjusted"] == pytest.approx(dip["p_value"])
+    assert higher["p_adjusted"] == pytest.approx(higher["p_value"])
+    assert "ACCEPTED (post hoc)" in printed and "dip: post hoc: registered" in printed
+    md = (study / "report.md").read_text()
+    assert "claim dip: registered" in md and "post hoc" in md and "adjusted with the exploratory claims" in md
+    assert f"claim higher: registered {first['higher']}, pre-registered" in md
+    html = (study / "report.html").read_text()
+    assert "(post hoc)" in html and 'class="registration"' in html
+    # the verdicts in the first run were confirmatory: Holm over both claims
+    assert v1["claims"][0]["p_adjusted"] >= v1["claims"][0]["p_value"]
+
+
+def test_registration_tags_on_the_mlflow_parent_run(tmp_path, planted):
+    from mlflow.tracking import MlflowClient
+
+    from study.tracking import default_tracking_uri
+
+    planted(0.5)
+    out = tmp_path / "out"
+    path = _write(tmp_path, [DIFF])
+    assert main(["run", path, "--out", str(out), "--workers", "1", "--no-report", "--until-decided"]) == 0
+    client = MlflowClient(default_tracking_uri(out))
+    exp = client.get_experiment_by_name("tiny")
+    (parent,) = client.search_runs([exp.experiment_id], "tags.`study.role` = 'study'")
+    tags = parent.data.tags
+    assert (
+        tags["registration.claim.0"].startswith("higher: ")
+        and "pre-registered" in tags["registration.claim.0"]
+    )
+    assert " @ " in tags["registration.design"] and tags["sequential"].startswith("1 looks")
+
+
+def test_until_decided_with_real_training(tmp_path):
+    """Two tiny models trained for real, one look each; the report names the looks."""
+    data = yaml.safe_load(TINY_HYPOTHESIS)
+    data["design"]["seeds"] = [0]
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = tmp_path / "out"
+    assert (
+        main(
+            ["run", str(path), "--out", str(out), "--no-mlflow", "--workers", "1"]
+            + ["--until-decided", "--max-seeds", "2", "--batch", "1"]
+        )
+        == 0
+    )
+    v = json.loads((out / "studies/tiny/verdicts.json").read_text())
+    assert [lk["seeds"] for lk in v["sequential"]["looks"]] == [1, 2]
+    for key in v["runs"]:
+        result = RunFolder(out / "runs" / key).read_result()
+        assert result["status"] == "finished" and result["finished_at"] > 0
+    md = (out / "studies/tiny/report.md").read_text()
+    assert "sequential seeds (obf spending over at most 2 seeds" in md and "look 2 (2 seeds)" in md
