@@ -1,10 +1,17 @@
-"""Linear mixed model with a random intercept and slope by seed (statsmodels MixedLM), tested with t(S-1).
+"""Linear mixed model with a random intercept and slope by seed, REML, slope tested with t(S-1).
 
-statsmodels prints z tests; with few seeds the calibrated choice is t with S - 1 degrees of freedom
-(simulated type-I error 0.04-0.05 at S = 3 and 5). Every warning of the fit (ConvergenceWarning, boundary fits, singular Hessian)
-is caught and returned, and the fixed slope is cross-checked against OLS: with ``lbfgs`` a fixed effect
-can come back as exactly 0 while ``converged`` is True (statsmodels issue 10239). Verified against
-R's lme4/lmerTest on stored fixtures (``tests/fixtures/lme4``). This module never imports torch.
+statsmodels prints z tests; with few seeds the calibrated choice is t with S - 1 degrees of freedom.
+The model is fitted on standardised x and y (each centred and divided by its SD) and the estimates are
+transformed back, so nothing depends on units: in raw units at the papers' checkpoint spacing (epochs
+0-100) the slope variance (~1e-3 per epoch^2) sits beside an intercept variance of ~10, and the
+optimiser stopped far from the optimum. statsmodels MixedLM gives the starting point; where it stops
+short (typically a boundary fit, which its criterion cannot reach because it inverts the random-effect
+covariance) the REML criterion is minimised again in lme4's form, which is defined on the boundary.
+Every warning of the fit is caught and returned, and the fixed slope is cross-checked against OLS (they
+coincide on balanced data; statsmodels issue 10239 returned a slope of exactly 0 with converged=True).
+:func:`mixed_slope_test` decides which test a claim uses: the mixed model only when its fit is sound,
+the per-seed slopes otherwise. Verified against R's lme4/lmerTest on stored fixtures
+(``tests/fixtures/lme4``). This module never imports torch.
 """
 
 from __future__ import annotations
@@ -15,26 +22,160 @@ import warnings
 import numpy as np
 import pandas as pd
 import statsmodels.formula.api as smf
-from scipy import stats
+from scipy import optimize, stats
+
+from analysis.inference import per_seed_slopes, t_test
 
 OLS_TOLERANCE = 0.01  # gap between MixedLM and OLS slopes, in slope SEs, that triggers a warning
+# A sound REML slope SE on balanced data equals the per-seed slopes' SE (interior fit) or departs from it
+# only through a boundary estimate; a factor beyond this is a failed fit, not a different answer
+SE_RATIO_LIMIT = 10.0
+SINGULAR_TOL = 1e-4  # R's isSingular: a diagonal entry of the relative Cholesky factor below this
+
+
+def _reml_parts(theta: np.ndarray, zz: np.ndarray, zy: np.ndarray, yy: np.ndarray, n_obs: int) -> dict:
+    """The profiled REML criterion of ``y ~ 1 + x + (1 + x | seed)`` in lme4's form, defined on the boundary.
+
+    With the relative Cholesky factor ``L`` (random-effect covariance = scale * L L') and per seed
+    ``M = I + L' Z'Z L`` (Z = [1, x], also the fixed-effect design): ``log|V| = sum log|M|``, ``X'V^-1X =
+    sum Z'Z - Z'Z L M^-1 L' Z'Z`` (likewise ``X'V^-1y``, ``y'V^-1y``). Nothing inverts ``L L'``, so a
+    singular factor (a variance 0, a correlation +-1) is an ordinary point, unlike statsmodels' criterion.
+
+    Args:
+        theta: (3,) ``(l11, l21, l22)``, statsmodels' packed square-root parameters.
+        zz: (S, 2, 2) per-seed ``Z'Z``; zy: (S, 2) ``Z'y``; yy: (S,) ``y'y``; n_obs: rows in all.
+
+    Returns:
+        dict with ``deviance`` (-2 REML log-likelihood up to a constant), ``fe`` (2,), ``scale``,
+        ``cov_fe`` (2, 2) = scale * (X'V^-1X)^-1 (lme4's ``vcov``) and ``cov_re`` (2, 2), unitless.
+    """
+    lam = np.array([[theta[0], 0.0], [theta[1], theta[2]]])
+    zl = zz @ lam  # (S, 2, 2): Z'Z L
+    m = np.eye(2) + lam.T @ zl  # (S, 2, 2)
+    sol = np.linalg.solve(m, np.swapaxes(zl, 1, 2))  # M^-1 L' Z'Z, (S, 2, 2)
+    xvx = (zz - zl @ sol).sum(0)
+    xvy = (zy - np.einsum("sij,sj->si", zl @ np.linalg.solve(m, lam.T[None]), zy)).sum(0)
+    yvy = (yy - np.einsum("si,sij,sj->s", zy, lam @ np.linalg.solve(m, lam.T[None]), zy)).sum()
+    fe = np.linalg.solve(xvx, xvy)
+    rss = float(yvy - fe @ xvy)
+    scale = rss / (n_obs - 2)
+    deviance = (
+        float(np.linalg.slogdet(m)[1].sum()) + float(np.linalg.slogdet(xvx)[1]) + (n_obs - 2) * math.log(rss)
+    )
+    return {
+        "deviance": deviance,
+        "fe": fe,
+        "scale": scale,
+        "cov_fe": scale * np.linalg.inv(xvx),
+        "cov_re": scale * lam @ lam.T,
+    }
+
+
+def _refine(theta: np.ndarray, parts) -> tuple[np.ndarray, bool, float]:
+    """Minimise the REML deviance ``parts(theta)["deviance"]`` over ``(l11, l21, l22)`` with both diagonal
+    entries >= 0, as lme4 does: L-BFGS-B, then Powell (derivative-free, for flat valleys next to a
+    boundary), then L-BFGS-B again with any diagonal entry that ended near 0 held at 0. Returns the best
+    point (3,), whether it meets the first-order conditions (numerical gradient), and the deviance/2
+    (log-likelihood) gained over ``theta``."""
+
+    def dev(th: np.ndarray) -> float:
+        try:
+            value = parts(th)["deviance"]
+        except (np.linalg.LinAlgError, ValueError):
+            return math.inf
+        return value if math.isfinite(value) else math.inf
+
+    # the criterion is even in the sign of each column of the factor: fold onto the bounded half
+    start = np.array([abs(theta[0]), theta[1] * np.sign(theta[0] or 1.0), abs(theta[2])])
+    bounds = [(0.0, None), (None, None), (0.0, None)]
+    lbfgs = {"ftol": 1e-15, "gtol": 1e-10, "maxiter": 2000}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        f0 = dev(start)
+        first = optimize.minimize(dev, start, method="L-BFGS-B", bounds=bounds, options=lbfgs)
+        second = optimize.minimize(
+            dev,
+            first.x,
+            method="Powell",
+            bounds=bounds,
+            options={"xtol": 1e-12, "ftol": 1e-15, "maxiter": 20000},
+        )
+        best = min((start, first.x, second.x), key=dev)
+        near = np.array([best[0] < SINGULAR_TOL, False, best[2] < SINGULAR_TOL])
+        fixed = [(0.0, 0.0) if n else b for n, b in zip(near, bounds, strict=True)]
+        third = optimize.minimize(
+            dev, np.where(near, 0.0, best), method="L-BFGS-B", bounds=fixed, options=lbfgs
+        )
+        best = min((best, third.x), key=dev)
+        # Nelder-Mead on the free entries pins a flat valley down far enough that units cannot matter
+        free = np.flatnonzero(~near)
+
+        def dev_free(v: np.ndarray) -> float:
+            th = best.copy()
+            th[free] = v
+            return dev(th)
+
+        fourth = optimize.minimize(
+            dev_free,
+            best[free],
+            method="Nelder-Mead",
+            bounds=[bounds[i] for i in free],
+            options={"xatol": 1e-9, "fatol": 1e-13, "maxiter": 1000},
+        )
+        if fourth.fun < dev(best):
+            best = best.copy()
+            best[free] = fourth.x
+        f_best = dev(best)
+        g = optimize.approx_fprime(best + np.where(near, 1e-7, 0.0), dev, 1e-7)
+    # converged: first-order conditions at the best point (a diagonal entry at its bound may only push
+    # outwards), the tolerance relative to the size of the criterion
+    tol = 1e-3 * max(1.0, abs(f_best))
+    at_bound = np.array([best[0] < SINGULAR_TOL, False, best[2] < SINGULAR_TOL])
+    kkt = np.where(at_bound, g >= -tol, np.abs(g) <= tol)
+    return np.asarray(best, dtype=np.float64), bool(math.isfinite(f_best) and kkt.all()), (f0 - f_best) / 2
+
+
+def _nan_fit() -> dict:
+    nan = float("nan")
+    return {
+        "slope": nan,
+        "se": nan,
+        "t": nan,
+        "p": nan,
+        "ci": (nan, nan),
+        "intercept": nan,
+        "se_intercept": nan,
+        "cov_re": [[nan] * 2 for _ in range(2)],
+        "scale": nan,
+        "ols_slope": nan,
+        "converged": False,
+        "singular": False,
+        "warnings": [],
+    }
 
 
 def fit_random_slopes(x: np.ndarray, y: np.ndarray, alternative: str = "greater") -> dict:
     """Fit ``y ~ 1 + x + (1 + x | seed)`` by REML and test the fixed slope with t(S-1).
 
+    The fit runs on ``x* = (x - mean(x)) / sd(x)`` and ``y* = (y - mean(y)) / sd(y)`` (SDs over the
+    long data); with ``A = diag(sd(y), sd(y) / sd(x))`` the fixed effects and their SEs scale by ``A``,
+    the random-effect covariance by ``A cov* A`` and the residual variance by ``sd(y)^2``. t and p are
+    therefore unit-free.
+
     Args:
-        x: (T,) the ordered factor shared by all seeds (epoch, layer index, knob level); centred
-            internally (x - mean(x)) so intercept and slope are nearly uncorrelated.
+        x: (T,) the ordered factor shared by all seeds (epoch, layer index, knob level); the intercept is
+            at mean(x), so intercept and slope are nearly uncorrelated.
         y: (S, T) values per seed (NaN entries are dropped).
         alternative: ``greater`` (slope > 0), ``less`` or ``two-sided``.
 
     Returns:
-        dict with ``slope``, ``se`` (model-based), ``t`` = slope / se, ``p`` (t(S-1)), ``ci`` (95%,
-        t(S-1) quantile), ``intercept`` (at the mean of x) and ``se_intercept``, ``cov_re`` (2x2 random-effects covariance:
-        intercept, slope), ``scale`` (residual variance), ``ols_slope``, ``converged``, ``warnings``
-        (list of strings: every warning raised by the fit, plus boundary / OLS-mismatch notes).
-        Never raises on degenerate data: a failed fit returns NaN numbers and says why in ``warnings``.
+        dict with ``slope`` (units of y per unit of x), ``se`` (model-based), ``t`` = slope / se, ``p``
+        (t(S-1)), ``ci`` (95%, t(S-1) quantile), ``intercept`` (at the mean of x) and ``se_intercept``,
+        ``cov_re`` (2x2 random-effects covariance: intercept, slope; in the units of y and x),
+        ``scale`` (residual variance), ``ols_slope``, ``converged``, ``singular`` (a random-effect
+        variance ~0 or correlation ~+-1, as R's ``isSingular``), ``warnings`` (list of strings: every
+        warning raised by the fit, plus boundary / OLS-mismatch notes). Never raises on degenerate data:
+        a failed fit returns NaN numbers and says why in ``warnings``.
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
@@ -46,46 +187,53 @@ def fit_random_slopes(x: np.ndarray, y: np.ndarray, alternative: str = "greater"
             "y": y.ravel(),
         }
     ).dropna()
-    out = {
-        "slope": float("nan"),
-        "se": float("nan"),
-        "t": float("nan"),
-        "p": float("nan"),
-        "ci": (float("nan"), float("nan")),
-        "intercept": float("nan"),
-        "se_intercept": float("nan"),
-        "cov_re": [[float("nan")] * 2] * 2,
-        "scale": float("nan"),
-        "ols_slope": float("nan"),
-        "converged": False,
-        "warnings": [],
-    }
-    if n_seeds < 2 or long.y.std() == 0 or long.x.std() == 0:
+    out = _nan_fit()
+    if n_seeds < 2 or not long.y.std() > 0 or not long.x.std() > 0:
         out["warnings"].append("mixed model not fitted: needs >= 2 seeds and varying values")
         return out
     ols = smf.ols("y ~ x", long).fit()
     out["ols_slope"] = float(ols.params["x"])
-    model = smf.mixedlm("y ~ x", long, groups=long.seed, re_formula="~x")
+    sx, my, sy = float(long.x.std()), float(long.y.mean()), float(long.y.std())
+    unit = pd.DataFrame({"seed": long.seed, "x": long.x / sx, "y": (long.y - my) / sy})
+    model = smf.mixedlm("y ~ x", unit, groups=unit.seed, re_formula="~x")
     fit = None
-    # bfgs at gtol 1e-7 agrees with lme4 to ~2e-7 relative (tests/test_mixed.py); lbfgs (the statsmodels
-    # default) stops ~1e-5 early but is more robust near a boundary, so it is the fallback. Only the
-    # warnings of the fit that is kept are reported, plus a note that the first optimiser failed.
-    for method, kw in (("bfgs", {"gtol": 1e-7}), ("lbfgs", {})):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                fit = model.fit(reml=True, method=method, **kw)
-            except (np.linalg.LinAlgError, ValueError) as exc:
-                out["warnings"].append(f"mixed model ({method}) failed: {type(exc).__name__}: {exc}")
-                fit = None
-        if fit is not None and fit.converged:
-            break
-        if method == "bfgs":
-            out["warnings"].append("bfgs did not converge; refitted with lbfgs")
-    out["warnings"] += sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught})
+    # statsmodels' bfgs at gtol 1e-7 reaches lme4's optimum to ~1e-7 relative on interior fits; where it
+    # stops short (a boundary, or a failure) the same REML criterion is refined by a bounded optimiser
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            fit = model.fit(reml=True, method="bfgs", gtol=1e-7)
+        except (np.linalg.LinAlgError, ValueError) as exc:
+            out["warnings"].append(f"mixed model failed: {type(exc).__name__}: {exc}")
     if fit is None:
         return out
-    slope, se = float(fit.fe_params["x"]), float(fit.bse_fe["x"])
+    theta = np.asarray(fit.params_object.get_packed(use_sqrt=True, has_fe=False), dtype=np.float64)
+    converged = bool(fit.converged)
+    notes = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught})
+    z = np.column_stack([np.ones(len(unit)), unit.x.to_numpy()])
+    groups = [np.flatnonzero(unit.seed.to_numpy() == g) for g in np.unique(unit.seed)]
+    zz = np.stack([z[i].T @ z[i] for i in groups])
+    zy = np.stack([z[i].T @ unit.y.to_numpy()[i] for i in groups])
+    yy = np.array([unit.y.to_numpy()[i] @ unit.y.to_numpy()[i] for i in groups])
+
+    def parts(th: np.ndarray) -> dict:
+        return _reml_parts(th, zz, zy, yy, len(unit))
+
+    if notes or not converged:
+        theta, converged, gain = _refine(theta, parts)
+        out["warnings"].append(
+            f"statsmodels bfgs stopped short ({notes[-1] if notes else 'not converged'}); REML refined "
+            f"by a bounded optimiser (+{gain:.3g} log-likelihood)"
+        )
+    try:
+        est = parts(theta)
+    except (np.linalg.LinAlgError, ValueError) as exc:
+        out["warnings"].append(f"mixed model failed at its optimum: {type(exc).__name__}: {exc}")
+        return out
+    fe, cov_fe, scale_unit = est["fe"], est["cov_fe"], est["scale"]
+    scale_fe = np.array([sy, sy / sx])  # back to units: intercept in y, slope in y per x
+    slope = float(fe[1]) * scale_fe[1]
+    se = math.sqrt(cov_fe[1, 1]) * scale_fe[1] if cov_fe[1, 1] > 0 else float("nan")
     df = n_seeds - 1
     tval = slope / se if se > 0 else float("nan")
     if alternative == "greater":
@@ -95,27 +243,91 @@ def fit_random_slopes(x: np.ndarray, y: np.ndarray, alternative: str = "greater"
     else:
         p = 2 * stats.t.sf(abs(tval), df)
     q = stats.t.ppf(0.975, df)
-    cov_re = np.asarray(fit.cov_re, dtype=np.float64)
+    cov_re = est["cov_re"] * np.outer(scale_fe, scale_fe)
+    # singular as R's isSingular (there in the units of the data, here in standardised units)
+    singular = bool(np.abs(theta[[0, 2]]).min() < SINGULAR_TOL)
     out.update(
         slope=slope,
         se=se,
         t=float(tval),
         p=float(p),
         ci=(slope - q * se, slope + q * se),
-        intercept=float(fit.fe_params["Intercept"]),
-        se_intercept=float(fit.bse_fe["Intercept"]),
+        intercept=my + float(fe[0]) * sy,
+        se_intercept=math.sqrt(cov_fe[0, 0]) * sy,
         cov_re=cov_re.tolist(),
-        scale=float(fit.scale),
-        converged=bool(fit.converged),
+        scale=scale_unit * sy**2,
+        converged=converged,
+        singular=singular,
     )
-    if not fit.converged:
+    if not converged:
         out["warnings"].append("mixed model did not converge")
-    if np.min(np.diag(cov_re)) < 1e-8 * max(fit.scale, 1e-300):
-        out["warnings"].append("boundary fit: a random-effect variance is ~0")
+    if singular:
+        out["warnings"].append(
+            "boundary fit: the random-effect covariance is singular (a variance ~0 or |corr| ~1)"
+        )
     # Balanced data with a shared x: GLS and OLS fixed slopes coincide, so a gap flags a bad fit
     # (statsmodels issue 10239: slope returned as 0 with converged=True).
     if math.isfinite(se) and abs(slope - out["ols_slope"]) > OLS_TOLERANCE * max(se, 1e-12):
         out["warnings"].append(
             f"fixed slope {slope:.6g} disagrees with OLS {out['ols_slope']:.6g} (statsmodels issue 10239)"
+        )
+    return out
+
+
+def mixed_slope_test(x: np.ndarray, y: np.ndarray, alternative: str = "greater") -> dict:
+    """The slope test of ``method: mixed``: the MixedLM fit when it is sound, the per-seed slopes otherwise.
+
+    The fit decides only when it converged, its slope matches OLS (statsmodels issue 10239) and its
+    slope SE lies within a factor SE_RATIO_LIMIT of the SE of the per-seed slopes' mean (on balanced data
+    the two coincide for an interior fit; a boundary fit moves them apart by a few times at most). Else
+    the claim falls back to the one-sample t(S-1) test of the per-seed OLS slopes, which is valid
+    whatever the fit did, and says so.
+
+    Args:
+        x: (T,) the ordered factor shared by all seeds.
+        y: (S, T) values per seed.
+        alternative: ``greater``, ``less`` or ``two-sided``.
+
+    Returns:
+        dict with ``method_used`` (``mixed`` or ``per-seed slopes (fallback: <reason>)``),
+        ``fallback_reason`` (None when the fit decides), ``p``, ``effect`` (slope, units of y per unit
+        of x), ``ci`` (95%, t(S-1)) of the test used, ``fit`` (:func:`fit_random_slopes`),
+        ``per_seed_se`` (SE of the mean per-seed slope) and ``warnings`` (the fit's, plus the fallback).
+    """
+    fit = fit_random_slopes(x, y, alternative)
+    slopes = per_seed_slopes(x, y)
+    per_seed = t_test(slopes[np.isfinite(slopes)], alternative)
+    se_seed = per_seed["sd"] / math.sqrt(per_seed["n"]) if per_seed["n"] >= 2 else float("nan")
+    reason = None
+    if not math.isfinite(fit["p"]):
+        reason = "mixed model gave no test"
+    elif not fit["converged"]:
+        reason = "mixed model did not converge"
+    elif abs(fit["slope"] - fit["ols_slope"]) > OLS_TOLERANCE * fit["se"]:
+        reason = "mixed-model slope disagrees with OLS"
+    elif se_seed > 0 and not 1 / SE_RATIO_LIMIT <= fit["se"] / se_seed <= SE_RATIO_LIMIT:
+        reason = (
+            f"mixed-model slope SE {fit['se']:.3g} is {fit['se'] / se_seed:.3g}x the per-seed slopes' SE "
+            f"{se_seed:.3g}"
+        )
+    out = {
+        "method_used": "mixed",
+        "fallback_reason": reason,
+        "p": fit["p"],
+        "effect": fit["slope"],
+        "ci": fit["ci"],
+        "fit": fit,
+        "per_seed_se": se_seed,
+        "warnings": list(fit["warnings"]),
+    }
+    if reason is not None:
+        out.update(
+            method_used=f"per-seed slopes (fallback: {reason})",
+            p=per_seed["p"],
+            effect=per_seed["mean"],
+            ci=per_seed["ci"],
+        )
+        out["warnings"].append(
+            f"verdict from the per-seed slopes' t(S-1) test, not the mixed model: {reason}"
         )
     return out

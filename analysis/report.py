@@ -146,6 +146,8 @@ def findings(claim, result: ClaimResult) -> list[str]:
     """What the claim's test found: the kind's own lines, then the verdict's basis, power, warnings, seeds."""
     unit = unit_of(result.metric)
     lines = list(get_kind(result.kind).explain(claim, result)) if claim is not None else []
+    if result.details.get("method_used"):
+        lines.insert(0, f"test used: {result.details['method_used']}")
     lines.append(
         f"effect {fmt_num(result.effect)}{unit} (95% t CI {fmt_num(result.ci_low)}, {fmt_num(result.ci_high)}; "
         f"bootstrap {fmt_num(result.bootstrap_ci[0])}, {fmt_num(result.bootstrap_ci[1])}); p {fmt_p(result.p_value)}, "

@@ -11,6 +11,9 @@ import pandas as pd
 
 from core.layers import layer_names
 
+PAPER_EPOCHS = np.array([0.0, 1.0, *range(10, 101, 10)])  # the papers' checkpoint epochs
+KNOB_LEVELS = np.linspace(0.0, 1.0, 5)  # a complexity knob's levels
+
 
 def mean_profile(shape: str, n_blocks: int, effect: float, base: float = 50.0) -> np.ndarray:
     """Mean metric over blocks 1..n_blocks (shape ``(n_blocks,)``).
@@ -109,8 +112,11 @@ def simulate_trends(
     seed_sd: float = 1.0,
     noise_sd: float = 1.0,
     ar: float = 0.5,
+    x: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-seed series with random slopes and AR(1) noise: the least favourable null of ``trend`` at 0.
+
+    ``x`` (n_points,): the points (e.g. checkpoint epochs or knob levels); default ``0..n_points-1``.
 
     ``y[s, t] = offset_s + (mean_slope + u_s) * x_t + eps[s, t]``, ``u_s ~ N(0, slope_sd)``, eps stationary
     AR(1) (coefficient ``ar``, marginal SD ``noise_sd``), ``x_t = 0..n_points-1``.
@@ -118,7 +124,7 @@ def simulate_trends(
     Returns:
         x (n_points,), y (n_seeds, n_points).
     """
-    x = np.arange(n_points, dtype=float)
+    x = np.arange(n_points, dtype=float) if x is None else np.asarray(x, dtype=float)
     eps = ar1_noise(rng, n_seeds, n_points, noise_sd, ar)
     slope = mean_slope + rng.normal(0, slope_sd, (n_seeds, 1))
     offset = rng.normal(0, seed_sd, (n_seeds, 1))

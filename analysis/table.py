@@ -20,6 +20,7 @@ from analysis.observables import OBSERVABLES
 from analysis.spectral import METRICS
 from core.errors import StudyError
 from core.io import atomic_path
+from core.layers import layer_order
 
 COLUMNS = [
     "run_key",
@@ -124,4 +125,32 @@ def load_table(path: str | Path) -> pd.DataFrame:
     missing = sorted(required - set(df.columns))
     if missing:
         raise StudyError(f"missing columns {missing}; expected {COLUMNS}", str(path))
-    return df
+    return complete_columns(df, str(path))
+
+
+def complete_columns(df: pd.DataFrame, where: str = "table") -> pd.DataFrame:
+    """Fill the two derived columns when a table lacks them.
+
+    ``layer_index`` is the depth order of the layer names (``core.layers.layer_order``: patch_embed,
+    pos_embed, block_01..block_NN, norm), as :func:`rows_from_spectra` writes it; ``n_tokens`` (only used
+    to warn about unequal token counts) becomes -1, "unknown".
+
+    Raises:
+        StudyError: ``layer_index`` is missing and some layer name does not follow that naming.
+    """
+    out = df
+    if "layer_index" not in df.columns:
+        names = [str(n) for n in pd.unique(df["layer"])]
+        order = layer_order(names)
+        if order is None:
+            odd = sorted(n for n in names if layer_order([n]) is None)
+            raise StudyError(
+                f"column 'layer_index' is missing and cannot be derived from layer names {odd[:5]} "
+                "(expected patch_embed, pos_embed, block_NN, norm); add the column",
+                where,
+                "layer_index",
+            )
+        out = out.assign(layer_index=df["layer"].astype(str).map(order).astype(int))
+    if "n_tokens" not in df.columns:
+        out = out.assign(n_tokens=-1)
+    return out

@@ -47,6 +47,7 @@ def calibrate(label: str, n_seeds: int, reps: int, power_reps: int, alpha: float
         "type1": float(np.mean(p_null < alpha)),  # NaN p (no test possible) never accepts
         "bound": alpha + 2 * math.sqrt(alpha * (1 - alpha) / reps),
         "warned": float(np.mean([r["warned"] for r in null])),
+        "fallback": float(np.mean([r.get("fallback", False) for r in null])),
     }
     for eff in EFFECTS:
         alt = [simulate_claim_study(label, n_seeds, eff, rng) for _ in range(power_reps)]
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for k in args.kinds for r in calibrate_sequential(k, looks, sims, args.alpha)]
         return 0 if print_sequential(rows, args.reps, args.alpha, time.perf_counter() - t0) else 1
     rows = [calibrate(k, s, args.reps, args.power_reps, args.alpha) for k in args.kinds for s in args.seeds]
-    head = "| kind | least favourable null | S | type-I | bound | ok | power d=0.5 | d=1 | d=2 | CI coverage (d=1) | warned fits |"
+    head = "| kind | least favourable null | S | type-I | bound | ok | power d=0.5 | d=1 | d=2 | CI coverage (d=1) | warned fits | fallback |"
     print(head)
     print("|" + "|".join(["---"] * (head.count("|") - 1)) + "|")
     ok_all = True
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| {r['kind']} | {CALIBRATION_KINDS[r['kind']][1]} | {r['S']} | {r['type1']:.3f} | {r['bound']:.3f} | "
             f"{'yes' if ok else 'NO'} | {r['power@0.5']:.2f} | {r['power@1']:.2f} | {r['power@2']:.2f} | {cov} | "
-            f"{r['warned']:.2f} |"
+            f"{r['warned']:.2f} | {r['fallback']:.3f} |"
         )
     print(
         f"\nalpha {args.alpha}; {args.reps} null studies and {args.power_reps} per alternative per row; "

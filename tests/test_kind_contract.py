@@ -98,7 +98,7 @@ def test_calibration_scenarios_run(label):
     rng = np.random.default_rng(0)
     for effect in (0.0, 2.0):
         r = KINDS[kind].calibration[lab].simulate(5, effect, rng)
-        assert {"p", "covered", "warned"} <= set(r) <= {"p", "covered", "warned", "contradicted"}
+        assert {"p", "covered", "warned"} <= set(r) <= {"p", "covered", "warned", "contradicted", "fallback"}
         assert math.isnan(r["p"]) or 0.0 <= r["p"] <= 1.0
         assert r["covered"] in (None, True, False) and isinstance(r["warned"], bool)
 

@@ -285,7 +285,28 @@ def test_cli_analyze_every_kind(tmp_path, table, capsys):
     assert [r["kind"] for r in out] == list(CLAIMS)
 
 
-@pytest.mark.parametrize("label", [k for k in CALIBRATION_KINDS if k != "trend_mixed"])
+def test_cli_analyze_derives_missing_layer_index_and_n_tokens(tmp_path, table, capsys):
+    from analysis.table import save_table
+
+    hyp = {"name": "t", "design": DESIGN, "claims": [{"name": k, **c} for k, c in CLAIMS.items()]}
+    path = tmp_path / "h.yaml"
+    path.write_text(yaml.safe_dump(hyp))
+    full = save_table(table, tmp_path / "full.parquet")
+    assert main(["analyze", str(path), "--table", str(full), "--json"]) == 0
+    want = json.loads(capsys.readouterr().out)
+    bare = save_table(table.drop(columns=["layer_index", "n_tokens"]), tmp_path / "bare.csv")
+    assert main(["analyze", str(path), "--table", str(bare), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert [(r["verdict"], r["p_value"]) for r in got] == [(r["verdict"], r["p_value"]) for r in want]
+    odd = save_table(
+        table.drop(columns=["layer_index"]).replace({"layer": {"norm": "head"}}), tmp_path / "odd.csv"
+    )
+    assert main(["analyze", str(path), "--table", str(odd)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "layer_index" in err and "head" in err and "odd.csv" in err
+
+
+@pytest.mark.parametrize("label", [k for k in CALIBRATION_KINDS if not k.startswith("trend_mixed")])
 def test_calibration_smoke(label):
     # 300 seeded null studies at S = 5: type-I within alpha + 3 MC SE (the full 1000-rep bound is the bench)
     rng = np.random.default_rng(sum(map(ord, label)))
@@ -296,9 +317,10 @@ def test_calibration_smoke(label):
     assert np.mean(alt < 0.05) >= 0.15
 
 
-def test_calibration_smoke_mixed():
+@pytest.mark.parametrize("label", ["trend_mixed", "trend_mixed_paper", "trend_mixed_knob"])
+def test_calibration_smoke_mixed(label):
     rng = np.random.default_rng(5)
-    p = np.array([simulate_claim_study("trend_mixed", 5, 0.0, rng)["p"] for _ in range(40)])
+    p = np.array([simulate_claim_study(label, 5, 0.0, rng)["p"] for _ in range(40)])
     assert np.mean(p < 0.05) <= 0.2
 
 
@@ -321,7 +343,27 @@ def test_variants_run_from_yaml(kind, change, expected, table):
     if expected:
         assert r.verdict == expected, (r.p_adjusted, r.warnings)
     assert r.verdict in (ACCEPTED, REJECTED, INCONCLUSIVE) and math.isfinite(r.effect)
+    assert r.details["method_used"] == "mixed" or not r.details["method_used"].startswith("mixed")
     json.dumps(r.to_dict(), allow_nan=False)
+
+
+def test_mixed_claim_never_rests_on_a_non_converged_fit(table, monkeypatch):
+    """A fit reported as not converged (statsmodels and the bounded refinement both fail) hands the
+    verdict to the per-seed slopes' t(S-1) test, and the claim says so in its details and warnings."""
+    from statsmodels.regression.mixed_linear_model import MixedLMResults
+
+    import analysis.mixed as mixed
+
+    monkeypatch.setattr(MixedLMResults, "converged", False, raising=False)
+    monkeypatch.setattr(mixed, "_refine", lambda theta, parts: (theta, False, 0.0))
+    claim = {**CLAIMS["trend"], "method": "mixed"}
+    r = evaluate_claims(_hyp(claim), table)[0]
+    slope = evaluate_claims(_hyp({**claim, "method": "slope"}), table)[0]
+    assert r.details["method_used"] == "per-seed slopes (fallback: mixed model did not converge)"
+    assert r.details["per_series"]["pooled"]["mixed"]["fit"]["converged"] is False
+    assert any("not the mixed model: mixed model did not converge" in w for w in r.warnings)
+    assert r.p_value == pytest.approx(slope.p_value, rel=1e-12) and r.effect == pytest.approx(slope.effect)
+    assert slope.details["method_used"] == "per-seed slopes"
 
 
 def test_u_shape_excludes_only_on_the_layers_it_tests(table):

@@ -256,3 +256,14 @@ def test_u_shape_section_says_why(tmp_path):
         assert "95% CI" in line and "p " in line and all(f"seed {s}:" in line for s in hyp.design.seeds)
     assert "bottleneck location: layer index" in text and "INCONCLUSIVE: neither" in text
     assert re.search(r"power \d\.\d\d at the observed effect; 80% power needs \d+ seeds", text)
+
+
+def test_report_names_the_test_a_claim_used(tmp_path):
+    """A mixed-model trend that fell back says which test decided it, in the report's findings."""
+    hyp = load_hypothesis(ROOT / "hypotheses" / "rank_grows.yaml")
+    table = pd.read_parquet(BEHAVIOUR / "table_rank_grows.parquet")
+    (result,) = evaluate_claims(hyp.model_copy(update={"claims": hyp.claims[:1]}), table)
+    used = "per-seed slopes (fallback: mixed model did not converge)"
+    result.details["method_used"] = used
+    (sec,) = build_sections(ReportInput(hyp.name, "", hyp.claims[:1], [result], table, tmp_path))
+    assert sec.findings[0] == f"test used: {used}"

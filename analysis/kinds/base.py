@@ -467,7 +467,7 @@ class Scenario:
     one simulated study at each look (:meth:`at_looks`): ``draw(n_seeds, effect, rng) -> (arrays, truth)``
     (a tuple of arrays, the seed on the first axis of each, and the true effect or None) and
     ``test(arrays, truth, rng) -> dict`` (the keys above, plus ``contradicted``: the verdict rule would
-    REJECT). ``simulate`` is then ``test(*draw(...))``.
+    REJECT, and for a mixed-model trend ``fallback``: the per-seed slopes decided). ``simulate`` is then ``test(*draw(...))``.
     """
 
     description: str

@@ -111,6 +111,7 @@ def ordering_statistics(
     if levels is None:
         jt = jonckheere_terpstra(y, direction, n_permutations, seed)
         out["jt"] = jt
+        out["method_used"] = "Jonckheere-Terpstra (permutation)"
         n = y.shape[0]
         out["p"] = jt["p"] if n >= 2 else float("nan")
         out["warnings"] = [w for w in out["warnings"] if "between-seed variance" not in w]
@@ -149,6 +150,7 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     details = {
         "summary": claim.summary,
         "test": "jonckheere_terpstra_permutation" if levels is None else f"slope_on_levels ({claim.method})",
+        "method_used": stat["method_used"],
         "jt": stat["jt"],
         "per_seed_summary": {
             ds: dict(zip(seeds, map(float, y[:, j]), strict=True)) for j, ds in enumerate(groups)

@@ -31,8 +31,8 @@ from analysis.kinds.base import (
     register_kind,
     std_effect,
 )
-from analysis.mixed import fit_random_slopes
-from analysis.simulate import simulate_trends
+from analysis.mixed import fit_random_slopes, mixed_slope_test
+from analysis.simulate import KNOB_LEVELS, PAPER_EPOCHS, simulate_trends
 from core.errors import StudyError
 from core.fmt import fmt_num, fmt_p, unit_of
 from core.knobs import Knob
@@ -114,10 +114,13 @@ def trend_statistics(
         out["warnings"].append(
             f"sign-flip p of Kendall taus cannot go below 2^-{len(values)} = {0.5 ** len(values):.3f}"
         )
+    out["method_used"] = "per-seed Kendall tau (sign-flip)" if method == "kendall" else "per-seed slopes"
     if method == "mixed":
-        fit = fit_random_slopes(x, y, alt)
-        out.update(p=fit["p"], effect=fit["slope"], ci=fit["ci"], mixed=fit)
-        out["warnings"] = few_seeds_warning(len(values), fit["p"]) + fit["warnings"]
+        test = mixed_slope_test(x, y, alt)  # the fit, or the per-seed slopes where the fit is unsound
+        out.update(
+            p=test["p"], effect=test["effect"], ci=test["ci"], mixed=test, method_used=test["method_used"]
+        )
+        out["warnings"] = few_seeds_warning(len(values), test["p"]) + test["warnings"]
     lo, hi = out["ci"]
     out["contradicted"] = len(values) >= 2 and (hi < 0 if sign > 0 else lo > 0)
     return out
@@ -250,6 +253,7 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     details = {
         "x": x.tolist(),
         "method": claim.method,
+        "method_used": b["method_used"],
         "binding": binding,
         "per_series": {
             n: {
@@ -257,6 +261,7 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
                 "ci": list(s["ci"]),
                 "p": s["p"],
                 "p_holm_across_layers": hp,
+                "method_used": s["method_used"],
                 "per_seed": dict(zip(seeds, map(float, s["values"]), strict=True)),
                 **({"mixed": s["mixed"]} if s["mixed"] else {}),
             }
@@ -304,15 +309,45 @@ def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
     return (y,), effect * 0.5
 
 
-def _test(method: str):
+def _draw_at(x: np.ndarray, slope_sd: float):
+    """Paper scale: checkpoints 0, 1, 10, ..., 100 with a slope SD of 0.03 per epoch (a slope variance of
+    ~1e-3 per epoch^2) beside an intercept SD of 3; a knob 0..1 keeps the same spread of y over its range
+    (3 per unit). ``effect`` is in units of the per-seed slope SD."""
+
+    def draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
+        truth = effect * slope_sd
+        _, y = simulate_trends(n_seeds, len(x), truth, rng, slope_sd=slope_sd, seed_sd=3.0, x=x)
+        return (y,), truth
+
+    return draw
+
+
+def _test(method: str, x: np.ndarray | None = None):
     def test(arrays: tuple, truth: float, rng: np.random.Generator) -> dict:
         y = arrays[0]
-        st = trend_statistics(np.arange(y.shape[1], dtype=float), y, "increasing", method)
+        xs = np.arange(y.shape[1], dtype=float) if x is None else x
+        st = trend_statistics(xs, y, "increasing", method)
         covered = None if method == "kendall" else bool(st["ci"][0] <= truth <= st["ci"][1])
-        warned = bool(st["mixed"] and st["mixed"]["warnings"])
-        return {"p": st["p"], "covered": covered, "warned": warned, "contradicted": bool(st["contradicted"])}
+        mixed = st["mixed"] or {}
+        return {
+            "p": st["p"],
+            "covered": covered,
+            "warned": bool(mixed and mixed["fit"]["warnings"]),
+            "fallback": bool(mixed and mixed["fallback_reason"]),
+            "contradicted": bool(st["contradicted"]),
+        }
 
     return test
+
+
+_SPACINGS = {
+    "paper": (
+        PAPER_EPOCHS,
+        0.03,
+        "random slopes (mean 0, SD 0.03/epoch), intercept SD 3, AR(1); epochs 0,1,10..100",
+    ),
+    "knob": (KNOB_LEVELS, 3.0, "random slopes (mean 0, SD 3/unit), intercept SD 3, AR(1); knob 0,.25,..,1"),
+}
 
 
 def _labellings(claim) -> int:
@@ -394,10 +429,17 @@ register_kind(
         model=TrendClaim,
         evaluate=evaluate,
         calibration={
-            f"trend_{m}": Scenario(
-                "per-seed random slopes (mean 0) + AR(1) noise, 6 epochs", draw=_draw, test=_test(m)
-            )
-            for m in ("slope", "kendall", "mixed")
+            **{
+                f"trend_{m}": Scenario(
+                    "per-seed random slopes (mean 0) + AR(1) noise, 6 epochs", draw=_draw, test=_test(m)
+                )
+                for m in ("slope", "kendall", "mixed")
+            },
+            **{
+                f"trend_{m}_{name}": Scenario(desc, draw=_draw_at(x, sd), test=_test(m, x))
+                for name, (x, sd, desc) in _SPACINGS.items()
+                for m in ("slope", "mixed")
+            },
         },
         labellings_per_seed=_labellings,
         figures=figures,
