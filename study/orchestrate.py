@@ -58,6 +58,7 @@ def run_study(
     log_model: bool = False,
     report: bool = True,
     command: str | None = None,
+    placement: stages.Placement | None = None,
 ) -> StudyOutcome:
     """Run (or reuse) every planned run, then test the claims. See the module docstring.
 
@@ -65,6 +66,7 @@ def run_study(
         log_model: log weight files of newly trained runs to MLflow (off: ~88 MB per ViT-S seed).
         report: write ``report.html``/``report.md`` into the study folder (and log them to MLflow).
         command: the command line that started this, recorded in MLflow and the report.
+        placement: executor (local or Ray) and lease store of the runs (``stages.Placement``).
     """
     from runners.datasets import check_dataset_folder
 
@@ -80,7 +82,7 @@ def run_study(
         _log_triage(log, hyp, specs, tri)
         data = stages.prepare_data(tri.todo, data_dir, log)
         tracker.log_study(hyp, hyp_path, specs, tri, command)
-        failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log)
+        failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log, None, placement, hyp.name)
         collected = stages.collect_table(specs, runs_dir, hyp.design.layers, failed)
         for spec in tri.todo:  # runs trained by this invocation become child runs
             result = RunFolder(runs_dir / spec.key).read_result()

@@ -27,7 +27,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -274,7 +274,7 @@ def _counts(optuna_study) -> tuple[int, int]:
     return done, running
 
 
-def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list[str]) -> int:
+def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list[str], placement=None) -> int:
     """Plan, triage, execute and collect the runs of a batch of trials together; tell each trial its value.
     Returns how many of the batch's trials completed."""
     from optuna.trial import TrialState
@@ -289,7 +289,7 @@ def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list
         f"trials {[p.number for p in points]}: {len(specs)} runs, {len(tri.reused_from)} reused, {len(tri.todo)} to train"
     )
     data = stages.prepare_data(tri.todo, data_dir, log)
-    failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log)
+    failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log, None, placement, hyp.name)
     trained += [s.key for s in tri.todo]
     for spec in tri.todo:
         result = RunFolder(runs_dir / spec.key).read_result()
@@ -396,11 +396,20 @@ def run_sweep(
     track: bool = True,
     report: bool = True,
     command: str | None = None,
+    placement: stages.Placement | None = None,
 ) -> SweepOutcome:
-    """Run (or continue) a sweep, then test its claims over knobs. See the module docstring."""
+    """Run (or continue) a sweep, then test its claims over knobs. See the module docstring.
+
+    ``placement``: executor and lease store of the runs; with a database ``storage`` and no lease store
+    given, the runs' leases live in that database, so sweep processes sharing it train each run once.
+    """
     out_dir = Path(out_dir)
     sweep_dir = out_dir / "sweeps" / hyp.name
-    optuna_study = open_optuna_study(hyp, out_dir, storage_url(hyp, out_dir, storage), str(hyp_path))
+    url = storage_url(hyp, out_dir, storage)
+    placement = placement or stages.Placement()
+    if placement.leases is None and url and "://" in url:
+        placement = replace(placement, leases=url)
+    optuna_study = open_optuna_study(hyp, out_dir, url, str(hyp_path))
     target = n_trials or hyp.sweep.n_trials or hyp.sweep.grid_size()
     trained: list[str] = []
     with open_tracker(track, out_dir, f"{hyp.name}.sweep", role="sweep") as tracker:
@@ -421,7 +430,7 @@ def run_sweep(
             points = _ask(
                 optuna_study, hyp, _batch_size(hyp, target - done - running, workers), out_dir / "data"
             )
-            if not _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained):
+            if not _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained, placement):
                 log("no trial of this batch completed (see the failed runs above): stopping the sweep here")
                 break
             log(
