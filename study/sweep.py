@@ -123,6 +123,20 @@ def storage_url(hyp: Hypothesis, out_dir: Path, override: str | None = None) -> 
     return override or hyp.sweep.storage
 
 
+def _database_storage(url: str, tries: int = 3):
+    """optuna's storage at ``url``; sweep processes started together race to create its tables, and the
+    losers see the tables exist on a second try."""
+    import optuna
+
+    for attempt in range(tries):
+        try:
+            return optuna.storages.get_storage(url)
+        except Exception:  # noqa: BLE001 - re-raised on the last try
+            if attempt == tries - 1:
+                raise
+            time.sleep(1.0 + attempt)
+
+
 def open_optuna_study(hyp: Hypothesis, out_dir: Path, storage: str | None, file: str):
     """The sweep's optuna study (created or loaded). A storage that cannot be opened is one line."""
     import optuna
@@ -138,7 +152,7 @@ def open_optuna_study(hyp: Hypothesis, out_dir: Path, storage: str | None, file:
             path.parent.mkdir(parents=True, exist_ok=True)
             backend = JournalStorage(JournalFileBackend(str(path)))
         else:
-            backend = optuna.storages.get_storage(storage)
+            backend = _database_storage(storage)
         direction = hyp.sweep.objective.direction
         return optuna.create_study(
             study_name=hyp.name,
@@ -424,6 +438,11 @@ def run_sweep(
         recover_stale(optuna_study, hyp, log)
         while True:
             done, running = _counts(optuna_study)
+            if done + running >= target and running:  # the rest runs in other sweep processes: wait for it
+                log(f"waiting for {running} trial(s) running in other processes")
+                time.sleep(5)
+                recover_stale(optuna_study, hyp, log)
+                continue
             if done + running >= target:
                 break
             t0 = time.perf_counter()
