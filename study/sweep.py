@@ -180,6 +180,18 @@ def _alive(owner: str | None) -> bool:
     return True
 
 
+def _just_asked(trial, grace_s: float = 120.0) -> bool:
+    """A trial asked by another sweep process that has not yet recorded its owner (ask, then set_user_attr)."""
+    import datetime as dt
+
+    start = trial.datetime_start
+    return (
+        OWNER not in trial.user_attrs
+        and start is not None
+        and (dt.datetime.now() - start).total_seconds() < grace_s
+    )
+
+
 def recover_stale(optuna_study, hyp: Hypothesis, log: Log) -> int:
     """Mark trials left RUNNING by a dead process FAIL, and queue their parameters again (enqueued, so the
     grid sampler too runs that point again: it counts a failed point as visited). Returns how many."""
@@ -187,7 +199,7 @@ def recover_stale(optuna_study, hyp: Hypothesis, log: Log) -> int:
 
     n = 0
     for t in optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if _alive(t.user_attrs.get(OWNER)):
+        if _alive(t.user_attrs.get(OWNER)) or _just_asked(t):
             continue
         optuna_study.tell(t.number, state=TrialState.FAIL)
         optuna_study.enqueue_trial(dict(t.params), skip_if_exists=False)

@@ -75,7 +75,7 @@ def test_two_concurrent_invocations_train_each_run_once(tmp_path, postgres_url):
         for _ in range(2)
     ]
     logs = [p.communicate(timeout=900)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], logs
+    assert [p.returncode for p in procs] == [0, 0], "\n=====\n".join(log[-3000:] for log in logs)
     both = "\n".join(logs)
     for seed in (0, 1, 2):  # the last epoch of each run is trained in one of the two processes only
         assert both.count(f"[objects/seed{seed}] epoch 2/2") == 1, both
@@ -96,7 +96,7 @@ def test_two_sweep_processes_share_one_optuna_study_and_train_each_run_once(tmp_
         for _ in range(2)
     ]
     logs = [p.communicate(timeout=900)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], logs
+    assert [p.returncode for p in procs] == [0, 0], "\n=====\n".join(log[-3000:] for log in logs)
     leases = open_lease_store(db).leases()
     assert len(leases) == 6  # 3 grid points x 2 seeds, each claimed (and trained) once
     assert {(le.state, le.attempts) for le in leases} == {("finished", 1)}
