@@ -1,4 +1,4 @@
-"""Executors run training jobs; one small interface, local implementations.
+"""Executors run training jobs; one small interface, local and Ray implementations.
 
 An executor takes a picklable job function and a list of job argument tuples and yields
 ``(index, result, error)`` as jobs finish. ``InlineExecutor`` runs in this process (tests, GPU);
@@ -6,7 +6,8 @@ An executor takes a picklable job function and a list of job argument tuples and
 cores, two 1-thread processes nearly double throughput on small images). No core sits idle while work
 remains: once no job waits, the cores of finished workers go to the jobs still running. Each job reads its
 thread budget from a small file (``THREADS_FILE_ENV`` names it) that the executor rewrites, and a
-training run adopts it at the start of each epoch (:func:`adopt_thread_budget`).
+training run adopts it at the start of each epoch (:func:`adopt_thread_budget`). ``RayExecutor`` runs
+each job as a task on a Ray cluster (the optional extra ``.[ray]``; imported only when chosen).
 """
 
 from __future__ import annotations
@@ -97,8 +98,74 @@ class ProcessExecutor:
                 yield i, (None if exc else fut.result()), exc
 
 
-def make_executor(workers: int | str, n_jobs: int, cuda: bool) -> Executor:
-    """``workers='auto'``: one in-process worker on a GPU; on CPU one process per core, 1 thread each."""
+def _ray_call(fn: Callable, *job) -> object:
+    """Runs on a Ray worker: Ray sets OMP_NUM_THREADS to the task's CPUs; torch follows it."""
+    import torch
+
+    threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
+    if threads >= 1:
+        torch.set_num_threads(threads)
+    return fn(*job)
+
+
+class RayExecutor:
+    """Runs each job as a Ray task on a running cluster (``ray`` is imported only here).
+
+    Args:
+        address: the cluster (``auto``: the one this host belongs to; ``HOST:6379``; ``ray://HOST:10001``).
+        num_cpus, num_gpus: what each task requests; Ray places it on a node that has them free.
+        max_retries: how often Ray re-runs a task whose worker process or node died (Ray's default is 3;
+            set here on purpose). Application errors are not retried: they are reported per job. A job
+            must be idempotent (``runners.leases.fill_once``): a retry, or Ray re-running a finished
+            task whose result object was lost, finds its run claimed or finished and does nothing twice.
+    """
+
+    def __init__(self, address: str = "auto", num_cpus: float = 1, num_gpus: float = 0, max_retries: int = 3):
+        self.address, self.num_cpus, self.num_gpus, self.max_retries = (
+            address,
+            num_cpus,
+            num_gpus,
+            max_retries,
+        )
+
+    def map_jobs(self, fn, jobs):
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=self.address, log_to_driver=True, configure_logging=False)
+        task = ray.remote(
+            num_cpus=self.num_cpus,
+            num_gpus=self.num_gpus,
+            max_retries=self.max_retries,
+            retry_exceptions=False,
+        )(_ray_call)
+        index = {task.remote(fn, *job): i for i, job in enumerate(jobs)}
+        pending = list(index)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            ref = done[0]
+            try:
+                yield index[ref], ray.get(ref), None
+            except ray.exceptions.RayTaskError as exc:  # the job's own exception, as its own type
+                yield index[ref], None, exc.as_instanceof_cause()
+            except Exception as exc:  # noqa: BLE001 - a worker lost beyond its retries: reported per job
+                yield index[ref], None, exc
+
+
+def make_executor(
+    workers: int | str,
+    n_jobs: int,
+    cuda: bool,
+    kind: str = "local",
+    address: str = "auto",
+    cpus_per_run: float = 1,
+    gpus_per_run: float = 0,
+) -> Executor:
+    """``kind='ray'``: a :class:`RayExecutor` on ``address`` (each run asks for ``cpus_per_run`` CPUs and
+    ``gpus_per_run`` GPUs). Local: ``workers='auto'`` is one in-process worker on a GPU; on CPU one process
+    per core, 1 thread each."""
+    if kind == "ray":
+        return RayExecutor(address, num_cpus=cpus_per_run, num_gpus=gpus_per_run)
     cores = os.cpu_count() or 1
     if workers == "auto":
         workers = 1 if cuda else min(n_jobs, cores)

@@ -10,6 +10,9 @@
     python -m study metrics SPECTRUM.npy      # every eigenvalue metric of a saved spectrum, as JSON
     python -m study table hypotheses/u_shape.yaml --out study_results [--to PATH]   # rebuild the tidy table
     python -m study sweep hypotheses/complexity_sweep.yaml [--n-trials N] [--storage URL] [--workers N]
+    python -m study run FILE --executor ray --address HOST:6379 --out /shared/results --leases postgresql://...
+    python -m study submit FILE --address http://HEAD:8265 --out /shared/results   # a Ray job on the cluster
+    python -m study status [--out OUT | --leases URL] [--address http://HEAD:8265]
 
 Bad input prints one line (file, field, what was expected) to stderr and exits with status 2.
 """
@@ -53,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
     _add_sequential_options(r)
+    _add_placement(r)
     pl = sub.add_parser(
         "plan", help="seeds and run-hours each claim needs for 80%%/90%% power (trains nothing)"
     )
@@ -79,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sw.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     sw.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
+    _add_placement(sw)
 
     a = sub.add_parser("analyze", help="re-test a hypothesis's claims on a saved tidy table (no training)")
     a.add_argument("hypothesis", type=Path)
@@ -95,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
         "--to", type=Path, default=None, help="table path (default: OUT/studies/NAME/table.parquet)"
     )
     _add_results_verbs(sub)
+    _add_scale_verbs(sub)
     return p
 
 
@@ -128,6 +134,60 @@ def _sequential_plan(args, hyp):
             "--max-seeds",
         )
     return SequentialPlan(max_seeds, args.batch, args.spending)
+
+
+# ---- scale out: where runs execute, submitting to a Ray cluster, what is running ------------------------
+def _add_placement(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", choices=["local", "ray"], default="local", help="where runs train")
+    p.add_argument("--address", default="auto", help="Ray cluster address for --executor ray (default: auto)")
+    p.add_argument("--cpus-per-run", type=float, default=1, help="CPUs each Ray task requests (default 1)")
+    p.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each Ray task requests (default 0)")
+    p.add_argument(
+        "--leases",
+        default=None,
+        help="run lease store shared by every worker: a database URL (postgresql://...) or a folder "
+        "(default: OUT/leases; a sweep with a database --storage uses that database)",
+    )
+
+
+def _placement(args: argparse.Namespace):
+    from study.stages import Placement
+
+    if args.cpus_per_run <= 0 or args.gpus_per_run < 0:
+        raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
+    return Placement(args.executor, args.address, args.cpus_per_run, args.gpus_per_run, args.leases)
+
+
+def _add_scale_verbs(sub) -> None:
+    sb = sub.add_parser("submit", help="start a study or sweep as a Ray job on a running cluster")
+    sb.add_argument("hypothesis", type=Path, help="the file, on a filesystem every node reaches")
+    sb.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
+    sb.add_argument("--out", type=Path, default=Path("study_results"), help="shared output folder")
+    sb.add_argument("--leases", default=None, help="run lease store (a postgresql:// URL on a cluster)")
+    sb.add_argument("--storage", default=None, help="optuna storage URL of a sweep (postgresql://...)")
+    sb.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each run requests (default 0)")
+    st = sub.add_parser("status", help="studies with their runs done, running and to do")
+    st.add_argument("--out", type=Path, default=Path("study_results"), help="output folder (file leases)")
+    st.add_argument("--leases", default=None, help="run lease store URL (default: OUT/leases)")
+    st.add_argument("--address", default=None, help="also list the Ray jobs of this dashboard address")
+
+
+def _scale_verbs(args) -> int | None:
+    """Run ``submit`` / ``status``; None for any other verb."""
+    if args.verb == "submit":
+        from study.cluster import submit
+
+        job_id = submit(args.hypothesis, args.address, args.out, args.leases, args.storage, args.gpus_per_run)
+        print(f"submitted: {job_id}\nfollow:    ray job logs --follow {job_id} --address {args.address}")
+        return 0
+    if args.verb == "status":
+        from study.cluster import format_status, ray_jobs
+
+        print(format_status(args.leases or args.out / "leases"))
+        if args.address:
+            print(ray_jobs(args.address))
+        return 0
+    return None
 
 
 # ---- results people can look at: report and ui ---------------------------------------------------------
@@ -236,6 +296,7 @@ def _sweep_verb(args: argparse.Namespace, hyp, argv) -> int:
         track=not args.no_mlflow,
         report=not args.no_report,
         command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
+        placement=_placement(args),
     )
     print()
     print(format_verdicts(outcome.results))
@@ -306,6 +367,7 @@ def _run_verb(args: argparse.Namespace, hyp, argv) -> int:
         report=not args.no_report,
         sequential=_sequential_plan(args, hyp),
         command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
+        placement=_placement(args),
     )
     print()
     print(format_verdicts(outcome.results))
@@ -325,7 +387,7 @@ def _run_verb(args: argparse.Namespace, hyp, argv) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        done = _results_verbs(args)
+        done = next((d for d in (_results_verbs(args), _scale_verbs(args)) if d is not None), None)
         if done is not None:
             return done
         if args.verb == "metrics":

@@ -121,7 +121,9 @@ def _train_look(hyp, runs_dir: Path, data_dir: Path, tracker, done: set[str], op
     data = stages.prepare_data(tri.todo, data_dir, log)
     if on_triaged is not None:
         on_triaged(specs, tri)
-    failed = stages.execute(tri.todo, runs_dir, data_dir, opts["workers"], log)
+    failed = stages.execute(
+        tri.todo, runs_dir, data_dir, opts["workers"], log, None, opts.get("placement"), hyp.name
+    )
     collected = stages.collect_table(specs, runs_dir, hyp.design.layers, failed)
     for spec in tri.todo:  # runs trained by this invocation become child runs
         result = RunFolder(runs_dir / spec.key).read_result()
@@ -205,6 +207,7 @@ def run_study(
     report: bool = True,
     command: str | None = None,
     sequential: SequentialPlan | None = None,
+    placement: stages.Placement | None = None,
 ) -> StudyOutcome:
     """Run (or reuse) every planned run, then test the claims. See the module docstring.
 
@@ -213,6 +216,7 @@ def run_study(
         report: write ``report.html``/``report.md`` into the study folder (and log them to MLflow).
         command: the command line that started this, recorded in MLflow and the report.
         sequential: add seeds until the claims are decided (``run --until-decided``).
+        placement: executor (local or Ray) and lease store of the runs (``stages.Placement``).
     """
     out_dir = Path(out_dir)
     runs_dir, data_dir, study_dir = out_dir / "runs", out_dir / "data", out_dir / "studies" / hyp.name
@@ -223,7 +227,7 @@ def run_study(
     with open_tracker(track, out_dir, hyp.name, log_model) as tracker:
         # what the study declares is recorded before anything is trained
         reg = registration.register(study_dir, hyp, sequential.as_dict() if sequential else None)
-        opts = {"workers": workers, "force": force, "log": log, "command": command}
+        opts = {"workers": workers, "force": force, "log": log, "command": command, "placement": placement}
         specs, tri, failed, collected, results, status, seq = _run_looks(
             hyp, hyp_path, (runs_dir, data_dir), tracker, sequential, opts, reg
         )

@@ -172,6 +172,28 @@ def prepare_data(todo: list[RunSpec], data_dir: Path, log: Log = print) -> dict[
     return records
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where runs execute and where their claims live (``--executor``, ``--address``, ``--leases``).
+
+    Attributes:
+        executor: ``local`` (processes on this host) or ``ray`` (tasks on a Ray cluster).
+        address: the Ray cluster (``auto``: the one this host belongs to).
+        cpus_per_run, gpus_per_run: what each Ray task requests.
+        leases: the lease store (``runners.leases``): a database URL shared by every worker, or a folder;
+            None: the folder ``<out>/leases``.
+    """
+
+    executor: str = "local"
+    address: str = "auto"
+    cpus_per_run: float = 1
+    gpus_per_run: float = 0
+    leases: str | None = None
+
+    def lease_store(self, runs_dir: Path) -> str:
+        return self.leases or str((Path(runs_dir).parent / "leases").resolve())
+
+
 def execute(
     todo: list[RunSpec],
     runs_dir: Path,
@@ -179,11 +201,18 @@ def execute(
     workers: int | str = "auto",
     log: Log = print,
     on_result: Callable[[RunSpec, dict | None], None] | None = None,
+    placement: Placement | None = None,
+    study: str = "",
 ) -> dict[str, str]:
-    """Stage 4: fill every run to do through an executor (``runners.executors``).
+    """Stage 4: fill every run to do through an executor (``runners.executors``), each under a lease.
+
+    A run finished or being filled by another worker or invocation sharing the lease store is not filled
+    again: its job waits for it and reuses it (``runners.leases.fill_once``).
 
     Args:
         on_result: called in this process as each run ends, with its result (None when it raised).
+        placement: executor and lease store (default: local processes, leases under ``<out>/leases``).
+        study: the name the runs are announced under in the lease store (``python -m study status``).
 
     Returns:
         key -> reason, for every run that failed.
@@ -191,14 +220,28 @@ def execute(
     if not todo:  # torch is imported only when something runs: a cached rerun stays quick
         return {}
     from runners.executors import make_executor
-    from runners.jobs import execute_run
+    from runners.jobs import execute_claimed_run
+    from runners.leases import open_lease_store
     from runners.train import pick_device
 
-    executor = make_executor(workers, len(todo), cuda=pick_device().type == "cuda")
-    jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir)) for s in todo]
+    place = placement or Placement()
+    leases = place.lease_store(runs_dir)
+    open_lease_store(leases).announce(study, [s.key for s in todo])
+    executor = make_executor(
+        workers,
+        len(todo),
+        cuda=pick_device().type == "cuda",
+        kind=place.executor,
+        address=place.address,
+        cpus_per_run=place.cpus_per_run,
+        gpus_per_run=place.gpus_per_run,
+    )
+    # absolute paths: a Ray worker runs in its own folder, and reaches the shared output folder by them
+    runs_dir, data_dir = Path(runs_dir).resolve(), Path(data_dir).resolve()
+    jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir), leases, study) for s in todo]
     failed: dict[str, str] = {}
     t0 = time.perf_counter()
-    for i, result, exc in executor.map_jobs(execute_run, jobs):
+    for i, result, exc in executor.map_jobs(execute_claimed_run, jobs):
         spec = todo[i]
         if exc is not None:
             failed[spec.key] = f"{type(exc).__name__}: {exc}"
@@ -206,7 +249,8 @@ def execute(
         else:
             if result["status"] != "finished":
                 failed[spec.key] = f"failed at epoch {result.get('failed_epoch')}: {result.get('error')}"
-            log(f"[{spec.label}] {result['status']} ({time.perf_counter() - t0:.0f}s since start)")
+            by = "" if result.get("claim", {}).get("filled", True) else " by another worker"
+            log(f"[{spec.label}] {result['status']}{by} ({time.perf_counter() - t0:.0f}s since start)")
         if on_result:
             on_result(spec, result)
     return failed

@@ -27,7 +27,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +113,20 @@ def storage_url(hyp: Hypothesis, override: str | None = None) -> str | None:
     return override or hyp.sweep.storage
 
 
+def _database_storage(url: str, tries: int = 3):
+    """optuna's storage at ``url``; sweep processes started together race to create its tables, and the
+    losers see the tables exist on a second try."""
+    import optuna
+
+    for attempt in range(tries):
+        try:
+            return optuna.storages.get_storage(url)
+        except Exception:  # noqa: BLE001 - re-raised on the last try
+            if attempt == tries - 1:
+                raise
+            time.sleep(1.0 + attempt)
+
+
 def open_optuna_study(hyp: Hypothesis, out_dir: Path, storage: str | None, file: str):
     """The sweep's optuna study (created or loaded). A storage that cannot be opened is one line."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -126,7 +140,7 @@ def open_optuna_study(hyp: Hypothesis, out_dir: Path, storage: str | None, file:
             path.parent.mkdir(parents=True, exist_ok=True)
             backend = JournalStorage(JournalFileBackend(str(path)))
         else:
-            backend = optuna.storages.get_storage(storage)
+            backend = _database_storage(storage)
         direction = hyp.sweep.objective.direction
         return optuna.create_study(
             study_name=hyp.name,
@@ -154,6 +168,18 @@ def _alive(owner: str | None) -> bool:
     return True
 
 
+def _just_asked(trial, grace_s: float = 120.0) -> bool:
+    """A trial asked by another sweep process that has not yet recorded its owner (ask, then set_user_attr)."""
+    import datetime as dt
+
+    start = trial.datetime_start
+    return (
+        OWNER not in trial.user_attrs
+        and start is not None
+        and (dt.datetime.now() - start).total_seconds() < grace_s
+    )
+
+
 def recover_stale(optuna_study, hyp: Hypothesis, log: Log) -> int:
     """Mark trials left RUNNING by a dead process FAIL, and queue their parameters again (enqueued, so the
     grid sampler too runs that point again: it counts a failed point as visited). Returns how many."""
@@ -161,7 +187,7 @@ def recover_stale(optuna_study, hyp: Hypothesis, log: Log) -> int:
 
     n = 0
     for t in optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if _alive(t.user_attrs.get(OWNER)):
+        if _alive(t.user_attrs.get(OWNER)) or _just_asked(t):
             continue
         optuna_study.tell(t.number, state=TrialState.FAIL)
         optuna_study.enqueue_trial(dict(t.params), skip_if_exists=False)
@@ -262,7 +288,7 @@ def _counts(optuna_study) -> tuple[int, int]:
     return done, running
 
 
-def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list[str]) -> int:
+def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list[str], placement=None) -> int:
     """Plan, triage, execute and collect the runs of a batch of trials together; tell each trial its value.
     Returns how many of the batch's trials completed."""
     from optuna.trial import TrialState
@@ -277,7 +303,7 @@ def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list
         f"trials {[p.number for p in points]}: {len(specs)} runs, {len(tri.reused_from)} reused, {len(tri.todo)} to train"
     )
     data = stages.prepare_data(tri.todo, data_dir, log)
-    failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log)
+    failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log, None, placement, hyp.name)
     trained += [s.key for s in tri.todo]
     for spec in tri.todo:
         result = RunFolder(runs_dir / spec.key).read_result()
@@ -384,11 +410,20 @@ def run_sweep(
     track: bool = True,
     report: bool = True,
     command: str | None = None,
+    placement: stages.Placement | None = None,
 ) -> SweepOutcome:
-    """Run (or continue) a sweep, then test its claims over knobs. See the module docstring."""
+    """Run (or continue) a sweep, then test its claims over knobs. See the module docstring.
+
+    ``placement``: executor and lease store of the runs; with a database ``storage`` and no lease store
+    given, the runs' leases live in that database, so sweep processes sharing it train each run once.
+    """
     out_dir = Path(out_dir)
     sweep_dir = out_dir / "sweeps" / hyp.name
-    optuna_study = open_optuna_study(hyp, out_dir, storage_url(hyp, storage), str(hyp_path))
+    url = storage_url(hyp, storage)
+    placement = placement or stages.Placement()
+    if placement.leases is None and url and "://" in url:
+        placement = replace(placement, leases=url)
+    optuna_study = open_optuna_study(hyp, out_dir, url, str(hyp_path))
     target = n_trials or hyp.sweep.n_trials or hyp.sweep.grid_size()
     trained: list[str] = []
     with open_tracker(track, out_dir, f"{hyp.name}.sweep", role="sweep") as tracker:
@@ -403,13 +438,18 @@ def run_sweep(
         recover_stale(optuna_study, hyp, log)
         while True:
             done, running = _counts(optuna_study)
+            if done + running >= target and running:  # the rest runs in other sweep processes: wait for it
+                log(f"waiting for {running} trial(s) running in other processes")
+                time.sleep(5)
+                recover_stale(optuna_study, hyp, log)
+                continue
             if done + running >= target:
                 break
             t0 = time.perf_counter()
             points = _ask(
                 optuna_study, hyp, _batch_size(hyp, target - done - running, workers), out_dir / "data"
             )
-            if not _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained):
+            if not _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained, placement):
                 log("no trial of this batch completed (see the failed runs above): stopping the sweep here")
                 break
             log(

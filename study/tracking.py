@@ -110,9 +110,15 @@ class Tracker:
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             artifacts = (self.out_dir / "mlartifacts" / experiment).resolve().as_uri()
-            exp_id = self.client.create_experiment(
-                experiment, artifact_location=artifacts, tags=EXPERIMENT_TAGS
-            )
+            try:
+                exp_id = self.client.create_experiment(
+                    experiment, artifact_location=artifacts, tags=EXPERIMENT_TAGS
+                )
+            except mlflow.exceptions.MlflowException:  # another invocation created it just now
+                exp = self.client.get_experiment_by_name(experiment)
+                if exp is None:
+                    raise
+                exp_id = exp.experiment_id
         else:
             exp_id = exp.experiment_id
             if (exp.tags or {}).get(EXPERIMENT_KIND) != EXPERIMENT_TAGS[EXPERIMENT_KIND]:

@@ -31,3 +31,25 @@ def tiny_yaml(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY_HYPOTHESIS)
     return path
+
+
+# ---- real services for the scale-out tests (tests/clusters.py), started once per session when asked ----
+LEASE_TTL_S = "4"  # Ray workers of the test cluster: a dead worker's run is taken over within seconds
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    from tests.clusters import postgres
+
+    with postgres() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def ray_address(tmp_path_factory):
+    """A loopback Ray cluster: a head and one more node, 1 CPU each; this process is its driver."""
+    from tests.clusters import ray_cluster
+
+    env = {"STUDY_LEASE_TTL": LEASE_TTL_S, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    with ray_cluster(tmp_path_factory.mktemp("ray"), workers=2, env=env) as cluster:
+        yield cluster.address

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runners.executors import InlineExecutor, ProcessExecutor, make_executor
+from runners.executors import InlineExecutor, ProcessExecutor, RayExecutor, make_executor
 
 
 def square_or_fail(x: int) -> int:
@@ -13,9 +13,13 @@ def square_or_fail(x: int) -> int:
     return x * x
 
 
-@pytest.mark.parametrize(
-    "executor", [InlineExecutor(), ProcessExecutor(2, threads=1)], ids=["inline", "process"]
-)
+@pytest.fixture(params=["inline", "process", "ray"])
+def executor(request):
+    if request.param == "ray":  # a real loopback cluster (tests/clusters.py): a head and a worker node
+        return RayExecutor(request.getfixturevalue("ray_address"), num_cpus=1)
+    return InlineExecutor() if request.param == "inline" else ProcessExecutor(2, threads=1)
+
+
 def test_executor_contract(executor):
     jobs = [(i,) for i in range(5)]
     seen = {i: (res, exc) for i, res, exc in executor.map_jobs(square_or_fail, jobs)}
@@ -30,6 +34,29 @@ def test_make_executor_choices():
     assert isinstance(make_executor(1, 5, cuda=False), InlineExecutor)
     assert isinstance(make_executor(2, 1, cuda=False), InlineExecutor)
     assert isinstance(make_executor(2, 5, cuda=False), ProcessExecutor)
+    ray_ex = make_executor(1, 5, cuda=False, kind="ray", address="127.0.0.1:1", gpus_per_run=1)
+    assert isinstance(ray_ex, RayExecutor) and (ray_ex.num_gpus, ray_ex.max_retries) == (1, 3)
+
+
+def die_once(marker: str) -> int:
+    """Kills its own worker process the first time it runs (a worker lost mid-task), returns 7 after."""
+    import os
+    from pathlib import Path
+
+    if not Path(marker).exists():
+        Path(marker).write_text("died")
+        os._exit(1)
+    return 7
+
+
+@pytest.mark.parametrize("max_retries", [0, 1])
+def test_ray_retries_a_lost_worker_only_as_often_as_asked(ray_address, tmp_path, max_retries):
+    executor = RayExecutor(ray_address, num_cpus=1, max_retries=max_retries)
+    [(i, result, exc)] = list(executor.map_jobs(die_once, [(str(tmp_path / "marker"),)]))
+    if max_retries == 0:
+        assert result is None and exc is not None and "died" in (tmp_path / "marker").read_text()
+    else:
+        assert (result, exc) == (7, None)
 
 
 def report_budget(wait_for_two: bool) -> int:

@@ -1,0 +1,347 @@
+"""Claims on runs: a run key is filled by one live worker at a time, anywhere, and taken over when it dies.
+
+    store = open_lease_store("postgresql://study@db-host/study")   # or a folder: file leases
+    result = fill_once(store, run, run_dir, fill)                   # what a worker calls per run
+
+A *lease* is a row ``(run_key, owner, lease_expires, state, attempts, study)``. A worker that acquires it
+renews ``lease_expires`` from a heartbeat thread (every ``ttl / 3`` seconds) while it fills the run, and
+releases it as ``finished`` or ``failed``. Another worker asking for the same key waits while the lease is
+live; once it expires (its worker died: the process, the node, or its network) the waiting worker takes
+the run over, and training resumes from the last complete epoch (``resume.pt`` in the shared run folder).
+
+Two implementations of one four-method interface (:class:`LeaseStore`):
+
+* :class:`SqlLeaseStore`: a table ``study_run_leases`` in any SQLAlchemy database (PostgreSQL for a
+  cluster; the same database as MLflow and the optuna storage). Acquiring is one conditional ``UPDATE``
+  (or an ``INSERT`` racing on the primary key), so two workers never both win.
+* :class:`FileLeaseStore`: one JSON file per key in a folder, read-modify-written under an exclusive
+  ``fcntl`` lock on ``<folder>/.lock`` (one machine, or a shared filesystem with working POSIX locks).
+
+Times are the workers' wall clocks (unix seconds): on a cluster, hosts keep their clocks synchronised (NTP)
+to well under the lease time (``STUDY_LEASE_TTL``, default 60 s).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+from core.runfolder import RunFolder
+
+LEASE_TTL_ENV = "STUDY_LEASE_TTL"  # seconds a lease lives without a heartbeat
+DEFAULT_TTL = 60.0  # long enough to ride out a GC pause or a slow epoch save, short enough to take over soon
+TABLE = "study_run_leases"
+STATES = ("todo", "running", "finished", "failed")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One run's claim.
+
+    Attributes:
+        run_key: the run's key (primary key).
+        owner: ``host:pid:nonce`` of the attempt holding or last holding it ("" for a run not started).
+        lease_expires: unix seconds; a ``running`` lease past it belongs to a dead worker.
+        state: ``todo`` (announced by a study), ``running``, ``finished`` or ``failed``.
+        attempts: how many times a worker acquired it (1 for a run trained once; +1 per take-over).
+        study: the study that announced or first claimed it.
+    """
+
+    run_key: str
+    owner: str
+    lease_expires: float
+    state: str
+    attempts: int
+    study: str = ""
+
+    def live(self, now: float | None = None) -> bool:
+        """True while a worker holds it (``running`` and not expired)."""
+        return self.state == "running" and self.lease_expires > (time.time() if now is None else now)
+
+
+class LeaseStore(Protocol):
+    """Where leases live. Every method is atomic with respect to every other worker of the store."""
+
+    def acquire(self, run_key: str, owner: str, ttl: float, study: str = "") -> bool:
+        """Take the lease unless another owner holds it live; True when ``owner`` now holds it."""
+        ...
+
+    def renew(self, run_key: str, owner: str, ttl: float) -> bool:
+        """Push ``lease_expires`` to now + ttl; False when ``owner`` no longer holds it (taken over)."""
+        ...
+
+    def release(self, run_key: str, owner: str, state: str) -> None:
+        """End ``owner``'s lease with ``state`` (finished or failed); nothing if another owner holds it."""
+        ...
+
+    def leases(self) -> list[Lease]:
+        """Every lease, for ``python -m study status``."""
+        ...
+
+    def announce(self, study: str, run_keys: list[str]) -> None:
+        """Record a study's planned runs as ``todo`` (keys already present are left as they are)."""
+        ...
+
+
+def new_owner() -> str:
+    """A name for one attempt at one run: host, process and a nonce (a Ray worker process runs many)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def lease_ttl() -> float:
+    """Seconds a lease lives without a heartbeat: ``STUDY_LEASE_TTL`` or :data:`DEFAULT_TTL`."""
+    return float(os.environ.get(LEASE_TTL_ENV, DEFAULT_TTL))
+
+
+# ---- PostgreSQL (any SQLAlchemy database) -------------------------------------------------------------
+class SqlLeaseStore:
+    """Leases in the table ``study_run_leases`` of a SQLAlchemy database URL (created when absent)."""
+
+    def __init__(self, url: str):
+        import sqlalchemy as sa
+
+        self.url = url
+        self.engine = sa.create_engine(url, pool_pre_ping=True)
+        meta = sa.MetaData()
+        self.table = sa.Table(
+            TABLE,
+            meta,
+            sa.Column("run_key", sa.String(128), primary_key=True),
+            sa.Column("owner", sa.String(256), nullable=False, default=""),
+            sa.Column("lease_expires", sa.Float, nullable=False, default=0.0),
+            sa.Column("state", sa.String(16), nullable=False),
+            sa.Column("attempts", sa.Integer, nullable=False, default=0),
+            sa.Column("study", sa.String(256), nullable=False, default=""),
+        )
+        try:
+            meta.create_all(self.engine)
+        except sa.exc.IntegrityError:  # two workers created the table at once: it exists now
+            pass
+        except sa.exc.ProgrammingError as exc:  # PostgreSQL: same race, reported as a duplicate type
+            if "already exists" not in str(exc):
+                raise
+
+    def acquire(self, run_key: str, owner: str, ttl: float, study: str = "") -> bool:
+        import sqlalchemy as sa
+
+        t, now = self.table, time.time()
+        free = sa.or_(t.c.state != "running", t.c.lease_expires < now, t.c.owner == owner)
+        values = {"owner": owner, "lease_expires": now + ttl, "state": "running"}
+        with self.engine.begin() as conn:
+            hit = conn.execute(
+                sa.update(t).where(t.c.run_key == run_key, free).values(attempts=t.c.attempts + 1, **values)
+            ).rowcount
+        if hit:
+            return True
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(sa.insert(t).values(run_key=run_key, attempts=1, study=study, **values))
+        except sa.exc.IntegrityError:  # the row exists and another owner holds it live
+            return False
+        return True
+
+    def renew(self, run_key: str, owner: str, ttl: float) -> bool:
+        import sqlalchemy as sa
+
+        t = self.table
+        with self.engine.begin() as conn:
+            hit = conn.execute(
+                sa.update(t)
+                .where(t.c.run_key == run_key, t.c.owner == owner, t.c.state == "running")
+                .values(lease_expires=time.time() + ttl)
+            ).rowcount
+        return bool(hit)
+
+    def release(self, run_key: str, owner: str, state: str) -> None:
+        import sqlalchemy as sa
+
+        t = self.table
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.update(t)
+                .where(t.c.run_key == run_key, t.c.owner == owner)
+                .values(state=state, lease_expires=time.time())
+            )
+
+    def leases(self) -> list[Lease]:
+        import sqlalchemy as sa
+
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(self.table)).mappings().all()
+        return [Lease(**dict(r)) for r in rows]
+
+    def announce(self, study: str, run_keys: list[str]) -> None:
+        import sqlalchemy as sa
+
+        t = self.table
+        for key in run_keys:  # one statement per key: a concurrent insert of the same key is not an error
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(
+                        sa.insert(t).values(
+                            run_key=key, owner="", lease_expires=0.0, state="todo", attempts=0, study=study
+                        )
+                    )
+            except sa.exc.IntegrityError:
+                continue
+
+
+# ---- files (one machine or a shared filesystem) -------------------------------------------------------
+class FileLeaseStore:
+    """Leases as ``<folder>/<run key>.json``, changed only under an exclusive lock on ``<folder>/.lock``."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.folder / ".lock", "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _read(self, run_key: str) -> Lease | None:
+        try:
+            return Lease(**json.loads((self.folder / f"{run_key}.json").read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _write(self, lease: Lease) -> None:
+        from core.io import atomic_write_json
+
+        atomic_write_json(self.folder / f"{lease.run_key}.json", asdict(lease))
+
+    def acquire(self, run_key: str, owner: str, ttl: float, study: str = "") -> bool:
+        with self._locked():
+            old, now = self._read(run_key), time.time()
+            if old is not None and old.live(now) and old.owner != owner:
+                return False
+            attempts = (old.attempts if old else 0) + 1
+            self._write(Lease(run_key, owner, now + ttl, "running", attempts, old.study if old else study))
+            return True
+
+    def renew(self, run_key: str, owner: str, ttl: float) -> bool:
+        with self._locked():
+            old = self._read(run_key)
+            if old is None or old.owner != owner or old.state != "running":
+                return False
+            self._write(Lease(run_key, owner, time.time() + ttl, "running", old.attempts, old.study))
+            return True
+
+    def release(self, run_key: str, owner: str, state: str) -> None:
+        with self._locked():
+            old = self._read(run_key)
+            if old is not None and old.owner == owner:
+                self._write(Lease(run_key, owner, time.time(), state, old.attempts, old.study))
+
+    def leases(self) -> list[Lease]:
+        return [lease for p in sorted(self.folder.glob("*.json")) if (lease := self._read(p.stem))]
+
+    def announce(self, study: str, run_keys: list[str]) -> None:
+        with self._locked():
+            for key in run_keys:
+                if self._read(key) is None:
+                    self._write(Lease(key, "", 0.0, "todo", 0, study))
+
+
+def open_lease_store(where: str | Path) -> LeaseStore:
+    """A database URL (``postgresql://...``, ``sqlite:///...``) -> :class:`SqlLeaseStore`; a folder path
+    (or ``file://`` URL) -> :class:`FileLeaseStore`."""
+    where = str(where)
+    if "://" in where and not where.startswith("file://"):
+        return SqlLeaseStore(where)
+    return FileLeaseStore(where.removeprefix("file://"))
+
+
+# ---- holding a lease while a run is filled -------------------------------------------------------------
+@contextmanager
+def heartbeat(
+    store: LeaseStore, run_key: str, owner: str, ttl: float, log: Callable[[str], None] | None = None
+) -> Iterator[threading.Event]:
+    """Renew the lease every ``ttl / 3`` s from a daemon thread while the block runs.
+
+    Yields:
+        An event set when the lease was lost (another worker took it over after a missed renewal).
+    """
+    stop, lost = threading.Event(), threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(ttl / 3):
+            try:
+                ok = store.renew(run_key, owner, ttl)
+            except Exception as exc:  # noqa: BLE001 - a database hiccup: try again next beat
+                if log:
+                    log(f"[{run_key}] lease renewal failed ({type(exc).__name__}: {exc}); retrying")
+                continue
+            if not ok:
+                lost.set()
+                if log:
+                    log(f"[{run_key}] lease lost to another worker")
+                return
+
+    thread = threading.Thread(target=beat, name=f"lease-{run_key}", daemon=True)
+    thread.start()
+    try:
+        yield lost
+    finally:
+        stop.set()
+        thread.join()
+
+
+def fill_once(
+    store: LeaseStore,
+    run: dict,
+    run_dir: str | Path,
+    fill: Callable[[], dict],
+    ttl: float | None = None,
+    poll_s: float | None = None,
+    log: Callable[[str], None] | None = None,
+    study: str = "",
+) -> dict:
+    """Fill a run unless it is finished or being filled elsewhere; idempotent, so safe to retry.
+
+    A finished run folder is returned as it is. Otherwise this waits while another owner holds the run's
+    lease live, then acquires it and calls ``fill()`` (which resumes an interrupted run), renewing the
+    lease meanwhile. A run that ended (``result.json``) while its lease was held elsewhere is returned
+    as it is: a failure elsewhere is not retried here.
+
+    Returns:
+        The run's ``result.json`` content plus ``"claim": {"owner", "filled": bool}``: ``filled``
+        is False when another worker did the work.
+    """
+    ttl = lease_ttl() if ttl is None else ttl
+    poll_s = min(ttl / 3, 5.0) if poll_s is None else poll_s
+    folder, key = RunFolder(run_dir), run["key"]
+    while True:
+        ended = folder.read_result()
+        if ended is not None and (ended.get("status") != "finished" or folder.is_finished()):
+            return {**ended, "claim": {"owner": None, "filled": False}}
+        owner = new_owner()
+        if store.acquire(key, owner, ttl, study):
+            break
+        time.sleep(poll_s)
+    state = "failed"
+    try:
+        ended = folder.read_result()  # ended between our look and our claim: nothing to do
+        if ended is not None:
+            state = ended.get("status", "failed")
+            return {**ended, "claim": {"owner": None, "filled": False}}
+        with heartbeat(store, key, owner, ttl, log):
+            result = fill()
+        state = result.get("status", "failed")
+        return {**result, "claim": {"owner": owner, "filled": True}}
+    finally:
+        store.release(key, owner, state if state in STATES else "failed")

@@ -1,0 +1,146 @@
+"""One contract for every lease store (files, SQLite, PostgreSQL), and fill_once's no-work-twice rule."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from core.runfolder import RunFolder
+from runners.leases import FileLeaseStore, SqlLeaseStore, fill_once, heartbeat, open_lease_store
+
+
+@pytest.fixture(params=["file", "sqlite", "postgres"])
+def store(request, tmp_path):
+    if request.param == "file":
+        return FileLeaseStore(tmp_path / "leases")
+    if request.param == "sqlite":
+        return SqlLeaseStore(f"sqlite:///{tmp_path / 'leases.db'}")
+    url = request.getfixturevalue("postgres_url")
+    import sqlalchemy as sa
+
+    s = SqlLeaseStore(url)
+    with s.engine.begin() as conn:  # the session's database is shared: start from an empty table
+        conn.execute(sa.delete(s.table))
+    return s
+
+
+def by_key(store):
+    return {lease.run_key: lease for lease in store.leases()}
+
+
+def test_lease_contract(store):
+    assert store.acquire("k1", "a", 30, study="s")
+    assert not store.acquire("k1", "b", 30)  # held live by a
+    assert store.acquire("k1", "a", 30)  # the holder may acquire again
+    assert store.renew("k1", "a", 30) and not store.renew("k1", "b", 30)
+    store.release("k1", "b", "finished")  # not b's: nothing happens
+    assert by_key(store)["k1"].state == "running"
+    store.release("k1", "a", "failed")
+    lease = by_key(store)["k1"]
+    assert (lease.state, lease.owner, lease.study) == ("failed", "a", "s")
+    assert store.acquire("k1", "b", 30)  # an ended lease is free
+    assert by_key(store)["k1"].attempts == 3
+
+
+def test_an_expired_lease_is_taken_over(store):
+    assert store.acquire("k", "dead", 0.2)
+    assert not store.acquire("k", "b", 30)
+    time.sleep(0.3)
+    assert store.acquire("k", "b", 30)
+    assert not store.renew("k", "dead", 30)  # the dead worker, if it wakes, learns it lost the run
+    assert by_key(store)["k"].owner == "b" and by_key(store)["k"].attempts == 2
+
+
+def test_announced_runs_are_todo_then_claimable(store):
+    store.acquire("done", "a", 30)
+    store.announce("st", ["done", "new1", "new2"])
+    leases = by_key(store)
+    assert leases["done"].state == "running" and leases["new1"].state == "todo"
+    assert leases["new1"].study == "st" and leases["new1"].attempts == 0
+    assert store.acquire("new1", "b", 30) and by_key(store)["new1"].attempts == 1
+
+
+def test_one_winner_among_racing_workers(store):
+    wins, start = [], threading.Barrier(6)
+
+    def race(i: int) -> None:
+        start.wait()
+        if store.acquire("hot", f"w{i}", 30):
+            wins.append(i)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+
+
+def test_heartbeat_keeps_a_lease_alive(tmp_path):
+    store = FileLeaseStore(tmp_path)
+    assert store.acquire("k", "a", 0.6)
+    with heartbeat(store, "k", "a", 0.6) as lost:
+        time.sleep(1.5)  # well past the ttl: only the renewals keep it
+        assert not store.acquire("k", "b", 0.6) and not lost.is_set()
+    time.sleep(0.7)
+    assert store.acquire("k", "b", 0.6)
+
+
+def _finish(run_dir, status="finished"):
+    folder = RunFolder(run_dir)
+    folder.path.mkdir(parents=True, exist_ok=True)
+    if status == "finished":
+        folder.write_spectra({"0/norm/all": __import__("numpy").ones(3)})
+    folder.write_result({"status": status})
+    return {"status": status}
+
+
+def test_fill_once_never_fills_a_finished_run(tmp_path):
+    store, run_dir = FileLeaseStore(tmp_path / "l"), tmp_path / "r"
+    _finish(run_dir)
+    out = fill_once(store, {"key": "r"}, run_dir, lambda: pytest.fail("filled twice"))
+    assert out["status"] == "finished" and out["claim"]["filled"] is False
+    assert store.leases() == []
+
+
+def test_fill_once_waits_for_a_live_holder_then_reuses_its_run(tmp_path):
+    store, run_dir = FileLeaseStore(tmp_path / "l"), tmp_path / "r"
+    assert store.acquire("r", "other", 30)
+
+    def other_worker():
+        time.sleep(0.5)
+        _finish(run_dir)
+        store.release("r", "other", "finished")
+
+    threading.Thread(target=other_worker).start()
+    out = fill_once(store, {"key": "r"}, run_dir, lambda: pytest.fail("filled twice"), ttl=30, poll_s=0.1)
+    assert out["claim"]["filled"] is False and by_key(store)["r"].attempts == 1
+
+
+def test_fill_once_takes_over_a_dead_holder(tmp_path):
+    store, run_dir = FileLeaseStore(tmp_path / "l"), tmp_path / "r"
+    assert store.acquire("r", "dead", 0.3)
+    calls = []
+    out = fill_once(store, {"key": "r"}, run_dir, lambda: calls.append(1) or _finish(run_dir), poll_s=0.1)
+    assert calls == [1] and out["claim"]["filled"] is True
+    lease = by_key(store)["r"]
+    assert lease.state == "finished" and lease.attempts == 2 and lease.owner == out["claim"]["owner"]
+
+
+def test_a_failed_fill_releases_its_lease(tmp_path):
+    store, run_dir = FileLeaseStore(tmp_path / "l"), tmp_path / "r"
+
+    def boom():
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError):
+        fill_once(store, {"key": "r"}, run_dir, boom)
+    assert by_key(store)["r"].state == "failed"
+
+
+def test_open_lease_store_by_url(tmp_path):
+    assert isinstance(open_lease_store(tmp_path / "x"), FileLeaseStore)
+    assert isinstance(open_lease_store(f"file://{tmp_path}/y"), FileLeaseStore)
+    assert isinstance(open_lease_store(f"sqlite:///{tmp_path}/z.db"), SqlLeaseStore)
