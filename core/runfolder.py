@@ -63,11 +63,12 @@ class RunFolder:
 
     # ---- state ------------------------------------------------------------------------------------
     def read_result(self) -> dict | None:
-        """``result.json`` if the run ended (finished or failed); None if absent or unreadable."""
+        """``result.json`` if the run ended (finished or failed); None if absent, unreadable or not a mapping."""
         try:
-            return json.loads(self.file(RESULT).read_text())
-        except (OSError, json.JSONDecodeError):
+            result = json.loads(self.file(RESULT).read_text())
+        except (OSError, ValueError):  # ValueError: bad JSON or bytes that are not UTF-8
             return None
+        return result if isinstance(result, dict) else None
 
     def is_finished(self) -> bool:
         """True when ``result.json`` says finished and ``spectra.npz`` exists."""

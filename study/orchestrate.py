@@ -18,8 +18,9 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.verdicts import ClaimResult, format_verdicts
-from core.runfolder import RunFolder
+from core.locks import file_lock
 from study import stages
+from study.preflight import check_hypothesis
 from study.schema import Hypothesis
 from study.tracking import open_tracker
 
@@ -70,6 +71,7 @@ def run_study(
     out_dir = Path(out_dir)
     runs_dir, data_dir, study_dir = out_dir / "runs", out_dir / "data", out_dir / "studies" / hyp.name
     specs = stages.plan(hyp)
+    check_hypothesis(hyp, str(hyp_path), out_dir)  # what would stop the study later stops it now
     for ds in hyp.design.datasets:  # bad data paths stop the study before anything is written
         check_dataset_folder(ds.model_dump())
     with open_tracker(track, out_dir, hyp.name, log_model) as tracker:
@@ -79,25 +81,29 @@ def run_study(
         _log_triage(log, hyp, specs, tri)
         data = stages.prepare_data(tri.todo, data_dir, log)
         tracker.log_study(hyp, hyp_path, specs, tri, command)
-        failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log)
-        collected = stages.collect_table(specs, runs_dir, hyp.design.layers, failed)
-        for spec in tri.todo:  # runs trained by this invocation become child runs
-            result = RunFolder(runs_dir / spec.key).read_result()
-            if result is not None:
-                rows = collected.rows.get(spec.key, pd.DataFrame(columns=["value"]))
-                tracker.log_training_run(
-                    spec, result, rows, runs_dir / spec.key, data.get(stages.dataset_key(spec.dataset))
-                )
+        layers = hyp.design.layers
+
+        def log_ended(spec, result) -> None:  # each run reaches the store as it ends, not at the end
+            stages.log_run(tracker, spec, runs_dir, layers, data.get(stages.dataset_key(spec.dataset)))
+
+        failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log, on_result=log_ended)
+        # finished runs the store lacks (their invocation died before logging them) are logged now
+        stages.log_missing(tracker, specs, runs_dir, layers, data)
+        collected = stages.collect_table(specs, runs_dir, layers, failed)
         results = stages.evaluate(hyp, collected.table, str(hyp_path), collected.failed_seeds)
-        paths = stages.write_outputs(
-            study_dir, hyp_path, specs, tri, failed, collected.table, results, command
-        )
         report_paths = []
-        if report:
-            report_paths = stages.write_study_report(
-                study_dir, hyp, results, collected.table, runs_dir, specs, tri, failed, hyp_path, command
+        # one invocation writes the study folder at a time, so the temporary files of a killed writer
+        # can be removed without touching a live one's
+        with file_lock(study_dir.parent / f"{hyp.name}.lock"):
+            stages.remove_temporaries(study_dir)
+            paths = stages.write_outputs(
+                study_dir, hyp_path, specs, tri, failed, collected.table, results, command
             )
-            log(f"report: {report_paths[0]}")
+            if report:
+                report_paths = stages.write_study_report(
+                    study_dir, hyp, results, collected.table, runs_dir, specs, tri, failed, hyp_path, command
+                )
+                log(f"report: {report_paths[0]}")
         summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(results)}\n```"
         tracker.log_results(
             [paths["table"], paths["verdicts"], paths["text"], *report_paths], results, summary
