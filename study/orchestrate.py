@@ -84,7 +84,8 @@ def run_study(
         layers = hyp.design.layers
 
         def log_ended(spec, result) -> None:  # each run reaches the store as it ends, not at the end
-            stages.log_run(tracker, spec, runs_dir, layers, data.get(stages.dataset_key(spec.dataset)))
+            ds = data.get(stages.dataset_key(spec.dataset))
+            stages.log_run(tracker, spec, runs_dir, layers, ds, again=force)
 
         failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log, on_result=log_ended)
         # finished runs the store lacks (their invocation died before logging them) are logged now

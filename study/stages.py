@@ -180,12 +180,15 @@ def execute(
     return failed
 
 
-def log_run(tracker, spec: RunSpec, runs_dir: Path, layers: list[str], data=None) -> bool:
+def log_run(
+    tracker, spec: RunSpec, runs_dir: Path, layers: list[str], data=None, again: bool = False
+) -> bool:
     """Stage 4b: log one ended run to the tracking store as a child run, unless it is there already.
 
     Under the run's lock, so of two invocations that both saw the run end, one logs it. A finished run is
     logged when the store has no FINISHED child with its key (e.g. the invocation that trained it was
-    killed before logging it); a failed run is logged as FAILED by the invocation that ran it.
+    killed before logging it); a failed run is logged as FAILED by the invocation that ran it. ``again``
+    (``--force``: the run was retrained on purpose) logs it even when the store has it already.
 
     Returns:
         True when this call logged the run.
@@ -193,7 +196,7 @@ def log_run(tracker, spec: RunSpec, runs_dir: Path, layers: list[str], data=None
     folder = RunFolder(runs_dir / spec.key)
     with file_lock(run_lock_path(runs_dir, spec.key)):
         result = folder.read_result()
-        if result is None or (folder.is_finished() and tracker.has_finished(spec.key)):
+        if result is None or (folder.is_finished() and not again and tracker.has_finished(spec.key)):
             return False
         empty = pd.DataFrame(columns=["metric", "layer", "token_set", "epoch", "value"])
         rows = run_rows(spec, folder.path, layers) if folder.is_finished() else empty

@@ -125,8 +125,17 @@ class Tracker:
         # two invocations on a fresh folder would both create the sqlite tables, and two on a store
         # without this experiment would both insert it: one at a time, each getting what the other made
         with file_lock(store_lock_path(self.out_dir)):
-            self.client = MlflowClient(self.uri)
-            self.experiment_id = self._get_or_create_experiment(experiment)
+            try:
+                self.client = MlflowClient(self.uri)
+                self.experiment_id = self._get_or_create_experiment(experiment)
+            except StudyError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a bad URI or unreachable store: one line, not a trace
+                where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else None
+                msg = " ".join(str(exc).split())[:300]
+                raise StudyError(
+                    f"cannot open the tracking store ({type(exc).__name__}: {msg})", self.uri, where
+                ) from None
         self.parent_id: str | None = None
         self._parent_lock: int | None = None
         state = git_state()
@@ -258,7 +267,6 @@ class Tracker:
             data: the run source's ``DataRecord`` for its dataset (from the prepare-data stage), logged as
                 the run's training input; None logs the dataset spec alone.
         """
-        from mlflow.entities import Metric
 
         status = "FINISHED" if result.get("status") == "finished" else "FAILED"
         tags = {
@@ -277,6 +285,18 @@ class Tracker:
             tags.update({f"env.{k}": str(v) for k, v in result["environment"].items()})
         run = self.client.create_run(self.experiment_id, run_name=spec.label, tags=tags)
         rid = run.info.run_id
+        try:
+            self._fill_training_run(rid, spec, result, rows, run_dir, data)
+        except BaseException:
+            self.client.set_terminated(rid, "FAILED")  # never a child left RUNNING by an error here
+            raise
+        self.client.set_terminated(rid, status)
+        return rid
+
+    def _fill_training_run(self, rid: str, spec, result: dict, rows: pd.DataFrame, run_dir, data) -> None:
+        """Params, metrics, dataset and artifacts of a child run (:meth:`log_training_run`)."""
+        from mlflow.entities import Metric
+
         params = _flatten("", {k: v for k, v in spec.model_dump().items() if k != "key"}, {})
         self._log_params(rid, params)
         fault_point("mlflow.log")
@@ -304,10 +324,8 @@ class Tracker:
                     self.client.log_artifact(rid, str(p), artifact_path="model")
                 # say so when a run folder holds no weights rather than log nothing silently
                 self.client.set_tag(rid, "model_weights", "logged" if weights else "none in run folder")
-        if status == "FAILED":
+        if result.get("status") != "finished":
             self.client.set_tag(rid, "failed_epoch", str(result.get("failed_epoch")))
-        self.client.set_terminated(rid, status)
-        return rid
 
     def _log_dataset(self, rid: str, spec, data) -> None:
         """Record the training data as an MLflow dataset input (context ``training``).

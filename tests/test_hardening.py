@@ -148,3 +148,11 @@ def test_ui_sigterm_stops_the_server_group(tmp_path):
     else:
         os.kill(worker, signal.SIGKILL)
         pytest.fail("the server's worker outlived `python -m study ui`")
+
+
+def test_bad_tracking_uri_is_one_line(tiny_yaml, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "bogus://nowhere")
+    rc = main(["run", str(tiny_yaml), "--out", str(tmp_path / "out"), "--workers", "1", "--no-report"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "MLFLOW_TRACKING_URI" in err, err
+    assert not (tmp_path / "out" / "runs").exists()  # nothing trained
