@@ -24,6 +24,7 @@ POINTS = (
     "mlflow.log",  # a child run created in the tracking store, its artifacts not yet logged
     "table.write",  # the tidy table written to its temporary name, not yet renamed
     "report.write",  # report.html written, report.md not yet
+    "store.create",  # a fresh sqlite tracking store made under its temporary name, not yet renamed
 )
 _hits: dict[str, int] = {}
 

@@ -126,6 +126,7 @@ class Tracker:
         # without this experiment would both insert it: one at a time, each getting what the other made
         with file_lock(store_lock_path(self.out_dir)):
             try:
+                self._create_store()
                 self.client = MlflowClient(self.uri)
                 self.experiment_id = self._get_or_create_experiment(experiment)
             except StudyError:
@@ -141,6 +142,24 @@ class Tracker:
         state = git_state()
         self.git_commit = state["git_commit"] or "unknown"
         self.git_dirty = state["git_dirty"]
+
+    def _create_store(self) -> None:
+        """Create the default sqlite store under a temporary name, then rename it into place: a kill
+        during MLflow's table migrations leaves no half-made ``mlflow.db`` (call under the store lock)."""
+        if not self.uri.startswith("sqlite:///"):
+            return
+        db = Path(self.uri.removeprefix("sqlite:///"))
+        for left in db.parent.glob(f".{db.name}.*.creating"):  # a killed creation's leftovers
+            left.unlink(missing_ok=True)
+        if db.exists():
+            return
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        tmp = db.with_name(f".{db.name}.{os.getpid()}.creating")
+        store = SqlAlchemyStore(f"sqlite:///{tmp}", (self.out_dir / "mlartifacts").resolve().as_uri())
+        store.engine.dispose()
+        fault_point("store.create")
+        os.replace(tmp, db)
 
     def _get_or_create_experiment(self, name: str) -> str:
         for _ in range(3):  # a store user without our lock (a remote server's other clients) may race us

@@ -61,6 +61,7 @@ def test_kill_during_training_then_rerun(baseline, tmp_path):
         "mlflow.log@2:kill",
         "table.write:kill",
         "report.write:kill",
+        "store.create:kill",
         "train.epoch@2:raise",
         "mlflow.log:raise",
         "table.write:raise",
