@@ -32,6 +32,7 @@ from analysis.figures import Figure, covariance_figures, effect_figure
 from analysis.kinds import FigureContext, get_kind
 from analysis.verdicts import INCONCLUSIVE, ClaimResult
 from core.errors import StudyError
+from core.faults import fault_point
 from core.fmt import fmt_num, fmt_p, unit_of
 from core.io import atomic_write_bytes, atomic_write_text
 from core.provenance import package_versions
@@ -104,8 +105,10 @@ def read_study(
         raise StudyError("no verdicts.json here (expected a study folder written by `run`)", str(study_dir))
     try:
         verdicts = json.loads(vpath.read_text())
+        if not isinstance(verdicts, dict):
+            raise TypeError(f"expected a JSON object, got {type(verdicts).__name__}")
         results = [ClaimResult.from_dict(c) for c in verdicts.get("claims", [])]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StudyError(f"cannot read verdicts ({type(exc).__name__}: {exc})", str(vpath)) from None
     missing = []
     if claims is None:
@@ -435,5 +438,6 @@ def write_report(study_dir: str | Path, inp: ReportInput) -> tuple[Path, Path]:
             fig_paths[f.name] = f"figures/{f.name}.png"
     html_path, md_path = study_dir / "report.html", study_dir / "report.md"
     atomic_write_text(html_path, _html(inp, sections, covs, missing, vers))
+    fault_point("report.write")
     atomic_write_text(md_path, _markdown(inp, sections, covs, missing, vers, fig_paths))
     return html_path, md_path

@@ -19,6 +19,7 @@ import pandas as pd
 from analysis.observables import OBSERVABLES
 from analysis.spectral import METRICS
 from core.errors import StudyError
+from core.faults import fault_point
 from core.io import atomic_path
 from core.layers import layer_order
 
@@ -109,6 +110,7 @@ def save_table(df: pd.DataFrame, path: str | Path) -> Path:
             df.to_csv(tmp, index=False)
         else:
             df.to_parquet(tmp, index=False)
+        fault_point("table.write")
     return path
 
 
@@ -125,6 +127,7 @@ def load_table(path: str | Path) -> pd.DataFrame:
     missing = sorted(required - set(df.columns))
     if missing:
         raise StudyError(f"missing columns {missing}; expected {COLUMNS}", str(path))
+    _check_columns(df, str(path))
     return complete_columns(df, str(path))
 
 
@@ -154,3 +157,28 @@ def complete_columns(df: pd.DataFrame, where: str = "table") -> pd.DataFrame:
     if "n_tokens" not in df.columns:
         out = out.assign(n_tokens=-1)
     return out
+
+
+def _check_columns(df: pd.DataFrame, file: str) -> None:
+    """Dtypes, finiteness and uniqueness of a loaded tidy table; one-line StudyError naming the column.
+
+    ``seed``/``epoch``: integers; ``value``: real numbers (NaN allowed: a metric undefined for a
+    spectrum; +-inf not); ``dataset``/``layer``/``token_set``/``metric``: non-empty text; no two rows
+    share (dataset, seed, epoch, layer, token_set, metric).
+    """
+    for col in ("seed", "epoch"):
+        v = pd.to_numeric(df[col], errors="coerce")
+        if v.isna().any() or not np.isfinite(v).all() or (v != np.round(v)).any():
+            raise StudyError("expected integers in every row", file, col)
+    if df["value"].dtype == bool or not pd.api.types.is_numeric_dtype(df["value"]):
+        raise StudyError(f"expected real numbers, got dtype {df['value'].dtype}", file, "value")
+    if np.isinf(df["value"].to_numpy(dtype=float)).any():
+        raise StudyError("expected finite numbers or NaN, got +-inf", file, "value")
+    for col in ("dataset", "layer", "token_set", "metric"):
+        if df[col].isna().any() or not df[col].map(lambda x: isinstance(x, str) and x != "").all():
+            raise StudyError("expected non-empty text in every row", file, col)
+    keys = ["dataset", "seed", "epoch", "layer", "token_set", "metric"]
+    dup = df.duplicated(keys)
+    if dup.any():
+        row = df.loc[dup.idxmax(), keys].to_dict()
+        raise StudyError(f"{int(dup.sum())} duplicated row(s), first {row}", file, "+".join(keys))

@@ -1,11 +1,13 @@
 """Atomic writes and cached arrays: a reader never sees half a file, an interrupted write leaves none.
 
 Every writer goes through a temporary file in the target's folder, then ``os.replace`` (atomic on POSIX
-within one filesystem). The folder is created when missing.
+within one filesystem). The folder is created when missing. A write refused by the machine (disk full,
+read-only filesystem, no permission) raises a one-line StudyError naming the target and leaves it as it was.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -14,6 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+from core.errors import StudyError
+
+# a write that fails for these reasons is the machine's state (disk full, read-only, no permission)
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EFBIG})
 
 
 @contextmanager
@@ -24,14 +31,19 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     On an exception the temporary file is removed and ``path`` is untouched.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
-    os.close(fd)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+        os.close(fd)
         yield Path(tmp)
         os.replace(tmp, path)
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        raise StudyError(f"cannot write ({exc.strerror}); nothing was changed", str(path)) from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 

@@ -70,11 +70,12 @@ class RunFolder:
 
     # ---- state ------------------------------------------------------------------------------------
     def read_result(self) -> dict | None:
-        """``result.json`` if the run ended (finished or failed); None if absent or unreadable."""
+        """``result.json`` if the run ended (finished or failed); None if absent, unreadable or not a mapping."""
         try:
-            return json.loads(self.file(RESULT).read_text())
-        except (OSError, json.JSONDecodeError):
+            result = json.loads(self.file(RESULT).read_text())
+        except (OSError, ValueError):  # ValueError: bad JSON or bytes that are not UTF-8
             return None
+        return result if isinstance(result, dict) else None
 
     def finished_at(self) -> float | None:
         """When the run finished (unix seconds): ``result.json``'s ``finished_at``, else its file time;

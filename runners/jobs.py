@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import sys
+from pathlib import Path
 
+from core.locks import file_lock, run_lock_path
+from core.runfolder import RunFolder
 from runners.sources import get_source
 
 
@@ -14,9 +17,24 @@ def _progress(line: str) -> None:
 
 
 def execute_run(run: dict, run_dir: str, data_dir: str) -> dict:
-    # a bar only for a run in the main process on a terminal; spawned workers print plain lines
-    bar = sys.stdout.isatty() and mp.current_process().name == "MainProcess"
-    return get_source(run.get("source", "train")).fill(run, run_dir, data_dir, progress=_progress, bar=bar)
+    """Fill one run folder under its run-key lock (``runs/<key>.lock``).
+
+    Another invocation on the same output folder that holds the lock is filling the same run: this waits,
+    then returns that run's result if it finished instead of training it again. Temporary files a killed
+    writer left in the folder are removed first (only the lock holder writes there).
+    """
+    folder = RunFolder(run_dir)
+    with file_lock(run_lock_path(Path(run_dir).parent, Path(run_dir).name)):
+        if folder.is_finished():
+            return folder.read_result()
+        if folder.path.is_dir():  # only the lock holder writes here: these are a dead writer's
+            for tmp in folder.path.rglob(".*.tmp*"):  # core.io's temporary names: '.<name>.<random>.tmp'
+                tmp.unlink(missing_ok=True)
+        # a bar only for a run in the main process on a terminal; spawned workers print plain lines
+        bar = sys.stdout.isatty() and mp.current_process().name == "MainProcess"
+        return get_source(run.get("source", "train")).fill(
+            run, run_dir, data_dir, progress=_progress, bar=bar
+        )
 
 
 def execute_claimed_run(run: dict, run_dir: str, data_dir: str, leases: str, study: str = "") -> dict:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from core.errors import RunFailedError
+from core.faults import fault_point
 from core.io import atomic_path
 from core.provenance import git_state, package_versions
 from core.runfolder import RunFolder, spectrum_key
@@ -53,6 +54,7 @@ def pick_device() -> torch.device:
 def _atomic_torch_save(obj: dict, path: Path) -> None:
     with atomic_path(path) as tmp:
         torch.save(obj, tmp)
+        fault_point("checkpoint.write")
 
 
 def environment() -> dict:
@@ -175,6 +177,7 @@ def train_run(
         probe = run["probe"]
         snap = epoch in snapshot_epochs(probe.get("covariance_epochs", "none"), run["checkpoints"])
         sp = extract_spectra(model, xpr, probe["batch_size"], epoch=epoch, covariances=snap)
+        fault_point("extract")
         for (layer, tset), lam in sp.eigenvalues.items():
             spectra[spectrum_key(epoch, layer, tset)] = lam
             n_tokens[f"{layer}/{tset}"] = sp.n_tokens[(layer, tset)]
@@ -217,6 +220,7 @@ def train_run(
             entry["epoch_s"] = elapsed
             entry["threads"] = threads if threads is not None else torch.get_num_threads()
             history.append(entry)
+            fault_point("train.epoch")
             quality = " ".join(
                 f"{k} {entry[k]:.3f}" for k in ("train_acc", "test_acc", "knn_acc") if k in entry
             )

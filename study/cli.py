@@ -13,8 +13,10 @@
     python -m study run FILE --executor ray --address HOST:6379 --out /shared/results --leases postgresql://...
     python -m study submit FILE --address http://HEAD:8265 --out /shared/results   # a Ray job on the cluster
     python -m study status [--out OUT | --leases URL] [--address http://HEAD:8265]
+    python -m study doctor [--out study_results] [--repair]   # check the output folder and its store
 
-Bad input prints one line (file, field, what was expected) to stderr and exits with status 2.
+Bad input prints one line (file, field, what was expected) to stderr and exits with status 2; so does a
+write that fails (disk full, read-only folder), naming the path.
 """
 
 from __future__ import annotations
@@ -25,14 +27,25 @@ import sys
 from pathlib import Path
 
 from core.errors import StudyError
+from core.io import WRITE_ERRNOS
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block): ``error: run: the following arguments ...``."""
+
+    def error(self, message: str):
+        where = self.prog.removeprefix("python -m study").strip()
+        print(f"error: {where + ': ' if where else ''}{' '.join(message.split())}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m study", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m study", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="verb", required=True)
 
     v = sub.add_parser("validate", help="check a hypothesis file without running anything")
     v.add_argument("hypothesis", type=Path)
+    v.add_argument("--out", type=Path, default=Path("study_results"), help="where `run` would write")
 
     r = sub.add_parser("run", help="train the runs a hypothesis needs and test its claims")
     r.add_argument("hypothesis", type=Path)
@@ -55,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         help="also log weight files to MLflow (off: ~88 MB per ViT-S seed)",
     )
     r.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
+    r.add_argument("--verbose", action="store_true", help="let MLflow's and alembic's log lines through")
     _add_sequential_options(r)
     _add_placement(r)
     pl = sub.add_parser(
@@ -198,6 +212,10 @@ def _add_results_verbs(sub) -> None:
     u = sub.add_parser("ui", help="start the MLflow UI on the study store (127.0.0.1)")
     u.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
     u.add_argument("--port", type=int, default=5000)
+    d = sub.add_parser("doctor", help="check an output folder and its MLflow store (and repair)")
+    d.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
+    d.add_argument("--repair", action="store_true", help="repair what can be repaired")
+    d.add_argument("--verbose", action="store_true", help="let MLflow's and alembic's log lines through")
 
 
 def _results_verbs(args) -> int | None:
@@ -223,8 +241,6 @@ def _results_verbs(args) -> int | None:
         print(f"report: {html_path}\nsummary: {md_path}")
         return 0
     if args.verb == "ui":
-        import subprocess
-
         from study.tracking import default_tracking_uri
 
         uri = default_tracking_uri(args.out)
@@ -233,8 +249,40 @@ def _results_verbs(args) -> int | None:
         cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri]
         cmd += ["--host", "127.0.0.1", "--port", str(args.port)]
         print("starting: mlflow " + " ".join(cmd[3:]), flush=True)
-        return subprocess.call(cmd)
+        return _serve(cmd)
+    if args.verb == "doctor":
+        from study.doctor import doctor
+
+        return doctor(args.out, repair=args.repair)
     return None
+
+
+def _serve(cmd: list[str]) -> int:
+    """Run the MLflow server in its own process group; SIGTERM/SIGINT here stop the whole group (the
+    server and its workers), so none outlives this process."""
+    import os
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(cmd, start_new_session=True)
+
+    def forward(signum, frame) -> None:
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        try:  # workers that outlive the server (it exited on its own) go with it
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    return code
 
 
 def _metrics_verb(path: Path) -> int:
@@ -316,6 +364,9 @@ def _workers(value: str) -> int | str:
 
 def _validate_verb(args: argparse.Namespace, hyp) -> int:
     from study.planner import plan_runs
+    from study.preflight import check_hypothesis
+
+    check_hypothesis(hyp, str(args.hypothesis), args.out)
 
     if hyp.sweep is not None:
         trials = hyp.sweep.n_trials or hyp.sweep.grid_size()
@@ -387,28 +438,44 @@ def _run_verb(args: argparse.Namespace, hyp, argv) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        done = next((d for d in (_results_verbs(args), _scale_verbs(args)) if d is not None), None)
-        if done is not None:
-            return done
-        if args.verb == "metrics":
-            return _metrics_verb(args.spectrum)
-        if args.verb == "table":
-            return _table_verb(args)
-        if args.verb == "plan":
-            from study.planning import plan_verb
+        from core.faults import check_env
 
-            return plan_verb(args.hypothesis, args.out, args.pilot, args.json)
-        from study.schema import load_hypothesis
+        check_env()
+        if getattr(args, "verbose", False):
+            import study.tracking
 
-        hyp = load_hypothesis(args.hypothesis)
-        verbs = {"validate": _validate_verb, "analyze": _analyze_verb}
-        if args.verb in verbs:
-            return verbs[args.verb](args, hyp)
-        if args.verb == "sweep":
-            return _sweep_verb(args, hyp, argv)
-        if args.verb == "run":
-            return _run_verb(args, hyp, argv)
+            study.tracking.VERBOSE = True
+        return _verbs(args, argv)
     except StudyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        print(f"error: {exc.filename or '?'}: cannot write ({exc.strerror})", file=sys.stderr)
+        return 2
+
+
+def _verbs(args: argparse.Namespace, argv: list[str] | None) -> int:
+    done = next((d for d in (_results_verbs(args), _scale_verbs(args)) if d is not None), None)
+    if done is not None:
+        return done
+    if args.verb == "metrics":
+        return _metrics_verb(args.spectrum)
+    if args.verb == "table":
+        return _table_verb(args)
+    if args.verb == "plan":
+        from study.planning import plan_verb
+
+        return plan_verb(args.hypothesis, args.out, args.pilot, args.json)
+    from study.schema import load_hypothesis
+
+    hyp = load_hypothesis(args.hypothesis)
+    verbs = {"validate": _validate_verb, "analyze": _analyze_verb}
+    if args.verb in verbs:
+        return verbs[args.verb](args, hyp)
+    if args.verb == "sweep":
+        return _sweep_verb(args, hyp, argv)
+    if args.verb == "run":
+        return _run_verb(args, hyp, argv)
     return 1

@@ -26,8 +26,9 @@ import pandas as pd
 
 from analysis.verdicts import INCONCLUSIVE, ClaimResult, decide_sequential, families, format_verdicts
 from core.errors import StudyError
-from core.runfolder import RunFolder
+from core.locks import file_lock
 from study import registration, stages
+from study.preflight import check_hypothesis
 from study.schema import Hypothesis
 from study.tracking import open_tracker
 
@@ -121,17 +122,18 @@ def _train_look(hyp, runs_dir: Path, data_dir: Path, tracker, done: set[str], op
     data = stages.prepare_data(tri.todo, data_dir, log)
     if on_triaged is not None:
         on_triaged(specs, tri)
+    layers = hyp.design.layers
+
+    def log_ended(spec, result) -> None:  # each run reaches the store as it ends, not at the end
+        ds = data.get(stages.dataset_key(spec.dataset))
+        stages.log_run(tracker, spec, runs_dir, layers, ds, again=force)
+
     failed = stages.execute(
-        tri.todo, runs_dir, data_dir, opts["workers"], log, None, opts.get("placement"), hyp.name
+        tri.todo, runs_dir, data_dir, opts["workers"], log, log_ended, opts.get("placement"), hyp.name
     )
-    collected = stages.collect_table(specs, runs_dir, hyp.design.layers, failed)
-    for spec in tri.todo:  # runs trained by this invocation become child runs
-        result = RunFolder(runs_dir / spec.key).read_result()
-        if result is not None:
-            rows = collected.rows.get(spec.key, pd.DataFrame(columns=["value"]))
-            tracker.log_training_run(
-                spec, result, rows, runs_dir / spec.key, data.get(stages.dataset_key(spec.dataset))
-            )
+    # finished runs the store lacks (their invocation died before logging them) are logged now
+    stages.log_missing(tracker, specs, runs_dir, layers, data)
+    collected = stages.collect_table(specs, runs_dir, layers, failed)
     done.update(s.key for s in specs)
     return specs, tri, failed, collected
 
@@ -221,6 +223,7 @@ def run_study(
     out_dir = Path(out_dir)
     runs_dir, data_dir, study_dir = out_dir / "runs", out_dir / "data", out_dir / "studies" / hyp.name
     seed_schedule(hyp.design.seeds, sequential)  # a bad plan stops the study before anything is written
+    check_hypothesis(hyp, str(hyp_path), out_dir)  # what would stop the study later stops it now
     # bad data paths or imports stop the study before anything is written or recorded; on-disk
     # fingerprints are recorded for hosts without the data
     stages.check_inputs(stages.plan(hyp, data_dir, record=True, log=log), runs_dir, force)
@@ -282,15 +285,19 @@ def _finish(
 ):
     """Write outputs and the report, log the results; the :class:`StudyOutcome`."""
     extra = {"sequential": seq} if seq else {}
-    paths = stages.write_outputs(
-        study_dir, hyp_path, specs, tri, failed, collected.table, results, command, extra
-    )
     report_paths = []
-    if report:
-        report_paths = stages.write_study_report(
-            study_dir, hyp, results, collected.table, runs_dir, specs, tri, failed, hyp_path, command, seq
+    # one invocation writes the study folder at a time, so the temporary files of a killed writer can be
+    # removed without touching a live one's
+    with file_lock(study_dir.parent / f"{study_dir.name}.lock"):
+        stages.remove_temporaries(study_dir)
+        paths = stages.write_outputs(
+            study_dir, hyp_path, specs, tri, failed, collected.table, results, command, extra
         )
-        log(f"report: {report_paths[0]}")
+        if report:
+            report_paths = stages.write_study_report(
+                study_dir, hyp, results, collected.table, runs_dir, specs, tri, failed, hyp_path, command, seq
+            )
+            log(f"report: {report_paths[0]}")
     summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(results)}\n```"
     tracker.log_results([paths["table"], paths["verdicts"], paths["text"], *report_paths], results, summary)
     return StudyOutcome(

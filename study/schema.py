@@ -759,6 +759,13 @@ class Hypothesis(_Strict):
                 )
         return self
 
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, v: str) -> str:
+        if set(v) == {"."}:  # '.' or '..' would put the study's files outside studies/
+            raise ValueError("expected a name with a letter, digit, '_' or '-' (it names a folder)")
+        return v
+
     @model_validator(mode="after")
     def _check_claims(self) -> Hypothesis:
         """Every dataset, layer and epoch a claim names must exist in the design."""
@@ -825,18 +832,100 @@ def parse_hypothesis(data: object, file: str = "<hypothesis>") -> Hypothesis:
         raise StudyError(msg, file, _loc(err["loc"])) from None
 
 
-def load_hypothesis(path: str | Path) -> Hypothesis:
-    """Read and validate a hypothesis YAML file (safe loader: nothing in the file executes)."""
-    path = Path(path)
-    if not path.is_file():
-        raise StudyError("file not found (expected a hypothesis YAML file)", str(path))
+MAX_FILE_BYTES = 1 << 20  # a hypothesis file is a page of YAML; 1 MiB leaves room for long claim lists
+MAX_DEPTH = 64  # the schema nests about 6 levels; deeper input is junk (and would exhaust the stack)
+MAX_NODES = 200_000  # nodes after expanding aliases: stops "billion laughs" anchor bombs
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (no tag executes code or builds an object) that also refuses duplicate
+    mapping keys, nesting deeper than :data:`MAX_DEPTH` and alias expansions over :data:`MAX_NODES`."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # '<<: *base' merges; keys written next to it override on purpose
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:
+                raise yaml.constructor.ConstructorError(
+                    None, None, "expected a plain mapping key", key_node.start_mark
+                ) from None
+            if first != key_node.start_mark.line + 1:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {first})", key_node.start_mark
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(node, memo: dict[int, int]) -> int:
+    """Nodes in ``node`` with every alias expanded (shared sub-trees counted each time they appear)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = 1  # a node reached again while being counted (a recursive alias) counts once
+    n = 1
+    if isinstance(node, yaml.SequenceNode):
+        n += sum(_expanded_size(v, memo) for v in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        n += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    memo[id(node)] = n
+    return n
+
+
+def _read_yaml(path: Path) -> object:
+    """Parse a YAML file with :class:`_StrictLoader`; one-line StudyError on any problem."""
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise StudyError(
+            f"file is {path.stat().st_size} bytes; expected a hypothesis file under 1 MiB", str(path)
+        )
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise StudyError("expected a UTF-8 text file", str(path)) from None
+    loader = None
+    try:
+        loader = _StrictLoader(text)  # its reader already refuses control characters
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}) > MAX_NODES:
+            raise StudyError(f"expands to over {MAX_NODES} YAML nodes through its aliases", str(path))
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else None
         problem = getattr(exc, "problem", None) or str(exc)
         raise StudyError(f"invalid YAML: {problem}", str(path), where) from None
-    except UnicodeDecodeError:
-        raise StudyError("expected a UTF-8 text file", str(path)) from None
-    return parse_hypothesis(data, str(path))
+    except RecursionError:  # a recursive alias through a merge key
+        raise StudyError(f"invalid YAML: nested deeper than {MAX_DEPTH} levels", str(path)) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def load_hypothesis(path: str | Path) -> Hypothesis:
+    """Read and validate a hypothesis YAML file.
+
+    The loader is safe (no tag executes code or constructs an object) and strict: a duplicate key, nesting
+    deeper than :data:`MAX_DEPTH`, an alias bomb or a file over :data:`MAX_FILE_BYTES` is an error.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError("file not found (expected a hypothesis YAML file)", str(path))
+    return parse_hypothesis(_read_yaml(path), str(path))

@@ -26,6 +26,7 @@ from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
 from core.errors import StudyError
 from core.hashing import canonical_json
 from core.io import atomic_write_json, atomic_write_text
+from core.locks import file_lock, run_lock_path
 from core.runfolder import ROWS, SPECTRA, RunFolder
 from study.planner import RunSpec, plan_runs
 from study.schema import Hypothesis
@@ -140,12 +141,17 @@ def fetch_stored(tri: Triage, specs: list[RunSpec], runs_dir: Path, tracker) -> 
 def clear_for_training(todo: list[RunSpec], runs_dir: Path, force: bool = False) -> None:
     """Remove what must not be resumed: an ended (failed) attempt, or everything with ``force``.
 
-    A folder without ``result.json`` is an interrupted run: it is kept and resumes.
+    A folder without ``result.json`` is an interrupted run: it is kept and resumes. Each run is cleared
+    under its lock; a run another invocation finished since :func:`triage` is kept (unless ``force``).
     """
     for spec in todo:
         folder = RunFolder(runs_dir / spec.key)
-        if folder.path.exists() and (force or folder.read_result() is not None):
-            shutil.rmtree(folder.path)
+        if not folder.path.exists():
+            continue
+        with file_lock(run_lock_path(runs_dir, spec.key)):
+            result = folder.read_result()
+            if force or (result is not None and not folder.is_finished()):
+                shutil.rmtree(folder.path)
 
 
 def dataset_key(dataset: dict) -> str:
@@ -256,6 +262,41 @@ def execute(
     return failed
 
 
+def log_run(
+    tracker, spec: RunSpec, runs_dir: Path, layers: list[str], data=None, again: bool = False
+) -> bool:
+    """Stage 4b: log one ended run to the tracking store as a child run, unless it is there already.
+
+    Under the run's lock, so of two invocations that both saw the run end, one logs it. A finished run is
+    logged when the store has no FINISHED child with its key (e.g. the invocation that trained it was
+    killed before logging it); a failed run is logged as FAILED by the invocation that ran it. ``again``
+    (``--force``: the run was retrained on purpose) logs it even when the store has it already.
+
+    Returns:
+        True when this call logged the run.
+    """
+    folder = RunFolder(runs_dir / spec.key)
+    with file_lock(run_lock_path(runs_dir, spec.key)):
+        result = folder.read_result()
+        if result is None or (folder.is_finished() and not again and tracker.has_finished(spec.key)):
+            return False
+        empty = pd.DataFrame(columns=["metric", "layer", "token_set", "epoch", "value"])
+        rows = run_rows(spec, folder.path, layers) if folder.is_finished() else empty
+        tracker.log_training_run(spec, result, rows, folder.path, data)
+    return True
+
+
+def log_missing(tracker, specs: list[RunSpec], runs_dir: Path, layers: list[str], data=None) -> list[str]:
+    """Log every finished run of the plan that the tracking store lacks (:func:`log_run`); their keys."""
+    data = data or {}
+    return [
+        s.key
+        for s in specs
+        if RunFolder(runs_dir / s.key).is_finished()
+        and log_run(tracker, s, runs_dir, layers, data.get(dataset_key(s.dataset)))
+    ]
+
+
 def run_rows(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
     """Tidy rows of one finished run, from its folder alone; one-line error naming an unreadable artifact.
 
@@ -282,6 +323,16 @@ def run_rows(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
             str(folder.file(SPECTRA)),
         ) from None
     result = folder.read_result() or {}
+    n_tokens = result.get("n_tokens")
+    if n_tokens is not None and not (
+        isinstance(n_tokens, dict)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in n_tokens.values())
+    ):
+        raise StudyError(
+            f"run {spec.label} (key {spec.key}): expected a mapping of '{{layer}}/{{token_set}}' to token counts",
+            str(folder.file("result.json")),
+            "n_tokens",
+        )
     rows = rows_from_spectra(
         spec.key,
         spec.dataset["name"],
@@ -312,6 +363,17 @@ def collect_table(
         rows[spec.key] = run_rows(spec, folder.path, layers)
     table = make_table(pd.concat(rows.values(), ignore_index=True) if rows else [])
     return Collected(table, rows, failed_seeds, missing)
+
+
+def remove_temporaries(folder: Path) -> list[Path]:
+    """Delete what interrupted atomic writes (``core.io``: ``.<name>.<random>.tmp``) left in ``folder``.
+
+    Call it only while holding the folder's lock: a live writer's temporary file looks the same.
+    """
+    found = list(folder.rglob(".*.tmp*")) if folder.is_dir() else []
+    for path in found:
+        path.unlink(missing_ok=True)
+    return found
 
 
 def evaluate(

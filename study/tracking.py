@@ -32,9 +32,11 @@ The default store is embedded and local: ``sqlite:///<out>/mlflow.db`` with arti
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 from contextlib import contextmanager
@@ -44,7 +46,9 @@ import numpy as np
 import pandas as pd
 
 from core.errors import StudyError
+from core.faults import fault_point
 from core.hashing import digest, file_digest
+from core.locks import file_lock, hold_lock, is_locked
 from core.provenance import git_state
 from core.runfolder import OPTIONAL, REQUIRED, RESULT, ROWS, SPECTRA, parse_spectrum_key
 
@@ -55,6 +59,7 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 # MLflow 3 opens an experiment on its GenAI overview unless it is marked as model training
 EXPERIMENT_KIND = "mlflow.experimentKind"
 EXPERIMENT_TAGS = {EXPERIMENT_KIND: "custom_model_development"}
+VERBOSE = False  # set by ``--verbose``: let MLflow's and alembic's INFO lines through
 _BATCH = 1000  # MLflow's log_batch limit on metrics per call
 _TAG_MAX = 5000  # MLflow's limit on a tag value's length
 # artifacts of a child run that a reuse needs (required) or carries along when present (optional)
@@ -62,6 +67,25 @@ RUN_ARTIFACTS_REQUIRED = REQUIRED
 RUN_ARTIFACTS_OPTIONAL = OPTIONAL
 # files a runner may leave as the trained weights; logged under model/ only with log_model=True
 _WEIGHT_PATTERNS = ("checkpoints/epoch_*.pt", "model*.pt", "model*.safetensors")
+
+
+_QUIET_LOGGERS = ("mlflow", "alembic")  # their INFO lines ("Creating initial MLflow database tables...")
+
+
+def quiet_library_logs(verbose: bool = False) -> None:
+    """Keep MLflow's and alembic's INFO lines out of the terminal (``--verbose`` lets them through)."""
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def store_lock_path(out_dir: Path) -> Path:
+    """The lock serialising store and experiment creation among invocations on one output folder."""
+    return Path(out_dir) / ".locks" / "store.lock"
+
+
+def parent_lock_path(out_dir: Path, run_id: str) -> Path:
+    """The lock a live invocation holds on its own parent run (free once the invocation has died)."""
+    return Path(out_dir) / ".locks" / f"study-{run_id}.lock"
 
 
 def default_tracking_uri(out_dir: Path) -> str:
@@ -106,47 +130,94 @@ class Tracker:
         self.log_model = log_model
         # no mlflow.set_tracking_uri: it also sets MLFLOW_TRACKING_URI in os.environ, which would send
         # every later study in this process (and its subprocesses) to this store; the client is explicit
-        self.client = MlflowClient(self.uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        if exp is None:
-            artifacts = (self.out_dir / "mlartifacts" / experiment).resolve().as_uri()
+        quiet_library_logs(VERBOSE)
+        # two invocations on a fresh folder would both create the sqlite tables, and two on a store
+        # without this experiment would both insert it: one at a time, each getting what the other made
+        with file_lock(store_lock_path(self.out_dir)):
             try:
-                exp_id = self.client.create_experiment(
-                    experiment, artifact_location=artifacts, tags=EXPERIMENT_TAGS
-                )
-            except mlflow.exceptions.MlflowException:  # another invocation created it just now
-                exp = self.client.get_experiment_by_name(experiment)
-                if exp is None:
-                    raise
-                exp_id = exp.experiment_id
-        else:
-            exp_id = exp.experiment_id
-            if (exp.tags or {}).get(EXPERIMENT_KIND) != EXPERIMENT_TAGS[EXPERIMENT_KIND]:
-                self.client.set_experiment_tag(exp_id, EXPERIMENT_KIND, EXPERIMENT_TAGS[EXPERIMENT_KIND])
-        self.experiment_id = exp_id
+                self._create_store()
+                self.client = MlflowClient(self.uri)
+                self.experiment_id = self._get_or_create_experiment(experiment)
+            except StudyError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a bad URI or unreachable store: one line, not a trace
+                where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else None
+                msg = " ".join(str(exc).split())[:300]
+                raise StudyError(
+                    f"cannot open the tracking store ({type(exc).__name__}: {msg})", self.uri, where
+                ) from None
         self.role = role
         self.parent_id: str | None = None
+        self._parent_lock: int | None = None
         state = git_state()
         self.git_commit = state["git_commit"] or "unknown"
         self.git_dirty = state["git_dirty"]
 
+    def _create_store(self) -> None:
+        """Create the default sqlite store under a temporary name, then rename it into place: a kill
+        during MLflow's table migrations leaves no half-made ``mlflow.db`` (call under the store lock)."""
+        if not self.uri.startswith("sqlite:///"):
+            return
+        db = Path(self.uri.removeprefix("sqlite:///"))
+        for left in db.parent.glob(f".{db.name}.*.creating"):  # a killed creation's leftovers
+            left.unlink(missing_ok=True)
+        if db.exists():
+            return
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        tmp = db.with_name(f".{db.name}.{os.getpid()}.creating")
+        store = SqlAlchemyStore(f"sqlite:///{tmp}", (self.out_dir / "mlartifacts").resolve().as_uri())
+        store.engine.dispose()
+        fault_point("store.create")
+        os.replace(tmp, db)
+
+    def _get_or_create_experiment(self, name: str) -> str:
+        for _ in range(3):  # a store user without our lock (a remote server's other clients) may race us
+            exp = self.client.get_experiment_by_name(name)
+            if exp is not None:
+                if (exp.tags or {}).get(EXPERIMENT_KIND) != EXPERIMENT_TAGS[EXPERIMENT_KIND]:
+                    self.client.set_experiment_tag(
+                        exp.experiment_id, EXPERIMENT_KIND, EXPERIMENT_TAGS[EXPERIMENT_KIND]
+                    )
+                return exp.experiment_id
+            artifacts = (self.out_dir / "mlartifacts" / name).resolve().as_uri()
+            try:
+                return self.client.create_experiment(name, artifact_location=artifacts, tags=EXPERIMENT_TAGS)
+            except Exception:  # noqa: BLE001 - a UNIQUE clash surfaces as MlflowException or a DB error
+                time.sleep(0.2)
+        exp = self.client.get_experiment_by_name(name)
+        if exp is None:
+            raise StudyError(f"cannot create MLflow experiment {name!r}", self.uri)
+        return exp.experiment_id
+
     # ---- the parent run ---------------------------------------------------------------------------
     def __enter__(self) -> Tracker:
+        self.close_stale()
         run = self.client.create_run(
             self.experiment_id,
             run_name=time.strftime(f"{self.role} %Y-%m-%d %H:%M:%S"),
             tags={
                 "study.role": self.role,
+                "study.host": socket.gethostname(),
+                "study.pid": str(os.getpid()),
                 "git_commit": self.git_commit,
                 "git_dirty": str(self.git_dirty).lower(),
                 "mlflow.source.git.commit": self.git_commit,
             },
         )
         self.parent_id = run.info.run_id
+        self._parent_lock = hold_lock(parent_lock_path(self.out_dir, self.parent_id))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.client.set_terminated(self.parent_id, "FAILED" if exc_type else "FINISHED")
+        if self._parent_lock is not None:
+            os.close(self._parent_lock)
+            parent_lock_path(self.out_dir, self.parent_id).unlink(missing_ok=True)
+
+    def close_stale(self) -> list[str]:
+        """Mark the store's stale RUNNING parents and their RUNNING children KILLED (:func:`close_stale`)."""
+        return close_stale(self.client, self.out_dir, exclude=self.parent_id)
 
     def log_study(self, hyp, hyp_path: Path, plan, triage=None, command: str | None = None) -> None:
         """The study's params, file and command on the parent run; the runs ``triage`` reused, linked."""
@@ -258,7 +329,6 @@ class Tracker:
                 the run's training input; None logs the dataset spec alone.
             tags: more tags (a sweep's trial number and knob values).
         """
-        from mlflow.entities import Metric
 
         status = "FINISHED" if result.get("status") == "finished" else "FAILED"
         extra, tags = (
@@ -283,8 +353,21 @@ class Tracker:
             tags.update(_source_tags(result["source"]))
         run = self.client.create_run(self.experiment_id, run_name=spec.label, tags=tags)
         rid = run.info.run_id
+        try:
+            self._fill_training_run(rid, spec, result, rows, run_dir, data)
+        except BaseException:
+            self.client.set_terminated(rid, "FAILED")  # never a child left RUNNING by an error here
+            raise
+        self.client.set_terminated(rid, status)
+        return rid
+
+    def _fill_training_run(self, rid: str, spec, result: dict, rows: pd.DataFrame, run_dir, data) -> None:
+        """Params, metrics, dataset and artifacts of a child run (:meth:`log_training_run`)."""
+        from mlflow.entities import Metric
+
         params = _flatten("", {k: v for k, v in spec.model_dump().items() if k != "key"}, {})
         self._log_params(rid, params)
+        fault_point("mlflow.log")
 
         now = int(time.time() * 1000)
         metrics = []
@@ -309,10 +392,8 @@ class Tracker:
                     self.client.log_artifact(rid, str(p), artifact_path="model")
                 # say so when a run folder holds no weights rather than log nothing silently
                 self.client.set_tag(rid, "model_weights", "logged" if weights else "none in run folder")
-        if status == "FAILED":
+        if result.get("status") != "finished":
             self.client.set_tag(rid, "failed_epoch", str(result.get("failed_epoch")))
-        self.client.set_terminated(rid, status)
-        return rid
 
     def _log_dataset(self, rid: str, spec, data) -> None:
         """Record the training data as an MLflow dataset input (context ``training``).
@@ -336,27 +417,21 @@ class Tracker:
     # ---- reuse ------------------------------------------------------------------------------------
     def finished_runs(self) -> dict[str, object]:
         """Finished child runs in the whole store (every experiment), newest per ``run_key`` tag."""
-        from mlflow.entities import ViewType
-
-        exp_ids = [e.experiment_id for e in self.client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
         found: dict[str, object] = {}
-        token = None
-        while exp_ids:
-            page = self.client.search_runs(
-                exp_ids,
-                filter_string="tags.`study.role` = 'training' and attributes.status = 'FINISHED'",
-                order_by=["attributes.end_time DESC"],
-                max_results=1000,
-                page_token=token,
-            )
-            for r in page:
-                key = r.data.tags.get("run_key")
-                if key and key not in found:
-                    found[key] = r
-            token = page.token
-            if not token:
-                break
+        for r in training_runs(self.client):
+            key = r.data.tags.get("run_key")
+            if key and key not in found:
+                found[key] = r
         return found
+
+    def has_finished(self, key: str) -> bool:
+        """True when the store (any experiment) holds a FINISHED child run with this ``run_key`` now."""
+        found = self.client.search_runs(
+            _active_experiments(self.client),
+            f"tags.run_key = '{key}' and tags.`study.role` = 'training' and attributes.status = 'FINISHED'",
+            max_results=1,
+        )
+        return bool(found)
 
     def fetch_run(self, run, spec, run_dir: Path) -> None:
         """Download a stored run's artifacts into ``run_dir`` (``result.json`` last, so it marks a finished
@@ -444,6 +519,71 @@ def _check_measurements(path: Path) -> None:
         parse_spectrum_key(k)
 
 
+def _active_experiments(client) -> list[str]:
+    from mlflow.entities import ViewType
+
+    return [e.experiment_id for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)]
+
+
+def stale_parents(client, out_dir: Path, exclude: str | None = None) -> list:
+    """RUNNING parent runs in the store whose invocation is dead: started on this host, and their lock
+    (:func:`parent_lock_path`) is free. A run from another host is left alone (its liveness is unknowable
+    here); ``exclude`` is the caller's own parent run."""
+    exp_ids = _active_experiments(client)
+    if not exp_ids:
+        return []
+    running = client.search_runs(
+        exp_ids, "tags.`study.role` = 'study' and attributes.status = 'RUNNING'", max_results=1000
+    )
+    host = socket.gethostname()
+    return [
+        r
+        for r in running
+        if r.data.tags.get("study.host") == host
+        and r.info.run_id != exclude
+        and not is_locked(parent_lock_path(out_dir, r.info.run_id))
+    ]
+
+
+def close_stale(client, out_dir: Path, exclude: str | None = None) -> list[str]:
+    """Mark every stale RUNNING parent (:func:`stale_parents`) and its RUNNING children KILLED.
+
+    Returns:
+        the run ids marked.
+    """
+    marked = []
+    for parent in stale_parents(client, out_dir, exclude):
+        children = client.search_runs(
+            [parent.info.experiment_id],
+            f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' and attributes.status = 'RUNNING'",
+            max_results=1000,
+        )
+        for r in [*children, parent]:
+            client.set_terminated(r.info.run_id, "KILLED")
+            marked.append(r.info.run_id)
+        parent_lock_path(out_dir, parent.info.run_id).unlink(missing_ok=True)
+    return marked
+
+
+def training_runs(client, status: str = "FINISHED") -> list:
+    """Every child (training) run in the store with this status, newest first."""
+    exp_ids = _active_experiments(client)
+    out, token = [], None
+    while exp_ids:
+        page = client.search_runs(
+            exp_ids,
+            f"tags.`study.role` = 'training' and attributes.status = '{status}'",
+            order_by=["attributes.end_time DESC"],
+            max_results=1000,
+            page_token=token,
+        )
+        out.extend(page)
+        token = page.token
+        if not token:
+            break
+    return out
+
+
 class NullTracker:
     """The tracker of ``--no-mlflow``: every call does nothing, and no run is found in a store."""
 
@@ -457,6 +597,9 @@ class NullTracker:
 
     def finished_runs(self) -> dict[str, object]:
         return {}
+
+    def has_finished(self, key: str) -> bool:  # nothing is ever to be logged
+        return True
 
     def fetch_run(self, run, spec, run_dir: Path) -> None:  # never called: nothing is stored
         raise RuntimeError("no tracking store")
