@@ -3,8 +3,9 @@ giving the last running jobs the cores of finished workers.
 
     PYTHONPATH=. python bench/executor.py [--runs 3] [--workers 2] [--epochs 4] [--n-train 4000]
 
-With 3 runs on 2 workers the third run trains alone in the last round; without rebalancing it keeps one
-thread while a core sits idle. Prints each variant's wall time and the ratio (static / rebalanced), run
+With 4 runs on 3 workers (or any count that leaves a run alone at the end while others still train) the
+static choice gives the last wave's runs the idle cores only at their start; rebalancing also gives them
+the cores of workers that finish later. Prints each variant's wall time and the ratio (static / rebalanced), run
 side by side in one process, in alternating order over ``--repeats``. Needs an otherwise idle machine.
 """
 

@@ -3,11 +3,12 @@
 An executor takes a picklable job function and a list of job argument tuples and yields
 ``(index, result, error)`` as jobs finish. ``InlineExecutor`` runs in this process (tests, GPU);
 ``ProcessExecutor`` runs jobs in spawned worker processes, each with a number of torch threads (on 2 CPU
-cores, two 1-thread processes nearly double throughput on small images). No core sits idle while work
-remains: once no job waits, the cores of finished workers go to the jobs still running. Each job reads its
-thread budget from a small file (``THREADS_FILE_ENV`` names it) that the executor rewrites, and a
-training run adopts it at the start of each epoch (:func:`adopt_thread_budget`). ``RayExecutor`` runs
-each job as a task on a Ray cluster (the optional extra ``.[ray]``; imported only when chosen).
+cores, two 1-thread processes nearly double throughput on small images); the jobs of the last, partial
+wave get the idle workers' threads from their start. With ``rebalance=True`` the cores of workers that
+finish also go to the jobs still running: each job reads its thread budget from a small file
+(``THREADS_FILE_ENV`` names it) that the executor rewrites, and a training run adopts it at the start of
+each epoch (:func:`adopt_thread_budget`). That is off by default because it makes a run's thread count,
+and so its float rounding, depend on timing.
 """
 
 from __future__ import annotations
@@ -68,30 +69,38 @@ class InlineExecutor:
 
 
 class ProcessExecutor:
-    """Runs jobs in ``workers`` spawned processes with ``threads`` torch threads each."""
+    """Runs jobs in ``workers`` spawned processes with ``threads`` torch threads each.
 
-    def __init__(self, workers: int, threads: int = 1, rebalance: bool = True):
+    The jobs of the last, partial wave get the idle workers' threads from their start: a deterministic
+    choice (by job index), so a study gives the same numbers every time. ``rebalance=True`` also gives a
+    job the cores of workers that finish while it runs (its budget is adopted at each epoch): faster, but a
+    run's thread count then depends on timing, and float reductions differ with the thread count, so its
+    results are no longer reproducible bit for bit. Off by default.
+    """
+
+    def __init__(self, workers: int, threads: int = 1, rebalance: bool = False):
         self.workers, self.threads, self.rebalance = workers, threads, rebalance
 
     def map_jobs(self, fn, jobs):
         ctx = mp.get_context("spawn")  # fork after torch has started threads can deadlock
+        n = len(jobs)
+        tail = n % self.workers  # jobs of the last, partial wave get the idle workers' threads too
         cores = self.workers * self.threads
         with (
             tempfile.TemporaryDirectory(prefix="study-threads-") as tmp,
             ProcessPoolExecutor(self.workers, mp_context=ctx) as pool,
         ):
-            budget = [Path(tmp) / f"job{i}" for i in range(len(jobs))]
+            budget = [Path(tmp) / f"job{i}" for i in range(n)]
             futures = {}
             for i, job in enumerate(jobs):
-                budget[i].write_text(str(self.threads))
-                futures[pool.submit(_call_with_threads, self.threads, str(budget[i]), fn, *job)] = i
+                threads = max(1, cores // tail) if tail and i >= n - tail else self.threads
+                budget[i].write_text(str(threads))
+                futures[pool.submit(_call_with_threads, threads, str(budget[i]), fn, *job)] = i
             pending = set(futures.values())
             for fut in as_completed(futures):
                 i = futures[fut]
                 pending.discard(i)
-                if (
-                    self.rebalance and 0 < len(pending) < self.workers
-                ):  # nothing waits: every pending job runs; share the cores
+                if self.rebalance and 0 < len(pending) < self.workers:  # nothing waits: share the cores
                     for j in pending:
                         budget[j].write_text(str(max(1, cores // len(pending))))
                 exc = fut.exception()

@@ -81,6 +81,12 @@ def test_the_last_running_job_gets_the_free_cores():
     assert out[0] == (1, None) and out[1] == (2, None)
 
 
+def test_without_rebalancing_threads_are_fixed_by_job_index():
+    # 3 jobs on 2 one-thread workers: the third (the last, partial wave) gets both threads from its start
+    out = {i: r for i, r, _ in ProcessExecutor(2, threads=1).map_jobs(report_budget, [(False,)] * 3)}
+    assert out == {0: 1, 1: 1, 2: 2}
+
+
 def test_a_job_outside_an_executor_has_no_budget(monkeypatch):
     from runners.executors import THREADS_FILE_ENV, adopt_thread_budget
 
