@@ -73,11 +73,10 @@ def report_budget(wait_for_two: bool) -> int:
     return seen
 
 
-def test_the_last_running_job_gets_the_free_cores():
-    # 2 workers x 1 thread, 2 jobs: once the short one ends nothing waits, so the long one gets 2 threads
-    out = {
-        i: (r, e) for i, r, e in ProcessExecutor(2, threads=1).map_jobs(report_budget, [(False,), (True,)])
-    }
+def test_rebalancing_gives_the_last_running_job_the_free_cores():
+    # rebalance=True, 2 workers x 1 thread, 2 jobs: once the short one ends nothing waits, so the long one gets 2 threads
+    ex = ProcessExecutor(2, threads=1, rebalance=True)
+    out = {i: (r, e) for i, r, e in ex.map_jobs(report_budget, [(False,), (True,)])}
     assert out[0] == (1, None) and out[1] == (2, None)
 
 
