@@ -263,14 +263,15 @@ def execute(
 
 
 def log_run(
-    tracker, spec: RunSpec, runs_dir: Path, layers: list[str], data=None, again: bool = False
+    tracker, spec: RunSpec, runs_dir: Path, layers: list[str], data=None, again: bool = False, tags=None
 ) -> bool:
     """Stage 4b: log one ended run to the tracking store as a child run, unless it is there already.
 
     Under the run's lock, so of two invocations that both saw the run end, one logs it. A finished run is
     logged when the store has no FINISHED child with its key (e.g. the invocation that trained it was
     killed before logging it); a failed run is logged as FAILED by the invocation that ran it. ``again``
-    (``--force``: the run was retrained on purpose) logs it even when the store has it already.
+    (``--force``: the run was retrained on purpose) logs it even when the store has it already. ``tags``:
+    more tags for the child run (a sweep's trial number and knob values).
 
     Returns:
         True when this call logged the run.
@@ -282,7 +283,7 @@ def log_run(
             return False
         empty = pd.DataFrame(columns=["metric", "layer", "token_set", "epoch", "value"])
         rows = run_rows(spec, folder.path, layers) if folder.is_finished() else empty
-        tracker.log_training_run(spec, result, rows, folder.path, data)
+        tracker.log_training_run(spec, result, rows, folder.path, data, tags=tags)
     return True
 
 

@@ -305,19 +305,11 @@ def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list
     data = stages.prepare_data(tri.todo, data_dir, log)
     failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log, None, placement, hyp.name)
     trained += [s.key for s in tri.todo]
-    for spec in tri.todo:
-        result = RunFolder(runs_dir / spec.key).read_result()
-        if result is not None:
-            p = trial_of[spec.key]
-            tags = {"trial": p.number, **{f"knob.{k}": v for k, v in p.params.items()}, "sweep": hyp.name}
-            tracker.log_training_run(
-                spec,
-                result,
-                pd.DataFrame(columns=["value"]),
-                runs_dir / spec.key,
-                data.get(stages.dataset_key(spec.dataset)),
-                tags=tags,
-            )
+    for spec in tri.todo:  # each run trained here becomes a child run, tagged with its trial (once)
+        p = trial_of[spec.key]
+        tags = {"trial": p.number, **{f"knob.{k}": v for k, v in p.params.items()}, "sweep": hyp.name}
+        ds = data.get(stages.dataset_key(spec.dataset))
+        stages.log_run(tracker, spec, runs_dir, hyp.design.layers, ds, again=force, tags=tags)
     base, complete = hyp.sweep.dataset, 0
     for p in points:
         got = stages.collect_table(p.specs, runs_dir, hyp.design.layers, failed)

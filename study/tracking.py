@@ -275,7 +275,7 @@ class Tracker:
 
     def set_tag(self, key: str, value: str) -> None:
         """One tag on the parent run (cut to MLflow's length limit)."""
-        self.client.set_tag(self.parent_id, key, value[:_TAG_MAX])
+        self.set_tags(None, {key: value})
 
     def log_results(self, artifacts: list[Path], results, summary: str | None = None) -> None:
         for path in artifacts:
