@@ -1,25 +1,37 @@
-"""Idle cores at the end of a parallel study: N training runs on W one-thread workers, with and without
-giving the last running jobs the cores of finished workers.
+"""Idle cores at the end of a parallel study: N training runs on W one-thread workers, three ways.
 
     PYTHONPATH=. python bench/executor.py [--runs 3] [--workers 2] [--epochs 4] [--n-train 4000]
+    PYTHONPATH=. python bench/executor.py --hypothesis hypotheses/u_shape.yaml   # the default study's runs
 
-With 4 runs on 3 workers (or any count that leaves a run alone at the end while others still train) the
-static choice gives the last wave's runs the idle cores only at their start; rebalancing also gives them
-the cores of workers that finish later. Prints each variant's wall time and the ratio (static / rebalanced), run
-side by side in one process, in alternating order over ``--repeats``. Needs an otherwise idle machine.
+* ``fixed`` (the baseline): every run keeps one thread, so a run left alone at the end leaves cores idle;
+* ``tail`` (the default): the runs of the last, partial wave get the idle workers' threads from their
+  start (chosen by job index, so the numbers do not depend on timing);
+* ``rebalanced`` (opt-in, ``ProcessExecutor(rebalance=True)``): the runs still going also get the cores
+  of workers that finish later, adopted at each epoch.
+
+Prints each variant's wall time and its ratio to ``fixed``, run side by side in one process, in rotating
+order over ``--repeats`` (best of the repeats). With ``--hypothesis`` the runs are that file's planned
+runs, trained into fresh folders. Needs an otherwise idle machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
 
 from runners.executors import ProcessExecutor
 from runners.jobs import execute_run
-from study.schema import parse_hypothesis
+from study.schema import load_hypothesis, parse_hypothesis
 from study.stages import plan, prepare_data
+
+VARIANTS = {  # ProcessExecutor settings of each variant
+    "fixed": {"share_tail": False},
+    "tail": {},
+    "rebalanced": {"rebalance": True},
+}
 
 
 def _design(epochs: int, n_train: int, runs: int) -> dict:
@@ -51,27 +63,42 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--n-train", type=int, default=4000)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--hypothesis", type=Path, default=None, help="train this file's planned runs instead")
+    ap.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ", ".join(VARIANTS)
+    )
     args = ap.parse_args(argv)
-    specs = plan(parse_hypothesis(_design(args.epochs, args.n_train, args.runs)))
-    times: dict[str, list[float]] = {"static": [], "rebalanced": []}
+    if args.hypothesis:
+        hyp = load_hypothesis(args.hypothesis)
+        what = f"{args.hypothesis}: {len(plan(hyp))} runs x {hyp.design.training.epochs} epochs"
+    else:
+        hyp = parse_hypothesis(_design(args.epochs, args.n_train, args.runs))
+        what = f"{args.runs} runs x {args.epochs} epochs"
+    specs = plan(hyp)
+    variants = [v.strip() for v in args.variants.split(",")]
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    print(f"{what} on {args.workers} one-thread workers; load average {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
         prepare_data(specs, data, log=lambda _: None)
         for r in range(args.repeats):
-            order = ("static", "rebalanced") if r % 2 == 0 else ("rebalanced", "static")
-            for variant in order:
+            for variant in variants[r % len(variants) :] + variants[: r % len(variants)]:
                 runs = Path(tmp) / f"runs-{variant}-{r}"
                 jobs = [(s.model_dump(), str(runs / s.key), str(data)) for s in specs]
-                ex = ProcessExecutor(args.workers, threads=1, rebalance=variant == "rebalanced")
-                t0 = time.perf_counter()
-                for _, _, exc in ex.map_jobs(execute_run, jobs):
+                ex = ProcessExecutor(args.workers, threads=1, **VARIANTS[variant])
+                t0, ends = time.perf_counter(), []
+                for i, _, exc in ex.map_jobs(execute_run, jobs):
                     assert exc is None, exc
+                    ends.append(f"{i}@{time.perf_counter() - t0:.0f}s")
                 times[variant].append(time.perf_counter() - t0)
-    s, b = min(times["static"]), min(times["rebalanced"])
-    print(
-        f"{args.runs} runs x {args.epochs} epochs on {args.workers} one-thread workers (best of {args.repeats}):"
-    )
-    print(f"  static threads: {s:.1f} s   rebalanced: {b:.1f} s   ratio static/rebalanced: {s / b:.3f}")
+                print(
+                    f"  round {r + 1} {variant:<10} {times[variant][-1]:7.1f} s  (runs ended: {' '.join(ends)})",
+                    flush=True,
+                )
+    base = min(times[variants[0]])
+    print(f"best of {args.repeats}:")
+    for v in variants:
+        print(f"  {v:<10} {min(times[v]):7.1f} s   {variants[0]}/{v}: {base / min(times[v]):.3f}")
     return 0
 
 

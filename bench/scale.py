@@ -5,7 +5,7 @@
 Starts a Ray head (and a second 1-CPU node) on 127.0.0.1 in their own process groups, runs the same
 8-run tiny study (seeds 0-7) fresh each time with file leases, and prints, side by side:
 
-* local: 1 worker (in this process, torch's default threads) and 2 workers (``ProcessExecutor``, 1 thread each);
+* local: 1 worker (in this process, 1 torch thread) and 2 workers (``ProcessExecutor``, 1 thread each);
 * ray: ``RayExecutor`` on 1 and 2 one-CPU nodes;
 * the scheduling overhead per run: (ray wall - local wall) / 8 at the same worker count.
 
@@ -30,10 +30,14 @@ EIGHT = TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0, 1, 2, 3, 4, 5, 6
 
 
 def timed_study(hyp_path: Path, out: Path, workers: int, placement) -> float:
+    import torch
+
     from study.orchestrate import run_study
     from study.schema import load_hypothesis
 
     hyp = load_hypothesis(hyp_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread per run everywhere, as each Ray task gets (OMP_NUM_THREADS=1)
     t0 = time.perf_counter()
     outcome = run_study(
         hyp,
@@ -46,6 +50,7 @@ def timed_study(hyp_path: Path, out: Path, workers: int, placement) -> float:
         placement=placement,
     )
     wall = time.perf_counter() - t0
+    torch.set_num_threads(threads)
     assert len(outcome.trained) == 8 and not outcome.failed, outcome.failed
     return wall
 

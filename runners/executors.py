@@ -75,16 +75,17 @@ class ProcessExecutor:
     choice (by job index), so a study gives the same numbers every time. ``rebalance=True`` also gives a
     job the cores of workers that finish while it runs (its budget is adopted at each epoch): faster, but a
     run's thread count then depends on timing, and float reductions differ with the thread count, so its
-    results are no longer reproducible bit for bit. Off by default.
+    results are no longer reproducible bit for bit. Off by default. ``share_tail=False`` keeps every job
+    at ``threads`` (the baseline that ``bench/executor.py`` compares against).
     """
 
-    def __init__(self, workers: int, threads: int = 1, rebalance: bool = False):
-        self.workers, self.threads, self.rebalance = workers, threads, rebalance
+    def __init__(self, workers: int, threads: int = 1, rebalance: bool = False, share_tail: bool = True):
+        self.workers, self.threads, self.rebalance, self.share_tail = workers, threads, rebalance, share_tail
 
     def map_jobs(self, fn, jobs):
         ctx = mp.get_context("spawn")  # fork after torch has started threads can deadlock
         n = len(jobs)
-        tail = n % self.workers  # jobs of the last, partial wave get the idle workers' threads too
+        tail = n % self.workers if self.share_tail else 0  # the last, partial wave gets the idle threads too
         cores = self.workers * self.threads
         with (
             tempfile.TemporaryDirectory(prefix="study-threads-") as tmp,

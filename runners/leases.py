@@ -8,6 +8,9 @@ renews ``lease_expires`` from a heartbeat thread (every ``ttl / 3`` seconds) whi
 releases it as ``finished`` or ``failed``. Another worker asking for the same key waits while the lease is
 live; once it expires (its worker died: the process, the node, or its network) the waiting worker takes
 the run over, and training resumes from the last complete epoch (``resume.pt`` in the shared run folder).
+A worker that loses its lease while it is still alive (its heartbeats could not reach the store for longer
+than the lease time, and another worker took the run over) stops at its next epoch (:func:`check_lease`
+raises :class:`LeaseLost` in the training loop) and waits for the new owner's result instead.
 
 Two implementations of one four-method interface (:class:`LeaseStore`):
 
@@ -91,6 +94,24 @@ class LeaseStore(Protocol):
     def announce(self, study: str, run_keys: list[str]) -> None:
         """Record a study's planned runs as ``todo`` (keys already present are left as they are)."""
         ...
+
+
+class LeaseLost(Exception):
+    """Raised by :func:`check_lease` in the thread filling a run whose lease another worker took over."""
+
+
+_holding = threading.local()  # .lost: the Event of the lease the current thread holds (see heartbeat)
+
+
+def check_lease() -> None:
+    """Raise :class:`LeaseLost` when the current thread fills a run under a lease it has lost.
+
+    A long fill calls this at safe points (the training loop: before each epoch and before the final
+    write), so a worker that was taken over stops writing the shared run folder. Outside a lease, nothing.
+    """
+    lost = getattr(_holding, "lost", None)
+    if lost is not None and lost.is_set():
+        raise LeaseLost("the run's lease was taken over by another worker")
 
 
 def new_owner() -> str:
@@ -274,9 +295,11 @@ def heartbeat(
     """Renew the lease every ``ttl / 3`` s from a daemon thread while the block runs.
 
     Yields:
-        An event set when the lease was lost (another worker took it over after a missed renewal).
+        An event set when the lease was lost (another worker took it over after a missed renewal); while
+        the block runs, :func:`check_lease` in this thread raises once it is set.
     """
     stop, lost = threading.Event(), threading.Event()
+    outer = getattr(_holding, "lost", None)
 
     def beat() -> None:
         while not stop.wait(ttl / 3):
@@ -294,9 +317,11 @@ def heartbeat(
 
     thread = threading.Thread(target=beat, name=f"lease-{run_key}", daemon=True)
     thread.start()
+    _holding.lost = lost
     try:
         yield lost
     finally:
+        _holding.lost = outer
         stop.set()
         thread.join()
 
@@ -316,7 +341,8 @@ def fill_once(
     A finished run folder is returned as it is. Otherwise this waits while another owner holds the run's
     lease live, then acquires it and calls ``fill()`` (which resumes an interrupted run), renewing the
     lease meanwhile. A run that ended (``result.json``) while its lease was held elsewhere is returned
-    as it is: a failure elsewhere is not retried here.
+    as it is: a failure elsewhere is not retried here. A fill that loses its lease (:class:`LeaseLost`)
+    goes back to waiting, and returns the result of the worker that took the run over.
 
     Returns:
         The run's ``result.json`` content plus ``"claim": {"owner", "filled": bool}``: ``filled``
@@ -324,6 +350,16 @@ def fill_once(
     """
     ttl = lease_ttl() if ttl is None else ttl
     poll_s = min(ttl / 3, 5.0) if poll_s is None else poll_s
+    while True:
+        try:
+            return _fill_when_free(store, run, run_dir, fill, ttl, poll_s, log, study)
+        except LeaseLost:
+            if log:
+                log(f"[{run['key']}] stopped: another worker took the run over; waiting for its result")
+
+
+def _fill_when_free(store, run, run_dir, fill, ttl, poll_s, log, study) -> dict:
+    """One attempt of :func:`fill_once`: wait for the lease, then fill under it."""
     folder, key = RunFolder(run_dir), run["key"]
     while True:
         ended = folder.read_result()

@@ -41,6 +41,7 @@ from runners.data import load_split, num_classes
 from runners.executors import adopt_thread_budget
 from runners.extract import extract_spectra, save_covariances, save_observables, snapshot_epochs
 from runners.inputs import to_tensor
+from runners.leases import check_lease
 from runners.objectives import make_objective
 from runners.objectives.dino import AUG_SEED_OFFSET
 
@@ -208,6 +209,7 @@ def train_run(
             checkpoint(0)
         # ---- training loop ---------------------------------------------------------------------------
         for epoch in range(start_epoch + 1, tr["epochs"] + 1):
+            check_lease()  # taken over by another worker: stop before writing anything more
             threads = adopt_thread_budget()  # a parallel worker takes the cores of finished ones
             t0 = time.perf_counter()
             order = torch.randperm(xtr.shape[0], generator=data_gen)
@@ -248,6 +250,7 @@ def train_run(
         return fail(str(exc), exc.epoch if exc.epoch is not None else -1)
 
     # ---- results (result.json last: it marks the run finished) ---------------------------------------
+    check_lease()
     folder.write_spectra(spectra)
     result = {
         "status": "finished",

@@ -93,7 +93,10 @@ class RayCluster:
         }
         self.address = f"127.0.0.1:{self.port}"
 
-    def start_node(self, head: bool, num_cpus: int = 1) -> subprocess.Popen:
+    def start_node(
+        self, head: bool, num_cpus: int = 1, dashboard_port: int | None = None
+    ) -> subprocess.Popen:
+        """Start a node; a head with ``dashboard_port`` also runs the dashboard (Ray's job server)."""
         ray = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
         args = [
             ray,
@@ -104,7 +107,10 @@ class RayCluster:
             "--node-ip-address=127.0.0.1",
             "--disable-usage-stats",
         ]
-        if head:
+        if head and dashboard_port:
+            args += ["--head", f"--port={self.port}", "--include-dashboard=true"]
+            args += ["--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
+        elif head:
             args += ["--head", f"--port={self.port}", "--include-dashboard=false"]
         else:
             args += [f"--address={self.address}"]

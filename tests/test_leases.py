@@ -8,7 +8,15 @@ import time
 import pytest
 
 from core.runfolder import RunFolder
-from runners.leases import FileLeaseStore, SqlLeaseStore, fill_once, heartbeat, open_lease_store
+from runners.leases import (
+    FileLeaseStore,
+    LeaseLost,
+    SqlLeaseStore,
+    check_lease,
+    fill_once,
+    heartbeat,
+    open_lease_store,
+)
 
 
 @pytest.fixture(params=["file", "sqlite", "postgres"])
@@ -144,3 +152,82 @@ def test_open_lease_store_by_url(tmp_path):
     assert isinstance(open_lease_store(tmp_path / "x"), FileLeaseStore)
     assert isinstance(open_lease_store(f"file://{tmp_path}/y"), FileLeaseStore)
     assert isinstance(open_lease_store(f"sqlite:///{tmp_path}/z.db"), SqlLeaseStore)
+
+
+class UnreachableStore(FileLeaseStore):
+    """A file store whose renewals fail (the database is away) until ``reachable`` is set."""
+
+    def __init__(self, folder):
+        super().__init__(folder)
+        self.reachable = threading.Event()
+
+    def renew(self, run_key, owner, ttl):
+        if not self.reachable.is_set():
+            raise ConnectionError("database unreachable")
+        return super().renew(run_key, owner, ttl)
+
+
+def test_a_worker_that_loses_its_lease_stops_and_returns_the_new_owner_s_result(tmp_path):
+    store, run_dir = UnreachableStore(tmp_path / "l"), tmp_path / "r"
+    steps, logs = [], []
+
+    def slow_fill():  # a training loop: checks its lease before each step, as train_run does per epoch
+        for step in range(200):
+            check_lease()
+            steps.append(step)
+            time.sleep(0.05)
+        return _finish(run_dir)
+
+    def takeover():  # while the first worker's heartbeats fail, its lease expires and B takes the run
+        while not store.leases() or store.leases()[0].live():
+            time.sleep(0.05)
+        assert store.acquire("r", "B", 30)
+        store.reachable.set()  # the first worker's next renewal learns that it lost the lease
+        time.sleep(1.0)
+        _finish(run_dir, "finished")
+        store.release("r", "B", "finished")
+
+    threading.Thread(target=takeover).start()
+    out = fill_once(store, {"key": "r"}, run_dir, slow_fill, ttl=0.6, poll_s=0.05, log=logs.append)
+    assert out["claim"] == {"owner": None, "filled": False}  # B's result, not a second fill
+    assert len(steps) < 100, "the first worker kept training after it lost its lease"
+    lease = by_key(store)["r"]
+    assert (lease.owner, lease.state, lease.attempts) == ("B", "finished", 2)
+    assert any("lease lost" in line for line in logs) and any("took the run over" in line for line in logs)
+
+
+def test_check_lease_is_silent_outside_a_lease_and_after_one(tmp_path):
+    check_lease()  # no lease held: nothing to check
+    store = FileLeaseStore(tmp_path)
+    assert store.acquire("k", "a", 5)
+    with heartbeat(store, "k", "a", 5) as lost:
+        check_lease()
+        lost.set()
+        with pytest.raises(LeaseLost):
+            check_lease()
+    check_lease()  # the block is over: the lease is no longer this thread's
+
+
+def test_train_run_stops_at_the_epoch_after_its_lease_is_lost(tmp_path):
+    """The real training loop: a lost lease stops it before the next epoch, with no result written."""
+    import yaml
+
+    import runners.train as train
+    from study.schema import parse_hypothesis
+    from study.stages import plan
+    from tests.conftest import TINY_HYPOTHESIS
+
+    spec = plan(parse_hypothesis(yaml.safe_load(TINY_HYPOTHESIS.replace("epochs: 2", "epochs: 3"))))[0]
+    store, run_dir, lines = FileLeaseStore(tmp_path / "l"), tmp_path / "run", []
+    assert store.acquire(spec.key, "a", 60)
+    with heartbeat(store, spec.key, "a", 60) as lost:
+
+        def progress(line):
+            lines.append(line)
+            if "epoch 1/3" in line:
+                lost.set()  # as the heartbeat does when a renewal finds another owner
+
+        with pytest.raises(LeaseLost):
+            train.train_run(spec.model_dump(), run_dir, tmp_path / "data", progress=progress)
+    assert not any("epoch 2/3" in line for line in lines), lines
+    assert not RunFolder(run_dir).is_finished() and RunFolder(run_dir).read_result() is None

@@ -1,0 +1,180 @@
+"""``python -m study submit`` and ``python -m study status``, through the CLI, on real stores and a real
+Ray job server (a loopback head with its dashboard)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runners.leases import FileLeaseStore
+from study.cluster import submit_command
+from tests.conftest import TINY_HYPOTHESIS
+from tests.test_scale import env_for, fresh_database
+from tests.test_sweep import TINY_SWEEP
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def study_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "study", *args],
+        capture_output=True,
+        text=True,
+        env=env or env_for(),
+        cwd=REPO,
+        timeout=300,
+    )
+
+
+def status_table(stdout: str) -> dict[str, dict[str, int]]:
+    """The ``status`` table as study -> column -> count (checks the header names the columns)."""
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    header = lines[0].split()
+    assert header == ["study", "finished", "running", "stalled", "failed", "todo"], stdout
+    rows = {}
+    for line in lines[1:]:
+        if line.startswith("ray jobs"):
+            break
+        name, *counts = line.split()
+        rows[name] = dict(zip(header[1:], map(int, counts), strict=True))
+    return rows
+
+
+def fill_store(store) -> None:
+    """Two studies with runs in every state: finished, running (live), stalled (expired), failed, todo."""
+    store.announce("alpha", ["a_done", "a_live", "a_dead", "a_failed", "a_todo1", "a_todo2"])
+    store.announce("beta", ["b_done1", "b_done2"])
+    for key in ("a_done", "a_failed", "b_done1", "b_done2"):
+        assert store.acquire(key, "w1", ttl=60)
+        store.release(key, "w1", "failed" if key == "a_failed" else "finished")
+    assert store.acquire("a_live", "w2", ttl=600)
+    assert store.acquire("a_dead", "w3", ttl=0.01)  # its worker died: nobody renews it
+    time.sleep(0.05)
+
+
+EXPECTED = {
+    "alpha": {"finished": 1, "running": 1, "stalled": 1, "failed": 1, "todo": 2},
+    "beta": {"finished": 2, "running": 0, "stalled": 0, "failed": 0, "todo": 0},
+}
+
+
+def test_status_counts_each_study_s_runs_by_state_from_a_lease_folder(tmp_path):
+    fill_store(FileLeaseStore(tmp_path / "out" / "leases"))
+    by_out = study_cli("status", "--out", str(tmp_path / "out"))
+    assert by_out.returncode == 0, by_out.stderr
+    assert status_table(by_out.stdout) == EXPECTED
+    by_url = study_cli("status", "--leases", f"file://{tmp_path / 'out' / 'leases'}")
+    assert by_url.returncode == 0 and status_table(by_url.stdout) == EXPECTED
+
+
+def test_status_reads_a_postgresql_lease_store(postgres_url):
+    from runners.leases import open_lease_store
+
+    db = fresh_database(postgres_url, "status")
+    fill_store(open_lease_store(db))
+    out = study_cli("status", "--leases", db)
+    assert out.returncode == 0, out.stderr
+    assert status_table(out.stdout) == EXPECTED
+
+
+def test_status_on_an_empty_or_unreachable_store(tmp_path):
+    empty = study_cli("status", "--out", str(tmp_path))
+    assert empty.returncode == 0 and empty.stdout.startswith("no runs in the lease store"), empty
+    dead = study_cli("status", "--leases", "postgresql://study@127.0.0.1:9/none")
+    assert dead.returncode == 2 and dead.stdout == ""
+    (line,) = dead.stderr.strip().splitlines()
+    assert "--leases" in line and "cannot read the lease store" in line
+
+
+def test_submit_to_an_unreachable_cluster_is_one_line_and_writes_nothing(tmp_path):
+    hyp = tmp_path / "tiny.yaml"
+    hyp.write_text(TINY_HYPOTHESIS)
+    out = study_cli("submit", str(hyp), "--address", "http://127.0.0.1:9", "--out", str(tmp_path / "out"))
+    assert out.returncode == 2 and out.stdout == ""
+    (line,) = out.stderr.strip().splitlines()
+    assert "--address" in line and "127.0.0.1:9" in line
+    assert not (tmp_path / "out").exists()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(TINY_HYPOTHESIS.replace("kind: u_shape", "kind: v_shape"))
+    invalid = study_cli("submit", str(bad), "--address", "http://127.0.0.1:9", "--out", str(tmp_path / "o"))
+    assert invalid.returncode == 2 and "bad.yaml" in invalid.stderr and "kind" in invalid.stderr
+
+
+def test_submit_command_runs_a_sweep_file_as_a_sweep_with_absolute_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cmd = submit_command(
+        Path("s.yaml"), Path("res"), "postgresql://db/x", "postgresql://db/x", 0.5, sweep=True
+    )
+    assert cmd[:4] == ["python", "-m", "study", "sweep"]
+    assert cmd[4] == str(tmp_path / "s.yaml") and cmd[cmd.index("--out") + 1] == str(tmp_path / "res")
+    assert cmd[cmd.index("--storage") + 1] == "postgresql://db/x" and "--leases" in cmd
+    run = submit_command(Path("t.yaml"), Path("res"), storage="postgresql://db/x")
+    assert run[3] == "run" and "--storage" not in run  # a study has no optuna storage
+
+
+@pytest.fixture
+def job_cluster(tmp_path):
+    """A one-node Ray cluster (2 CPUs) with its dashboard, the job server ``submit`` talks to."""
+    from tests.clusters import RayCluster, free_port, unavailable
+
+    try:
+        import ray.job_submission  # noqa: F401
+    except ImportError:
+        unavailable("ray[default] not installed: pip install -e '.[ray]'")
+    cluster = RayCluster(tmp_path, {"MLFLOW_DISABLE_TELEMETRY": "true"})
+    dashboard = free_port()
+    cluster.start_node(head=True, num_cpus=2, dashboard_port=dashboard)
+    cluster.wait_for_cpus(2)
+    try:
+        yield f"http://127.0.0.1:{dashboard}"
+    finally:
+        cluster.stop()
+
+
+def wait_for_job(address: str, job_id: str, timeout: float = 400) -> str:
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    client, deadline = JobSubmissionClient(address), time.monotonic() + timeout
+    done = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
+    while (status := client.get_job_status(job_id)) not in done:
+        assert time.monotonic() < deadline, client.get_job_logs(job_id)[-3000:]
+        time.sleep(1)
+    assert status == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
+    return client.get_job_logs(job_id)
+
+
+def test_a_submitted_study_runs_as_a_ray_job_and_status_shows_it(tmp_path, job_cluster):
+    hyp = tmp_path / "tiny.yaml"
+    hyp.write_text(TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0, 1]"))
+    out = tmp_path / "out"
+    sub = study_cli("submit", str(hyp), "--address", job_cluster, "--out", str(out))
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.split()[1]
+    assert job_id.startswith("study-tiny-") and f"ray job logs --follow {job_id}" in sub.stdout
+    wait_for_job(job_cluster, job_id)
+    verdicts = json.loads((out / "studies" / "tiny" / "verdicts.json").read_text())
+    assert len(verdicts["runs"]) == 2 and not verdicts["failed"]
+    assert verdicts["claims"][0]["verdict"] in {"ACCEPTED", "REJECTED", "INCONCLUSIVE"}
+    st = study_cli("status", "--out", str(out), "--address", job_cluster)
+    assert st.returncode == 0, st.stderr
+    assert status_table(st.stdout) == {
+        "tiny": {"finished": 2, "running": 0, "stalled": 0, "failed": 0, "todo": 0}
+    }
+    jobs = st.stdout.split("ray jobs:", 1)[1].split()
+    assert jobs == [job_id, "SUCCEEDED", "tiny"]
+
+
+def test_a_submitted_sweep_runs_as_a_sweep(tmp_path, job_cluster):
+    hyp = tmp_path / "s.yaml"
+    hyp.write_text(TINY_SWEEP)
+    out = tmp_path / "out"
+    sub = study_cli("submit", str(hyp), "--address", job_cluster, "--out", str(out))
+    assert sub.returncode == 0, sub.stderr
+    wait_for_job(job_cluster, sub.stdout.split()[1])
+    trials = (out / "sweeps" / "tiny_sweep" / "trials.csv").read_text().splitlines()
+    assert len(trials) == 1 + 3 * 2  # header, then 3 grid points x 2 seeds
