@@ -169,6 +169,7 @@ def test_a_submitted_study_runs_as_a_ray_job_and_status_shows_it(tmp_path, job_c
     assert jobs == [job_id, "SUCCEEDED", "tiny"]
 
 
+@pytest.mark.slow  # the entrypoint differs only by its verb (test_submit_command_...); 20 s of Ray job
 def test_a_submitted_sweep_runs_as_a_sweep(tmp_path, job_cluster):
     hyp = tmp_path / "s.yaml"
     hyp.write_text(TINY_SWEEP)
