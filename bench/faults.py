@@ -16,11 +16,9 @@ N of N matching, 0 duplicated, 0 lost, 0 stale.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,63 +28,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-HYPOTHESIS = """\
-name: tiny
-description: a seconds-long study for the fault benchmark
-design:
-  datasets: [{name: objects, variant: objects, n_train: 64, n_test: 32, image_size: 8}]
-  model: {preset: vit_cpu12, embed_dim: 16, depth: 3, num_heads: 2}
-  training: {epochs: 2, batch_size: 32}
-  seeds: [0, 1, 2]
-  checkpoints: [0, 2]
-  probe: {size: 16}
-claims:
-  - name: u
-    kind: u_shape
-    metric: eed_pct
-    subset: {dataset: objects}
-    regions: {early: [block_01], bottleneck: [block_02], late: [block_03]}
-"""
+from tests.conftest import TINY_HYPOTHESIS  # noqa: E402 - the study the fault tests use
+from tests.studyproc import start, store_state, study_cmd, verdicts  # noqa: E402
 
 
 def _cmd(hyp: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "study", "run", str(hyp), "--out", str(out), "--workers", "1"]
-
-
-def _start(cmd: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("STUDY_FAULT", None)
-    return subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def _verdicts(out: Path) -> list[tuple]:
-    data = json.loads((out / "studies" / "tiny" / "verdicts.json").read_text())
-    fields = ("name", "verdict", "effect", "ci_low", "ci_high", "p_value")
-    return [tuple(c.get(k) for k in fields) for c in data["claims"]]
+    return study_cmd(hyp, out, report=True)  # the whole study, report included
 
 
 def _store(out: Path, keys: set[str]) -> dict:
-    from mlflow.tracking import MlflowClient
-
-    from study.tracking import default_tracking_uri, quiet_library_logs, training_runs
-
-    quiet_library_logs()
-    client = MlflowClient(default_tracking_uri(out))
-    counts = Counter(r.data.tags.get("run_key") for r in training_runs(client))
-    exps = [e.experiment_id for e in client.search_experiments()]
-    parents = client.search_runs(exps, "tags.`study.role` = 'study' and attributes.status = 'RUNNING'")
+    """Lost (no FINISHED child run), duplicated (more than one) and stale parent runs in the store."""
+    state = store_state(out)
     return {
-        "lost": sum(counts.get(k, 0) == 0 for k in keys),
-        "duplicated": sum(counts.get(k, 0) > 1 for k in keys),
-        "stale": len(parents),
+        "lost": sum(state["finished"].get(k, 0) == 0 for k in keys),
+        "duplicated": sum(state["finished"].get(k, 0) > 1 for k in keys),
+        "stale": state["parents"].get("RUNNING", 0),
     }
 
 
@@ -103,16 +59,16 @@ def main() -> None:
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench_faults_"))
     root.mkdir(parents=True, exist_ok=True)
     hyp = root / "tiny.yaml"
-    hyp.write_text(HYPOTHESIS)
+    hyp.write_text(TINY_HYPOTHESIS)
     keys = {s.key for s in plan_runs(load_hypothesis(hyp))}
 
     t0 = time.perf_counter()
-    base = _start(_cmd(hyp, root / "undisturbed"))
+    base = start(_cmd(hyp, root / "undisturbed"))
     _, err = base.communicate()
     wall = time.perf_counter() - t0
     if base.returncode:
         sys.exit(f"the undisturbed run failed:\n{err}")
-    reference = _verdicts(root / "undisturbed")
+    reference = verdicts(root / "undisturbed")
     print(f"undisturbed run: {wall:.1f}s, verdicts {[v[:2] for v in reference]}")
 
     completed = matched = landed = 0
@@ -120,17 +76,17 @@ def main() -> None:
     for i in range(args.n):
         out = root / f"round_{i:02d}"
         delay = rng.uniform(0.05, 0.9) * wall  # timings vary under load: most kills land before the end
-        proc = _start(_cmd(hyp, out))
+        proc = start(_cmd(hyp, out))
         time.sleep(delay)
         alive = proc.poll() is None
         if alive:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         landed += alive
-        again = _start(_cmd(hyp, out))
+        again = start(_cmd(hyp, out))
         _, err = again.communicate()
         ok = again.returncode == 0
-        same = ok and _verdicts(out) == reference
+        same = ok and verdicts(out) == reference
         state = _store(out, keys) if ok else {"lost": len(keys), "duplicated": 0, "stale": 0}
         completed += ok
         matched += same
