@@ -96,14 +96,16 @@ def with_seeds(hyp: Hypothesis, seeds: list[int]) -> Hypothesis:
 
 
 @dataclass
-class _Look:
-    hyp: Hypothesis
-    specs: list
-    tri: stages.Triage
+class _Looked:
+    """What every look of a study gave, for writing its outputs."""
+
+    specs: list  # the last look's planned runs
+    tri: stages.Triage  # merged over the looks
     failed: dict[str, str]
-    collected: stages.Collected
+    collected: stages.Collected  # the last look's table
     results: list[ClaimResult]
-    status: dict[str, dict]
+    status: dict[str, dict]  # claim name -> registration status
+    sequential: dict | None  # the summary of --until-decided's looks; None for one look
 
 
 def _train_look(hyp, runs_dir: Path, data_dir: Path, tracker, done: set[str], opts: dict, on_triaged=None):
@@ -144,9 +146,8 @@ def _decided(hyp: Hypothesis, results: list[ClaimResult], post_hoc: set[str]) ->
     return all(results[i].verdict != INCONCLUSIVE for i in idx)
 
 
-def _run_looks(hyp, hyp_path, dirs, tracker, plan: SequentialPlan | None, opts: dict, reg: dict):
-    """Every look of the study; returns (last look's specs, merged triage, failed, collected, results,
-    claim status, sequential summary or None)."""
+def _run_looks(hyp, hyp_path, dirs, tracker, plan: SequentialPlan | None, opts: dict, reg: dict) -> _Looked:
+    """Every look of the study."""
     runs_dir, data_dir = dirs
     done: set[str] = set()
     merged, failed_all, looks, seeds_at = stages.Triage(), {}, [], []
@@ -169,7 +170,7 @@ def _run_looks(hyp, hyp_path, dirs, tracker, plan: SequentialPlan | None, opts: 
         looks.append(stages.evaluate(hyp_k, collected.table, str(hyp_path), collected.failed_seeds, post_hoc))
         seeds_at.append(len(seeds))
         if plan is None:
-            return specs, merged, failed_all, collected, looks[-1], status, None
+            return _Looked(specs, merged, failed_all, collected, looks[-1], status, None)
         results = decide_sequential(hyp_k, looks, seeds_at, plan.max_seeds, plan.spending, post_hoc)
         stop = _decided(hyp_k, results, post_hoc)
         opts["log"](
@@ -186,7 +187,7 @@ def _run_looks(hyp, hyp_path, dirs, tracker, plan: SequentialPlan | None, opts: 
         "stopped_at": seeds_at[-1],
         "stopped_because": "every confirmatory claim decided" if stop else "the maximum number of seeds",
     }
-    return specs, merged, failed_all, collected, results, status, summary
+    return _Looked(specs, merged, failed_all, collected, results, status, summary)
 
 
 def _family_spent(hyp: Hypothesis, seeds_at: list[int], plan: SequentialPlan) -> list[float]:
@@ -231,59 +232,28 @@ def run_study(
         # what the study declares is recorded before anything is trained
         reg = registration.register(study_dir, hyp, sequential.as_dict() if sequential else None)
         opts = {"workers": workers, "force": force, "log": log, "command": command, "placement": placement}
-        specs, tri, failed, collected, results, status, seq = _run_looks(
-            hyp, hyp_path, (runs_dir, data_dir), tracker, sequential, opts, reg
-        )
-        for r in results:
+        looked = _run_looks(hyp, hyp_path, (runs_dir, data_dir), tracker, sequential, opts, reg)
+        status, seq = looked.status, looked.sequential
+        for r in looked.results:
             r.registration = status[r.name]
-        final_hyp = with_seeds(hyp, sorted({s.seed for s in specs})) if sequential else hyp
+        final_hyp = with_seeds(hyp, sorted({s.seed for s in looked.specs})) if sequential else hyp
+        design = registration.design_hash(hyp.design)
         tracker.log_registration(
-            (
-                registration.design_hash(hyp.design),
-                reg["designs"][registration.design_hash(hyp.design)]["registered_at"],
-            ),
-            [(c.name, status[c.name]) for c in hyp.claims],
+            (design, reg["designs"][design]["registered_at"]), [(c.name, status[c.name]) for c in hyp.claims]
         )
         if seq:
             tracker.set_tag(
                 "sequential",
                 f"{len(seq['looks'])} looks, stopped at {seq['stopped_at']} seeds: {seq['stopped_because']}",
             )
-        return _finish(
-            final_hyp,
-            hyp_path,
-            study_dir,
-            runs_dir,
-            specs,
-            tri,
-            failed,
-            collected,
-            results,
-            seq,
-            tracker,
-            report,
-            command,
-            log,
-        )
+        return _finish(final_hyp, hyp_path, study_dir, runs_dir, looked, tracker, report, command, log)
 
 
 def _finish(
-    hyp,
-    hyp_path,
-    study_dir,
-    runs_dir,
-    specs,
-    tri,
-    failed,
-    collected,
-    results,
-    seq,
-    tracker,
-    report,
-    command,
-    log,
-):
+    hyp, hyp_path, study_dir, runs_dir, looked: _Looked, tracker, report, command, log
+) -> StudyOutcome:
     """Write outputs and the report, log the results; the :class:`StudyOutcome`."""
+    seq, tri, table = looked.sequential, looked.tri, looked.collected.table
     extra = {"sequential": seq} if seq else {}
     report_paths = []
     # one invocation writes the study folder at a time, so the temporary files of a killed writer can be
@@ -291,22 +261,34 @@ def _finish(
     with file_lock(study_dir.parent / f"{study_dir.name}.lock"):
         stages.remove_temporaries(study_dir)
         paths = stages.write_outputs(
-            study_dir, hyp_path, specs, tri, failed, collected.table, results, command, extra
+            study_dir, hyp_path, looked.specs, tri, looked.failed, table, looked.results, command, extra
         )
         if report:
             report_paths = stages.write_study_report(
-                study_dir, hyp, results, collected.table, runs_dir, specs, tri, failed, hyp_path, command, seq
+                study_dir,
+                hyp,
+                looked.results,
+                table,
+                runs_dir,
+                looked.specs,
+                tri,
+                looked.failed,
+                hyp_path,
+                command,
+                seq,
             )
             log(f"report: {report_paths[0]}")
-    summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(results)}\n```"
-    tracker.log_results([paths["table"], paths["verdicts"], paths["text"], *report_paths], results, summary)
+    summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(looked.results)}\n```"
+    tracker.log_results(
+        [paths["table"], paths["verdicts"], paths["text"], *report_paths], looked.results, summary
+    )
     return StudyOutcome(
-        results,
-        collected.table,
+        looked.results,
+        table,
         study_dir,
         [s.key for s in tri.todo],
-        [s.key for s in specs if s.key in tri.reused_from],
-        failed,
+        [s.key for s in looked.specs if s.key in tri.reused_from],
+        looked.failed,
         tri.reused_from,
         report_paths[0] if report_paths else None,
         seq,
