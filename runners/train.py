@@ -108,6 +108,52 @@ def _log(progress: Callable[[str], None] | None, msg: str) -> None:
         progress(msg)
 
 
+def _load_data(run: dict, data_dir: str | Path) -> tuple[torch.Tensor, ...]:
+    """``(x_train, y_train, x_test, y_test, x_probe)``: train/test stay uint8 (N, H, W, 3) and are
+    converted per batch on the device (``runners.inputs``); the probe is converted once."""
+    ds, probe = run["dataset"], run["probe"]
+    xtr, ytr = load_split(ds, "train", data_dir)
+    xte, yte = load_split(ds, "test", data_dir)
+    xpr, _ = load_split(ds, "probe", data_dir, probe["size"], probe["seed"])
+    return (
+        torch.from_numpy(xtr),
+        torch.from_numpy(ytr),
+        torch.from_numpy(xte),
+        torch.from_numpy(yte),
+        to_tensor(xpr),
+    )
+
+
+def _load_resume(path: Path, objective, data_gen: torch.Generator, device: torch.device) -> tuple:
+    """Restore the objective, data order and RNG streams from ``resume.pt`` when it exists.
+
+    Returns:
+        ``(history, spectra, n_tokens, last complete epoch)``; empty and epoch 0 without a file.
+    """
+    if not path.exists():
+        return [], {}, {}, 0
+    # on the CPU first: RNG states must be CPU byte tensors; load_state_dict moves weights to the device
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    objective.load_state_dict(state["objective"])
+    data_gen.set_state(state["data_gen"])
+    torch.set_rng_state(state["torch_rng"])
+    if state.get("cuda_rng") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return state["history"], state["spectra"], state["n_tokens"], state["epoch"]
+
+
+def _save_resume(
+    path: Path, objective, data_gen: torch.Generator, device: torch.device, progress: tuple
+) -> None:
+    """Write ``resume.pt`` (atomic): everything :func:`_load_resume` restores; ``progress`` is its tuple."""
+    history, spectra, n_tokens, epoch = progress
+    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    state = {"objective": objective.state_dict(), "data_gen": data_gen.get_state()}
+    state.update(torch_rng=torch.get_rng_state(), cuda_rng=cuda_rng)
+    state.update(history=history, spectra=spectra, n_tokens=n_tokens, epoch=epoch)
+    _atomic_torch_save(state, path)
+
+
 def train_run(
     run: dict,
     run_dir: str | Path,
@@ -134,13 +180,7 @@ def train_run(
     label = f"{ds['name']}/seed{seed}"
     device = pick_device()
 
-    # ---- data ------------------------------------------------------------------------------------
-    xtr, ytr = load_split(ds, "train", data_dir)
-    xte, yte = load_split(ds, "test", data_dir)
-    xpr, _ = load_split(ds, "probe", data_dir, run["probe"]["size"], run["probe"]["seed"])
-    # train/test stay uint8 (N, H, W, 3) and are converted per batch on the device (runners.inputs)
-    xtr, xte, xpr = torch.from_numpy(xtr), torch.from_numpy(xte), to_tensor(xpr)
-    ytr, yte = torch.from_numpy(ytr), torch.from_numpy(yte)
+    xtr, ytr, xte, yte, xpr = _load_data(run, data_dir)
 
     # ---- objective: its networks and optimiser (init seeded from the run seed) ------------------------
     torch.manual_seed(seed)
@@ -152,25 +192,9 @@ def train_run(
     model = objective.measured  # the network whose spectra are measured
     data_gen = torch.Generator().manual_seed(seed + DATA_ORDER_SEED_OFFSET)  # data order: not the init stream
 
-    history: list[dict] = []
-    spectra: dict[str, np.ndarray] = {}
-    n_tokens: dict[str, int] = {}
-    start_epoch = 0
     resume_path = run_dir / "resume.pt"
-    if resume_path.exists():
-        # on the CPU first: RNG states must be CPU byte tensors; load_state_dict moves weights to the device
-        state = torch.load(resume_path, map_location="cpu", weights_only=False)
-        objective.load_state_dict(state["objective"])
-        data_gen.set_state(state["data_gen"])
-        torch.set_rng_state(state["torch_rng"])
-        if state.get("cuda_rng") is not None and device.type == "cuda":
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        history, spectra, n_tokens, start_epoch = (
-            state["history"],
-            state["spectra"],
-            state["n_tokens"],
-            state["epoch"],
-        )
+    history, spectra, n_tokens, start_epoch = _load_resume(resume_path, objective, data_gen, device)
+    if start_epoch:
         _log(progress, f"[{label}] resuming after epoch {start_epoch}")
 
     def measure(epoch: int) -> None:
@@ -233,19 +257,7 @@ def train_run(
             )
             if epoch in run["checkpoints"]:
                 checkpoint(epoch)
-            _atomic_torch_save(
-                {
-                    "objective": objective.state_dict(),
-                    "data_gen": data_gen.get_state(),
-                    "torch_rng": torch.get_rng_state(),
-                    "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
-                    "history": history,
-                    "spectra": spectra,
-                    "n_tokens": n_tokens,
-                    "epoch": epoch,
-                },
-                resume_path,
-            )
+            _save_resume(resume_path, objective, data_gen, device, (history, spectra, n_tokens, epoch))
     except RunFailedError as exc:
         return fail(str(exc), exc.epoch if exc.epoch is not None else -1)
 
