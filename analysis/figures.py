@@ -23,8 +23,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from core.fmt import unit_of  # noqa: E402
-from core.runfolder import RunFolder  # noqa: E402
+from vitstudy_core.fmt import unit_of  # noqa: E402
+from vitstudy_core.runfolder import RunFolder  # noqa: E402
 
 _DPI = 90  # enough to read axis labels; keeps a 15-layer study's report well under 1 MB
 _CI = 0.95

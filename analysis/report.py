@@ -31,12 +31,12 @@ import pandas as pd
 from analysis.figures import Figure, covariance_figures, effect_figure
 from analysis.kinds import FigureContext, get_kind
 from analysis.verdicts import INCONCLUSIVE, ClaimResult
-from core.errors import StudyError
-from core.faults import fault_point
-from core.fmt import fmt_num, fmt_p, unit_of
-from core.io import atomic_write_bytes, atomic_write_text
-from core.provenance import package_versions
-from core.runfolder import RunFolder
+from vitstudy_core.errors import StudyError
+from vitstudy_core.faults import fault_point
+from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
+from vitstudy_core.io import atomic_write_bytes, atomic_write_text
+from vitstudy_core.provenance import package_versions
+from vitstudy_core.runfolder import RunFolder
 
 
 @dataclass

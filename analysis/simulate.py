@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from core.layers import layer_names
+from vitstudy_core.layers import layer_names
 
 PAPER_EPOCHS = np.array([0.0, 1.0, *range(10, 101, 10)])  # the papers' checkpoint epochs
 KNOB_LEVELS = np.linspace(0.0, 1.0, 5)  # a complexity knob's levels

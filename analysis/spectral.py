@@ -39,24 +39,18 @@ from pathlib import Path
 
 import numpy as np
 
-from core.errors import StudyError
+from vitstudy_core.errors import StudyError
+from vitstudy_core.registry import Registry
 
 MetricFn = Callable[[np.ndarray], float]
-METRICS: dict[str, MetricFn] = {}
+METRICS: Registry[MetricFn] = Registry("metric")
 
 _FLATNESS_FLOOR = 1e-12  # relative to the mean eigenvalue: keeps log() finite on rank-deficient spectra
 
 
 def register_metric(name: str) -> Callable[[MetricFn], MetricFn]:
-    """Decorator: add ``fn(eigenvalues) -> float`` to the registry under ``name``."""
-
-    def wrap(fn: MetricFn) -> MetricFn:
-        if name in METRICS:
-            raise ValueError(f"metric {name!r} registered twice")
-        METRICS[name] = fn
-        return fn
-
-    return wrap
+    """Decorator: add ``fn(eigenvalues) -> float`` to :data:`METRICS` under ``name``."""
+    return METRICS.register(name)
 
 
 NUMERICAL_ZERO = (

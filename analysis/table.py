@@ -18,10 +18,10 @@ import pandas as pd
 
 from analysis.observables import OBSERVABLES
 from analysis.spectral import METRICS
-from core.errors import StudyError
-from core.faults import fault_point
-from core.io import atomic_path
-from core.layers import layer_order
+from vitstudy_core.errors import StudyError
+from vitstudy_core.faults import fault_point
+from vitstudy_core.io import atomic_path
+from vitstudy_core.layers import layer_order
 
 COLUMNS = [
     "run_key",
@@ -54,7 +54,7 @@ def rows_from_spectra(
         layers: observation points in depth order (gives ``layer_index``).
         n_tokens: token count per ``"{layer}/{token_set}"``.
         metrics: metric names, eigenvalue metrics and/or observables (default: all).
-        scalars: observables keyed ``"{epoch}/{layer}/{token_set}/{observable}"`` (``core.runfolder.RunFolder.read_scalars``).
+        scalars: observables keyed ``"{epoch}/{layer}/{token_set}/{observable}"`` (``vitstudy_core.runfolder.RunFolder.read_scalars``).
     """
     order = {name: i for i, name in enumerate(layers)}
     wanted = list(metrics) if metrics is not None else [*METRICS, *OBSERVABLES]
@@ -134,7 +134,7 @@ def load_table(path: str | Path) -> pd.DataFrame:
 def complete_columns(df: pd.DataFrame, where: str = "table") -> pd.DataFrame:
     """Fill the two derived columns when a table lacks them.
 
-    ``layer_index`` is the depth order of the layer names (``core.layers.layer_order``: patch_embed,
+    ``layer_index`` is the depth order of the layer names (``vitstudy_core.layers.layer_order``: patch_embed,
     pos_embed, block_01..block_NN, norm), as :func:`rows_from_spectra` writes it; ``n_tokens`` (only used
     to warn about unequal token counts) becomes -1, "unknown".
 

@@ -32,7 +32,7 @@ from statsmodels.stats.multitest import multipletests
 from analysis.inference import bootstrap_ci, power_and_seeds_needed, tost
 from analysis.kinds import get_kind
 from analysis.kinds.base import NotTestable, Outcome, TableView
-from core.fmt import fmt_num, fmt_p, unit_of
+from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 
 ACCEPTED, REJECTED, INCONCLUSIVE = "ACCEPTED", "REJECTED", "INCONCLUSIVE"
 

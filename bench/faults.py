@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
     ap.add_argument("--keep", type=Path, default=None, help="keep the output folders here")
     args = ap.parse_args()
-    from study.planner import plan_runs
+    from study.runspecs import plan_runs
     from study.schema import load_hypothesis
 
     rng = random.Random(args.seed)

@@ -170,7 +170,7 @@ def _sync() -> None:
 
 def _run_spec(design: dict) -> dict:
     """A RunSpec dict through the project's own schema and planner (presets resolved as for any file)."""
-    from study.planner import plan_runs
+    from study.runspecs import plan_runs
     from study.schema import parse_hypothesis
 
     data = {

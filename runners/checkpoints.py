@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from core.errors import RunFailedError, StudyError
-from core.runfolder import RunFolder, spectrum_key
+from vitstudy_core.errors import RunFailedError, StudyError
+from vitstudy_core.runfolder import RunFolder, spectrum_key
 from runners.imported import checkpoint_files, resolve
 
 WRAPPERS = ("model", "state_dict", "model_state_dict", "teacher")

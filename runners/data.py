@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from core.hashing import digest
-from core.io import cached_arrays
+from vitstudy_core.hashing import digest
+from vitstudy_core.io import cached_arrays
 
 SHAPES = (
     "disk",

@@ -3,7 +3,7 @@
     images, labels = load_disk_split(spec, "train", cache_dir)   # uint8 map (N, S, S, 3), int64 (N,)
 
 Layouts (``spec["path"]`` is the folder; a missing or malformed one raises a one-line
-:class:`~core.errors.StudyError` naming the path and the expected layout):
+:class:`~vitstudy_core.errors.StudyError` naming the path and the expected layout):
 
 * ``cifar100``: the python version: ``train``, ``test``, ``meta`` pickle files (``b"data"``: uint8
   (N, 3072) channel-major 32x32, ``b"fine_labels"``/``b"coarse_labels"``; ``meta``:
@@ -51,9 +51,9 @@ from pathlib import Path
 
 import numpy as np
 
-from core.errors import StudyError
-from core.hashing import digest
-from core.io import atomic_path, atomic_write_json
+from vitstudy_core.errors import StudyError
+from vitstudy_core.hashing import digest
+from vitstudy_core.io import atomic_path, atomic_write_json
 
 # Bump when the pixels or file lists a spec produces change (it enters the run keys of on-disk datasets).
 LOADER_VERSION = 2  # 2: links followed, hidden entries skipped, nested folders read; .npy memory maps

@@ -39,8 +39,8 @@ import numpy as np
 import torch
 
 from analysis.observables import cosine_anisotropy, diagonality, twonn_id
-from core.errors import RunFailedError
-from core.runfolder import RunFolder
+from vitstudy_core.errors import RunFailedError
+from vitstudy_core.runfolder import RunFolder
 
 SUBSAMPLE = 1024  # tokens per (point, token set) for cosine anisotropy / TwoNN: O(m^2) distances stay cheap
 SUBSAMPLE_SEED = 0  # fixed: every checkpoint and run that shares a probe set sees the same token positions

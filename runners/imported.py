@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 
 from analysis.observables import ALL_METRICS
-from core.errors import StudyError
-from core.hashing import digest, file_digest
-from core.layers import TOKEN_SETS
+from vitstudy_core.errors import StudyError
+from vitstudy_core.hashing import digest, file_digest
+from vitstudy_core.layers import TOKEN_SETS
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors")
 _EPOCH_FILE = re.compile(r"epoch[_-]?(\d+)\.(?:pt|pth|safetensors)$", re.IGNORECASE)

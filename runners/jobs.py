@@ -6,8 +6,8 @@ import multiprocessing as mp
 import sys
 from pathlib import Path
 
-from core.locks import file_lock, run_lock_path
-from core.runfolder import RunFolder
+from vitstudy_core.locks import file_lock, run_lock_path
+from vitstudy_core.runfolder import RunFolder
 from runners.sources import get_source
 
 
@@ -28,7 +28,7 @@ def execute_run(run: dict, run_dir: str, data_dir: str) -> dict:
         if folder.is_finished():
             return folder.read_result()
         if folder.path.is_dir():  # only the lock holder writes here: these are a dead writer's
-            for tmp in folder.path.rglob(".*.tmp*"):  # core.io's temporary names: '.<name>.<random>.tmp'
+            for tmp in folder.path.rglob(".*.tmp*"):  # vitstudy_core.io's temporary names: '.<name>.<random>.tmp'
                 tmp.unlink(missing_ok=True)
         # a bar only for a run in the main process on a terminal; spawned workers print plain lines
         bar = sys.stdout.isatty() and mp.current_process().name == "MainProcess"

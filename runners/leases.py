@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from core.runfolder import RunFolder
+from vitstudy_core.runfolder import RunFolder
 
 LEASE_TTL_ENV = "STUDY_LEASE_TTL"  # seconds a lease lives without a heartbeat
 DEFAULT_TTL = 60.0  # long enough to ride out a GC pause or a slow epoch save, short enough to take over soon
@@ -241,7 +241,7 @@ class FileLeaseStore:
             return None
 
     def _write(self, lease: Lease) -> None:
-        from core.io import atomic_write_json
+        from vitstudy_core.io import atomic_write_json
 
         atomic_write_json(self.folder / f"{lease.run_key}.json", asdict(lease))
 

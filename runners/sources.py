@@ -15,13 +15,13 @@ the run's objective), ``checkpoints`` (a seed's saved weights measured exactly a
   :class:`DataRecord` describing the data (tracking logs it; None if there is none). It may be called
   for several runs of the same data: it must be cheap the second time (use the cache).
 * ``fill(run, run_dir, data_dir, progress=None, bar=False) -> dict``: leave ``run_dir`` as a finished run
-  folder (``core.runfolder``: ``spectra.npz`` with ``"{epoch}/{layer}/{token_set}"`` keys,
+  folder (``vitstudy_core.runfolder``: ``spectra.npz`` with ``"{epoch}/{layer}/{token_set}"`` keys,
   ``result.json`` written last with ``status: finished`` and ``n_tokens``; optionally ``scalars.json``,
   ``covariances.npz``, ``checkpoints/``) and return the ``result.json`` content, or write and return a
   ``failed`` result (``status``, ``error``, ``failed_epoch``). It runs in a worker process (arguments and
   result must pickle), must only write inside ``run_dir`` and the ``data_dir`` caches, and must be
   resumable: called again on a partial folder, it continues or starts over, and never leaves a
-  half-written file (write atomically, ``core.io``).
+  half-written file (write atomically, ``vitstudy_core.io``).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from core.hashing import digest
-from core.layers import layer_names
-from core.runfolder import RunFolder
+from vitstudy_core.hashing import digest
+from vitstudy_core.layers import layer_names
+from vitstudy_core.runfolder import RunFolder
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ class TableSource:
     def fill(
         self, run: dict, run_dir: str | Path, data_dir: str | Path, progress=None, bar: bool = False
     ) -> dict:
-        from core.provenance import git_state, package_versions
+        from vitstudy_core.provenance import git_state, package_versions
         from runners.imported import read_metric_log
 
         rows, mapping = read_metric_log(run, layer_names(run["model"]["depth"]))

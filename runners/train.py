@@ -32,11 +32,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core.errors import RunFailedError
-from core.faults import fault_point
-from core.io import atomic_path
-from core.provenance import git_state, package_versions
-from core.runfolder import RunFolder, spectrum_key
+from vitstudy_core.errors import RunFailedError
+from vitstudy_core.faults import fault_point
+from vitstudy_core.io import atomic_path
+from vitstudy_core.provenance import git_state, package_versions
+from vitstudy_core.runfolder import RunFolder, spectrum_key
 from runners.data import load_split, num_classes
 from runners.executors import adopt_thread_budget
 from runners.extract import extract_spectra, save_covariances, save_observables, snapshot_epochs

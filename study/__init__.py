@@ -2,7 +2,7 @@
 
 Flow (one direction, one job per module)::
 
-    hypothesis YAML -> study.schema (validated spec) -> study.planner (run specs)
+    hypothesis YAML -> study.schema (validated spec) -> study.runspecs (run specs)
       -> runners (train + extract spectra per run) -> analysis.table (tidy table)
       -> analysis.kinds (one module per claim kind) -> analysis.verdicts -> report + MLflow (study.tracking)
 

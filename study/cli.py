@@ -26,8 +26,8 @@ import json
 import sys
 from pathlib import Path
 
-from core.errors import StudyError
-from core.io import WRITE_ERRNOS
+from vitstudy_core.errors import StudyError
+from vitstudy_core.io import WRITE_ERRNOS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -295,7 +295,7 @@ def _metrics_verb(path: Path) -> int:
 
 def _table_verb(args: argparse.Namespace) -> int:
     from analysis.table import save_table
-    from study.planner import unknown_fingerprints
+    from study.runspecs import unknown_fingerprints
     from study.schema import load_hypothesis
     from study.stages import collect_table, plan
 
@@ -363,7 +363,7 @@ def _workers(value: str) -> int | str:
 
 
 def _validate_verb(args: argparse.Namespace, hyp) -> int:
-    from study.planner import plan_runs
+    from study.runspecs import plan_runs
     from study.preflight import check_hypothesis
 
     check_hypothesis(hyp, str(args.hypothesis), args.out)
@@ -438,7 +438,7 @@ def _run_verb(args: argparse.Namespace, hyp, argv) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        from core.faults import check_env
+        from vitstudy_core.faults import check_env
 
         check_env()
         if getattr(args, "verbose", False):
@@ -465,7 +465,7 @@ def _verbs(args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.verb == "table":
         return _table_verb(args)
     if args.verb == "plan":
-        from study.planning import plan_verb
+        from study.seed_plan import plan_verb
 
         return plan_verb(args.hypothesis, args.out, args.pilot, args.json)
     from study.schema import load_hypothesis

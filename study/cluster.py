@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from core.errors import StudyError
+from vitstudy_core.errors import StudyError
 
 COLUMNS = ("finished", "running", "stalled", "failed", "todo")
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from core.errors import StudyError
-from core.locks import is_locked, run_lock_path
-from core.runfolder import RunFolder
+from vitstudy_core.errors import StudyError
+from vitstudy_core.locks import is_locked, run_lock_path
+from vitstudy_core.runfolder import RunFolder
 
 
 @dataclass
@@ -78,7 +78,7 @@ def check_store(out_dir: Path, repair: bool) -> list[Finding]:
     """Stale parents, child runs missing artifacts, and run keys recorded twice in the tracking store."""
     from mlflow.tracking import MlflowClient
 
-    from core.runfolder import REQUIRED
+    from vitstudy_core.runfolder import REQUIRED
     from study.tracking import default_tracking_uri, quiet_library_logs, stale_parents, training_runs
 
     uri = default_tracking_uri(out_dir)

@@ -25,8 +25,8 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.verdicts import INCONCLUSIVE, ClaimResult, decide_sequential, families, format_verdicts
-from core.errors import StudyError
-from core.locks import file_lock
+from vitstudy_core.errors import StudyError
+from vitstudy_core.locks import file_lock
 from study import registration, stages
 from study.preflight import check_hypothesis
 from study.schema import Hypothesis

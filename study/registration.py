@@ -1,7 +1,7 @@
 """Pre-registration: what a study declared before its data existed.
 
 Before ``run`` trains anything it records, in ``studies/<name>/registration.json`` (atomic write), a hash
-of each claim's canonical form (``core.hashing.digest`` of the claim's ``model_dump``) and of the design,
+of each claim's canonical form (``vitstudy_core.hashing.digest`` of the claim's ``model_dump``) and of the design,
 each with the time it was first seen::
 
     {"claims": {<hash>: {"name", "registered_at" (ISO 8601, UTC), "registered_ts" (unix s), "claim"}},
@@ -9,7 +9,7 @@ each with the time it was first seen::
      "sequential": {<hash of the design>: {max_seeds, batch, spending}}}
 
 A claim that stays the same keeps its first registration. A claim whose hash is new is registered now;
-if some of the runs it is tested on had finished before that (``core.runfolder.RunFolder.finished_at``),
+if some of the runs it is tested on had finished before that (``vitstudy_core.runfolder.RunFolder.finished_at``),
 it was written after its data existed: its status is ``post hoc`` and the verdicts adjust it with the
 exploratory claims (``analysis.verdicts.families``), never the confirmatory ones.
 """
@@ -21,10 +21,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from core.errors import StudyError
-from core.hashing import digest
-from core.io import atomic_write_json
-from core.runfolder import RunFolder
+from vitstudy_core.errors import StudyError
+from vitstudy_core.hashing import digest
+from vitstudy_core.io import atomic_write_json
+from vitstudy_core.runfolder import RunFolder
 
 REGISTRATION = "registration.json"
 PRE, POST_HOC = "pre-registered", "post hoc"
@@ -86,7 +86,7 @@ def claim_status(registration: dict, hyp, specs, runs_dir: Path) -> dict[str, di
     """Per claim name: ``hash``, ``registered_at``, ``status`` (pre-registered or post hoc) and, when post
     hoc, ``data_from``: the earliest finish time (ISO) of the runs it is tested on.
 
-    A claim's runs are the planned runs of the datasets it names (``specs``: ``study.planner.RunSpec``).
+    A claim's runs are the planned runs of the datasets it names (``specs``: ``study.runspecs.RunSpec``).
     """
     out = {}
     for claim in hyp.claims:

@@ -2,7 +2,7 @@
 
 A hypothesis file has a ``name``, a ``description``, a ``design`` (what to train and measure) and a
 list of ``claims`` (what to test on the measurements). ``load_hypothesis`` turns a file into a validated
-:class:`Hypothesis` or raises :class:`~core.errors.StudyError` with one line naming the file, the
+:class:`Hypothesis` or raises :class:`~vitstudy_core.errors.StudyError` with one line naming the file, the
 field and what was expected. Nothing in a hypothesis file executes.
 """
 
@@ -13,8 +13,6 @@ from typing import Annotated, Literal, Union
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
@@ -26,19 +24,16 @@ from pydantic import (
 from analysis.kinds import KINDS, claim_models
 from analysis.kinds.base import Condition, Subset  # noqa: F401 - part of the schema's public names
 from analysis.observables import ALL_METRICS
-from core.errors import StudyError
-from core.knobs import INTEGER_KNOBS, Knob
-from core.layers import TOKEN_SETS, TokenSet, layer_names
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from vitstudy_core.errors import StudyError
+from vitstudy_core.knobs import INTEGER_KNOBS, Knob
+from vitstudy_core.layers import TOKEN_SETS, TokenSet, layer_names
+from vitstudy_core.settings import Strict
 
 
 # --------------------------------------------------------------------------------------------------
 # Design
 # --------------------------------------------------------------------------------------------------
-class ProceduralDataset(_Strict):
+class ProceduralDataset(Strict):
     """A dataset generated from a seed (no download): shapes on textured backgrounds, or textures.
 
     ``variant`` picks the generator family; the knobs below set data complexity and are left out of
@@ -77,7 +72,7 @@ class ProceduralDataset(_Strict):
         return self
 
 
-class _DiskDataset(_Strict):
+class _DiskDataset(Strict):
     """A dataset already on disk. Nothing is downloaded.
 
     ``path`` may be ``${ENV_VAR}`` (or contain it) and may be replaced with ``--data-root NAME=PATH``.
@@ -130,7 +125,7 @@ class ImageFolderDataset(_DiskDataset):
     classes: list[str] | None = Field(None, min_length=2)
 
 
-class ExternalDataset(_Strict):
+class ExternalDataset(Strict):
     """A dataset known by name only, for a metric log imported with ``design.source: {kind: table}``:
     its images are never read, so it has no path and nothing is generated."""
 
@@ -170,7 +165,7 @@ MODEL_PRESETS: dict[str, dict] = {
 }
 
 
-class ModelSpec(_Strict):
+class ModelSpec(Strict):
     """A timm ViT: a preset or any timm model name, plus architecture overrides."""
 
     preset: Literal["vit_cpu12", "vit_tiny", "vit_small"] | None = "vit_cpu12"
@@ -197,7 +192,7 @@ class ModelSpec(_Strict):
         return base
 
 
-class TrainingSpec(_Strict):
+class TrainingSpec(Strict):
     """Optimisation settings of one training run (AdamW, linear warmup + cosine decay per step)."""
 
     epochs: int = Field(8, ge=1)
@@ -213,14 +208,14 @@ class TrainingSpec(_Strict):
 # --------------------------------------------------------------------------------------------------
 # Objectives: each a settings model; named presets fill in every field the file leaves unset
 # --------------------------------------------------------------------------------------------------
-class SupervisedObjective(_Strict):
+class SupervisedObjective(Strict):
     """Cross-entropy on the dataset labels (``label_smoothing`` lives in ``training``)."""
 
     kind: Literal["supervised"] = "supervised"
     preset: Literal["tgo_supervised"] | None = None
 
 
-class DinoObjective(_Strict):
+class DinoObjective(Strict):
     """DINO self-distillation (Caron et al. 2021): student + EMA teacher, multi-crop, centred teacher.
 
     Global crops are made at the dataset's ``image_size`` (the paper: 224); local crops at
@@ -335,7 +330,7 @@ ObjectiveSpec = Annotated[
 ]
 
 
-class ProbeSpec(_Strict):
+class ProbeSpec(Strict):
     """The fixed held-out probe set on which covariances are measured (same for every seed)."""
 
     size: int = Field(512, ge=8)
@@ -349,7 +344,7 @@ class ProbeSpec(_Strict):
 # --------------------------------------------------------------------------------------------------
 # Run sources: training (no ``source``), or runs imported from disk (runners.sources)
 # --------------------------------------------------------------------------------------------------
-class _ImportedSource(_Strict):
+class _ImportedSource(Strict):
     """Where imported runs live: ``path`` (one template for every seed) or ``paths`` (seed -> path).
 
     A path may hold ``${ENV_VAR}`` (or be replaced with ``--data-root source=PATH``), ``{seed}`` and
@@ -429,7 +424,7 @@ SourceSpec = Annotated[
 SOURCE_TAGS = ("checkpoints_source", "table_source")
 
 
-class Design(_Strict):
+class Design(Strict):
     datasets: list[DatasetSpec] = Field(min_length=1)
     model: ModelSpec = ModelSpec()
     objective: ObjectiveSpec = SupervisedObjective()
@@ -597,7 +592,7 @@ Claim = Annotated[Union[tuple(claim_models())], Field(discriminator="kind")]  # 
 # --------------------------------------------------------------------------------------------------
 # Sweep: a design dataset's knobs varied over trials (python -m study sweep)
 # --------------------------------------------------------------------------------------------------
-class KnobRange(_Strict):
+class KnobRange(Strict):
     """A range of a knob for the ``qmc``, ``random`` and ``tpe`` samplers (integers for integer knobs)."""
 
     low: float
@@ -612,7 +607,7 @@ class KnobRange(_Strict):
         return self
 
 
-class SweepObjective(_Strict):
+class SweepObjective(Strict):
     """Each trial's objective: a per-seed number, averaged over seeds; optuna maximises or minimises it.
 
     Either a per-seed summary of ``metric`` over ``layers`` at ``epoch`` (``min``, ``mean``, ``range`` =
@@ -635,7 +630,7 @@ class SweepObjective(_Strict):
         return self
 
 
-class Sweep(_Strict):
+class Sweep(Strict):
     """Which dataset's knobs vary, over what, with which optuna sampler, for how many trials.
 
     ``space`` maps a knob to a list of values (any sampler; ``grid`` needs lists) or a range
@@ -699,7 +694,7 @@ class Sweep(_Strict):
         return size
 
 
-class Hypothesis(_Strict):
+class Hypothesis(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     description: str = ""
     design: Design
@@ -837,7 +832,7 @@ MAX_DEPTH = 64  # the schema nests about 6 levels; deeper input is junk (and wou
 MAX_NODES = 200_000  # nodes after expanding aliases: stops "billion laughs" anchor bombs
 
 
-class _StrictLoader(yaml.SafeLoader):
+class StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` (no tag executes code or builds an object) that also refuses duplicate
     mapping keys, nesting deeper than :data:`MAX_DEPTH` and alias expansions over :data:`MAX_NODES`."""
 
@@ -889,7 +884,7 @@ def _expanded_size(node, memo: dict[int, int]) -> int:
 
 
 def _read_yaml(path: Path) -> object:
-    """Parse a YAML file with :class:`_StrictLoader`; one-line StudyError on any problem."""
+    """Parse a YAML file with :class:`StrictLoader`; one-line StudyError on any problem."""
     if path.stat().st_size > MAX_FILE_BYTES:
         raise StudyError(
             f"file is {path.stat().st_size} bytes; expected a hypothesis file under 1 MiB", str(path)
@@ -900,7 +895,7 @@ def _read_yaml(path: Path) -> object:
         raise StudyError("expected a UTF-8 text file", str(path)) from None
     loader = None
     try:
-        loader = _StrictLoader(text)  # its reader already refuses control characters
+        loader = StrictLoader(text)  # its reader already refuses control characters
         node = loader.get_single_node()
         if node is None:
             return None

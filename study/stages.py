@@ -7,7 +7,7 @@
 :func:`collect_table` alone, and a sweep can call any of them per trial. Output folder layout::
 
     data/                      dataset caches (generated or decoded once)
-    runs/<run key>/            one run folder per run (``core.runfolder``; result.json marks it finished)
+    runs/<run key>/            one run folder per run (``vitstudy_core.runfolder``; result.json marks it finished)
     studies/<name>/            table.parquet, verdicts.json, verdicts.txt, hypothesis.yaml, report.*
 """
 
@@ -23,12 +23,12 @@ import pandas as pd
 
 from analysis.table import make_table, rows_from_spectra, save_table
 from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
-from core.errors import StudyError
-from core.hashing import canonical_json
-from core.io import atomic_write_json, atomic_write_text
-from core.locks import file_lock, run_lock_path
-from core.runfolder import ROWS, SPECTRA, RunFolder
-from study.planner import RunSpec, plan_runs
+from vitstudy_core.errors import StudyError
+from vitstudy_core.hashing import canonical_json
+from vitstudy_core.io import atomic_write_json, atomic_write_text
+from vitstudy_core.locks import file_lock, run_lock_path
+from vitstudy_core.runfolder import ROWS, SPECTRA, RunFolder
+from study.runspecs import RunSpec, plan_runs
 from study.schema import Hypothesis
 
 Log = Callable[[str], None]
@@ -69,7 +69,7 @@ class Collected:
 def plan(
     hyp: Hypothesis, data_dir: Path | None = None, record: bool = False, log: Log | None = None
 ) -> list[RunSpec]:
-    """Stage 1: the runs a hypothesis needs (``study.planner``).
+    """Stage 1: the runs a hypothesis needs (``study.runspecs``).
 
     Args:
         data_dir: the output folder's ``data/``: on-disk datasets are keyed by the fingerprint recorded
@@ -367,7 +367,7 @@ def collect_table(
 
 
 def remove_temporaries(folder: Path) -> list[Path]:
-    """Delete what interrupted atomic writes (``core.io``: ``.<name>.<random>.tmp``) left in ``folder``.
+    """Delete what interrupted atomic writes (``vitstudy_core.io``: ``.<name>.<random>.tmp``) left in ``folder``.
 
     Call it only while holding the folder's lock: a live writer's temporary file looks the same.
     """

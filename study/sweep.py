@@ -36,12 +36,12 @@ import pandas as pd
 
 from analysis.kinds.base import summarise_layers
 from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
-from core.errors import StudyError
-from core.io import atomic_write_json, atomic_write_text
-from core.knobs import INTEGER_KNOBS
-from core.runfolder import RunFolder
+from vitstudy_core.errors import StudyError
+from vitstudy_core.io import atomic_write_json, atomic_write_text
+from vitstudy_core.knobs import INTEGER_KNOBS
+from vitstudy_core.runfolder import RunFolder
 from study import stages
-from study.planner import RunSpec
+from study.runspecs import RunSpec
 from study.schema import Hypothesis, ProceduralDataset
 from study.tracking import open_tracker
 
@@ -249,7 +249,7 @@ def seed_objective(hyp: Hypothesis, table: pd.DataFrame, base_name: str) -> pd.S
     return summarise_layers(wide, obj.summary, order)
 
 
-def test_accuracy(runs_dir: Path, spec: RunSpec) -> float:
+def last_test_accuracy(runs_dir: Path, spec: RunSpec) -> float:
     """The run's last recorded test accuracy (NaN when its objective records none, e.g. DINO)."""
     history = (RunFolder(runs_dir / spec.key).read_result() or {}).get("history") or []
     value = history[-1].get("test_acc") if history else None
@@ -317,7 +317,7 @@ def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list
         finite = per_seed[np.isfinite(per_seed.to_numpy(dtype=float))]
         p.trial.set_user_attr("run_keys", [s.key for s in p.specs])
         p.trial.set_user_attr("objective_per_seed", {str(k): float(v) for k, v in per_seed.items()})
-        p.trial.set_user_attr("test_acc_per_seed", {str(s.seed): test_accuracy(runs_dir, s) for s in p.specs})
+        p.trial.set_user_attr("test_acc_per_seed", {str(s.seed): last_test_accuracy(runs_dir, s) for s in p.specs})
         if finite.empty:
             p.trial.study.tell(p.trial, state=TrialState.FAIL)
             log(f"trial {p.number} {p.params}: FAILED (no seed finished)")

@@ -45,12 +45,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from core.errors import StudyError
-from core.faults import fault_point
-from core.hashing import digest, file_digest
-from core.locks import file_lock, hold_lock, is_locked
-from core.provenance import git_state
-from core.runfolder import OPTIONAL, REQUIRED, RESULT, ROWS, SPECTRA, parse_spectrum_key
+from vitstudy_core.errors import StudyError
+from vitstudy_core.faults import fault_point
+from vitstudy_core.hashing import digest, file_digest
+from vitstudy_core.locks import file_lock, hold_lock, is_locked
+from vitstudy_core.provenance import git_state
+from vitstudy_core.runfolder import OPTIONAL, REQUIRED, RESULT, ROWS, SPECTRA, parse_spectrum_key
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
@@ -445,7 +445,7 @@ class Tracker:
         with tempfile.TemporaryDirectory() as tmp:
             listed = {a.path for a in self.client.list_artifacts(rid)}
             got: dict[str, Path] = {}
-            # a run imported from a metric log holds tidy rows instead of spectra (core.runfolder)
+            # a run imported from a metric log holds tidy rows instead of spectra (vitstudy_core.runfolder)
             required = (RESULT, ROWS) if ROWS in listed and SPECTRA not in listed else RUN_ARTIFACTS_REQUIRED
             for name in dict.fromkeys(RUN_ARTIFACTS_REQUIRED + RUN_ARTIFACTS_OPTIONAL):
                 if name not in listed:

@@ -1,4 +1,4 @@
-"""The layering, checked from the source: ``core`` at the bottom, ``runners`` and ``analysis`` above it and
+"""The layering, checked from the source: ``vitstudy_core`` at the bottom, ``runners`` and ``analysis`` above it and
 independent of ``study``, no import cycles between modules (function-level imports included), and no
 function in ``study/`` over 80 lines."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-PACKAGES = ("core", "study", "runners", "analysis")
+PACKAGES = ("vitstudy_core", "study", "runners", "analysis")
 MAX_LINES = 80
 
 
@@ -50,9 +50,9 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 @pytest.mark.parametrize(
     ("lower", "upper"),
     [
-        ("core", "study"),
-        ("core", "runners"),
-        ("core", "analysis"),
+        ("vitstudy_core", "study"),
+        ("vitstudy_core", "runners"),
+        ("vitstudy_core", "analysis"),
         ("runners", "study"),
         ("analysis", "study"),
     ],
@@ -103,4 +103,4 @@ def test_no_function_in_study_is_over_80_lines():
 
 def test_the_checks_see_real_imports():
     # guards against a graph that is empty because parsing found nothing
-    assert "core.errors" in GRAPH["study.cli"] and "analysis.kinds.base" in GRAPH["analysis.kinds.u_shape"]
+    assert "vitstudy_core.errors" in GRAPH["study.cli"] and "analysis.kinds.base" in GRAPH["analysis.kinds.u_shape"]

@@ -7,7 +7,7 @@ experiment (serialised by a lock file).
 
 from __future__ import annotations
 
-from study.planner import plan_runs
+from study.runspecs import plan_runs
 from study.schema import load_hypothesis
 from tests.studyproc import start, store_state, study_cmd, verdicts
 

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from PIL import Image
 
-from core.errors import StudyError
+from vitstudy_core.errors import StudyError
 from runners.datasets import dataset_fingerprint, load_disk_split
-from study.planner import plan_runs
+from study.runspecs import plan_runs
 from study.schema import parse_hypothesis, with_data_roots
 
 N_CLASSES, PER_CLASS = 3, 4  # 12 train and 12 held-out images: enough for an 8-image probe

@@ -7,9 +7,9 @@ import copy
 import pytest
 import yaml
 
-from core.errors import StudyError
+from vitstudy_core.errors import StudyError
 from study.cli import main
-from study.planner import plan_runs
+from study.runspecs import plan_runs
 from study.schema import DinoObjective, SupervisedObjective, parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from study.cli import main
-from study.planner import plan_runs
+from study.runspecs import plan_runs
 from study.schema import load_hypothesis
 
 

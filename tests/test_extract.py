@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.errors import RunFailedError
+from vitstudy_core.errors import RunFailedError
 from runners.extract import _Moments, eigenvalues, extract_spectra, gram_blocks, observation_points
 from runners.models import build_model
 

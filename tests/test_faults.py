@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import StudyError
-from core.faults import POINTS, InjectedFault, check_env, fault_point
-from study.planner import plan_runs
+from vitstudy_core.errors import StudyError
+from vitstudy_core.faults import POINTS, InjectedFault, check_env, fault_point
+from study.runspecs import plan_runs
 from study.schema import load_hypothesis
 from tests.studyproc import half_written, run, store_state, study_cmd, verdicts
 
@@ -72,7 +72,7 @@ def test_fault_at_every_stage_then_rerun(baseline, tmp_path, fault):
 
 
 def test_fault_env_is_checked(monkeypatch):
-    monkeypatch.setattr("core.faults._hits", {})
+    monkeypatch.setattr("vitstudy_core.faults._hits", {})
     monkeypatch.setenv("STUDY_FAULT", "nowhere:kill")
     with pytest.raises(StudyError, match="STUDY_FAULT"):
         check_env()

@@ -236,7 +236,7 @@ def test_fuzz_spectra(arr, junk):
 @FUZZ
 @given(JUNK, st.binary(max_size=50))
 def test_fuzz_result_json(value, junk):
-    from study.planner import plan_runs
+    from study.runspecs import plan_runs
     from study.schema import parse_hypothesis
 
     key = plan_runs(parse_hypothesis(TINY))[0].key

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from core.errors import StudyError
-from core.io import atomic_write_text
+from vitstudy_core.errors import StudyError
+from vitstudy_core.io import atomic_write_text
 from study.cli import main
 
 

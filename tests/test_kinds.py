@@ -17,7 +17,7 @@ from analysis.kinds import KINDS
 from analysis.kinds.u_shape import loso_bottleneck
 from analysis.simulate import simulate_study_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims
-from core.errors import StudyError
+from vitstudy_core.errors import StudyError
 from study.cli import main
 from study.schema import CLAIM_KINDS, parse_hypothesis
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from core.runfolder import RunFolder
+from vitstudy_core.runfolder import RunFolder
 from runners.leases import (
     FileLeaseStore,
     LeaseLost,

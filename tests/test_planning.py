@@ -13,12 +13,12 @@ from scipy import stats
 from statsmodels.stats.power import TTestPower
 
 from analysis.kinds.compare import compare_statistics
-from analysis.planning import plan_claim, power, sd_upper_bound, seed_floor, seeds_needed
+from analysis.power import plan_claim, power, sd_upper_bound, seed_floor, seeds_needed
 from analysis.simulate import simulate_study_table
 from analysis.table import save_table
-from core.runfolder import RunFolder
+from vitstudy_core.runfolder import RunFolder
 from study.cli import main
-from study.planning import plan_study
+from study.seed_plan import plan_study
 from study.schema import parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS
 
@@ -111,16 +111,16 @@ CLAIMS = [
 
 
 def test_plan_verb_table_and_json(tmp_path, capsys, monkeypatch):
-    import study.planning
+    import study.seed_plan
 
-    monkeypatch.setattr(study.planning, "_timed_step", lambda run: 1.0)
+    monkeypatch.setattr(study.seed_plan, "_timed_step", lambda run: 1.0)
     path, hyp = _hyp(tmp_path, CLAIMS)
     pilot = tmp_path / "pilot.parquet"
     table = simulate_study_table(n_seeds=3, epochs=(0, 2), metrics=("eed_pct",), token_sets=("all",))
     save_table(table, pilot)
     out = tmp_path / "out"
     # a finished run of this design (another seed) gives the per-run time; nothing is timed or trained
-    from study.planner import plan_runs
+    from study.runspecs import plan_runs
 
     spec = plan_runs(hyp)[0].model_copy(update={"seed": 99, "key": "other"})
     RunFolder(out / "runs" / "other").write_result(

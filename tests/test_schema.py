@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import StudyError
+from vitstudy_core.errors import StudyError
 from study.cli import main
 from study.schema import load_hypothesis
 from tests.conftest import TINY_HYPOTHESIS

@@ -162,7 +162,7 @@ def test_planted_covariance_against_independent_float64():
 # ---- spectrum files ----------------------------------------------------------------------------------
 def test_load_spectrum_rejects_bad_files(tmp_path):
     from analysis.spectral import load_spectrum
-    from core.errors import StudyError
+    from vitstudy_core.errors import StudyError
 
     good = tmp_path / "good.npy"
     np.save(good, np.array([3.0, 1.0, -1e-17, 0.0]))  # eigh round-off below zero is accepted

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from core.runfolder import RunFolder
+from vitstudy_core.runfolder import RunFolder
 from study import stages
 from study.schema import parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS

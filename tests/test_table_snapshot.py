@@ -49,7 +49,7 @@ def write_runs(tmp: Path) -> tuple[Path, Path]:
 
 
 def test_planned_keys_unchanged(tmp_path):
-    from study.planner import plan_runs
+    from study.runspecs import plan_runs
     from study.schema import load_hypothesis
 
     hyp, _ = write_runs(tmp_path)
@@ -71,7 +71,7 @@ if __name__ == "__main__" and "--regenerate" in sys.argv:
 
     import yaml
 
-    from study.planner import plan_runs
+    from study.runspecs import plan_runs
     from study.schema import parse_hypothesis
 
     spec = plan_runs(parse_hypothesis(yaml.safe_load(TINY_HYPOTHESIS)))

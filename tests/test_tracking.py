@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from core.errors import StudyError
+from vitstudy_core.errors import StudyError
 from study.cli import main
 from study.orchestrate import run_study
-from study.planner import plan_runs
+from study.runspecs import plan_runs
 from study.schema import load_hypothesis
 from study.tracking import sanitize_metric_name
 

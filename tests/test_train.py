@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from study.planner import plan_runs
+from study.runspecs import plan_runs
 from study.schema import parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import runners.sources
-from core.runfolder import RunFolder
+from vitstudy_core.runfolder import RunFolder
 from study.cli import main
 from tests.conftest import TINY_HYPOTHESIS
 

@@ -25,15 +25,15 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from analysis.observables import ALL_METRICS
-from core.errors import StudyError
-from core.layers import TokenSet
+from vitstudy_core.errors import StudyError
+from vitstudy_core.layers import TokenSet
+from vitstudy_core.registry import Registry
+from vitstudy_core.settings import Strict
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -331,7 +331,7 @@ def crossing_lines(cross: dict | None, knob: str | None) -> list[str]:
     """The report's line for a :func:`crossing` result (none without one)."""
     if not cross:
         return []
-    from core.fmt import fmt_num
+    from vitstudy_core.fmt import fmt_num
 
     n = len(cross["per_seed"])
     return [
@@ -525,7 +525,7 @@ def describe_condition(cond: dict) -> str:
 
 def per_seed_text(values: dict, digits: int = 2) -> str:
     """``{seed: value}`` as ``seed 0: 1.23, seed 1: ...``."""
-    from core.fmt import fmt_num
+    from vitstudy_core.fmt import fmt_num
 
     return ", ".join(f"seed {s}: {fmt_num(v, digits)}" for s, v in (values or {}).items())
 
@@ -588,19 +588,20 @@ class ClaimKind:
     example: dict = field(default_factory=dict)
 
 
-KINDS: dict[str, ClaimKind] = {}
-
-
-def register_kind(kind: ClaimKind) -> ClaimKind:
-    """Add a kind to the registry (its name and its calibration labels must be new)."""
-    if kind.name in KINDS:
-        raise ValueError(f"claim kind {kind.name!r} is registered twice")
+def _new_labels(name: str, kind: ClaimKind) -> None:
     labels = {label for k in KINDS.values() for label in k.calibration}
     if labels & set(kind.calibration):
         raise ValueError(f"calibration labels {sorted(labels & set(kind.calibration))} are taken")
-    KINDS[kind.name] = kind
-    return kind
+
+
+KINDS: Registry[ClaimKind] = Registry("claim kind", check=_new_labels)
+
+
+def register_kind(kind: ClaimKind) -> ClaimKind:
+    """Add a kind to :data:`KINDS` (its name and its calibration labels must be new)."""
+    return KINDS.register(kind.name, kind)
 
 
 def get_kind(name: str) -> ClaimKind:
-    return KINDS[name]
+    """The registered kind ``name`` (unknown: a one-line StudyError listing the kinds)."""
+    return KINDS.get(name)

@@ -28,7 +28,7 @@ from analysis.kinds.base import (
     per_seed_text,
     register_kind,
 )
-from core.fmt import fmt_num, unit_of
+from vitstudy_core.fmt import fmt_num, unit_of
 
 
 class EquivalenceClaim(ClaimBase):

@@ -28,7 +28,7 @@ from analysis.kinds.base import (
     register_kind,
     std_effect,
 )
-from core.fmt import fmt_num, fmt_p, unit_of
+from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 
 
 class ExtremumClaim(ClaimBase):

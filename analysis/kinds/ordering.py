@@ -33,8 +33,8 @@ from analysis.kinds.base import (
     token_counts,
 )
 from analysis.kinds.trend import trend_statistics
-from core.fmt import fmt_num, fmt_p
-from core.knobs import Knob
+from vitstudy_core.fmt import fmt_num, fmt_p
+from vitstudy_core.knobs import Knob
 
 
 class OrderingClaim(ClaimBase):

@@ -33,9 +33,9 @@ from analysis.kinds.base import (
 )
 from analysis.mixed import fit_random_slopes, mixed_slope_test
 from analysis.simulate import KNOB_LEVELS, PAPER_EPOCHS, simulate_trends
-from core.errors import StudyError
-from core.fmt import fmt_num, fmt_p, unit_of
-from core.knobs import Knob
+from vitstudy_core.errors import StudyError
+from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
+from vitstudy_core.knobs import Knob
 
 
 class TrendClaim(ClaimBase):

@@ -32,8 +32,8 @@ from analysis.kinds.base import (
     std_effect,
 )
 from analysis.simulate import simulate_profiles
-from core.errors import StudyError
-from core.fmt import fmt_num, fmt_p, unit_of
+from vitstudy_core.errors import StudyError
+from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 
 
 class Regions(Strict):

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import roi_align
 
-from core.errors import RunFailedError
+from vitstudy_core.errors import RunFailedError
 from runners.inputs import MEAN as _MEAN
 from runners.inputs import STD as _STD
 from runners.inputs import to_input

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from core.errors import RunFailedError
+from vitstudy_core.errors import RunFailedError
 from runners.inputs import to_input
 from runners.models import build_model
 

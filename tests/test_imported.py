@@ -15,7 +15,7 @@ import yaml
 from analysis.verdicts import INCONCLUSIVE
 from study.cli import main
 from study.orchestrate import run_study
-from study.planner import plan_runs
+from study.runspecs import plan_runs
 from study.schema import load_hypothesis, parse_hypothesis
 
 DESIGN = {
@@ -427,7 +427,7 @@ def test_unset_environment_variable_names_the_data_root(tmp_path, capsys, monkey
     ],
 )
 def test_schema_rejects_bad_sources(change, field):
-    from core.errors import StudyError
+    from vitstudy_core.errors import StudyError
 
     doc = _import_doc({0: "a", 1: "b"})
     doc["design"].update(change)

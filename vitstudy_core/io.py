@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.errors import StudyError
+from vitstudy_core.errors import StudyError
 
 # a write that fails for these reasons is the machine's state (disk full, read-only, no permission)
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EFBIG})

@@ -47,7 +47,7 @@ def _tiny(tmp_path, tiny_yaml, covariance_epochs="first_last"):
 
 def test_train_run_writes_scalars_and_covariances_then_table_rebuilds(tmp_path, tiny_yaml, capsys):
     from runners.train import train_run
-    from study.planner import plan_runs
+    from study.runspecs import plan_runs
     from study.schema import load_hypothesis
     from study.stages import run_rows
 
@@ -90,7 +90,7 @@ def test_table_verb_without_runs_exits_2(tmp_path, tiny_yaml, capsys):
 
 
 def test_covariance_epochs_validation(tmp_path, tiny_yaml):
-    from core.errors import StudyError
+    from vitstudy_core.errors import StudyError
     from study.schema import load_hypothesis
 
     assert load_hypothesis(_tiny(tmp_path, tiny_yaml, "[2]")).design.probe.covariance_epochs == [2]
@@ -101,7 +101,7 @@ def test_covariance_epochs_validation(tmp_path, tiny_yaml):
 
 
 def test_claims_may_name_observables(tmp_path, tiny_yaml):
-    from core.errors import StudyError
+    from vitstudy_core.errors import StudyError
     from study.schema import load_hypothesis
 
     path = tmp_path / "obs.yaml"

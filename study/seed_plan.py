@@ -1,6 +1,6 @@
 """``python -m study plan FILE [--pilot TABLE] [--json]``: seeds and run-hours each claim needs. Nothing trains.
 
-Per claim, from ``analysis.planning``: the seeds for 80% and 90% power at the smallest effect of interest
+Per claim, from ``analysis.power``: the seeds for 80% and 90% power at the smallest effect of interest
 (the claim's ``sesoi``, or its kind's ``planning_effect``; without one, the pilot's observed effect), at
 the pilot's per-seed SD and at its upper 80% bound; the power of the file's own seeds; and the seed floor
 of a randomisation test. The pilot is ``--pilot TABLE`` (a tidy table, e.g. 2-3 seeds of a cheap run), or
@@ -24,11 +24,11 @@ import numpy as np
 
 from analysis.kinds import get_kind
 from analysis.kinds.base import TableView
-from analysis.planning import plan_claim
+from analysis.power import plan_claim
 from analysis.verdicts import families
-from core.errors import StudyError
-from core.fmt import fmt_num
-from study.planner import RunSpec
+from vitstudy_core.errors import StudyError
+from vitstudy_core.fmt import fmt_num
+from study.runspecs import RunSpec
 from study.schema import Hypothesis
 from study.stages import plan as plan_runs
 
@@ -97,7 +97,7 @@ def _pilot_table(hyp: Hypothesis, out_dir: Path, pilot: Path | None):
 
 
 def plan_claims(hyp: Hypothesis, table, source: str = "pilot") -> list[dict]:
-    """One plan row per claim (``analysis.planning.plan_claim`` plus the claim's name, kind and level)."""
+    """One plan row per claim (``analysis.power.plan_claim`` plus the claim's name, kind and level)."""
     view = TableView.of(table) if table is not None else None
     level: dict[int, float] = {}
     for fam, idx in families(hyp).items():

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import signal
 
-from core.errors import StudyError
+from vitstudy_core.errors import StudyError
 
 ENV = "STUDY_FAULT"
 POINTS = (

@@ -19,7 +19,7 @@ report, tracking, reuse). Files:
 * ``checkpoints/epoch_NNN.pt`` (optional): weights at checkpoint epochs; ``resume.pt`` while a run is
   in progress.
 
-Every write is atomic (:mod:`core.io`). This module imports numpy (and pandas inside the ``rows.parquet``
+Every write is atomic (:mod:`vitstudy_core.io`). This module imports numpy (and pandas inside the ``rows.parquet``
 reader and writer) only.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.io import atomic_path, atomic_save_npz, atomic_write_json
+from vitstudy_core.io import atomic_path, atomic_save_npz, atomic_write_json
 
 RESULT, SPECTRA, SCALARS, COVARIANCES = "result.json", "spectra.npz", "scalars.json", "covariances.npz"
 ROWS = "rows.parquet"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from core.hashing import digest
+from vitstudy_core.hashing import digest
 from runners.data import GENERATOR_VERSION
 from runners.datasets import LOADER_VERSION, resolve_fingerprint, resolve_path
 from study.schema import Hypothesis, SupervisedObjective
