@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
+from runners.imported import checkpoint_files, resolve
 from vitstudy_core.errors import RunFailedError, StudyError
 from vitstudy_core.runfolder import RunFolder, spectrum_key
-from runners.imported import checkpoint_files, resolve
 
 WRAPPERS = ("model", "state_dict", "model_state_dict", "teacher")
 TOP_LEVEL = "(top level)"

@@ -6,9 +6,9 @@ import multiprocessing as mp
 import sys
 from pathlib import Path
 
+from runners.sources import get_source
 from vitstudy_core.locks import file_lock, run_lock_path
 from vitstudy_core.runfolder import RunFolder
-from runners.sources import get_source
 
 
 def _progress(line: str) -> None:

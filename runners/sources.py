@@ -142,8 +142,8 @@ class TableSource:
     def fill(
         self, run: dict, run_dir: str | Path, data_dir: str | Path, progress=None, bar: bool = False
     ) -> dict:
-        from vitstudy_core.provenance import git_state, package_versions
         from runners.imported import read_metric_log
+        from vitstudy_core.provenance import git_state, package_versions
 
         rows, mapping = read_metric_log(run, layer_names(run["model"]["depth"]))
         rec = run["imported"]

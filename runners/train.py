@@ -32,11 +32,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitstudy_core.errors import RunFailedError
-from vitstudy_core.faults import fault_point
-from vitstudy_core.io import atomic_path
-from vitstudy_core.provenance import git_state, package_versions
-from vitstudy_core.runfolder import RunFolder, spectrum_key
 from runners.data import load_split, num_classes
 from runners.executors import adopt_thread_budget
 from runners.extract import extract_spectra, save_covariances, save_observables, snapshot_epochs
@@ -44,6 +39,11 @@ from runners.inputs import to_tensor
 from runners.leases import check_lease
 from runners.objectives import make_objective
 from runners.objectives.dino import AUG_SEED_OFFSET
+from vitstudy_core.errors import RunFailedError
+from vitstudy_core.faults import fault_point
+from vitstudy_core.io import atomic_path
+from vitstudy_core.provenance import git_state, package_versions
+from vitstudy_core.runfolder import RunFolder, spectrum_key
 
 DATA_ORDER_SEED_OFFSET = 7919
 

@@ -363,8 +363,8 @@ def _workers(value: str) -> int | str:
 
 
 def _validate_verb(args: argparse.Namespace, hyp) -> int:
-    from study.runspecs import plan_runs
     from study.preflight import check_hypothesis
+    from study.runspecs import plan_runs
 
     check_hypothesis(hyp, str(args.hypothesis), args.out)
 

@@ -78,8 +78,8 @@ def check_store(out_dir: Path, repair: bool) -> list[Finding]:
     """Stale parents, child runs missing artifacts, and run keys recorded twice in the tracking store."""
     from mlflow.tracking import MlflowClient
 
-    from vitstudy_core.runfolder import REQUIRED
     from study.tracking import default_tracking_uri, quiet_library_logs, stale_parents, training_runs
+    from vitstudy_core.runfolder import REQUIRED
 
     uri = default_tracking_uri(out_dir)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():

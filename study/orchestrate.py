@@ -25,12 +25,12 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.verdicts import INCONCLUSIVE, ClaimResult, decide_sequential, families, format_verdicts
-from vitstudy_core.errors import StudyError
-from vitstudy_core.locks import file_lock
 from study import registration, stages
 from study.preflight import check_hypothesis
 from study.schema import Hypothesis
 from study.tracking import open_tracker
+from vitstudy_core.errors import StudyError
+from vitstudy_core.locks import file_lock
 
 
 @dataclass

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from study.schema import Hypothesis
 from vitstudy_core.errors import StudyError
 from vitstudy_core.layers import TOKEN_SETS
-from study.schema import Hypothesis
 
 MEMORY_FRACTION = 0.8  # leave room for the model, the optimiser and the other processes
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from vitstudy_core.hashing import digest
 from runners.data import GENERATOR_VERSION
 from runners.datasets import LOADER_VERSION, resolve_fingerprint, resolve_path
 from study.schema import Hypothesis, SupervisedObjective
+from vitstudy_core.hashing import digest
 
 # Bump when what a run measures changes (observation points, token sets, covariance scheme).
 PROTOCOL_VERSION = 2  # 2: activation observables (scalars.json) and covariance snapshots

@@ -26,11 +26,11 @@ from analysis.kinds import get_kind
 from analysis.kinds.base import TableView
 from analysis.power import plan_claim
 from analysis.verdicts import families
-from vitstudy_core.errors import StudyError
-from vitstudy_core.fmt import fmt_num
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
 from study.stages import plan as plan_runs
+from vitstudy_core.errors import StudyError
+from vitstudy_core.fmt import fmt_num
 
 _NOT_IN_KEY = ("key", "seed", "source")
 

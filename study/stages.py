@@ -23,13 +23,13 @@ import pandas as pd
 
 from analysis.table import make_table, rows_from_spectra, save_table
 from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
+from study.runspecs import RunSpec, plan_runs
+from study.schema import Hypothesis
 from vitstudy_core.errors import StudyError
 from vitstudy_core.hashing import canonical_json
 from vitstudy_core.io import atomic_write_json, atomic_write_text
 from vitstudy_core.locks import file_lock, run_lock_path
 from vitstudy_core.runfolder import ROWS, SPECTRA, RunFolder
-from study.runspecs import RunSpec, plan_runs
-from study.schema import Hypothesis
 
 Log = Callable[[str], None]
 

@@ -36,14 +36,14 @@ import pandas as pd
 
 from analysis.kinds.base import summarise_layers
 from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
-from vitstudy_core.errors import StudyError
-from vitstudy_core.io import atomic_write_json, atomic_write_text
-from vitstudy_core.knobs import INTEGER_KNOBS
-from vitstudy_core.runfolder import RunFolder
 from study import stages
 from study.runspecs import RunSpec
 from study.schema import Hypothesis, ProceduralDataset
 from study.tracking import open_tracker
+from vitstudy_core.errors import StudyError
+from vitstudy_core.io import atomic_write_json, atomic_write_text
+from vitstudy_core.knobs import INTEGER_KNOBS
+from vitstudy_core.runfolder import RunFolder
 
 Log = Callable[[str], None]
 OWNER = "study.owner"  # trial user attribute: "<host>:<pid>" of the process running it

@@ -90,8 +90,8 @@ def test_table_verb_without_runs_exits_2(tmp_path, tiny_yaml, capsys):
 
 
 def test_covariance_epochs_validation(tmp_path, tiny_yaml):
-    from vitstudy_core.errors import StudyError
     from study.schema import load_hypothesis
+    from vitstudy_core.errors import StudyError
 
     assert load_hypothesis(_tiny(tmp_path, tiny_yaml, "[2]")).design.probe.covariance_epochs == [2]
     with pytest.raises(StudyError, match="covariance_epochs"):
@@ -101,8 +101,8 @@ def test_covariance_epochs_validation(tmp_path, tiny_yaml):
 
 
 def test_claims_may_name_observables(tmp_path, tiny_yaml):
-    from vitstudy_core.errors import StudyError
     from study.schema import load_hypothesis
+    from vitstudy_core.errors import StudyError
 
     path = tmp_path / "obs.yaml"
     path.write_text(tiny_yaml.read_text().replace("metric: eed_pct", "metric: twonn_id"))

@@ -12,10 +12,10 @@ import pytest
 import yaml
 from PIL import Image
 
-from vitstudy_core.errors import StudyError
 from runners.datasets import dataset_fingerprint, load_disk_split
 from study.runspecs import plan_runs
 from study.schema import parse_hypothesis, with_data_roots
+from vitstudy_core.errors import StudyError
 
 N_CLASSES, PER_CLASS = 3, 4  # 12 train and 12 held-out images: enough for an 8-image probe
 

@@ -7,11 +7,11 @@ import copy
 import pytest
 import yaml
 
-from vitstudy_core.errors import StudyError
 from study.cli import main
 from study.runspecs import plan_runs
 from study.schema import DinoObjective, SupervisedObjective, parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS
+from vitstudy_core.errors import StudyError
 
 BASE = yaml.safe_load(TINY_HYPOTHESIS)
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from vitstudy_core.errors import RunFailedError
 from runners.extract import _Moments, eigenvalues, extract_spectra, gram_blocks, observation_points
 from runners.models import build_model
+from vitstudy_core.errors import RunFailedError
 
 TINY = {
     "name": "vit_small_patch16_224",

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from vitstudy_core.errors import StudyError
-from vitstudy_core.faults import POINTS, InjectedFault, check_env, fault_point
 from study.runspecs import plan_runs
 from study.schema import load_hypothesis
 from tests.studyproc import half_written, run, store_state, study_cmd, verdicts
+from vitstudy_core.errors import StudyError
+from vitstudy_core.faults import POINTS, InjectedFault, check_env, fault_point
 
 
 @pytest.fixture(scope="module")

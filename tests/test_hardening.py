@@ -11,9 +11,9 @@ import time
 
 import pytest
 
+from study.cli import main
 from vitstudy_core.errors import StudyError
 from vitstudy_core.io import atomic_write_text
-from study.cli import main
 
 
 def _fail_write(code: int):

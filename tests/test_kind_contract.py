@@ -18,8 +18,8 @@ from analysis.kinds import KINDS, FigureContext
 from analysis.kinds.base import ClaimBase, Outcome, TableView
 from analysis.simulate import simulate_study_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims
-from vitstudy_core.errors import StudyError
 from study.schema import parse_hypothesis
+from vitstudy_core.errors import StudyError
 
 DESIGN = {
     "datasets": [{"name": "objects"}, {"name": "mixed"}, {"name": "textures", "variant": "textures"}],

@@ -17,9 +17,9 @@ from analysis.kinds import KINDS
 from analysis.kinds.u_shape import loso_bottleneck
 from analysis.simulate import simulate_study_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims
-from vitstudy_core.errors import StudyError
 from study.cli import main
 from study.schema import CLAIM_KINDS, parse_hypothesis
+from vitstudy_core.errors import StudyError
 
 BLOCKS = [f"block_{i:02d}" for i in range(1, 13)]
 DESIGN = {

@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from vitstudy_core.runfolder import RunFolder
 from runners.leases import (
     FileLeaseStore,
     LeaseLost,
@@ -17,6 +16,7 @@ from runners.leases import (
     heartbeat,
     open_lease_store,
 )
+from vitstudy_core.runfolder import RunFolder
 
 
 @pytest.fixture(params=["file", "sqlite", "postgres"])

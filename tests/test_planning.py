@@ -16,11 +16,11 @@ from analysis.kinds.compare import compare_statistics
 from analysis.power import plan_claim, power, sd_upper_bound, seed_floor, seeds_needed
 from analysis.simulate import simulate_study_table
 from analysis.table import save_table
-from vitstudy_core.runfolder import RunFolder
 from study.cli import main
-from study.seed_plan import plan_study
 from study.schema import parse_hypothesis
+from study.seed_plan import plan_study
 from tests.conftest import TINY_HYPOTHESIS
+from vitstudy_core.runfolder import RunFolder
 
 
 @pytest.mark.parametrize("d, alpha, two_sided", [(0.8, 0.05, False), (0.5, 0.01, False), (1.2, 0.05, True)])

@@ -17,9 +17,9 @@ from analysis.figures import t_band
 from analysis.report import ReportInput, build_sections, read_study, subset_text, write_report
 from analysis.table import make_table, rows_from_spectra, save_table
 from analysis.verdicts import evaluate_claims
-from vitstudy_core.errors import StudyError
 from study.cli import main
 from study.schema import load_hypothesis
+from vitstudy_core.errors import StudyError
 
 ROOT = Path(__file__).parents[1]
 BEHAVIOUR = Path(__file__).parent / "fixtures" / "behaviour"

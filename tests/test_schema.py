@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from vitstudy_core.errors import StudyError
 from study.cli import main
 from study.schema import load_hypothesis
 from tests.conftest import TINY_HYPOTHESIS
+from vitstudy_core.errors import StudyError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from vitstudy_core.runfolder import RunFolder
 from study import stages
 from study.schema import parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS
 from tests.test_table_snapshot import write_runs
+from vitstudy_core.runfolder import RunFolder
 
 
 @pytest.fixture

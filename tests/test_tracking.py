@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from vitstudy_core.errors import StudyError
 from study.cli import main
 from study.orchestrate import run_study
 from study.runspecs import plan_runs
 from study.schema import load_hypothesis
 from study.tracking import sanitize_metric_name
+from vitstudy_core.errors import StudyError
 
 DESIGN = """\
 design:

@@ -12,8 +12,8 @@ from analysis.kinds.u_shape import evaluate as u_shape_test
 from analysis.kinds.u_shape import u_shape_statistics
 from analysis.simulate import simulate_layer_table, simulate_profiles
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, adjust, evaluate_claims
-from vitstudy_core.errors import StudyError
 from study.schema import parse_hypothesis
+from vitstudy_core.errors import StudyError
 
 CLAIM = {
     "name": "u",

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 import runners.sources
-from vitstudy_core.runfolder import RunFolder
 from study.cli import main
 from tests.conftest import TINY_HYPOTHESIS
+from vitstudy_core.runfolder import RunFolder
 
 LAYERS = ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "norm"]
 

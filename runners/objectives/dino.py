@@ -39,11 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import roi_align
 
-from vitstudy_core.errors import RunFailedError
 from runners.inputs import MEAN as _MEAN
 from runners.inputs import STD as _STD
 from runners.inputs import to_input
 from runners.models import build_model
+from vitstudy_core.errors import RunFailedError
 
 AUG_SEED_OFFSET = 104729
 # k-NN monitor: at most this many train / test images, the same seeded subset at every epoch and seed

@@ -12,9 +12,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from vitstudy_core.errors import RunFailedError
 from runners.inputs import to_input
 from runners.models import build_model
+from vitstudy_core.errors import RunFailedError
 
 
 def lr_lambda(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
