@@ -82,7 +82,7 @@ class TrainingSource:
         check_dataset_folder(run["dataset"])
 
     def prepare(self, run: dict, data_dir: str | Path) -> DataRecord:
-        from runners.data import load_split, num_classes
+        from runners.datasets import load_split, num_classes
 
         ds = run["dataset"]
         shapes = {split: list(load_split(ds, split, data_dir)[0].shape) for split in ("train", "test")}
@@ -111,7 +111,7 @@ class CheckpointSource:
         check_checkpoints(run)
 
     def prepare(self, run: dict, data_dir: str | Path) -> DataRecord:
-        from runners.data import load_split
+        from runners.datasets import load_split
 
         ds, probe = run["dataset"], run["probe"]
         shape = list(load_split(ds, "probe", data_dir, probe["size"], probe["seed"])[0].shape)

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import torch
 
-from runners.data import num_classes
+from runners.datasets import num_classes
 from runners.objectives import make_objective
 from runners.train import pick_device
 

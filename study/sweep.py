@@ -36,9 +36,10 @@ import pandas as pd
 
 from analysis.kinds.base import summarise_layers
 from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
+from runners.datasets.procedural import ProceduralDataset
 from study import stages
 from study.runspecs import RunSpec
-from study.schema import Hypothesis, ProceduralDataset
+from study.schema import Hypothesis
 from study.tracking import open_tracker
 from vitstudy_core.errors import StudyError
 from vitstudy_core.io import atomic_write_json, atomic_write_text
