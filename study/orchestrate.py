@@ -30,6 +30,7 @@ from study.preflight import check_hypothesis
 from study.schema import Hypothesis
 from study.tracking import open_tracker
 from vitstudy_core.errors import StudyError
+from vitstudy_core.io import remove_temporaries
 from vitstudy_core.locks import file_lock
 
 
@@ -259,7 +260,7 @@ def _finish(
     # one invocation writes the study folder at a time, so the temporary files of a killed writer can be
     # removed without touching a live one's
     with file_lock(study_dir.parent / f"{study_dir.name}.lock"):
-        stages.remove_temporaries(study_dir)
+        remove_temporaries(study_dir)
         paths = stages.write_outputs(
             study_dir, hyp_path, looked.specs, tri, looked.failed, table, looked.results, command, extra
         )
