@@ -1,11 +1,12 @@
-"""Imported runs: where their files lie, their content fingerprints, and metric logs read as tidy rows.
+"""Imported runs: where their files lie, and metric logs read as tidy rows.
 
     path = resolve(raw_path(source, "objects", seed=0), strict=True)   # a run's file or folder
     rows, mapping = read_metric_log(run, layers)                        # a table source's rows
 
 A source's ``path`` (or ``paths[seed]``) may hold ``${ENV}``, ``{seed}`` and ``{dataset}``. A run's key holds
-the fingerprint (sha256 of the files' bytes), so a changed file is a new run and an unchanged one is
-reused. A metric log is read into the columns of ``analysis.table`` with its layer and metric names mapped
+its source's fingerprint of the files (``runners.sources``: sha256 of their bytes), so a changed file is a
+new run and an unchanged one is reused. Which checkpoint file holds which epoch is
+``runners.checkpoint_files``'s. A metric log is read into the columns of ``analysis.table`` with its layer and metric names mapped
 to ours (declared in the file's ``design.source``, or inferred where unambiguous). Every bad input is one
 ``StudyError`` naming the file and the line (or row, or key). This module never imports torch.
 """

@@ -24,7 +24,7 @@ from pydantic import (
 from analysis.kinds import KINDS, claim_models
 from analysis.kinds.base import Condition, Subset  # noqa: F401 - part of the schema's public names
 from analysis.observables import ALL_METRICS
-from runners.sources import DEFAULT_SOURCE, SOURCES, DesignFacts
+from runners.sources import DEFAULT_SOURCE, SOURCES, DesignFacts, RunSource
 from vitstudy_core.errors import StudyError
 from vitstudy_core.knobs import INTEGER_KNOBS, Knob
 from vitstudy_core.layers import TokenSet, layer_names
@@ -458,7 +458,7 @@ class Design(Strict):
             raise _FieldError(exc.field or "design", exc.message) from None
 
     @property
-    def run_source(self):
+    def run_source(self) -> RunSource:
         """The registered source that fills this design's runs (``runners.sources``)."""
         return SOURCES.get(self.source.kind if self.source is not None else DEFAULT_SOURCE)
 

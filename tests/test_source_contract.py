@@ -21,7 +21,7 @@ import pytest
 from analysis.table import COLUMNS
 from runners.sources import DEFAULT_SOURCE, SOURCES, ImportedSettings
 from study.runspecs import plan_runs
-from study.schema import parse_hypothesis
+from study.schema import SOURCE_TAGS, parse_hypothesis
 from vitstudy_core.errors import StudyError
 from vitstudy_core.layers import layer_names
 from vitstudy_core.runfolder import RunFolder, parse_spectrum_key
@@ -152,3 +152,50 @@ def test_fill_leaves_a_finished_run_folder(name, tmp_path, trained):
         assert isinstance(rows, pd.DataFrame) and list(rows.columns) == list(COLUMNS) and len(rows)
     if name != DEFAULT_SOURCE:
         assert result["source"]["kind"] == name and result["source"]["fingerprint"] == run["imported"]["fingerprint"]
+
+
+@pytest.mark.parametrize(
+    "design,expected",
+    [
+        ({"checkpoints": [0, 9]}, "design: checkpoint epoch 9 outside 0..1"),
+        (
+            {"datasets": [{"name": "objects", "kind": "external"}]},
+            "design.datasets: dataset 'objects' (kind external) needs a table source",
+        ),
+        (
+            {"checkpoints": [1], "source": {"kind": "checkpoints", "path": "/c"}, "seeds": [0, 1]},
+            "design.source.path: expected {seed} in the path (one folder per seed), got '/c'",
+        ),
+        (
+            {
+                "checkpoints": [1],
+                "source": {"kind": "checkpoints", "path": "/c/{seed}"},
+                "datasets": [{"name": "objects"}, {"name": "b"}],
+            },
+            "design.source.path: expected {dataset} in the path (several datasets)",
+        ),
+        (
+            {"checkpoints": [1], "source": {"kind": "checkpoints", "paths": {0: "/a"}}, "seeds": [0, 1]},
+            "design.source.paths: expected one path per seed [0, 1], got seeds [0]",
+        ),
+        (
+            {"source": {"kind": "checkpoints", "path": "/c"}},
+            "design.checkpoints: required with a checkpoints source (the epochs to import)",
+        ),
+        (
+            {"source": {"kind": "table", "path": "/c", "layers": {"x": "block_99/cls"}}},
+            "design.source.layers.x: unknown layer 'block_99'; expected one of "
+            "['patch_embed', 'pos_embed', 'block_01', 'block_02', 'block_03', 'norm']",
+        ),
+        (
+            {"source": {"kind": "nope", "path": "/c"}},
+            "design.source: Input tag 'nope_source' found using _source_kind() does not match any of the "
+            "expected tags: " + ", ".join(f"'{tag}'" for tag in SOURCE_TAGS),  # every imported source's tag
+        ),
+    ],
+)
+def test_design_checks_keep_their_words(design, expected):
+    """The plug-ins' design checks give the messages the schema gave when it held them (same words)."""
+    with pytest.raises(StudyError) as err:
+        parse_hypothesis(_doc(**design), "f.yaml")
+    assert str(err.value) == f"f.yaml: {expected}"
