@@ -229,9 +229,11 @@ def run_study(
     # bad data paths or imports stop the study before anything is written or recorded; on-disk
     # fingerprints are recorded for hosts without the data
     stages.check_inputs(stages.plan(hyp, data_dir, record=True, log=log), runs_dir, force)
+    registration.check_binding(study_dir, hyp, sequential.as_dict() if sequential else None)
     with open_tracker(track, out_dir, hyp.name, log_model) as tracker:
-        # what the study declares is recorded before anything is trained
-        reg = registration.register(study_dir, hyp, sequential.as_dict() if sequential else None)
+        # what the study declares is recorded before anything is trained (post hoc is decided here)
+        runs = (stages.plan(hyp, data_dir), runs_dir)
+        reg = registration.register(study_dir, hyp, sequential.as_dict() if sequential else None, runs=runs, force=force)
         opts = {"workers": workers, "force": force, "log": log, "command": command, "placement": placement}
         looked = _run_looks(hyp, hyp_path, (runs_dir, data_dir), tracker, sequential, opts, reg)
         status, seq = looked.status, looked.sequential
