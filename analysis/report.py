@@ -151,11 +151,18 @@ def findings(claim, result: ClaimResult) -> list[str]:
     lines = list(get_kind(result.kind).explain(claim, result)) if claim is not None else []
     if result.details.get("method_used"):
         lines.insert(0, f"test used: {result.details['method_used']}")
+    # a sequential verdict compares the stage p with the looks' nominal levels: its Holm p is the
+    # fixed-sample one of the last look, shown for reference, never "group-sequential-adjusted"
+    fixed = result.adjustment.split(", group-sequential")[0]
+    adjusted = (
+        f"fixed-sample {fixed}-adjusted {fmt_p(result.p_adjusted)} (not used by the sequential verdict)"
+        if result.sequential
+        else f"{result.adjustment}-adjusted {fmt_p(result.p_adjusted)} at alpha {result.alpha:g}"
+    )
     lines.append(
         f"effect {fmt_num(result.effect)}{unit} (95% t CI {fmt_num(result.ci_low)}, {fmt_num(result.ci_high)}; "
         f"bootstrap {fmt_num(result.bootstrap_ci[0])}, {fmt_num(result.bootstrap_ci[1])}); p {fmt_p(result.p_value)}, "
-        f"{result.adjustment}-adjusted {fmt_p(result.p_adjusted)} at alpha {result.alpha:g}; "
-        f"{result.n_seeds} seeds ({', '.join(map(str, result.seeds_used))})"
+        f"{adjusted}; {result.n_seeds} seeds ({', '.join(map(str, result.seeds_used))})"
     )
     lines.append(f"{result.verdict}: {result.reason}")
     if result.sequential:
@@ -237,6 +244,8 @@ def header_lines(inp: ReportInput) -> list[str]:
         reg = r.registration
         if reg:
             extra = f" (its data existed from {reg['data_from']})" if reg.get("data_from") else ""
+            extra += f" ({reg['reason']})" if reg.get("reason") and not reg.get("data_from") else ""
+            extra += f"; a new registration was started {reg['new_registration']}" if reg.get("new_registration") else ""
             family = "; adjusted with the exploratory claims" if r.post_hoc else ""
             lines.append(f"claim {r.name}: registered {reg['registered_at']}, {reg['status']}{extra}{family}")
     seq = inp.sequential

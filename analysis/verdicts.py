@@ -282,7 +282,8 @@ def decide_sequential(
 
     Each family (:func:`families`) is tested with group-sequential Holm (``none``: each claim at its own
     alpha; ``bh``: Holm, which also bounds the false discovery rate) over the looks' one-sided stage
-    p-values, with boundaries from ``spending`` at information fractions ``seeds_at / max_seeds``. A claim
+    p-values, with boundaries from ``spending`` at information fractions ``seeds_at / max_seeds``, as
+    t-calibrated nominal levels at each look's planned seeds (``analysis.sequential.nominal_levels``). A claim
     is ACCEPTED at the first look whose stage p crosses its boundary; REJECTED at the first look where the
     fixed-sample rule rejects it (its CI excludes the claimed effect, or equivalence within its margin:
     stopping for this only lowers the chance of accepting, so the type-I error stays bounded); whichever
@@ -296,20 +297,21 @@ def decide_sequential(
         One result per claim: the result at the look that decided it (else the last), its verdict and
         reason from the sequential rule, and ``sequential`` filled in.
     """
-    from analysis.sequential import alpha_spent, nominal_levels, sequential_holm
+    from analysis.sequential import alpha_spent, nominal_levels, sequential_holm_levels
 
     fractions = [n / max_seeds for n in seeds_at]
     p = np.array([[look[i].p_value for look in looks] for i in range(len(hyp.claims))], dtype=np.float64)
-    crossed: dict[int, tuple[int, float] | None] = {}
+    crossed: dict[int, tuple[int | None, float]] = {}  # (look crossed or None, the level last tested at)
     for fam, idx in families(hyp, post_hoc).items():
         alphas = [hyp.claims[i].alpha for i in idx]
-        got = sequential_holm(p[idx], alphas, fractions, spending, weighted=not fam.endswith("/none"))
+        weighted = not fam.endswith("/none")
+        got = sequential_holm_levels(p[idx], alphas, fractions, spending, weighted, seeds_at)
         crossed.update(zip(idx, got, strict=True))
     out = []
-    for i, claim in enumerate(hyp.claims):
+    for i, _claim in enumerate(hyp.claims):
         rejected = next((k for k, look in enumerate(looks) if look[i].verdict == REJECTED), None)
-        accepted, level = crossed[i] if crossed[i] is not None else (None, claim.alpha)
-        noms = nominal_levels(fractions, level, spending)
+        accepted, level = crossed[i]  # level: the claim's Holm share, the one its looks were tested at
+        noms = nominal_levels(fractions, level, spending, seeds_at)  # t-calibrated (analysis.sequential)
         if accepted is not None and (rejected is None or accepted <= rejected):
             k, verdict = accepted, ACCEPTED
             reason = (
@@ -320,7 +322,10 @@ def decide_sequential(
             k, verdict, reason = rejected, REJECTED, f"{looks[rejected][i].reason} (look {rejected + 1})"
         else:
             k, verdict = len(looks) - 1, INCONCLUSIVE
-            reason = f"no look's stage p crossed its group-sequential boundary ({len(looks)} looks)"
+            reason = (
+                f"no look's stage p crossed its group-sequential boundary ({len(looks)} looks; "
+                f"{spending} spending of alpha {level:.3g})"
+            )
         r = ClaimResult.from_dict(looks[k][i].to_dict())
         r.verdict, r.reason = verdict, reason
         r.adjustment = f"{r.adjustment}, group-sequential ({spending})"
@@ -373,10 +378,10 @@ def format_verdicts(results: list[ClaimResult]) -> str:
                 f"  ? {r.name}: power {fmt_num(r.power, 2)} at the observed effect; 80% power needs {need}"
             )
         if r.post_hoc:
-            lines.append(
-                f"  ! {r.name}: post hoc: registered {r.registration.get('registered_at')}, after some of "
-                "its runs had finished; adjusted with the exploratory claims"
+            why = r.registration.get("reason") or (
+                f"registered {r.registration.get('registered_at')}, after some of its runs had finished"
             )
+            lines.append(f"  ! {r.name}: post hoc: {why}; adjusted with the exploratory claims")
         if r.sequential:
             seq = r.sequential
             looks = ", ".join(

@@ -18,7 +18,15 @@ Pocock type spending over the maximum), and the study stops at the first look th
 (the CI excludes the claimed effect). Per kind and spending function: type-I error over all looks on the
 least favourable null (against alpha + 2 MC SE), the expected seeds under the null and at effects 0.5, 1
 and 2, and power, beside the fixed design with the same maximum (every seed, one test at alpha) and the
-seeds saved. ``--reps`` studies per row and effect.
+seeds saved. ``--reps`` studies per row and effect. A look's nominal levels are the t-calibrated ones the
+verdicts use (``analysis.sequential.nominal_levels`` with the looks' seeds).
+
+    PYTHONPATH=. python bench/calibration.py --sequential --t-grid [--reps 100000] [--alpha 0.05]
+
+``--t-grid``: the type-I error of one-sample t tests at every look on null normal seeds (vectorised), for
+every design of K = 2..5 equally spaced looks from 3 seeds to a maximum of K + 2..10 seeds, with both
+spending functions: with the t-calibrated levels (against alpha + 2 MC SE) and, for comparison, with the z
+reference levels ``1 - Phi(c_k)`` (the rule before the t calibration).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import sys
 import time
 
 import numpy as np
+from scipy import stats
 
 from analysis.calibration import CALIBRATION_KINDS, scenario, simulate_claim_study
 from analysis.sequential import SPENDING_FUNCTIONS, nominal_levels
@@ -121,7 +130,7 @@ def calibrate_sequential(label: str, looks: list[int], sims: dict, alpha: float)
     fractions = [n / looks[-1] for n in looks]
     rows = []
     for spending in SPENDING_FUNCTIONS:
-        noms = nominal_levels(fractions, alpha, spending)
+        noms = nominal_levels(fractions, alpha, spending, looks)  # t-calibrated, as the verdicts use
         row = {"kind": label, "spending": spending, "looks": looks, "noms": noms}
         for eff in (0.0, *EFFECTS):
             p, c = sims[(label, eff)]
@@ -156,10 +165,72 @@ def print_sequential(rows: list[dict], reps: int, alpha: float, seconds: float) 
     looks = rows[0]["looks"] if rows else []
     print(
         f"\nlooks at {looks} seeds (fixed design: {looks[-1] if looks else '-'} seeds); one-sided alpha {alpha}; "
-        f"nominal levels obf {np.round(nominal_levels([n / looks[-1] for n in looks], alpha, 'obf'), 5).tolist()}, "
-        f"pocock {np.round(nominal_levels([n / looks[-1] for n in looks], alpha, 'pocock'), 5).tolist()}; "
+        f"t-calibrated nominal levels obf {np.round(nominal_levels([n / looks[-1] for n in looks], alpha, 'obf', looks), 5).tolist()}, "
+        f"pocock {np.round(nominal_levels([n / looks[-1] for n in looks], alpha, 'pocock', looks), 5).tolist()}; "
         f"{reps} studies per row and effect; {seconds:.0f} s"
     )
+    return ok_all
+
+
+def t_grid_designs(first: int = 3, last: int = 10, ks=(2, 3, 4, 5)) -> list[list[int]]:
+    """Every design of K equally spaced looks (rounded) from ``first`` seeds to a maximum in ``last``."""
+    designs = []
+    for k in ks:
+        for s_max in range(first + k - 1, last + 1):
+            looks = sorted({int(round(x)) for x in np.linspace(first, s_max, k)})
+            if len(looks) == k:
+                designs.append(looks)
+    return designs
+
+
+def t_type1(looks: list[int], reps: int, alpha: float, spending: str, seed: int = 0) -> dict:
+    """Type-I error of one-sample t tests at every look on null N(0, 1) seeds (vectorised).
+
+    Each study draws its ``looks[-1]`` seeds one by one (independent of the boundary rule's own draws)
+    and crosses where a look's t(S_k - 1) p-value is below the look's nominal level. Returns the rate
+    with the t-calibrated levels (``t``), with the z reference levels (``z``, the old rule), and the bound
+    alpha + 2 MC SE.
+    """
+    rng = np.random.default_rng([seed, *looks, sum(map(ord, spending))])
+    n = np.asarray(looks)
+    fractions = n / looks[-1]
+    got = {"t": 0, "z": 0}
+    noms = {"t": nominal_levels(fractions, alpha, spending, looks), "z": nominal_levels(fractions, alpha, spending)}
+    for start in range(0, reps, 50_000):  # chunks keep memory flat on a shared machine
+        x = rng.standard_normal((min(50_000, reps - start), looks[-1]))
+        cs, cq = np.cumsum(x, 1)[:, n - 1], np.cumsum(x**2, 1)[:, n - 1]
+        sd = np.sqrt((cq - cs**2 / n) / (n - 1))
+        p = stats.t.sf(cs / n / (sd / np.sqrt(n)), n - 1)
+        for rule in got:
+            got[rule] += int((p < noms[rule]).any(1).sum())
+    return {
+        "looks": looks,
+        "spending": spending,
+        "t": got["t"] / reps,
+        "z": got["z"] / reps,
+        "bound": alpha + 2 * math.sqrt(alpha * (1 - alpha) / reps),
+    }
+
+
+def print_t_grid(rows: list[dict], reps: int, alpha: float, seconds: float) -> bool:
+    """The t-test type-I table of every design (markdown); True when every t-calibrated row holds."""
+    print("| looks (seeds) | K | spending | type-I, t-calibrated levels | bound | ok | type-I, z levels (old) |")
+    print("|---|---|---|---|---|---|---|")
+    ok_all = True
+    for r in rows:
+        ok = r["t"] <= r["bound"]
+        ok_all &= ok
+        print(
+            f"| {', '.join(map(str, r['looks']))} | {len(r['looks'])} | {r['spending']} | {r['t']:.4f} | "
+            f"{r['bound']:.4f} | {'yes' if ok else 'NO'} | {r['z']:.4f} |"
+        )
+    worst = max(rows, key=lambda r: r["t"]) if rows else None
+    if worst:
+        print(
+            f"\none-sided alpha {alpha}; {reps} null studies per row; {len(rows)} rows; worst t-calibrated "
+            f"{worst['t']:.4f} at looks {worst['looks']} ({worst['spending']}); worst z-level rule "
+            f"{max(r['z'] for r in rows):.4f}; {seconds:.0f} s"
+        )
     return ok_all
 
 
@@ -167,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sequential", action="store_true", help="group-sequential rows (see the docstring)")
     ap.add_argument("--looks", type=int, nargs="+", default=[4, 6, 8, 10], help="seeds at each look")
+    ap.add_argument(
+        "--t-grid",
+        action="store_true",
+        help="with --sequential: type-I of one-sample t tests over K = 2..5 looks from 3 to 10 seeds",
+    )
     ap.add_argument(
         "--workers", type=int, default=1, help="processes for --sequential (results do not change)"
     )
@@ -177,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", nargs="+", default=list(CALIBRATION_KINDS), choices=list(CALIBRATION_KINDS))
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    if args.sequential and args.t_grid:
+        rows = [t_type1(lk, args.reps, args.alpha, sp) for lk in t_grid_designs() for sp in SPENDING_FUNCTIONS]
+        return 0 if print_t_grid(rows, args.reps, args.alpha, time.perf_counter() - t0) else 1
     if args.sequential:
         looks = sorted(set(args.looks))
         sims = simulate_looks(args.kinds, looks, args.reps, args.workers)

@@ -574,8 +574,8 @@ def step_resume(rep: Report, work: Path) -> bool:
         spectra_equal = keys_match and all(np.array_equal(fa[k], fb[k]) for k in fa.files)
         spec_rel = max(abs(fa[k].sum() - fb[k].sum()) / max(abs(fb[k].sum()), 1e-30) for k in fb.files)
     last = f"epoch_{run['training']['epochs']:03d}.pt"
-    wa = torch.load(work / "a" / "checkpoints" / last, weights_only=False)["model"]
-    wb = torch.load(work / "b" / "checkpoints" / last, weights_only=False)["model"]
+    wa = torch.load(work / "a" / "checkpoints" / last, weights_only=True)["model"]
+    wb = torch.load(work / "b" / "checkpoints" / last, weights_only=True)["model"]
     weights_equal = all(torch.equal(wa[k], wb[k]) for k in wb)
     w_rel = max(
         float((wa[k].float() - wb[k].float()).norm() / wb[k].float().norm().clamp_min(1e-30)) for k in wb

@@ -2,11 +2,14 @@
 
     result = import_checkpoints(run_spec_dict, run_dir, data_dir)
 
-Each checkpoint file (``runners.imported.checkpoint_files``) is a state dict in ``.pt``/``.pth``
-(``torch.load`` with ``weights_only=True``: tensors and plain containers only, nothing executes) or
+Each checkpoint file (``runners.checkpoint_files``: our ``epoch_NNN.pt``, DINO's ``checkpointNNNN.pth``,
+timm's ``checkpoint-N.pth.tar``, ...) is a state dict in ``.pt``/``.pth``/``.pth.tar`` (``torch.load`` with
+``weights_only=True``: tensors, plain containers and ``argparse.Namespace`` only, nothing executes) or
 ``.safetensors``, either bare or under one of :data:`WRAPPERS` (the project's own checkpoints:
-``{"model": state_dict, "run": spec}``). A ``module.`` prefix (DistributedDataParallel) is removed, and
-when keys sit under ``backbone.`` (a DINO teacher) only those are kept. The model is
+``{"model": state_dict, "run": spec}``; timm's training checkpoints: ``state_dict``, the weights trained,
+not ``state_dict_ema``; DINO's: ``teacher``, the network DINO evaluates). A ``module.`` prefix
+(DistributedDataParallel) is removed, and when keys sit under ``backbone.`` (a DINO teacher) only those
+are kept. The model is
 ``timm.create_model`` of the design's model at the dataset's image size, with as many classes as the
 state dict's ``head.weight`` has rows (0 without a head); the state dict must fit it exactly.
 
@@ -24,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from runners.imported import checkpoint_files, resolve
+from runners.checkpoint_files import checkpoint_files, checkpoint_format, load_checkpoint
+from runners.imported import resolve
 from vitstudy_core.errors import RunFailedError, StudyError
 from vitstudy_core.runfolder import RunFolder, spectrum_key
 
@@ -50,20 +54,20 @@ def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str, str]:
         StudyError: unreadable file, or no state dict at the top level or under a wrapper key.
     """
     file = str(path)
-    try:
-        if path.suffix.lower() == ".safetensors":
-            from safetensors.torch import load_file
+    if path.suffix.lower() == ".safetensors":
+        from safetensors.torch import load_file
 
+        try:
             obj = load_file(path, device="cpu")
-        else:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any loader failure is a user-facing input error
-        why = " ".join(str(exc).split())[:300]
-        raise StudyError(
-            f"cannot load a state dict ({type(exc).__name__}: {why}); .pt/.pth must hold tensors and plain "
-            "containers only (re-save the state dict alone, or as .safetensors)",
-            file,
-        ) from None
+        except Exception as exc:  # noqa: BLE001 - any loader failure is a user-facing input error
+            why = " ".join(str(exc).split())[:300]
+            raise StudyError(
+                f"cannot load a state dict ({type(exc).__name__}: {why}); .pt/.pth must hold tensors and "
+                "plain containers only (re-save the state dict alone, or as .safetensors)",
+                file,
+            ) from None
+    else:
+        obj = load_checkpoint(path)
     key = TOP_LEVEL
     if not _is_state_dict(obj):
         key = next((k for k in WRAPPERS if isinstance(obj, dict) and _is_state_dict(obj.get(k))), "")
@@ -195,7 +199,7 @@ def import_checkpoints(
             "kind": "checkpoints",
             "path": run["imported"]["path"],
             "fingerprint": run["imported"]["fingerprint"],
-            "format": "/".join(sorted({Path(f["file"]).suffix.lstrip(".") for f in files.values()})),
+            "format": "/".join(sorted({checkpoint_format(Path(f["file"])) for f in files.values()})),
             "state_dict_key": ", ".join(keys),
             "files": files,
         },

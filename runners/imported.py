@@ -1,11 +1,12 @@
-"""Imported runs: where their files lie, their content fingerprints, and metric logs read as tidy rows.
+"""Imported runs: where their files lie, and metric logs read as tidy rows.
 
-    record = imported_record(source, "objects", seed=0, epochs=[0, 2])   # at planning time
-    rows, mapping = read_metric_log(run)                                  # a table source's rows
+    path = resolve(raw_path(source, "objects", seed=0), strict=True)   # a run's file or folder
+    rows, mapping = read_metric_log(run, layers)                        # a table source's rows
 
 A source's ``path`` (or ``paths[seed]``) may hold ``${ENV}``, ``{seed}`` and ``{dataset}``. A run's key holds
-the fingerprint (sha256 of the files' bytes), so a changed file is a new run and an unchanged one is
-reused. A metric log is read into the columns of ``analysis.table`` with its layer and metric names mapped
+its source's fingerprint of the files (``runners.sources``: sha256 of their bytes), so a changed file is a
+new run and an unchanged one is reused. Which checkpoint file holds which epoch is
+``runners.checkpoint_files``'s. A metric log is read into the columns of ``analysis.table`` with its layer and metric names mapped
 to ours (declared in the file's ``design.source``, or inferred where unambiguous). Every bad input is one
 ``StudyError`` naming the file and the line (or row, or key). This module never imports torch.
 """
@@ -23,11 +24,8 @@ import pandas as pd
 
 from analysis.observables import ALL_METRICS
 from vitstudy_core.errors import StudyError
-from vitstudy_core.hashing import digest, file_digest
 from vitstudy_core.layers import TOKEN_SETS
 
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors")
-_EPOCH_FILE = re.compile(r"epoch[_-]?(\d+)\.(?:pt|pth|safetensors)$", re.IGNORECASE)
 _FIELD = "design.source.path"
 
 
@@ -70,71 +68,6 @@ def table_format(source: dict, path: Path) -> str:
         str(path),
         _FIELD,
     )
-
-
-def checkpoint_files(folder: Path, epochs: list[int]) -> dict[int, Path]:
-    """epoch -> checkpoint file of a seed's folder, for every epoch asked for.
-
-    Files are ``*epoch_NNN.{pt,pth,safetensors}`` (``epoch010``, ``epoch-10`` too); un-numbered files beside
-    them (``last.pth``, ``best.pth``) are ignored. A folder of one un-numbered checkpoint serves a single
-    requested epoch (an end-of-training claim).
-
-    Raises:
-        StudyError: the folder is missing, an epoch has two files, or an asked-for epoch has none.
-    """
-    if not folder.is_dir():
-        raise StudyError(
-            "folder not found (expected one folder of checkpoints per seed)", str(folder), _FIELD
-        )
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in CHECKPOINT_SUFFIXES)
-    numbered: dict[int, Path] = {}
-    for path in files:
-        m = _EPOCH_FILE.search(path.name)
-        if m is None:
-            continue
-        epoch = int(m.group(1))
-        if epoch in numbered:
-            raise StudyError(f"duplicate epoch {epoch} (also in {numbered[epoch].name})", str(path))
-        numbered[epoch] = path
-    if not numbered and len(files) == 1 and len(epochs) == 1:
-        return {epochs[0]: files[0]}
-    missing = [e for e in epochs if e not in numbered]
-    if missing:
-        raise StudyError(
-            f"no checkpoint for epoch {missing[0]} (expected epoch_{missing[0]:03d}.pt, .pth or .safetensors; "
-            f"found epochs {sorted(numbered)})",
-            str(folder),
-        )
-    return {e: numbered[e] for e in sorted(epochs)}
-
-
-def imported_record(source: dict, dataset: str, seed: int, epochs: list[int], n_seeds: int = 1) -> dict:
-    """What a run spec carries about its imported files (``RunSpec.imported``).
-
-    Args:
-        source: ``design.source`` as a dict; dataset, seed: the run's; epochs: the epochs imported;
-        n_seeds: seeds in the design (a file shared by several seeds must tell them apart).
-
-    Returns:
-        the source's settings plus ``path`` (resolved when ``${ENV}`` is set) and ``fingerprint``: sha256 of
-        the files' bytes (for checkpoints: of the (name, sha256) list of the epochs used), or None when the
-        files are not there yet (the study stops on that before anything runs).
-    """
-    raw = raw_path(source, dataset, seed)
-    path = resolve(raw, strict=False)
-    record = {k: v for k, v in source.items() if k not in ("path", "paths")}
-    record.update(path=str(path) if path is not None else raw, dataset=dataset, fingerprint=None)
-    record["shared"] = n_seeds > 1 and not source.get("paths") and "{seed}" not in source["path"]
-    try:
-        if path is not None and source["kind"] == "checkpoints":
-            files = checkpoint_files(path, epochs)
-            record["fingerprint"] = digest([(p.name, file_digest(p)) for p in files.values()], 16)
-        elif path is not None and path.is_file():
-            record["format"] = table_format(source, path)
-            record["fingerprint"] = file_digest(path)[:16]
-    except StudyError:
-        pass  # reported by the source's check before anything is recorded
-    return record
 
 
 # --------------------------------------------------------------------------------------------------
@@ -316,14 +249,29 @@ def read_metric_log(run: dict, layers: list[str]) -> tuple[pd.DataFrame, dict]:
         StudyError: a missing or unreadable file, a line that is not an object, an unmapped layer or metric,
             a duplicate epoch, a non-finite value, or a seed or epoch the design needs that the log lacks.
     """
-    rec, seed, name = run["imported"], int(run["seed"]), run["dataset"]["name"]
+    rec = run["imported"]
     path = resolve(rec["path"], strict=True)
     file = str(path)
     if not path.is_file():
         raise StudyError("file not found (expected a metric log: .jsonl, .csv or .parquet)", file, _FIELD)
-    fmt = table_format(rec, path)
+    cells = _run_cells(run, path)
+    mapping = _Mapping(rec, layers, file)
+    df = pd.DataFrame(_mapped_rows(run, cells, mapping, file))
+    have = sorted({int(e) for e in df.epoch.unique()}) if len(df) else []
+    wanted = run.get("checkpoints") or have
+    missing = [e for e in wanted if e not in have]
+    if missing:
+        raise StudyError(f"epoch {missing[0]} is not in the file (it has epochs {have})", file)
+    if not len(df):
+        raise StudyError("no rows left after mapping (every layer or metric skipped)", file)
+    return df[df.epoch.isin(wanted)].reset_index(drop=True), mapping.as_record()
+
+
+def _run_cells(run: dict, path: Path) -> list[tuple]:
+    """The log's cells (as :func:`_tidy_cells`) that are this run's: its seed's and its dataset's."""
+    rec, seed, name, file = run["imported"], int(run["seed"]), run["dataset"]["name"], str(path)
     token_set = rec.get("token_set", "all")
-    if fmt == "jsonl":
+    if table_format(rec, path) == "jsonl":
         cells = [(*c, token_set, -1, None) for c in _jsonl_cells(path, rec.get("seed_field", "seed"))]
     else:
         cells = _tidy_cells(path, token_set)
@@ -343,7 +291,11 @@ def read_metric_log(run: dict, layers: list[str]) -> tuple[pd.DataFrame, dict]:
         cells = [c for c in cells if c[8] == name]
         if not cells:
             raise StudyError(f"dataset {name!r} is not in the file (it has {datasets_in_file})", file)
-    mapping = _Mapping(rec, layers, file)
+    return cells
+
+
+def _mapped_rows(run: dict, cells: list[tuple], mapping: _Mapping, file: str) -> list[dict]:
+    """Tidy rows of the cells whose layer and metric map to ours (a skipped name drops its cells)."""
     rows, seen = [], {}
     for where, _, epoch, layer, metric, value, cell_tset, n_tok, _ in cells:
         point = mapping.layer(layer, where)
@@ -367,8 +319,8 @@ def read_metric_log(run: dict, layers: list[str]) -> tuple[pd.DataFrame, dict]:
         rows.append(
             {
                 "run_key": run["key"],
-                "dataset": name,
-                "seed": seed,
+                "dataset": run["dataset"]["name"],
+                "seed": int(run["seed"]),
                 "epoch": epoch,
                 "layer": point[0],
                 "layer_index": -1,
@@ -378,12 +330,4 @@ def read_metric_log(run: dict, layers: list[str]) -> tuple[pd.DataFrame, dict]:
                 "value": value,
             }
         )
-    df = pd.DataFrame(rows)
-    have = sorted({int(e) for e in df.epoch.unique()}) if len(df) else []
-    wanted = run.get("checkpoints") or have
-    missing = [e for e in wanted if e not in have]
-    if missing:
-        raise StudyError(f"epoch {missing[0]} is not in the file (it has epochs {have})", file)
-    if not len(df):
-        raise StudyError("no rows left after mapping (every layer or metric skipped)", file)
-    return df[df.epoch.isin(wanted)].reset_index(drop=True), mapping.as_record()
+    return rows

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from runners.sources import get_source
+from vitstudy_core.io import remove_temporaries
 from vitstudy_core.locks import file_lock, run_lock_path
 from vitstudy_core.runfolder import RunFolder
 
@@ -27,9 +28,7 @@ def execute_run(run: dict, run_dir: str, data_dir: str) -> dict:
     with file_lock(run_lock_path(Path(run_dir).parent, Path(run_dir).name)):
         if folder.is_finished():
             return folder.read_result()
-        if folder.path.is_dir():  # only the lock holder writes here: these are a dead writer's
-            for tmp in folder.path.rglob(".*.tmp*"):  # vitstudy_core.io's temporary names: '.<name>.<random>.tmp'
-                tmp.unlink(missing_ok=True)
+        remove_temporaries(folder.path)  # only the lock holder writes here: these are a dead writer's
         # a bar only for a run in the main process on a terminal; spawned workers print plain lines
         bar = sys.stdout.isatty() and mp.current_process().name == "MainProcess"
         return get_source(run.get("source", "train")).fill(

@@ -69,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
     r.add_argument("--verbose", action="store_true", help="let MLflow's and alembic's log lines through")
+    r.add_argument("--new-registration", metavar="REASON", help="start the study's registration afresh (recorded)")
     _add_sequential_options(r)
     _add_placement(r)
     pl = sub.add_parser(
@@ -383,12 +384,15 @@ def _validate_verb(args: argparse.Namespace, hyp) -> int:
 def _analyze_verb(args: argparse.Namespace, hyp) -> int:
     from analysis.table import load_table
     from analysis.verdicts import evaluate_claims, format_verdicts
+    from study import registration
 
-    results = evaluate_claims(hyp, load_table(args.table), source=str(args.hypothesis))
+    post_hoc, status, note = registration.for_table(args.table, hyp)  # the registration beside the table
+    results = evaluate_claims(hyp, load_table(args.table), source=str(args.hypothesis), post_hoc=post_hoc)
+    registration.attach(results, status)
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=1, default=float))
     else:
-        print(format_verdicts(results))
+        print(format_verdicts(results) + (f"\n{note}" if note else ""))
     return 0
 
 
@@ -407,6 +411,10 @@ def _run_verb(args: argparse.Namespace, hyp, argv) -> int:
     if any(not k or not v for k, v in roots.items()) or len(roots) != len(args.data_root):
         raise StudyError(f"--data-root: expected NAME=PATH, got {args.data_root}")
     hyp = with_data_roots(hyp, roots, str(args.hypothesis)) if roots else hyp
+    if args.new_registration is not None:
+        from study.registration import start_new
+
+        start_new(args.out / "studies" / hyp.name, args.new_registration)
     outcome = run_study(
         hyp,
         args.hypothesis,

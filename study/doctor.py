@@ -10,20 +10,34 @@ Findings, and what ``--repair`` does about each:
 * ``missing_artifacts``: a FINISHED child run lacking an artifact a reuse needs (deleted from the store,
   so the next run logs its local folder or retrains);
 * ``duplicate``: several FINISHED child runs with one ``run_key`` (all but the newest deleted);
+* ``damaged_run``: a finished run folder whose ``result.json`` or ``spectra.npz`` cannot be read (e.g.
+  truncated): restored from the tracking store's FINISHED copy of its key when there is one (downloaded
+  and checked before anything is replaced), else report only (``run --force`` retrains it);
+* ``running_child``: a RUNNING child run whose parent is no longer RUNNING (marked KILLED);
+* ``untagged_child``: a child (training) run without its ``run_key`` tag: no study can ever reuse it
+  (deleted from the store);
 * ``table_mismatch``: a study's ``table.parquet`` that differs from the table rebuilt from its runs
-  (rebuilt with ``stages.collect_table``).
+  (rebuilt with ``stages.collect_table``), unless the rebuilt table would hold fewer runs than the saved
+  table or ``verdicts.json``: a table is never shrunk (report only: rerun ``run`` to retrain the missing
+  runs, which rewrites table and verdicts together).
+
+Every check runs, and every finding is printed, before ``--repair`` changes anything: a check that fails
+on a damaged file reports it instead of stopping the others.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from vitstudy_core.errors import StudyError
 from vitstudy_core.locks import is_locked, run_lock_path
-from vitstudy_core.runfolder import RunFolder
+from vitstudy_core.runfolder import RESULT, SPECTRA, RunFolder
 
 
 @dataclass
@@ -32,6 +46,8 @@ class Finding:
     what: str
     repaired: bool = False
     repairable: bool = True
+    fix: Callable[[], None] | None = field(default=None, repr=False)  # run only by --repair, after the report
+    path: Path | None = None  # the run folder a finding is about, where it is about one
 
     def line(self) -> str:
         state = "repaired" if self.repaired else ("report only" if not self.repairable else "found")
@@ -51,78 +67,166 @@ def _studies(out_dir: Path) -> list[tuple[Path, object]]:
     return found
 
 
-def check_runs(out_dir: Path, studies, repair: bool) -> list[Finding]:
-    """Orphaned run folders and stale partial runs under ``out_dir/runs``."""
+def _damage(path: Path) -> str | None:
+    """Why a finished-looking run folder cannot be read (every array loaded), or None."""
+    folder = RunFolder(path)
+    try:
+        if folder.file(RESULT).exists():
+            json.loads(folder.file(RESULT).read_text())
+        if folder.file(SPECTRA).exists():
+            with np.load(folder.file(SPECTRA)) as f:
+                for k in f.files:
+                    f[k]
+    except Exception as exc:  # noqa: BLE001 - zip, json, value errors: all mean the file is damaged
+        return f"{type(exc).__name__}: {exc}"[:200]
+    return None
+
+
+def check_runs(out_dir: Path, studies, repair: bool = False) -> list[Finding]:
+    """Orphaned run folders, damaged run folders and stale partial runs under ``out_dir/runs``."""
     from study.stages import plan
 
     runs_dir = out_dir / "runs"
-    planned = {s.key for _, hyp in studies for s in plan(hyp)}
+    planned = {s.key: s for _, hyp in studies for s in plan(hyp)}
     out = []
     for path in sorted(p for p in runs_dir.glob("*") if p.is_dir()) if runs_dir.is_dir() else []:
         if path.name not in planned:
             out.append(Finding("orphan", f"run folder {path} (no study here plans it)", repairable=False))
+        why = _damage(path)
+        if why is not None:
+            out.append(Finding("damaged_run", f"run folder {path}: {why}", repairable=False, path=path))
+            continue
         lock = run_lock_path(runs_dir, path.name)
         if not RunFolder(path).is_finished() and not is_locked(lock):
             # the folder resumes on the next run; only a dead holder's lock file is left to remove
-            f = Finding(
-                "stale_partial", f"unfinished run {path} with no live process", repairable=lock.exists()
+            out.append(
+                Finding(
+                    "stale_partial",
+                    f"unfinished run {path} with no live process",
+                    repairable=lock.exists(),
+                    fix=lambda lock=lock: lock.unlink(missing_ok=True),
+                )
             )
-            if repair and lock.exists():
-                lock.unlink(missing_ok=True)
-                f.repaired = True
+    return out
+
+
+class _Store:
+    """What ``Tracker.fetch_run`` needs of a tracker (its client and URI), without opening a study."""
+
+    def __init__(self, client, uri: str):
+        self.client, self.uri = client, uri
+
+
+def _restore_from_store(findings: list[Finding], client, uri: str, studies) -> None:
+    """Give each ``damaged_run`` with a FINISHED copy in the store a fix that downloads that copy."""
+    from study.stages import plan
+    from study.tracking import Tracker
+
+    specs = {s.key: s for _, hyp in studies for s in plan(hyp)}
+    for f in findings:
+        if f.kind != "damaged_run":
+            continue
+        path = f.path
+        copies = [r for r in _children(client, "FINISHED") if r.data.tags.get("run_key") == path.name]
+        if copies and path.name in specs:
+            f.what += f" (the store holds a copy: MLflow run {copies[0].info.run_id})"
+            f.repairable = True
+            f.fix = lambda r=copies[0], s=specs[path.name], d=path: Tracker.fetch_run(_Store(client, uri), r, s, d)
+
+
+def _children(client, status: str) -> list:
+    from study.tracking import training_runs
+
+    return training_runs(client, status)
+
+
+def _open_store(out_dir: Path):
+    from mlflow.tracking import MlflowClient
+
+    from study.tracking import default_tracking_uri, quiet_library_logs
+
+    uri = default_tracking_uri(out_dir)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        return None, uri
+    quiet_library_logs()
+    return MlflowClient(uri), uri
+
+
+def check_store(out_dir: Path, client) -> list[Finding]:
+    """Stale parents, RUNNING children of ended parents, untagged children, child runs missing artifacts,
+    and run keys recorded twice in the tracking store."""
+    from study.tracking import close_stale, stale_parents
+    from vitstudy_core.runfolder import REQUIRED
+
+    out = []
+    for r in stale_parents(client, out_dir):
+        out.append(
+            Finding(
+                "stale_parent",
+                f"MLflow run {r.info.run_id} RUNNING, its invocation is dead",
+                fix=lambda: close_stale(client, out_dir),
+            )
+        )
+    stale = {r.info.run_id for r in stale_parents(client, out_dir)}
+    for r in _children(client, "RUNNING"):
+        parent = r.data.tags.get("mlflow.parentRunId")
+        if parent and parent not in stale and client.get_run(parent).info.status != "RUNNING":
+            what = f"MLflow run {r.info.run_id} RUNNING under parent {parent}, which has ended"
+            out.append(Finding("running_child", what, fix=lambda rid=r.info.run_id: client.set_terminated(rid, "KILLED")))
+    seen: dict[str, str] = {}
+    for status in ("FINISHED", "RUNNING", "FAILED", "KILLED"):
+        for r in _children(client, status):  # newest first: the first of a key is kept
+            key, rid = r.data.tags.get("run_key"), r.info.run_id
+            if not key:
+                what = f"MLflow run {rid} ({status}) has no run_key tag: no study can reuse it"
+                out.append(Finding("untagged_child", what, fix=lambda rid=rid: client.delete_run(rid)))
+                continue
+            if status != "FINISHED":
+                continue
+            if key in seen:
+                f = Finding("duplicate", f"run key {key}: MLflow run {rid} repeats {seen[key]}")
+            else:
+                listed = {a.path for a in client.list_artifacts(rid)}
+                missing = [n for n in REQUIRED if n not in listed]
+                if not missing:
+                    seen[key] = rid
+                    continue
+                f = Finding("missing_artifacts", f"MLflow run {rid} (key {key}) lacks {', '.join(missing)}")
+            f.fix = lambda rid=rid: client.delete_run(rid)
             out.append(f)
     return out
 
 
-def check_store(out_dir: Path, repair: bool) -> list[Finding]:
-    """Stale parents, child runs missing artifacts, and run keys recorded twice in the tracking store."""
-    from mlflow.tracking import MlflowClient
-
-    from study.tracking import default_tracking_uri, quiet_library_logs, stale_parents, training_runs
-    from vitstudy_core.runfolder import REQUIRED
-
-    uri = default_tracking_uri(out_dir)
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        return []
-    quiet_library_logs()
-    client = MlflowClient(uri)
-    out = []
-    for r in stale_parents(client, out_dir):
-        out.append(Finding("stale_parent", f"MLflow run {r.info.run_id} RUNNING, its invocation is dead"))
-    if repair and any(f.kind == "stale_parent" for f in out):
-        from study.tracking import close_stale
-
-        close_stale(client, out_dir)
-        for f in out:
-            f.repaired = True
-    seen: dict[str, str] = {}
-    for r in training_runs(client):  # newest first: the first of a key is kept
-        key, rid = r.data.tags.get("run_key", "?"), r.info.run_id
-        if key in seen:
-            f = Finding("duplicate", f"run key {key}: MLflow run {rid} repeats {seen[key]}")
-        else:
-            listed = {a.path for a in client.list_artifacts(rid)}
-            missing = [n for n in REQUIRED if n not in listed]
-            if not missing:
-                seen[key] = rid
-                continue
-            f = Finding("missing_artifacts", f"MLflow run {rid} (key {key}) lacks {', '.join(missing)}")
-        if repair:
-            client.delete_run(rid)
-            f.repaired = True
-        out.append(f)
-    return out
+def _runs_in(study_dir: Path, saved: pd.DataFrame | None) -> tuple[int, str]:
+    """How many runs the study's outputs say it has (the larger of verdicts.json's runs and the saved
+    table's (dataset, seed) pairs), and where that number comes from."""
+    n, where = 0, ""
+    try:
+        runs = json.loads((study_dir / "verdicts.json").read_text()).get("runs") or []
+        n, where = len(runs), "verdicts.json"
+    except (OSError, ValueError, AttributeError):
+        pass
+    if saved is not None and {"dataset", "seed"} <= set(saved.columns):
+        pairs = len(saved[["dataset", "seed"]].drop_duplicates())
+        if pairs > n:
+            n, where = pairs, "table.parquet"
+    return n, where
 
 
-def check_tables(out_dir: Path, studies, repair: bool) -> list[Finding]:
-    """Each study's table.parquet against the table rebuilt from its run folders."""
+def check_tables(out_dir: Path, studies, repair: bool = False) -> list[Finding]:
+    """Each study's table.parquet against the table rebuilt from its run folders (never shrunk)."""
     from analysis.table import save_table
     from study.stages import collect_table, plan
 
     out = []
     for study_dir, hyp in studies:
         path = study_dir / "table.parquet"
-        rebuilt = collect_table(plan(hyp), out_dir / "runs", hyp.design.layers).table
+        try:
+            rebuilt = collect_table(plan(hyp), out_dir / "runs", hyp.design.layers).table
+        except Exception as exc:  # noqa: BLE001 - a damaged run is reported by check_runs
+            out.append(Finding("table_mismatch", f"{path}: cannot rebuild ({type(exc).__name__})", repairable=False))
+            continue
+        saved = None
         try:
             saved = pd.read_parquet(path)
             pd.testing.assert_frame_equal(
@@ -130,16 +234,27 @@ def check_tables(out_dir: Path, studies, repair: bool) -> list[Finding]:
             )
             continue
         except Exception as exc:  # noqa: BLE001 - unreadable, missing or different: all are a mismatch
-            f = Finding("table_mismatch", f"{path} differs from its runs ({type(exc).__name__})")
-        if repair:
-            save_table(rebuilt, path)
-            f.repaired = True
-        out.append(f)
+            why = type(exc).__name__
+        have = len(rebuilt[["dataset", "seed"]].drop_duplicates()) if len(rebuilt) else 0
+        need, where = _runs_in(study_dir, saved)
+        if have < need:
+            what = f"{path} differs from its runs ({why}), but its runs rebuild {have} of the {need} in {where}"
+            out.append(Finding("table_mismatch", what + ": rerun `run` to retrain the rest", repairable=False))
+            continue
+        out.append(
+            Finding(
+                "table_mismatch",
+                f"{path} differs from its runs ({why})",
+                fix=lambda t=rebuilt, p=path: save_table(t, p),
+            )
+        )
     return out
 
 
 def doctor(out_dir: Path, repair: bool = False, log=print) -> int:
-    """Check (and with ``repair`` fix) ``out_dir``; print one line per finding.
+    """Check ``out_dir`` and print one line per finding; with ``repair``, then fix what can be fixed.
+
+    Every check runs and the whole report is printed before anything is changed.
 
     Returns:
         0 when nothing repairable is left unrepaired, 1 otherwise.
@@ -148,13 +263,34 @@ def doctor(out_dir: Path, repair: bool = False, log=print) -> int:
     if not out_dir.is_dir():
         raise StudyError("expected the output folder of `python -m study run`", str(out_dir), "--out")
     studies = _studies(out_dir)
-    findings = [
-        *check_runs(out_dir, studies, repair),
-        *check_store(out_dir, repair),
-        *check_tables(out_dir, studies, repair),
-    ]
+    findings = check_runs(out_dir, studies)
+    client, uri = _open_store(out_dir)
+    if client is not None:
+        findings += check_store(out_dir, client)
+        _restore_from_store(findings, client, uri, studies)
+    findings += check_tables(out_dir, studies)
     for f in findings:
         log(f.line())
+    if repair:
+        _repair(findings, log)
     left = [f for f in findings if f.repairable and not f.repaired]
     log(f"doctor: {len(findings)} finding(s), {sum(f.repaired for f in findings)} repaired, {len(left)} left")
     return 1 if left else 0
+
+
+def _repair(findings: list[Finding], log) -> None:
+    """Run each finding's fix once (a fix shared by several findings, e.g. closing stale parents, once)."""
+    todo = [f for f in findings if f.repairable and f.fix]
+    log(f"repair: {len(todo)} finding(s) to fix (the report above is complete)")
+    done: dict[int, bool] = {}
+    for f in todo:
+        key = id(f.fix.__code__) if f.kind == "stale_parent" else id(f)
+        if key not in done:
+            try:
+                f.fix()
+                done[key] = True
+            except Exception as exc:  # noqa: BLE001 - one failed repair must not stop the others
+                done[key] = False
+                log(f"repair failed: {f.kind} {f.what}: {type(exc).__name__}: {exc}")
+        f.repaired = done[key]
+        log(f.line())

@@ -30,6 +30,7 @@ from study.preflight import check_hypothesis
 from study.schema import Hypothesis
 from study.tracking import open_tracker
 from vitstudy_core.errors import StudyError
+from vitstudy_core.io import remove_temporaries
 from vitstudy_core.locks import file_lock
 
 
@@ -228,9 +229,11 @@ def run_study(
     # bad data paths or imports stop the study before anything is written or recorded; on-disk
     # fingerprints are recorded for hosts without the data
     stages.check_inputs(stages.plan(hyp, data_dir, record=True, log=log), runs_dir, force)
+    registration.check_binding(study_dir, hyp, sequential.as_dict() if sequential else None)
     with open_tracker(track, out_dir, hyp.name, log_model) as tracker:
-        # what the study declares is recorded before anything is trained
-        reg = registration.register(study_dir, hyp, sequential.as_dict() if sequential else None)
+        # what the study declares is recorded before anything is trained (post hoc is decided here)
+        runs = (stages.plan(hyp, data_dir), runs_dir)
+        reg = registration.register(study_dir, hyp, sequential.as_dict() if sequential else None, runs=runs, force=force)
         opts = {"workers": workers, "force": force, "log": log, "command": command, "placement": placement}
         looked = _run_looks(hyp, hyp_path, (runs_dir, data_dir), tracker, sequential, opts, reg)
         status, seq = looked.status, looked.sequential
@@ -259,7 +262,7 @@ def _finish(
     # one invocation writes the study folder at a time, so the temporary files of a killed writer can be
     # removed without touching a live one's
     with file_lock(study_dir.parent / f"{study_dir.name}.lock"):
-        stages.remove_temporaries(study_dir)
+        remove_temporaries(study_dir)
         paths = stages.write_outputs(
             study_dir, hyp_path, looked.specs, tri, looked.failed, table, looked.results, command, extra
         )

@@ -121,7 +121,7 @@ def _dataset_payload(ds, data_dir=None, record: bool = False) -> dict:
 
 def _plan_imports(hyp: Hypothesis) -> list[RunSpec]:
     """Imported runs (``design.source``): keyed by their files' content fingerprint, not by training."""
-    from runners.imported import imported_record
+    from runners.sources import imported_record
 
     design = hyp.design
     source = design.source.model_dump()

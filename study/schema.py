@@ -26,9 +26,10 @@ from analysis.kinds.base import Condition, Subset  # noqa: F401 - part of the sc
 from analysis.observables import ALL_METRICS
 from runners.datasets import DATASETS, kind_of
 from runners.datasets.procedural import ProceduralDataset
+from runners.sources import DEFAULT_SOURCE, SOURCES, DesignFacts, RunSource
 from vitstudy_core.errors import StudyError
 from vitstudy_core.knobs import INTEGER_KNOBS, Knob
-from vitstudy_core.layers import TOKEN_SETS, TokenSet, layer_names
+from vitstudy_core.layers import TokenSet, layer_names
 from vitstudy_core.settings import Strict
 
 
@@ -239,74 +240,11 @@ class ProbeSpec(Strict):
 
 
 # --------------------------------------------------------------------------------------------------
-# Run sources: training (no ``source``), or runs imported from disk (runners.sources)
+# Run sources: training (no ``source``), or runs imported from disk; each source's settings model and
+# design checks live in its plug-in (runners.sources), this section only assembles them
 # --------------------------------------------------------------------------------------------------
-class _ImportedSource(Strict):
-    """Where imported runs live: ``path`` (one template for every seed) or ``paths`` (seed -> path).
-
-    A path may hold ``${ENV_VAR}`` (or be replaced with ``--data-root source=PATH``), ``{seed}`` and
-    ``{dataset}`` (filled in per run). It is resolved when the study runs; the run key holds a fingerprint
-    of the files' content, not the path.
-    """
-
-    path: str | None = Field(None, min_length=1)
-    paths: dict[int, str] | None = None
-
-    @model_validator(mode="after")
-    def _one_path(self):
-        if (self.path is None) == (self.paths is None):
-            raise ValueError("give either path (a template with {seed}) or paths (seed -> path)")
-        return self
-
-
-class CheckpointsSource(_ImportedSource):
-    """Checkpoints of a timm ViT (``design.model``), one folder per seed, spectra measured on the probe set.
-
-    A folder holds ``epoch_NNN.pt`` / ``.pth`` / ``.safetensors`` files (``design.checkpoints`` names the
-    epochs imported), or one un-numbered checkpoint when ``design.checkpoints`` lists one epoch. A file is a
-    state dict, or holds one under ``model``, ``state_dict``, ``model_state_dict`` or ``teacher``.
-    """
-
-    kind: Literal["checkpoints"]
-
-
-class TableSource(_ImportedSource):
-    """An imported metric log: a tidy table (``.csv``/``.parquet``, columns of ``analysis.table``) or
-    JSON lines, one object per epoch: ``{"epoch": 1, "layers": {"<layer>": {"<metric>": value}}}``.
-
-    ``layers`` maps the file's layer names to observation points (``block_05``, or ``norm/cls`` for one token
-    set; ``null`` skips a layer); ``metrics`` maps metric names (``null`` skips). Names left out are
-    inferred when unambiguous (our own names; TGO-I's ``Layer_05_Block05``-style names) and reported.
-    ``token_set``: the token set of a layer whose mapping names none. The seed is the file's (``{seed}`` in
-    the path, or ``paths``), or each line's ``seed_field`` / the table's ``seed`` column.
-    """
-
-    kind: Literal["table"]
-    format: Literal["auto", "tidy", "jsonl"] = "auto"  # auto: .jsonl/.json -> jsonl, .csv/.parquet -> tidy
-    layers: dict[str, str | None] | None = None
-    metrics: dict[str, str | None] | None = None
-    token_set: TokenSet = "all"
-    seed_field: str = "seed"
-
-    @field_validator("layers")
-    @classmethod
-    def _points(cls, v: dict | None) -> dict | None:
-        for name, target in (v or {}).items():
-            if target is not None:
-                layer, _, tset = target.partition("/")
-                if tset and tset not in TOKEN_SETS:
-                    raise ValueError(f"layer {name!r}: expected 'layer' or 'layer/token_set', got {target!r}")
-        return v
-
-    @field_validator("metrics")
-    @classmethod
-    def _metric_names(cls, v: dict | None) -> dict | None:
-        for name, target in (v or {}).items():
-            if target is not None and target not in ALL_METRICS:
-                raise ValueError(
-                    f"metric {name!r}: unknown metric {target!r}; expected one of {list(ALL_METRICS)}"
-                )
-        return v
+_IMPORTED_SOURCES = [s for s in SOURCES.values() if s.settings is not None]
+SOURCE_TAGS = tuple(f"{s.name}_source" for s in _IMPORTED_SOURCES)  # "_source": never a field's name
 
 
 def _source_kind(v: object) -> str:
@@ -315,10 +253,9 @@ def _source_kind(v: object) -> str:
 
 
 SourceSpec = Annotated[
-    Annotated[CheckpointsSource, Tag("checkpoints_source")] | Annotated[TableSource, Tag("table_source")],
+    Union[tuple(Annotated[s.settings, Tag(f"{s.name}_source")] for s in _IMPORTED_SOURCES)],  # noqa: UP007
     Discriminator(_source_kind),
 ]
-SOURCE_TAGS = ("checkpoints_source", "table_source")
 
 
 class Design(Strict):
@@ -377,10 +314,6 @@ class Design(Strict):
         names = [d.name for d in self.datasets]
         if len(set(names)) != len(names):
             raise ValueError(f"dataset names must be unique, got {names}")
-        if self.source is None:
-            for ep in self.checkpoint_epochs:
-                if not 0 <= ep <= self.training.epochs:
-                    raise ValueError(f"checkpoint epoch {ep} outside 0..{self.training.epochs}")
         self._check_source()
         m = self.model.resolved()
         if "embed_dim" in m and "num_heads" in m and m["embed_dim"] % m["num_heads"]:
@@ -402,53 +335,37 @@ class Design(Strict):
         return self
 
     def _check_source(self) -> None:
-        """An import source's paths cover every seed and dataset; its layer names exist in the model."""
-        src = self.source
-        external = [d.name for d in self.datasets if d.kind == "external"]
-        if external and (src is None or src.kind != "table"):
-            raise _FieldError(
-                "design.datasets", f"dataset {external[0]!r} (kind external) needs a table source"
-            )
-        if src is None:
-            return
-        if src.kind == "checkpoints" and not self.checkpoints:
-            raise _FieldError(
-                "design.checkpoints", "required with a checkpoints source (the epochs to import)"
-            )
-        if src.paths is not None and set(src.paths) != set(self.seeds):
-            raise _FieldError(
-                "design.source.paths",
-                f"expected one path per seed {self.seeds}, got seeds {sorted(src.paths)}",
-            )
-        templates = [src.path] if src.path is not None else list(src.paths.values())
-        if (
-            src.path is not None
-            and len(self.seeds) > 1
-            and src.kind == "checkpoints"
-            and "{seed}" not in src.path
-        ):
-            raise _FieldError(
-                "design.source.path", f"expected {{seed}} in the path (one folder per seed), got {src.path!r}"
-            )
-        if (
-            len(self.datasets) > 1
-            and src.kind == "checkpoints"
-            and any("{dataset}" not in t for t in templates)
-        ):
-            raise _FieldError("design.source.path", "expected {dataset} in the path (several datasets)")
-        for name, target in (getattr(src, "layers", None) or {}).items():
-            if target is not None and target.partition("/")[0] not in self.layers:
-                raise _FieldError(
-                    f"design.source.layers.{name}",
-                    f"unknown layer {target.partition('/')[0]!r}; expected one of {self.layers}",
-                )
+        """The design's run source takes every dataset, and its own checks pass (``RunSource.check_design``:
+        paths per seed and dataset, layer names, the epochs it needs, ...)."""
+        source = self.run_source
+        for d in self.datasets:
+            if not source.accepts_dataset(d.kind):
+                takers = " or ".join(n for n, s in SOURCES.items() if s.accepts_dataset(d.kind))
+                raise _FieldError("design.datasets", f"dataset {d.name!r} (kind {d.kind}) needs a {takers} source")
+        facts = DesignFacts(
+            seeds=tuple(self.seeds),
+            datasets=tuple(d.name for d in self.datasets),
+            layers=tuple(self.layers),
+            checkpoints=tuple(self.checkpoints) if self.checkpoints is not None else None,
+            trained_epochs=self.training.epochs,
+        )
+        try:
+            source.check_design(self.source, facts)
+        except StudyError as exc:
+            raise _FieldError(exc.field or "design", exc.message) from None
+
+    @property
+    def run_source(self) -> RunSource:
+        """The registered source that fills this design's runs (``runners.sources``)."""
+        return SOURCES.get(self.source.kind if self.source is not None else DEFAULT_SOURCE)
 
     @property
     def checkpoint_epochs(self) -> list[int]:
-        """Epochs measured. A table source without ``checkpoints`` takes every epoch of its log: []."""
+        """Epochs measured: ``checkpoints``, else the source's default (training: the last epoch; a table
+        source: every epoch of its log, ``[]``)."""
         if self.checkpoints:
             return sorted(set(self.checkpoints))
-        return [] if self.source is not None and self.source.kind == "table" else [self.training.epochs]
+        return self.run_source.default_epochs(self.training.epochs)
 
     @property
     def layers(self) -> list[str]:

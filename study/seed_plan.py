@@ -10,7 +10,10 @@ other claims show; exploratory claims at their family's ``alpha / m`` (``none``:
 
 Run-hours: a run's time comes from finished runs of the same design (``epoch_s`` in their result.json
 history, scaled to the design's epochs), otherwise from a short timed training step on this machine
-(``runners.timing``) scaled by steps per epoch and epochs (evaluation and extraction not included).
+(``runners.timing``) scaled by steps per epoch and epochs. Extraction is added to either: one spectra
+extraction of the run's model timed on this machine (``runners.timing.time_extraction``, measured, not
+modelled) times the run's checkpoints; measured runs spend 0.40-0.48 of their wall time there, so leaving
+it out undercounts by about half. Evaluation is not included.
 """
 
 from __future__ import annotations
@@ -63,7 +66,35 @@ def steps_per_epoch(spec: RunSpec) -> int | None:
     return min(steps, tr["max_steps_per_epoch"]) if tr.get("max_steps_per_epoch") else steps
 
 
-def run_hours(specs: list[RunSpec], runs_dir: Path, time_step: Callable[[dict], float] | None) -> dict:
+def run_hours(
+    specs: list[RunSpec],
+    runs_dir: Path,
+    time_step: Callable[[dict], float] | None,
+    time_extract: Callable[[dict], float] | None = None,
+) -> dict:
+    """dataset name -> {"hours": one run's hours (None: unknown), "source": where they came from}.
+
+    ``time_extract``: seconds of one checkpoint's extraction (added once per checkpoint); None: left out,
+    and the source says so.
+    """
+    out = _training_hours(specs, runs_dir, time_step)
+    by_name = {s.dataset["name"]: s for s in specs}
+    for name, h in out.items():
+        if h["hours"] is None:
+            continue
+        if time_extract is None:
+            h["source"] += "; extraction not included"
+            continue
+        spec = by_name[name]
+        per = time_extract(spec.model_dump())
+        n = len(spec.checkpoints)
+        h["hours"] += per * n / 3600
+        h["source"] += f" + extraction timed here ({per:.2f} s x {n} checkpoints)"
+        h["extract_hours"] = per * n / 3600
+    return out
+
+
+def _training_hours(specs: list[RunSpec], runs_dir: Path, time_step: Callable[[dict], float] | None) -> dict:
     """dataset name -> {"hours": one run's training hours (None: unknown), "source": where it came from}."""
     out = {}
     for spec in specs:
@@ -131,11 +162,13 @@ def plan_study(
     out_dir: Path,
     pilot: Path | None = None,
     time_step: Callable[[dict], float] | None = None,
+    time_extract: Callable[[dict], float] | None = None,
 ) -> dict:
-    """The whole plan: claims, per-run hours per dataset, and run-hours per seed of the design."""
+    """The whole plan: claims, per-run hours per dataset (training, plus extraction when ``time_extract``
+    times it), and run-hours per seed of the design."""
     table, source = _pilot_table(hyp, out_dir, pilot)
     specs = plan_runs(hyp)
-    hours = run_hours(specs, Path(out_dir) / "runs", time_step)
+    hours = run_hours(specs, Path(out_dir) / "runs", time_step, time_extract)
     per_seed = (
         None if any(h["hours"] is None for h in hours.values()) else sum(h["hours"] for h in hours.values())
     )
@@ -200,6 +233,12 @@ def _timed_step(run: dict) -> float:
     return time_training_step(run)
 
 
+def _timed_extract(run: dict) -> float:
+    from runners.timing import time_extraction
+
+    return time_extraction(run)
+
+
 def plan_verb(hyp_path: Path, out_dir: Path, pilot: Path | None, as_json: bool) -> int:
     """The ``plan`` verb: print the plan (a table, or JSON)."""
     from study.schema import load_hypothesis
@@ -207,6 +246,6 @@ def plan_verb(hyp_path: Path, out_dir: Path, pilot: Path | None, as_json: bool) 
     hyp = load_hypothesis(hyp_path)
     if pilot is not None and not Path(pilot).is_file():
         raise StudyError("file not found (expected a tidy table, .parquet or .csv)", str(pilot), "--pilot")
-    plan = plan_study(hyp, out_dir, pilot, _timed_step)
+    plan = plan_study(hyp, out_dir, pilot, _timed_step, _timed_extract)
     print(json.dumps(plan, indent=1, default=float) if as_json else format_plan(plan))
     return 0

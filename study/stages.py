@@ -366,17 +366,6 @@ def collect_table(
     return Collected(table, rows, failed_seeds, missing)
 
 
-def remove_temporaries(folder: Path) -> list[Path]:
-    """Delete what interrupted atomic writes (``vitstudy_core.io``: ``.<name>.<random>.tmp``) left in ``folder``.
-
-    Call it only while holding the folder's lock: a live writer's temporary file looks the same.
-    """
-    found = list(folder.rglob(".*.tmp*")) if folder.is_dir() else []
-    for path in found:
-        path.unlink(missing_ok=True)
-    return found
-
-
 def evaluate(
     hyp: Hypothesis, table: pd.DataFrame, source: str, failed_seeds=None, post_hoc: set[str] | None = None
 ) -> list[ClaimResult]:

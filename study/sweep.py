@@ -35,9 +35,9 @@ import optuna
 import pandas as pd
 
 from analysis.kinds.base import summarise_layers
-from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
+from analysis.verdicts import ClaimResult, format_verdicts
 from runners.datasets.procedural import ProceduralDataset
-from study import stages
+from study import registration, stages
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
 from study.tracking import open_tracker
@@ -419,6 +419,7 @@ def run_sweep(
     optuna_study = open_optuna_study(hyp, out_dir, url, str(hyp_path))
     target = n_trials or hyp.sweep.n_trials or hyp.sweep.grid_size()
     trained: list[str] = []
+    reg = registration.register(sweep_dir, hyp, data_existed=(sweep_dir / "verdicts.json").exists())
     with open_tracker(track, out_dir, f"{hyp.name}.sweep", role="sweep") as tracker:
         tracker.set_tags(
             None,
@@ -451,11 +452,7 @@ def run_sweep(
         trials = trials_table(optuna_study, hyp)
         table = sweep_table(trials, hyp, out_dir)
         knob_claims = [c for c in hyp.claims if c.knob() is not None]
-        results = (
-            evaluate_claims(hyp.model_copy(update={"claims": knob_claims}), table, source=str(hyp_path))
-            if knob_claims and len(table)
-            else []
-        )
+        results = registration.evaluate_registered(reg, hyp, knob_claims, table, str(hyp_path))
         accuracy_warnings(results, knob_claims, trials)
         paths = write_sweep_outputs(sweep_dir, hyp_path, trials, table, results, command)
         report_path = None

@@ -495,9 +495,13 @@ class Tracker:
 
 def _source_tags(source: dict) -> dict[str, str]:
     """Tags of an imported run (``result.json``'s ``source``): ``source.kind``, ``source.path``,
-    ``source.fingerprint``, ``source.format``, ``source.mapping`` and ``source.state_dict_key``."""
+    ``source.fingerprint``, ``source.format``, and the source's own ``tag_fields`` (``runners.sources``:
+    ``source.mapping`` of a table, ``source.state_dict_key`` of checkpoints)."""
+    from runners.sources import SOURCES
+
     tags = {f"source.{k}": str(source[k]) for k in ("kind", "path", "fingerprint", "format") if k in source}
-    for k in ("mapping", "state_dict_key"):
+    entry = SOURCES.get(str(source.get("kind")), None)
+    for k in entry.tag_fields if entry is not None else ():
         if source.get(k) is not None:
             value = source[k] if isinstance(source[k], str) else json.dumps(source[k], sort_keys=True)
             tags[f"source.{k}"] = value[:_TAG_MAX]

@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,15 @@ def _same(a, b, where: str = "") -> None:
             _same(x, y, f"{where}[{i}]")
     elif isinstance(a, float) or isinstance(b, float):
         assert a is not None and b is not None, f"{where}: {a} != {b}"
-        assert math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-12), f"{where}: {a!r} != {b!r}"
+        # The display-only MixedLM (details.mixed_model) is an iterative REML fit whose starting point is
+        # statsmodels' own optimiser: its numbers move by up to ~4e-6 relative (variance components) between statsmodels releases. Every number
+        # a verdict rests on (effect, CI, p, per-seed values) must match to 1e-12.
+        tol = 1e-5 if ".mixed_model." in where else 1e-12
+        assert math.isclose(a, b, rel_tol=tol, abs_tol=1e-12), f"{where}: {a!r} != {b!r}"
+    elif isinstance(a, str) and isinstance(b, str) and "REML refined" in a:
+        # the same display-fit warning; the refinement's gain (~1e-12 log-likelihood) is optimiser noise
+        gain = re.compile(r"\(\+[0-9.e+-]+ log-likelihood\)")
+        assert gain.sub("(+g)", a) == gain.sub("(+g)", b), f"{where}: {a!r} != {b!r}"
     else:
         assert a == b, f"{where}: {a!r} != {b!r}"
 

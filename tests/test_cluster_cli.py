@@ -13,9 +13,7 @@ import pytest
 
 from runners.leases import FileLeaseStore
 from study.cluster import submit_command
-from tests.conftest import TINY_HYPOTHESIS
-from tests.test_scale import env_for, fresh_database
-from tests.test_sweep import TINY_SWEEP
+from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for, fresh_database
 
 REPO = Path(__file__).resolve().parents[1]
 

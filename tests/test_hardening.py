@@ -156,3 +156,77 @@ def test_bad_tracking_uri_is_one_line(tiny_yaml, tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "MLFLOW_TRACKING_URI" in err, err
     assert not (tmp_path / "out" / "runs").exists()  # nothing trained
+
+
+def _truncate(path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_doctor_reports_every_damage_before_repairing_any(tiny_yaml, tmp_path, capsys):
+    """A truncated spectra.npz is one finding among the others (no crash); --repair touches nothing until
+    the whole report is printed, then restores the run from the store's intact copy."""
+    from mlflow.tracking import MlflowClient
+
+    from study.doctor import doctor
+    from study.tracking import default_tracking_uri, training_runs
+    from vitstudy_core.locks import run_lock_path
+
+    out = tmp_path / "out"
+    assert main(["run", str(tiny_yaml), "--out", str(out), "--workers", "1", "--no-report"]) == 0
+    client = MlflowClient(default_tracking_uri(out))
+    children = training_runs(client)
+    key = children[0].data.tags["run_key"]
+    spectra = out / "runs" / key / "spectra.npz"
+    intact = spectra.read_bytes()
+    _truncate(spectra)
+    partial = out / "runs" / "0123456789abcdef"
+    partial.mkdir()
+    lock = run_lock_path(out / "runs", partial.name)
+    lock.write_text("")
+    # a RUNNING child under a FINISHED parent, and a child whose run_key tag was deleted
+    parent_id = children[0].data.tags["mlflow.parentRunId"]
+    ghost = client.create_run(
+        children[0].info.experiment_id, tags={**children[0].data.tags, "run_key": "e" * 16}
+    )
+    untagged = children[1].info.run_id
+    client.delete_tag(untagged, "run_key")
+    assert client.get_run(parent_id).info.status == "FINISHED"
+
+    capsys.readouterr()
+    assert main(["doctor", "--out", str(out)]) == 1
+    report = capsys.readouterr().out
+    for kind in ("damaged_run", "orphan", "stale_partial", "running_child", "untagged_child"):
+        assert kind in report, report
+    assert "the store holds a copy" in report and lock.exists()
+
+    lines: list[str] = []
+
+    def log(line: str) -> None:
+        if not any(x.startswith("repair:") for x in lines):
+            assert lock.exists(), f"deleted before the report was complete (at {line!r})"
+        lines.append(line)
+
+    assert doctor(out, repair=True, log=log) in (0, 1)
+    assert not lock.exists() and spectra.read_bytes() == intact
+    assert client.get_run(ghost.info.run_id).info.status == "KILLED"
+    assert client.get_run(untagged).info.lifecycle_stage == "deleted"
+    fixed = lines[next(i for i, x in enumerate(lines) if x.startswith("repair:")) :]
+    assert all(
+        "[repaired]" in line for line in fixed if line.startswith(("damaged_run", "running_child", "untagged"))
+    ), fixed
+    assert len([x for x in lines[: len(lines) - len(fixed)] if x.startswith("damaged_run")]) == 1
+
+
+def test_doctor_never_shrinks_a_table(tiny_yaml, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", str(tiny_yaml), "--out", str(out), "--workers", "1", "--no-report", "--no-mlflow"]) == 0
+    table = out / "studies" / "tiny" / "table.parquet"
+    before = table.read_bytes()
+    key = sorted(p for p in (out / "runs").iterdir() if p.is_dir())[0]
+    (key / "result.json").unlink()
+    capsys.readouterr()
+    main(["doctor", "--out", str(out), "--repair"])
+    report = capsys.readouterr().out
+    assert "rebuild 2 of the 3" in report and "report only" in report, report
+    assert table.read_bytes() == before  # not rewritten with 2 of 3 seeds while verdicts.json says 3

@@ -131,7 +131,16 @@ def test_plan_verb_table_and_json(tmp_path, capsys, monkeypatch):
     assert dip["effect"] == 1.0 and dip["effect_from"] == "declared" and dip["n_pilot"] == 3
     assert dip["alpha"] == 0.05 and dip["floor"] == 0
     assert kendall["effect_from"] == "pilot" and kendall["floor"] == 5  # sign-flip p >= 2^-S
-    assert plan["per_run"]["objects"] == {"hours": 72.0 / 3600, "source": "finished runs (epoch_s)"}
+    assert plan["per_run"]["objects"] == {
+        "hours": 72.0 / 3600,
+        "source": "finished runs (epoch_s); extraction not included",
+    }
+    # extraction, timed (here a stand-in of 3 s per checkpoint), is added once per checkpoint
+    n_ckpt = len(spec.checkpoints)
+    timed = plan_study(hyp, out, pilot, time_step=lambda run: 1.0, time_extract=lambda run: 3.0)
+    assert timed["per_run"]["objects"]["hours"] == pytest.approx((72 + 3 * n_ckpt) / 3600)
+    assert f"extraction timed here (3.00 s x {n_ckpt} checkpoints)" in timed["per_run"]["objects"]["source"]
+    assert timed["run_hours_per_seed"] == pytest.approx((72 + 8 + 3 * 3 * n_ckpt) / 3600)
     # the other two datasets were timed: 1 s per step x 2 steps per epoch x 2 epochs
     assert plan["per_run"]["textures"]["hours"] == pytest.approx(4 / 3600)
     assert plan["run_hours_per_seed"] == pytest.approx((72 + 8) / 3600)
@@ -152,6 +161,9 @@ def test_plan_without_pilot_and_bad_pilot(tmp_path, capsys, tiny_yaml):
         got["pilot"] is None and got["claims"][0]["seeds_80"] is None and got["claims"][0]["effect"] is None
     )
     assert got["per_run"]["objects"]["hours"] > 0 and "timed step" in got["per_run"]["objects"]["source"]
+    # the verb times one real extraction too: it is part of the hours
+    assert "extraction timed here" in got["per_run"]["objects"]["source"]
+    assert 0 < got["per_run"]["objects"]["extract_hours"] < got["per_run"]["objects"]["hours"]
     assert main(["plan", str(path), "--pilot", str(tmp_path / "none.parquet")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--pilot" in err

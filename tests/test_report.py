@@ -4,7 +4,6 @@ what each claim's figures plot for every shipped hypothesis file."""
 from __future__ import annotations
 
 import base64
-import json
 import re
 from pathlib import Path
 
@@ -14,101 +13,15 @@ import pandas as pd
 import pytest
 
 from analysis.figures import t_band
-from analysis.report import ReportInput, build_sections, read_study, subset_text, write_report
-from analysis.table import make_table, rows_from_spectra, save_table
+from analysis.report import ReportInput, build_sections, read_study, subset_text
 from analysis.verdicts import evaluate_claims
 from study.cli import main
 from study.schema import load_hypothesis
+from tests.conftest import make_study, report
 from vitstudy_core.errors import StudyError
 
 ROOT = Path(__file__).parents[1]
 BEHAVIOUR = Path(__file__).parent / "fixtures" / "behaviour"
-LAYERS = ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "norm"]
-SYNTH_HYPOTHESIS = """\
-name: synth
-description: EED% dips at block_02 (synthetic spectra, planted dip)
-design:
-  datasets: [{name: objects, variant: objects, n_train: 64, n_test: 32, image_size: 8}]
-  model: {preset: vit_cpu12, embed_dim: 16, depth: 3, num_heads: 2}
-  training: {epochs: 2, batch_size: 32}
-  seeds: [0, 1, 2]
-  checkpoints: [0, 2]
-  probe: {size: 16}
-claims:
-  - name: dip
-    kind: u_shape
-    metric: eed_pct
-    subset: {dataset: objects}
-    regions: {early: [block_01], bottleneck: [block_02], late: [block_03]}
-  - name: entropy grows with training
-    kind: trend
-    metric: spectral_entropy
-    subset: {dataset: objects, token_set: all}
-    direction: increasing
-    layers: [block_01, norm]
-"""
-
-
-def _spectrum(rng: np.random.Generator, decay: float, d: int = 16) -> np.ndarray:
-    return np.exp(-decay * np.arange(d)) * (1 + 0.05 * rng.random(d))
-
-
-def make_study(root: Path, covariances: bool = True) -> Path:
-    """A study folder as ``run`` leaves it, from synthetic spectra (a dip at block_02), plus run folders."""
-    root.mkdir(parents=True, exist_ok=True)
-    hyp_path = root / "synth.yaml"
-    hyp_path.write_text(SYNTH_HYPOTHESIS)
-    hyp = load_hypothesis(hyp_path)
-    rng = np.random.default_rng(0)
-    rows, keys = [], []
-    for seed in (0, 1, 2):
-        key = f"k{seed:015d}"
-        keys.append(key)
-        spectra = {}
-        for epoch in (0, 2):
-            for layer in LAYERS:
-                decay = 0.6 if (layer == "block_02" and epoch == 2) else 0.2 + 0.02 * seed
-                spectra[f"{epoch}/{layer}/all"] = _spectrum(rng, decay)
-        rows += rows_from_spectra(key, "objects", seed, spectra, LAYERS)
-        run_dir = root / "out" / "runs" / key
-        run_dir.mkdir(parents=True)
-        (run_dir / "result.json").write_text(
-            json.dumps({"status": "finished", "environment": {"torch": "x"}})
-        )
-        if covariances:
-            covs = {}
-            for epoch in (0, 2):
-                for layer in LAYERS:
-                    a = rng.standard_normal((16, 16)).astype(np.float32)
-                    covs[f"{epoch}/{layer}"] = a @ a.T
-            np.savez(run_dir / "covariances.npz", **covs)
-    table = make_table(rows)
-    results = evaluate_claims(hyp, table, source=str(hyp_path))
-    study_dir = root / "out" / "studies" / "synth"
-    study_dir.mkdir(parents=True)
-    save_table(table, study_dir / "table.parquet")
-    claims = [r.to_dict() for r in results]
-    payload = {
-        "hypothesis": "synth",
-        "file": str(hyp_path),
-        "runs": keys,
-        "labels": {k: f"objects/seed{i}" for i, k in enumerate(keys)},
-        "reused": [],
-        "failed": {},
-        "command": f"python -m study run {hyp_path}",
-        "claims": claims,
-    }
-    (study_dir / "verdicts.json").write_text(json.dumps(payload, default=float))
-    (study_dir / "hypothesis.yaml").write_text(SYNTH_HYPOTHESIS)
-    return study_dir
-
-
-def report(study_dir: Path) -> tuple[Path, Path]:
-    """What ``python -m study report`` does: the typed claims from the study's hypothesis file."""
-    hyp = load_hypothesis(study_dir / "hypothesis.yaml")
-    return write_report(study_dir, read_study(study_dir, hyp.name, hyp.description, list(hyp.claims)))
-
-
 def _images(text: str) -> list[bytes]:
     return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([^"]+)"', text)]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_report import make_study, report
+from tests.conftest import make_study, report
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).parent / "artifacts"

@@ -18,28 +18,10 @@ import pandas as pd
 import pytest
 
 from runners.leases import open_lease_store
-from tests.conftest import TINY_HYPOTHESIS
-from tests.test_sweep import TINY_SWEEP
+from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for, fresh_database
 
 REPO = Path(__file__).resolve().parents[1]
 FOUR_RUNS = TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0, 1, 2, 3]")
-
-
-def fresh_database(postgres_url: str, name: str) -> str:
-    """A new empty database on the session's server; returns its URL."""
-    import sqlalchemy as sa
-
-    engine = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    engine.dispose()
-    return postgres_url.rsplit("/", 1)[0] + f"/{name}"
-
-
-def env_for(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    env.update(MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true", **extra)
-    return env
 
 
 def trained_once(leases: str, keys: list[str]) -> None:

@@ -12,8 +12,7 @@ import yaml
 
 from study import stages
 from study.schema import parse_hypothesis
-from tests.conftest import TINY_HYPOTHESIS
-from tests.test_table_snapshot import write_runs
+from tests.conftest import TINY_HYPOTHESIS, write_runs
 from vitstudy_core.runfolder import RunFolder
 
 

@@ -19,41 +19,9 @@ from analysis.kinds.base import crossing
 from analysis.verdicts import evaluate_claims
 from study.cli import main
 from study.schema import parse_hypothesis
+from tests.conftest import TINY_SWEEP
 
 ROOT = Path(__file__).parents[1]
-TINY_SWEEP = """\
-name: tiny_sweep
-description: a seconds-long sweep for tests
-design:
-  datasets: [{name: objects, variant: objects, n_train: 64, n_test: 32, image_size: 8}]
-  model: {preset: vit_cpu12, embed_dim: 16, depth: 3, num_heads: 2}
-  training: {epochs: 1, batch_size: 32}
-  seeds: [0, 1]
-  checkpoints: [1]
-  probe: {size: 16}
-sweep:
-  dataset: objects
-  space: {texture_reliance: [0.0, 0.5, 1.0]}
-  sampler: grid
-  objective: {metric: eed_pct, summary: min, layers: [block_01, block_02, block_03]}
-claims:
-  - name: eed floor rises with texture reliance
-    kind: ordering
-    metric: eed_pct
-    subset: {token_set: all, epoch: last}
-    over: texture_reliance
-    direction: increasing
-    layers: [block_01, block_02, block_03]
-    summary: min
-  - name: eed grows with texture reliance
-    kind: trend
-    metric: eed_pct
-    subset: {token_set: all}
-    over: texture_reliance
-    direction: increasing
-    layers: [block_01, block_02, block_03]
-    level: 50.0
-"""
 
 
 def _doc(**sweep) -> dict:

@@ -87,7 +87,9 @@ U = {
 def planted(monkeypatch):
     def use(effect: float) -> PlantedSource:
         src = PlantedSource(effect)
-        monkeypatch.setitem(runners.sources.SOURCES, "train", src)
+        train = runners.sources.SOURCES["train"]  # the registry is read-only: stand in for its runs only
+        for method in ("check", "prepare", "fill"):
+            monkeypatch.setattr(train, method, getattr(src, method))
         return src
 
     return use
@@ -129,6 +131,26 @@ def test_goes_to_the_maximum_on_a_null(tmp_path, planted):
     src.filled.clear()
     assert _run(path, tmp_path / "out", "--until-decided", "--max-seeds", "7", "--batch", "2") == 0
     assert src.filled == []
+
+
+def test_undecided_claims_record_the_levels_they_were_tested_at(tmp_path, planted):
+    """Two confirmatory claims that never cross: each was tested at its Holm share (alpha / 2) with
+    t-calibrated levels, and verdicts.json says so (not the full alpha)."""
+    from analysis.sequential import nominal_levels
+
+    planted(0.0)
+    other = dict(DIFF, name="higher_too", b={"layers": ["block_03"]}, a={"layers": ["block_02"]})
+    path = _write(tmp_path, [DIFF, other])
+    assert _run(path, tmp_path / "out", "--until-decided", "--max-seeds", "7", "--batch", "2") == 0
+    v = json.loads((tmp_path / "out/studies/tiny/verdicts.json").read_text())
+    undecided = [c for c in v["claims"] if c["verdict"] == "INCONCLUSIVE"]
+    assert [c["name"] for c in undecided] == ["higher"], [c["verdict"] for c in v["claims"]]
+    for claim in undecided:
+        seq = claim["sequential"]
+        assert seq["level"] == pytest.approx(0.025)
+        want = nominal_levels([3 / 7, 5 / 7, 1.0], 0.025, "obf", [3, 5, 7])
+        np.testing.assert_allclose([lk["nominal"] for lk in seq["looks"]], want)
+        assert "alpha 0.025" in claim["reason"]
 
 
 def test_bad_sequential_options_are_one_line_errors(tmp_path, planted, capsys):

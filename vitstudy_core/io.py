@@ -91,3 +91,19 @@ def cached_arrays(
     arrays = build()
     atomic_save_npz(path, **arrays)
     return tuple(arrays[n] for n in names)
+
+
+TEMPORARY_GLOB = ".*.tmp*"  # what atomic_path names its temporaries: '.<name>.<random>.tmp[.npz]'
+
+
+def remove_temporaries(folder: str | Path) -> list[Path]:
+    """Delete what interrupted atomic writes (:func:`atomic_path`) left anywhere under ``folder``.
+
+    Call it only while holding the folder's lock: a live writer's temporary file looks the same.
+    Returns the paths removed.
+    """
+    folder = Path(folder)
+    found = list(folder.rglob(TEMPORARY_GLOB)) if folder.is_dir() else []
+    for path in found:
+        path.unlink(missing_ok=True)
+    return found

@@ -1,0 +1,214 @@
+"""Pre-registration binds what it says (``study.registration``): ``--force``, hand-edited seeds, a changed
+``--max-seeds``, ``analyze`` and sweeps respect it; region order is not an edit; a new registration is
+recorded. Runs come from the source source of ``tests/test_until_decided.py`` (seconds, no training)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+import runners.sources
+from study.cli import main
+from study.registration import claim_hash
+from study.schema import parse_hypothesis
+from tests.test_until_decided import DIFF, PlantedSource, U, _write
+
+STUDY = "studies/tiny"
+
+
+@pytest.fixture
+def source(monkeypatch):
+    """``source(effect)``: runs are filled by a PlantedSource with that effect."""
+
+    def use(effect: float) -> PlantedSource:
+        src = PlantedSource(effect)
+        monkeypatch.setitem(runners.sources.SOURCES, "train", src)
+        return src
+
+    return use
+
+
+def _run(path, out, *extra) -> int:
+    return main(["run", path, "--out", str(out), "--no-mlflow", "--workers", "1", "--no-report", *extra])
+
+
+def _verdicts(out) -> dict:
+    return json.loads((out / STUDY / "verdicts.json").read_text())
+
+
+def _status(out) -> dict[str, str]:
+    return {c["name"]: c["registration"]["status"] for c in _verdicts(out)["claims"]}
+
+
+def test_force_after_an_edit_keeps_the_claim_post_hoc(tmp_path, source, capsys):
+    source(0.5)
+    out = tmp_path / "out"
+    path = _write(tmp_path, [DIFF, U])
+    assert _run(path, out) == 0
+    edited = dict(U, regions={"early": ["pos_embed"], "bottleneck": ["block_02"], "late": ["norm"]})
+    _write(tmp_path, [DIFF, edited])
+    time.sleep(1.1)
+    # straight to --force: every run retrained (bitwise the same), yet the data existed before the edit
+    assert _run(path, out, "--force") == 0
+    assert _status(out) == {"higher": "pre-registered", "dip": "post hoc"}
+    assert _run(path, out, "--force") == 0  # and again: post hoc is sticky
+    assert _status(out)["dip"] == "post hoc"
+    reg = json.loads((out / STUDY / "registration.json").read_text())
+    assert [e["name"] for e in reg["post_hoc"].values()] == ["dip"]
+    # until the user starts a new registration, which is recorded; retrained after it, it is pre-registered
+    capsys.readouterr()
+    assert _run(path, out, "--force", "--new-registration", "regions fixed before new data") == 0
+    assert _status(out) == {"higher": "pre-registered", "dip": "pre-registered"}
+    reg = json.loads((out / STUDY / "registration.json").read_text())
+    assert reg["history"][-1]["reason"] == "regions fixed before new data"
+    assert len(reg["history"][-1]["previous"]["claims"]) == 3
+    assert "new_registration" in _verdicts(out)["claims"][0]["registration"]
+
+
+def test_new_registration_without_new_data_is_still_post_hoc(tmp_path, source):
+    source(0.5)
+    out = tmp_path / "out"
+    path = _write(tmp_path, [DIFF])
+    assert _run(path, out) == 0
+    time.sleep(1.1)
+    assert _run(path, out, "--new-registration", "re-reading") == 0
+    assert _status(out) == {"higher": "post hoc"}  # the runs finished before the new registration
+
+
+def test_hand_edited_seeds_are_flagged(tmp_path, source, capsys):
+    source(0.0)
+    out = tmp_path / "out"
+    path = _write(tmp_path, [DIFF], seeds=(0, 1, 2))
+    assert _run(path, out) == 0
+    assert _status(out) == {"higher": "pre-registered"}
+    _write(tmp_path, [DIFF], seeds=(0, 1, 2, 3, 4))
+    capsys.readouterr()
+    assert _run(path, out) == 0
+    printed = capsys.readouterr().out
+    assert _status(out) == {"higher": "post hoc"}
+    assert "seeds edited from [0, 1, 2] to [0, 1, 2, 3, 4]" in printed
+    reg = json.loads((out / STUDY / "registration.json").read_text())
+    assert reg["edits"] == [{"at": reg["edits"][0]["at"], "what": "seeds", "from": [0, 1, 2], "to": [0, 1, 2, 3, 4]}]
+
+
+def test_changed_max_seeds_is_refused_in_one_line(tmp_path, source, capsys):
+    source(0.0)
+    out = tmp_path / "out"
+    path = _write(tmp_path, [DIFF])
+    assert _run(path, out, "--until-decided", "--max-seeds", "5", "--batch", "2") == 0
+    before = (out / STUDY / "verdicts.json").read_text()
+    capsys.readouterr()
+    assert _run(path, out, "--until-decided", "--max-seeds", "9", "--batch", "2") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-seeds 5 --batch 2" in err and "--max-seeds 9" in err, err
+    assert _run(path, out) == 2  # dropping the plan is a change too
+    assert (out / STUDY / "verdicts.json").read_text() == before
+    assert _run(path, out, "--until-decided", "--max-seeds", "5", "--batch", "2") == 0  # the same plan
+
+
+def test_looks_added_to_a_design_tested_without_them_are_refused(tmp_path, source, capsys):
+    source(0.0)
+    out = tmp_path / "out"
+    path = _write(tmp_path, [DIFF])
+    assert _run(path, out) == 0
+    capsys.readouterr()
+    assert _run(path, out, "--until-decided", "--max-seeds", "9") == 2
+    assert "no sequential plan" in capsys.readouterr().err
+
+
+def test_analyze_shows_the_registration(tmp_path, source, capsys):
+    source(0.5)
+    out = tmp_path / "out"
+    path = _write(tmp_path, [DIFF, U])
+    assert _run(path, out) == 0
+    table = str(out / STUDY / "table.parquet")
+    capsys.readouterr()
+    assert main(["analyze", path, "--table", table, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert [c["registration"]["status"] for c in got] == ["pre-registered"] * 2
+    # a claim edited after the table exists: analyze never prints it as plain ACCEPTED
+    edited = dict(DIFF, a={"layers": ["norm"]})  # norm is 1.0 above block_02: ACCEPTED
+    _write(tmp_path, [edited, U])
+    assert main(["analyze", path, "--table", table]) == 0
+    printed = capsys.readouterr().out
+    row = next(line for line in printed.splitlines() if line.startswith("higher "))
+    assert "ACCEPTED (post hoc)" in row, printed
+    assert "not in the registration" in printed
+    # a table with no registration beside it says so
+    bare = tmp_path / "elsewhere" / "table.parquet"
+    bare.parent.mkdir()
+    bare.write_bytes((out / STUDY / "table.parquet").read_bytes())
+    assert main(["analyze", path, "--table", str(bare)]) == 0
+    assert "registration: none beside" in capsys.readouterr().out
+
+
+def test_region_layers_in_another_order_are_not_an_edit(tmp_path, source):
+    base = parse_hypothesis(yaml.safe_load(open(_write(tmp_path, [U]))), "h.yaml")
+    flipped = dict(U, regions={"early": ["pos_embed"], "bottleneck": ["block_02"], "late": ["block_03"]})
+    flipped["regions"]["early"] = ["patch_embed", "pos_embed"]
+    a = parse_hypothesis(yaml.safe_load(open(_write(tmp_path, [flipped]))), "h.yaml")
+    flipped["regions"]["early"] = ["pos_embed", "patch_embed"]
+    b = parse_hypothesis(yaml.safe_load(open(_write(tmp_path, [flipped]))), "h.yaml")
+    assert claim_hash(a.claims[0]) == claim_hash(b.claims[0]) != claim_hash(base.claims[0])
+    cond = dict(DIFF, a={"layers": ["block_01", "block_02"]})
+    c1 = parse_hypothesis(yaml.safe_load(open(_write(tmp_path, [cond]))), "h.yaml")
+    cond["a"] = {"layers": ["block_02", "block_01"]}
+    c2 = parse_hypothesis(yaml.safe_load(open(_write(tmp_path, [cond]))), "h.yaml")
+    assert claim_hash(c1.claims[0]) == claim_hash(c2.claims[0])
+    # end to end: reordered regions after the data exist stay pre-registered
+    source(0.5)
+    out = tmp_path / "out"
+    flipped["regions"]["early"] = ["patch_embed", "pos_embed"]
+    path = _write(tmp_path, [flipped])
+    assert _run(path, out) == 0
+    flipped["regions"]["early"] = ["pos_embed", "patch_embed"]
+    _write(tmp_path, [flipped])
+    time.sleep(1.1)
+    assert _run(path, out) == 0
+    assert _status(out) == {"dip": "pre-registered"}
+
+
+def test_registrations_written_before_canonical_hashes_still_count(tmp_path, source):
+    """A registration.json keyed by the old hash (the plain model dump) is recognised, not re-registered."""
+    from vitstudy_core.hashing import digest
+
+    source(0.5)
+    out = tmp_path / "out"
+    path = _write(tmp_path, [U])
+    assert _run(path, out) == 0
+    reg_path = out / STUDY / "registration.json"
+    reg = json.loads(reg_path.read_text())
+    (h, entry), claim = next(iter(reg["claims"].items())), parse_hypothesis(yaml.safe_load(open(path)), path).claims[0]
+    reg["claims"] = {digest(claim.model_dump(mode="json")): entry}
+    reg_path.write_text(json.dumps(reg))
+    time.sleep(1.1)
+    assert _run(path, out) == 0
+    assert _status(out) == {"dip": "pre-registered"}
+    assert json.loads(reg_path.read_text())["claims"][h]["registered_at"] == entry["registered_at"]
+
+
+@pytest.mark.parametrize("edit_claim", [False, True])
+def test_sweep_claims_are_registered(tmp_path, source, edit_claim):
+    from tests.test_sweep import TINY_SWEEP
+
+    source(0.0)
+    doc = yaml.safe_load(TINY_SWEEP)
+    doc["design"]["checkpoints"], doc["design"]["training"]["epochs"] = [2], 2
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "--no-mlflow", "--no-report", "--workers", "1"]) == 0
+    sweep_dir = out / "sweeps" / "tiny_sweep"
+    reg = json.loads((sweep_dir / "registration.json").read_text())
+    assert sorted(e["name"] for e in reg["claims"].values()) == sorted(c["name"] for c in doc["claims"])
+    claims = json.loads((sweep_dir / "verdicts.json").read_text())["claims"]
+    assert [c["registration"]["status"] for c in claims] == ["pre-registered"] * 2
+    if edit_claim:
+        doc["claims"][1]["level"] = 40.0
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        assert main(["sweep", str(path), "--out", str(out), "--no-mlflow", "--no-report", "--workers", "1"]) == 0
+        claims = json.loads((sweep_dir / "verdicts.json").read_text())["claims"]
+        assert [c["registration"]["status"] for c in claims] == ["pre-registered", "post hoc"]

@@ -1,0 +1,201 @@
+"""One contract over every registered run source (as ``tests/test_kind_contract.py`` has one over every
+claim kind).
+
+A source passes when it is registered under its own name with a settings model whose ``kind`` is that name
+(or none, for the source of designs without a ``source`` section), its example design validates through the
+real hypothesis schema and selects it, ``check`` refuses a missing path with one line naming it, and
+``fill`` on a tiny fixture leaves a finished run folder as ``vitstudy_core.runfolder`` defines it. A new
+source adds its fixture to :data:`FIXTURES` (the test fails until it does).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.table import COLUMNS
+from runners.sources import DEFAULT_SOURCE, SOURCES, ImportedSettings
+from study.runspecs import plan_runs
+from study.schema import SOURCE_TAGS, parse_hypothesis
+from vitstudy_core.errors import StudyError
+from vitstudy_core.layers import layer_names
+from vitstudy_core.runfolder import RunFolder, parse_spectrum_key
+from vitstudy_core.settings import Strict
+
+DESIGN = {
+    "datasets": [{"name": "objects", "n_train": 32, "n_test": 16, "image_size": 8}],
+    "model": {"preset": "vit_cpu12", "embed_dim": 16, "depth": 3, "num_heads": 2},
+    "training": {"epochs": 1, "batch_size": 16},
+    "seeds": [0],
+    "probe": {"size": 16},
+}
+CLAIM = {
+    "name": "c",
+    "kind": "compare",
+    "metric": "effective_rank",
+    "subset": {"dataset": "objects"},
+    "a": {"layers": ["block_01"]},
+    "b": {"layers": ["block_02"]},
+}
+
+
+def _doc(**design) -> dict:
+    return {"name": "contract", "design": {**copy.deepcopy(DESIGN), **design}, "claims": [CLAIM]}
+
+
+def _run(doc: dict) -> dict:
+    (spec,) = plan_runs(parse_hypothesis(doc, "contract.yaml"))
+    return spec.model_dump()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """One tiny run filled by the training source (its ``checkpoints/`` feed the checkpoints fixture)."""
+    root = tmp_path_factory.mktemp("trained")
+    run = _run(_doc(checkpoints=[0, 1]))
+    result = SOURCES["train"].fill(run, root / "run", root / "data")
+    assert result["status"] == "finished", result.get("error")
+    return root / "run"
+
+
+def _train_fixture(tmp_path: Path, trained: Path) -> dict:
+    return _doc(checkpoints=[0, 1])
+
+
+def _checkpoints_fixture(tmp_path: Path, trained: Path) -> dict:
+    return _doc(checkpoints=[0, 1], source={"kind": "checkpoints", "path": str(trained / "checkpoints")})
+
+
+def _table_fixture(tmp_path: Path, trained: Path) -> dict:
+    lines = [
+        {"epoch": ep, "layers": {layer: {"effective_rank": 1.0 + ep + i} for i, layer in enumerate(layer_names(3))}}
+        for ep in (1, 2)
+    ]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return _doc(datasets=[{"name": "objects", "kind": "external"}], source={"kind": "table", "path": str(log)})
+
+
+FIXTURES: dict[str, Callable[[Path, Path], dict]] = {
+    "train": _train_fixture,
+    "checkpoints": _checkpoints_fixture,
+    "table": _table_fixture,
+}
+
+
+def test_every_source_has_a_fixture():
+    assert set(FIXTURES) == set(SOURCES)
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_registered_under_its_kind_with_its_settings(name):
+    entry = SOURCES.get(name)
+    assert entry.name == name and SOURCES.names().count(name) == 1
+    if entry.settings is None:
+        assert name == DEFAULT_SOURCE  # only the source of a design without a ``source`` section has none
+        return
+    assert issubclass(entry.settings, ImportedSettings) and issubclass(entry.settings, Strict)
+    assert entry.settings.model_fields["kind"].annotation.__args__ == (name,)
+    assert entry.example["source"]["kind"] == name
+    assert all(isinstance(f, str) for f in entry.tag_fields)
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_example_validates_through_the_schema(name):
+    entry = SOURCES.get(name)
+    hyp = parse_hypothesis(_doc(**copy.deepcopy(entry.example)), "contract.yaml")
+    assert hyp.design.run_source is entry
+    if entry.settings is None:
+        assert hyp.design.source is None
+    else:
+        assert type(hyp.design.source) is entry.settings
+    given = entry.example.get("checkpoints")
+    expected = sorted(set(given)) if given else entry.default_epochs(DESIGN["training"]["epochs"])
+    assert hyp.design.checkpoint_epochs == expected
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_check_refuses_a_missing_path_with_one_line(name, tmp_path):
+    entry, missing = SOURCES.get(name), tmp_path / "nowhere"
+    doc = _doc(**copy.deepcopy(entry.example))
+    if entry.settings is None:  # training reads a dataset folder
+        doc["design"]["datasets"] = [{"name": "objects", "kind": "imagefolder", "path": str(missing)}]
+    else:  # an imported source reads its files: the example's path, moved under a folder that is not there
+        doc["design"]["source"]["path"] = str(missing) + doc["design"]["source"]["path"]
+    with pytest.raises(StudyError) as err:
+        entry.check(_run(doc))
+    assert "\n" not in str(err.value) and str(missing) in str(err.value)
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_fill_leaves_a_finished_run_folder(name, tmp_path, trained):
+    entry = SOURCES.get(name)
+    run = _run(FIXTURES[name](tmp_path, trained))
+    assert run["source"] == name
+    entry.check(run)
+    entry.prepare(run, tmp_path / "data")
+    lines: list[str] = []
+    result = entry.fill(run, tmp_path / "run", tmp_path / "data", progress=lines.append)
+    folder = RunFolder(tmp_path / "run")
+    assert folder.is_finished() and result["status"] == "finished" and "n_tokens" in result
+    assert folder.read_result() == json.loads(json.dumps(result))  # result.json is what fill returned
+    if folder.has_spectra():
+        spectra = folder.read_spectra()
+        assert spectra and {parse_spectrum_key(k)[0] for k in spectra} == set(run["checkpoints"])
+    else:
+        rows = folder.read_rows()
+        assert isinstance(rows, pd.DataFrame) and list(rows.columns) == list(COLUMNS) and len(rows)
+    if name != DEFAULT_SOURCE:
+        assert result["source"]["kind"] == name and result["source"]["fingerprint"] == run["imported"]["fingerprint"]
+
+
+@pytest.mark.parametrize(
+    "design,expected",
+    [
+        ({"checkpoints": [0, 9]}, "design: checkpoint epoch 9 outside 0..1"),
+        (
+            {"datasets": [{"name": "objects", "kind": "external"}]},
+            "design.datasets: dataset 'objects' (kind external) needs a table source",
+        ),
+        (
+            {"checkpoints": [1], "source": {"kind": "checkpoints", "path": "/c"}, "seeds": [0, 1]},
+            "design.source.path: expected {seed} in the path (one folder per seed), got '/c'",
+        ),
+        (
+            {
+                "checkpoints": [1],
+                "source": {"kind": "checkpoints", "path": "/c/{seed}"},
+                "datasets": [{"name": "objects"}, {"name": "b"}],
+            },
+            "design.source.path: expected {dataset} in the path (several datasets)",
+        ),
+        (
+            {"checkpoints": [1], "source": {"kind": "checkpoints", "paths": {0: "/a"}}, "seeds": [0, 1]},
+            "design.source.paths: expected one path per seed [0, 1], got seeds [0]",
+        ),
+        (
+            {"source": {"kind": "checkpoints", "path": "/c"}},
+            "design.checkpoints: required with a checkpoints source (the epochs to import)",
+        ),
+        (
+            {"source": {"kind": "table", "path": "/c", "layers": {"x": "block_99/cls"}}},
+            "design.source.layers.x: unknown layer 'block_99'; expected one of "
+            "['patch_embed', 'pos_embed', 'block_01', 'block_02', 'block_03', 'norm']",
+        ),
+        (
+            {"source": {"kind": "nope", "path": "/c"}},
+            "design.source: Input tag 'nope_source' found using _source_kind() does not match any of the "
+            "expected tags: " + ", ".join(f"'{tag}'" for tag in SOURCE_TAGS),  # every imported source's tag
+        ),
+    ],
+)
+def test_design_checks_keep_their_words(design, expected):
+    """The plug-ins' design checks give the messages the schema gave when it held them (same words)."""
+    with pytest.raises(StudyError) as err:
+        parse_hypothesis(_doc(**design), "f.yaml")
+    assert str(err.value) == f"f.yaml: {expected}"
