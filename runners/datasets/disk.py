@@ -118,7 +118,9 @@ def _cache_paths(
     return path, path.with_name(path.stem + ".labels.npy")
 
 
-def _indices(spec: dict, split: str, n_total: int, root: Path, probe_size, probe_seed) -> np.ndarray:
+def _indices(
+    spec: dict, split: str, n_total: int, root: Path, probe_size: int | None, probe_seed: int | None
+) -> np.ndarray:
     """Sorted indices of the split's images: the seeded probe draw, or the seeded ``n_<split>`` subset."""
     if split == "probe":
         if probe_size is None or probe_size > n_total:
