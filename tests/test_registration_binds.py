@@ -10,25 +10,19 @@ import time
 import pytest
 import yaml
 
-import runners.sources
 from study.cli import main
 from study.registration import claim_hash
 from study.schema import parse_hypothesis
-from tests.test_until_decided import DIFF, PlantedSource, U, _write
+from tests.planted import DIFF, U
+from tests.planted import write_planted as _write
 
 STUDY = "studies/tiny"
 
 
 @pytest.fixture
-def source(monkeypatch):
+def source(planted):
     """``source(effect)``: runs are filled by a PlantedSource with that effect."""
-
-    def use(effect: float) -> PlantedSource:
-        src = PlantedSource(effect)
-        monkeypatch.setitem(runners.sources.SOURCES, "train", src)
-        return src
-
-    return use
+    return planted
 
 
 def _run(path, out, *extra) -> int:
