@@ -186,7 +186,7 @@ def test_registrations_written_before_canonical_hashes_still_count(tmp_path, sou
 
 @pytest.mark.parametrize("edit_claim", [False, True])
 def test_sweep_claims_are_registered(tmp_path, source, edit_claim):
-    from tests.test_sweep import TINY_SWEEP
+    from tests.conftest import TINY_SWEEP
 
     source(0.0)
     doc = yaml.safe_load(TINY_SWEEP)
