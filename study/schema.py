@@ -170,7 +170,7 @@ def _objective_kind(v: object) -> str:
 
 
 ObjectiveSpec = Annotated[
-    Union[tuple(Annotated[cls, Tag(name)] for name, cls in OBJECTIVES.items())],  # noqa: UP007 - built at run time
+    Union[tuple(Annotated[OBJECTIVES[name], Tag(name)] for name in objective_names())],  # noqa: UP007 - built at run time
     Discriminator(_objective_kind),
 ]
 
@@ -298,7 +298,8 @@ class Design(Strict):
                 raise _FieldError(
                     "design.objective", f"expected {names} or a preset {preset_names()}, got {obj!r}"
                 )
-        found = find_preset(obj["preset"]) if isinstance(obj, dict) and obj.get("preset") else None
+        preset = obj.get("preset") if isinstance(obj, dict) else None
+        found = find_preset(preset) if isinstance(preset, str) else None
         if found is not None:
             kind, preset = found
             if kind != obj.get("kind", DEFAULT_OBJECTIVE):

@@ -81,14 +81,16 @@ class ObjectiveSettings(Strict):
     @classmethod
     def _fill_from_preset(cls, data: object) -> object:
         """A known ``preset`` fills the objective's fields the file leaves unset."""
-        if isinstance(data, dict) and data.get("preset") in cls.presets:
-            data = {**cls.presets[data["preset"]].objective, **data}
+        preset = data.get("preset") if isinstance(data, dict) else None
+        if isinstance(preset, str) and preset in cls.presets:
+            data = {**cls.presets[preset].objective, **data}
         return data
 
-    @field_validator("preset")
+    @field_validator("preset", mode="before")
     @classmethod
-    def _known_preset(cls, v: str | None) -> str | None:
-        if v is not None and v not in cls.presets:
+    def _known_preset(cls, v: object) -> object:
+        """One of this objective's presets (the message pydantic gives for a ``Literal`` of their names)."""
+        if v is not None and not (isinstance(v, str) and v in cls.presets):
             names = [repr(p) for p in cls.presets]
             expected = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
             raise ValueError(f"Input should be {expected}" if names else "this objective has no presets")
