@@ -24,7 +24,6 @@ from pydantic import (
 from analysis.kinds import KINDS, claim_models
 from analysis.kinds.base import Condition, Subset  # noqa: F401 - part of the schema's public names
 from analysis.observables import ALL_METRICS
-from runners.sources import DEFAULT_SOURCE, SOURCES, DesignFacts, RunSource
 from runners.models import ModelSpec, TimmModel
 from runners.objectives import (
     DEFAULT_OBJECTIVE,
@@ -34,6 +33,7 @@ from runners.objectives import (
     objective_names,
     preset_names,
 )
+from runners.sources import DEFAULT_SOURCE, SOURCES, DesignFacts, RunSource
 from vitstudy_core.errors import StudyError
 from vitstudy_core.knobs import INTEGER_KNOBS, Knob
 from vitstudy_core.layers import TokenSet, layer_names
