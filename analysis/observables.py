@@ -1,8 +1,12 @@
 """Activation-level observables that are not functions of the covariance eigenvalues.
 
-Plain numpy functions (this module never imports torch); ``runners.extract`` calls them at extraction
-time and stores their values with the run (``scalars.json``, key ``"{epoch}/{layer}/{token_set}/{name}"``)
-so the tidy table carries them next to the eigenvalue metrics and claims can name them.
+Plain numpy functions (this module never imports torch), registered in :data:`OBSERVABLES` with what
+they are computed on: ``"covariance"`` (the centred ``(D, D)`` covariance of a point and token set) or
+``"sample"`` (the fixed, seeded ``(m, D)`` token subsample of it). ``runners.extract`` computes every
+registered observable at extraction time and stores the values with the run (``scalars.json``, key
+``"{epoch}/{layer}/{token_set}/{name}"``) so the tidy table carries them next to the eigenvalue metrics
+and claims can name them. Adding one is one ``@register_observable(NAME, on=...)`` function here (plus
+its test; ``tests/test_observables.py`` checks every entry).
 
 ================  ===================================================================  ===============
 name              formula (computed on)                                                range
@@ -22,16 +26,68 @@ twonn_id          TwoNN intrinsic dimension (Facco et al. 2017) of the fixed see
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
 import numpy as np
 
 from analysis.spectral import METRICS
+from vitstudy_core.registry import Registry
 
-OBSERVABLES: tuple[str, ...] = ("cosine_anisotropy", "diagonality", "twonn_id")
-ALL_METRICS: tuple[str, ...] = tuple(sorted(set(METRICS) | set(OBSERVABLES)))
+Input = Literal["covariance", "sample"]
+INPUTS: tuple[Input, ...] = ("covariance", "sample")
+
+
+@dataclass(frozen=True)
+class Observable:
+    """A registered observable: ``fn`` of the input named by ``on`` -> one float (NaN where undefined).
+
+    Attributes:
+        on: ``"covariance"``: ``fn(cov)`` with ``cov`` the centred ``(D, D)`` float64 covariance;
+            ``"sample"``: ``fn(x)`` with ``x`` the ``(m, D)`` seeded token subsample (raw activations).
+        fn: the function.
+    """
+
+    on: Input
+    fn: Callable[[np.ndarray], float]
+
+
+def _check(name: str, entry: Observable) -> None:
+    if entry.on not in INPUTS:
+        raise ValueError(f"observable {name!r}: 'on' must be one of {INPUTS}, got {entry.on!r}")
+    if name in METRICS:
+        raise ValueError(f"observable {name!r}: the name is an eigenvalue metric's")
+
+
+OBSERVABLES: Registry[Observable] = Registry("observable", check=_check)
+
+
+def register_observable(name: str, on: Input) -> Callable[[Callable], Callable]:
+    """Decorator: add ``fn`` to :data:`OBSERVABLES` under ``name``, computed on ``on``; returns ``fn``."""
+
+    def wrap(fn: Callable[[np.ndarray], float]) -> Callable[[np.ndarray], float]:
+        OBSERVABLES.register(name, Observable(on, fn))
+        return fn
+
+    return wrap
+
+
+def compute_observables(cov: np.ndarray, sample: np.ndarray) -> dict[str, float]:
+    """Every registered observable of one point and token set, by name (registration order).
+
+    Args:
+        cov: the centred ``(D, D)`` covariance.
+        sample: the ``(m, D)`` seeded token subsample.
+    """
+    inputs = {"covariance": cov, "sample": sample}
+    return {name: entry.fn(inputs[entry.on]) for name, entry in OBSERVABLES.items()}
+
 
 TWONN_DISCARD = 0.1  # Facco et al. 2017: drop the largest 10% of ratios, where the Pareto fit is poorest
 
 
+@register_observable("cosine_anisotropy", on="sample")
 def cosine_anisotropy(x: np.ndarray) -> float:
     """Mean cosine similarity over all distinct pairs of rows of ``x``, uncentred.
 
@@ -53,6 +109,7 @@ def cosine_anisotropy(x: np.ndarray) -> float:
     return float((total @ total - m) / (m * (m - 1)))
 
 
+@register_observable("diagonality", on="covariance")
 def diagonality(cov: np.ndarray) -> float:
     """Off-diagonal share of the absolute mass of the correlation matrix.
 
@@ -77,6 +134,7 @@ def diagonality(cov: np.ndarray) -> float:
     return float((total - np.trace(r)) / total)
 
 
+@register_observable("twonn_id", on="sample")
 def twonn_id(x: np.ndarray, discard_fraction: float = TWONN_DISCARD) -> float:
     """TwoNN intrinsic dimension (Facco, d'Errico, Rodriguez & Laio, Sci. Rep. 2017).
 
@@ -115,3 +173,7 @@ def twonn_id(x: np.ndarray, discard_fraction: float = TWONN_DISCARD) -> float:
     xs, ys = np.log(mu[:keep]), -np.log(1.0 - f[:keep])
     denom = (xs * xs).sum()
     return float((xs * ys).sum() / denom) if denom > 0 else float("nan")
+
+
+# every name a hypothesis file may use as a metric: eigenvalue metrics and observables (after registration)
+ALL_METRICS: tuple[str, ...] = tuple(sorted(set(METRICS) | set(OBSERVABLES)))

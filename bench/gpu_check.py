@@ -478,42 +478,73 @@ RESUME_SMOKE = {
 # CUDA tolerances (module docstring, step 6)
 RESUME_TOL = {"loss_rel": 1e-2, "knn_abs": 0.05, "spectrum_rel": 5e-2, "weights_rel": 5e-2}
 
-# Runs one training run; with PAUSE=EPOCH:STEP it prints MIDEPOCH after that step and sleeps, so the
-# parent can SIGKILL it at a known point in the middle of an epoch (after the step's optimiser update).
-DRIVER = """
-import contextlib, json, os, sys, time
-import runners.train as T
-spec = json.loads(open(sys.argv[1]).read())
-pause = os.environ.get("PAUSE")
-if pause:
-    pe, ps = map(int, pause.split(":"))
+def _killed_mid_epoch(spec_file: Path, run_dir: Path, data: Path) -> dict:
+    """Run ``runners.train_driver`` until the middle of epoch 2 (after step 1), SIGKILL it, run it again.
 
-    @contextlib.contextmanager
-    def progress(label, epoch, epochs, steps, bar):
-        def tick(step, loss, n):
-            if (epoch, step) == (pe, ps):
-                print("MIDEPOCH", flush=True)
-                time.sleep(3600)
-        yield tick
+    Returns the structural figures: how it was killed, the resume file's epoch, nothing finished or half
+    written after the kill, and that the second run resumed after epoch 1.
+    """
+    import torch
 
-    T._epoch_progress = progress
-T.train_run(spec, sys.argv[2], sys.argv[3], progress=lambda line: print(line, flush=True))
-"""
+    from runners.train_driver import start
+
+    proc = start(spec_file, run_dir, data, pause="2:1", stderr=subprocess.STDOUT)
+    line = ""
+    while "MIDEPOCH" not in line:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise RuntimeError(f"the run to be killed exited {proc.returncode} before the pause point")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    state = torch.load(run_dir / "resume.pt", map_location="cpu", weights_only=True)
+    structural = {
+        "killed_by_sigkill": proc.returncode == -signal.SIGKILL,
+        "resume_file_epoch": state["epoch"],
+        "result_absent_after_kill": not (run_dir / "result.json").exists(),
+        "no_temp_files": not list(run_dir.glob("*.tmp*")),
+    }
+    del state
+    proc = start(spec_file, run_dir, data, stderr=subprocess.STDOUT)  # the same command again
+    out, _ = proc.communicate()
+    print(out[-3000:])
+    structural["resumed_after_epoch_1"] = "resuming after epoch 1" in out
+    if proc.returncode != 0:
+        raise RuntimeError(f"resumed run exited {proc.returncode}")
+    return structural
 
 
-def _driver(spec_file: Path, run_dir: Path, data_dir: Path, pause: str | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    env.pop("PAUSE", None)
-    if pause:
-        env["PAUSE"] = pause
-    cmd = [sys.executable, "-c", DRIVER, str(spec_file), str(run_dir), str(data_dir)]
-    return subprocess.Popen(
-        cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+def _compare_runs(a: Path, b: Path, epochs: int) -> dict:
+    """Figures of run ``a`` against run ``b``: bitwise equality and the largest relative differences."""
+    import numpy as np
+    import torch
+
+    ra, rb = (json.loads((d / "result.json").read_text()) for d in (a, b))
+    timing = ("images_per_s", "epoch_s")
+    ha = [{k: v for k, v in h.items() if k not in timing} for h in ra["history"]]
+    hb = [{k: v for k, v in h.items() if k not in timing} for h in rb["history"]]
+    loss_rel = max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(ha, hb, strict=True))
+    knn_abs = max(abs(x["knn_acc"] - y["knn_acc"]) for x, y in zip(ha, hb, strict=True))
+    with np.load(a / "spectra.npz") as fa, np.load(b / "spectra.npz") as fb:
+        keys_match = sorted(fa.files) == sorted(fb.files)
+        spectra_equal = keys_match and all(np.array_equal(fa[k], fb[k]) for k in fa.files)
+        spec_rel = max(abs(fa[k].sum() - fb[k].sum()) / max(abs(fb[k].sum()), 1e-30) for k in fb.files)
+    last = f"epoch_{epochs:03d}.pt"
+    wa, wb = (torch.load(d / "checkpoints" / last, weights_only=True)["model"] for d in (a, b))
+    weights_equal = all(torch.equal(wa[k], wb[k]) for k in wb)
+    w_rel = max(
+        float((wa[k].float() - wb[k].float()).norm() / wb[k].float().norm().clamp_min(1e-30)) for k in wb
     )
+    return {
+        "bitwise": ha == hb and spectra_equal and weights_equal,
+        "keys_match": keys_match,
+        "loss_rel_max": loss_rel,
+        "knn_abs_max": knn_abs,
+        "spectrum_rel_max": spec_rel,
+        "weights_rel_max": w_rel,
+    }
 
 
 def step_resume(rep: Report, work: Path) -> bool:
-    import numpy as np
     import torch
 
     from runners.datasets import load_split
@@ -528,66 +559,17 @@ def step_resume(rep: Report, work: Path) -> bool:
     rep.put(
         device="cuda" if cuda else "cpu", compile=run["training"]["compile"] and cuda, tolerance=RESUME_TOL
     )
-
     # 1) uninterrupted, in this process (first: on CUDA it also fills the compile cache the others reuse)
     t0 = time.perf_counter()
     if train_run(run, work / "b", data, progress=print)["status"] != "finished":
         raise RuntimeError("the uninterrupted run failed")
     rep.put(straight_s=time.perf_counter() - t0)
-
-    # 2) killed with SIGKILL in the middle of epoch 2 (after step 1)
-    proc = _driver(spec_file, work / "a", data, pause="2:1")
-    line = ""
-    while "MIDEPOCH" not in line:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            raise RuntimeError(f"the run to be killed exited {proc.returncode} before the pause point")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    state = torch.load(work / "a" / "resume.pt", map_location="cpu", weights_only=False)
-    structural = {
-        "killed_by_sigkill": proc.returncode == -signal.SIGKILL,
-        "resume_file_epoch": state["epoch"],
-        "result_absent_after_kill": not (work / "a" / "result.json").exists(),
-        "no_temp_files": not list((work / "a").glob("*.tmp*")),
-    }
-    del state
-
-    # 3) the same command again
-    proc = _driver(spec_file, work / "a", data)
-    out, _ = proc.communicate()
-    print(out[-3000:])
-    structural["resumed_after_epoch_1"] = "resuming after epoch 1" in out
-    if proc.returncode != 0:
-        raise RuntimeError(f"resumed run exited {proc.returncode}")
+    # 2) killed with SIGKILL in the middle of epoch 2, then 3) the same command again
+    structural = _killed_mid_epoch(spec_file, work / "a", data)
     rep.put(**structural)
-
-    ra = json.loads((work / "a" / "result.json").read_text())
-    rb = json.loads((work / "b" / "result.json").read_text())
-    timing = ("images_per_s", "epoch_s")
-    ha = [{k: v for k, v in h.items() if k not in timing} for h in ra["history"]]
-    hb = [{k: v for k, v in h.items() if k not in timing} for h in rb["history"]]
-    loss_rel = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(ha, hb, strict=True))
-    knn_abs = max(abs(a["knn_acc"] - b["knn_acc"]) for a, b in zip(ha, hb, strict=True))
-    with np.load(work / "a" / "spectra.npz") as fa, np.load(work / "b" / "spectra.npz") as fb:
-        keys_match = sorted(fa.files) == sorted(fb.files)
-        spectra_equal = keys_match and all(np.array_equal(fa[k], fb[k]) for k in fa.files)
-        spec_rel = max(abs(fa[k].sum() - fb[k].sum()) / max(abs(fb[k].sum()), 1e-30) for k in fb.files)
-    last = f"epoch_{run['training']['epochs']:03d}.pt"
-    wa = torch.load(work / "a" / "checkpoints" / last, weights_only=True)["model"]
-    wb = torch.load(work / "b" / "checkpoints" / last, weights_only=True)["model"]
-    weights_equal = all(torch.equal(wa[k], wb[k]) for k in wb)
-    w_rel = max(
-        float((wa[k].float() - wb[k].float()).norm() / wb[k].float().norm().clamp_min(1e-30)) for k in wb
-    )
-    bitwise = ha == hb and spectra_equal and weights_equal
-    rep.put(
-        bitwise=bitwise,
-        loss_rel_max=loss_rel,
-        knn_abs_max=knn_abs,
-        spectrum_rel_max=spec_rel,
-        weights_rel_max=w_rel,
-    )
+    figures = _compare_runs(work / "a", work / "b", run["training"]["epochs"])
+    keys_match = figures.pop("keys_match")
+    rep.put(**figures)
     structural_ok = (
         structural["killed_by_sigkill"]
         and structural["resume_file_epoch"] == 1
@@ -598,11 +580,11 @@ def step_resume(rep: Report, work: Path) -> bool:
     )
     if not cuda:
         rep.note("CPU: bitwise equality required")
-        return structural_ok and bitwise
+        return structural_ok and figures["bitwise"]
     t = RESUME_TOL
-    within = loss_rel <= t["loss_rel"] and knn_abs <= t["knn_abs"]
-    within = within and spec_rel <= t["spectrum_rel"] and w_rel <= t["weights_rel"]
-    return structural_ok and within
+    within = figures["loss_rel_max"] <= t["loss_rel"] and figures["knn_abs_max"] <= t["knn_abs"]
+    within = within and figures["spectrum_rel_max"] <= t["spectrum_rel"]
+    return structural_ok and within and figures["weights_rel_max"] <= t["weights_rel"]
 
 
 STEP_FUNCS = {

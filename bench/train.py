@@ -37,11 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from runners.datasets.procedural import generate  # noqa: E402
 from runners.extract import extract_spectra  # noqa: E402
 from runners.inputs import to_input, to_tensor  # noqa: E402
-from runners.models import build_model  # noqa: E402
-from runners.objectives.dino import DinoTrainer  # noqa: E402
-from runners.objectives.supervised import SupervisedTrainer, lr_lambda  # noqa: E402
+from runners.models import MODEL_PRESETS, build_model  # noqa: E402
+from runners.objectives import make_objective  # noqa: E402
+from runners.objectives.dino_settings import DinoObjective  # noqa: E402
+from runners.objectives.supervised import lr_lambda  # noqa: E402
 from runners.train import pick_device  # noqa: E402
-from study.schema import MODEL_PRESETS, OBJECTIVE_PRESETS, DinoObjective  # noqa: E402
 
 IMAGE_SIZE, N_CLASSES = 16, 10
 DEFAULT_N_TRAIN, DEFAULT_PROBE = 10_000, 512  # the defaults of ProceduralDataset / ProbeSpec
@@ -102,7 +102,39 @@ def _our_loop(trainer, x: torch.Tensor, y: torch.Tensor, batch_size: int, steps:
     return times[-1] - times[0]
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _median_rounds(repeats: int, *timers) -> list[float]:
+    """Median seconds of each timer over ``repeats`` rounds, the timers alternating within a round."""
+    rounds = [[timer() for timer in timers] for _ in range(repeats)]
+    return [statistics.median(r[i] for r in rounds) for i in range(len(timers))]
+
+
+def _extract_s(model: torch.nn.Module, repeats: int, device: torch.device) -> float:
+    """Median seconds of one spectra extraction of ``model`` on the default probe (512 images)."""
+    probe = to_tensor(generate("objects", DEFAULT_PROBE, IMAGE_SIZE, N_CLASSES, seed=1)[0])
+
+    def once() -> float:
+        _sync(device)
+        t0 = time.perf_counter()
+        extract_spectra(model, probe, 256, epoch=1)
+        _sync(device)
+        return time.perf_counter() - t0
+
+    return _median_rounds(repeats, once)[0]
+
+
+def _print_table(out: dict) -> None:
+    print(f"device {out['device']} ({out['torch_threads']} threads), {out['model']}, batch {out['batch_size']}")
+    print(f"{'benchmark':<44}{'value':>10}  target")
+    print(f"{'loop: ours / bare images/s':<44}{out['loop_ratio']:>10.3f}  >= 0.95"
+          f"   ({out['ours_images_per_s']:.0f} vs {out['bare_images_per_s']:.0f} img/s)")  # fmt: skip
+    print(f"{'extraction (512 probe) / training epoch':<44}{out['extract_ratio']:>10.3f}  <= 0.10"
+          f"   ({out['extract_s']:.2f} s vs {out['epoch_s']:.1f} s)")  # fmt: skip
+    print(f"{'DINO step / supervised step':<44}{out['dino_ratio']:>10.2f}  ~3.5-4.4 (reference)"
+          f"   ({out['dino_step_s'] * 1e3:.0f} vs {out['supervised_step_s'] * 1e3:.0f} ms)")  # fmt: skip
+    print(f"total {out['wall_s']:.0f} s")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--repeats", type=int, default=5)
@@ -111,7 +143,11 @@ def main(argv: list[str] | None = None) -> dict:
     # more threads than free cores slow every step several-fold and swamp the ratios with noise
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     p.add_argument("--json", type=Path, default=None)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = _parse(argv)
     device = pick_device()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -124,40 +160,30 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- 1. our supervised loop vs a bare loop -----------------------------------------------------
     torch.manual_seed(0)
-    trainer = SupervisedTrainer(_run_spec(bs), N_CLASSES, IMAGE_SIZE, steps + 1, device)
+    trainer = make_objective(_run_spec(bs), N_CLASSES, IMAGE_SIZE, steps + 1, device)
     torch.manual_seed(0)
     bare = build_model(_run_spec(bs)["model"], IMAGE_SIZE, N_CLASSES).to(device)
-    ours_s, bare_s = [], []
-    for _ in range(args.repeats):
-        bare_s.append(_bare_loop(bare, batches, steps, device))
-        ours_s.append(_our_loop(trainer, x, y, bs, steps, device))
-    ours_ips, bare_ips = bs * steps / statistics.median(ours_s), bs * steps / statistics.median(bare_s)
-    sup_step = statistics.median(ours_s) / steps
+    bare_s, ours_s = _median_rounds(
+        args.repeats,
+        lambda: _bare_loop(bare, batches, steps, device),
+        lambda: _our_loop(trainer, x, y, bs, steps, device),
+    )
+    ours_ips, bare_ips = bs * steps / ours_s, bs * steps / bare_s
 
     # ---- 2. extraction at a checkpoint vs one training epoch ----------------------------------------
-    probe = to_tensor(generate("objects", DEFAULT_PROBE, IMAGE_SIZE, N_CLASSES, seed=1)[0])
-    extract_s = []
-    for _ in range(args.repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        extract_spectra(trainer.model, probe, 256, epoch=1)
-        _sync(device)
-        extract_s.append(time.perf_counter() - t0)
-    epoch_s = sup_step * math.ceil(DEFAULT_N_TRAIN / bs)
+    extract_s = _extract_s(trainer.measured, args.repeats, device)
+    epoch_s = ours_s / steps * math.ceil(DEFAULT_N_TRAIN / bs)
 
     # ---- 3. DINO step vs supervised step -------------------------------------------------------------
-    preset = OBJECTIVE_PRESETS["dino_small"]
-    dino_obj = DinoObjective(kind="dino", preset="dino_small").model_dump()
-    spec = _run_spec(bs, dino_obj)
-    spec["training"].update(preset["training"])
+    spec = _run_spec(bs, DinoObjective(preset="dino_small").model_dump())
+    spec["training"].update(DinoObjective.presets["dino_small"].training)
     torch.manual_seed(0)
-    dino = DinoTrainer(spec, N_CLASSES, IMAGE_SIZE, steps + 1, device)
-    dino_s, sup_s = [], []
-    for _ in range(args.repeats):
-        sup_s.append(_our_loop(trainer, x, y, bs, steps, device))
-        dino_s.append(_our_loop(dino, x, y, bs, steps, device))
-    dino_step, sup_step2 = statistics.median(dino_s) / steps, statistics.median(sup_s) / steps
-
+    dino = make_objective(spec, N_CLASSES, IMAGE_SIZE, steps + 1, device)
+    sup_s, dino_s = _median_rounds(
+        args.repeats,
+        lambda: _our_loop(trainer, x, y, bs, steps, device),
+        lambda: _our_loop(dino, x, y, bs, steps, device),
+    )
     out = {
         "device": device.type if device.type == "cpu" else torch.cuda.get_device_name(0),
         "torch_threads": torch.get_num_threads(),
@@ -168,23 +194,15 @@ def main(argv: list[str] | None = None) -> dict:
         "ours_images_per_s": ours_ips,
         "bare_images_per_s": bare_ips,
         "loop_ratio": ours_ips / bare_ips,
-        "extract_s": statistics.median(extract_s),
+        "extract_s": extract_s,
         "epoch_s": epoch_s,
-        "extract_ratio": statistics.median(extract_s) / epoch_s,
-        "dino_step_s": dino_step,
-        "supervised_step_s": sup_step2,
-        "dino_ratio": dino_step / sup_step2,
+        "extract_ratio": extract_s / epoch_s,
+        "dino_step_s": dino_s / steps,
+        "supervised_step_s": sup_s / steps,
+        "dino_ratio": dino_s / sup_s,
         "wall_s": time.perf_counter() - t_start,
     }
-    print(f"device {out['device']} ({out['torch_threads']} threads), {out['model']}, batch {bs}")
-    print(f"{'benchmark':<44}{'value':>10}  target")
-    print(f"{'loop: ours / bare images/s':<44}{out['loop_ratio']:>10.3f}  >= 0.95"
-          f"   ({ours_ips:.0f} vs {bare_ips:.0f} img/s)")  # fmt: skip
-    print(f"{'extraction (512 probe) / training epoch':<44}{out['extract_ratio']:>10.3f}  <= 0.10"
-          f"   ({out['extract_s']:.2f} s vs {epoch_s:.1f} s)")  # fmt: skip
-    print(f"{'DINO step / supervised step':<44}{out['dino_ratio']:>10.2f}  ~3.5-4.4 (reference)"
-          f"   ({dino_step * 1e3:.0f} vs {sup_step2 * 1e3:.0f} ms)")  # fmt: skip
-    print(f"total {out['wall_s']:.0f} s")
+    _print_table(out)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return out

@@ -1,4 +1,11 @@
-"""Executors run training jobs; one small interface, local and Ray implementations.
+"""Executors run training jobs; one small interface, local and Ray implementations, registered by name.
+
+    executor = EXECUTORS.get("local").make(ExecutorOptions(workers="auto", n_jobs=12, cuda=False))
+    for index, result, error in executor.map_jobs(fn, jobs): ...
+
+``--executor NAME`` (``study.cli``) and ``study.stages.Placement`` accept every name in :data:`EXECUTORS`;
+adding an executor is one class and one ``EXECUTORS.register(NAME, ExecutorKind(...))`` here plus its test
+(``tests/test_executors.py`` runs its shared contract over every entry).
 
 An executor takes a picklable job function and a list of job argument tuples and yields
 ``(index, result, error)`` as jobs finish. ``InlineExecutor`` runs in this process (tests, GPU);
@@ -18,8 +25,11 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from vitstudy_core.registry import Registry
 
 THREADS_FILE_ENV = "STUDY_THREADS_FILE"  # per job: the file holding its current torch thread budget
 
@@ -162,6 +172,63 @@ class RayExecutor:
                 yield index[ref], None, exc
 
 
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """What the command line says about where runs execute (``study.stages.Placement`` plus the plan).
+
+    Attributes:
+        workers: local worker processes (``"auto"``: one per core on CPU, one in-process on a GPU).
+        n_jobs: how many jobs there are (no more workers than jobs).
+        cuda: whether this host trains on a GPU.
+        address: a cluster's address (``auto``: the one this host belongs to).
+        cpus_per_run, gpus_per_run: what each job asks a cluster for.
+    """
+
+    workers: int | str = "auto"
+    n_jobs: int = 1
+    cuda: bool = False
+    address: str = "auto"
+    cpus_per_run: float = 1
+    gpus_per_run: float = 0
+
+
+@dataclass(frozen=True)
+class ExecutorKind:
+    """A registered executor: ``make(options) -> Executor``.
+
+    Attributes:
+        make: builds the executor from the command line's options.
+        needs_cluster: it runs jobs on a cluster at ``options.address`` (the shared contract test gets
+            one from the pytest fixture ``<name>_address``).
+        summary: one line for ``--help``.
+    """
+
+    make: Callable[[ExecutorOptions], Executor]
+    needs_cluster: bool = False
+    summary: str = ""
+
+
+def _local(opts: ExecutorOptions) -> Executor:
+    """``workers='auto'`` is one in-process worker on a GPU; on CPU one process per core, 1 thread each."""
+    cores = os.cpu_count() or 1
+    workers = opts.workers
+    if workers == "auto":
+        workers = 1 if opts.cuda else min(opts.n_jobs, cores)
+    workers = max(1, int(workers))
+    if workers == 1 or opts.n_jobs <= 1:
+        return InlineExecutor()
+    return ProcessExecutor(workers, threads=max(1, cores // workers))
+
+
+def _ray(opts: ExecutorOptions) -> Executor:
+    return RayExecutor(opts.address, num_cpus=opts.cpus_per_run, num_gpus=opts.gpus_per_run)
+
+
+EXECUTORS: Registry[ExecutorKind] = Registry("executor")
+EXECUTORS.register("local", ExecutorKind(_local, summary="processes on this host"))
+EXECUTORS.register("ray", ExecutorKind(_ray, needs_cluster=True, summary="tasks on a Ray cluster"))
+
+
 def make_executor(
     workers: int | str,
     n_jobs: int,
@@ -171,15 +238,11 @@ def make_executor(
     cpus_per_run: float = 1,
     gpus_per_run: float = 0,
 ) -> Executor:
-    """``kind='ray'``: a :class:`RayExecutor` on ``address`` (each run asks for ``cpus_per_run`` CPUs and
-    ``gpus_per_run`` GPUs). Local: ``workers='auto'`` is one in-process worker on a GPU; on CPU one process
-    per core, 1 thread each."""
-    if kind == "ray":
-        return RayExecutor(address, num_cpus=cpus_per_run, num_gpus=gpus_per_run)
-    cores = os.cpu_count() or 1
-    if workers == "auto":
-        workers = 1 if cuda else min(n_jobs, cores)
-    workers = max(1, int(workers))
-    if workers == 1 or n_jobs <= 1:
-        return InlineExecutor()
-    return ProcessExecutor(workers, threads=max(1, cores // workers))
+    """The executor registered as ``kind`` (:data:`EXECUTORS`), built from these options.
+
+    ``kind='ray'``: a :class:`RayExecutor` on ``address`` (each run asks for ``cpus_per_run`` CPUs and
+    ``gpus_per_run`` GPUs). ``'local'``: ``workers='auto'`` is one in-process worker on a GPU; on CPU one
+    process per core, 1 thread each. An unknown ``kind`` is a one-line ``StudyError`` naming the known ones.
+    """
+    opts = ExecutorOptions(workers, n_jobs, cuda, address, cpus_per_run, gpus_per_run)
+    return EXECUTORS.get(kind).make(opts)

@@ -24,8 +24,9 @@ work of a full ``Y^T Y`` at D = 384) into a float64 buffer reused by every point
 point (its lower block triangle) plus one batch and a fixed token subsample, independent of the number
 of probe images. Sums live on the model's device.
 
-Besides eigenvalues, each (point, token set) gets the observables of ``analysis.observables``:
-``diagonality`` from its covariance, ``cosine_anisotropy`` and ``twonn_id`` from a fixed, seeded
+Besides eigenvalues, each (point, token set) gets every observable registered in
+``analysis.observables.OBSERVABLES``: those computed on the covariance (``diagonality``) from its
+covariance, those computed on the sample (``cosine_anisotropy``, ``twonn_id``) from a fixed, seeded
 subsample of at most ``subsample`` tokens (the same token positions at every point, drawn with
 ``subsample_seed``, so identical across checkpoints and runs that share the probe set).
 """
@@ -38,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from analysis.observables import cosine_anisotropy, diagonality, twonn_id
+from analysis.observables import compute_observables
 from vitstudy_core.errors import RunFailedError
 from vitstudy_core.runfolder import RunFolder
 
@@ -346,9 +347,8 @@ class SpectralObserver:
                 key = (name, tset) if (name, tset) in self.sampler.parts else (name, "all")
                 sample = self.sampler.get(key)
                 out.n_subsample[(name, tset)] = int(sample.shape[0])
-                out.scalars[(name, tset, "diagonality")] = diagonality(cov)
-                out.scalars[(name, tset, "cosine_anisotropy")] = cosine_anisotropy(sample)
-                out.scalars[(name, tset, "twonn_id")] = twonn_id(sample)
+                for obs, value in compute_observables(cov, sample).items():
+                    out.scalars[(name, tset, obs)] = value
         return out
 
 

@@ -14,7 +14,9 @@ forward passes run under bf16 autocast (``training.compile`` adds ``torch.compil
 Files in ``run_dir`` (every write atomic: temp file, then rename):
 
 * ``resume.pt``: model/optimiser/scheduler/generator state, history and spectra so far, after every
-  epoch; a killed run started again continues from the last complete epoch.
+  epoch, as tensors and plain containers only; a killed run started again continues from the last
+  complete epoch. It is read back with ``torch.load(weights_only=True)``, so nothing in it can run code;
+  a file that needs more is removed and the run starts over.
 * ``checkpoints/epoch_NNN.pt``: the measured network's weights and the run spec, at each checkpoint epoch.
 * ``spectra.npz``: eigenvalues, key ``"{epoch}/{layer}/{token_set}"``; ``result.json``: spec, history,
   token counts, environment (seed offsets, package versions, git commit and dirty flag). ``result.json`` is
@@ -24,9 +26,11 @@ Files in ``run_dir`` (every write atomic: temp file, then rename):
 from __future__ import annotations
 
 import math
+import pickle
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +41,7 @@ from runners.executors import adopt_thread_budget
 from runners.extract import extract_spectra, save_covariances, save_observables, snapshot_epochs
 from runners.inputs import to_tensor
 from runners.leases import check_lease
-from runners.objectives import make_objective
+from runners.objectives import Trainer, TrainerSetup, TrainingSpec, build_trainer
 from runners.objectives.dino import AUG_SEED_OFFSET
 from vitstudy_core.errors import RunFailedError
 from vitstudy_core.faults import fault_point
@@ -103,11 +107,6 @@ def _epoch_progress(
         yield tick
 
 
-def _log(progress: Callable[[str], None] | None, msg: str) -> None:
-    if progress is not None:
-        progress(msg)
-
-
 def _load_data(run: dict, data_dir: str | Path) -> tuple[torch.Tensor, ...]:
     """``(x_train, y_train, x_test, y_test, x_probe)``: train/test stay uint8 (N, H, W, 3) and are
     converted per batch on the device (``runners.inputs``); the probe is converted once."""
@@ -124,34 +123,175 @@ def _load_data(run: dict, data_dir: str | Path) -> tuple[torch.Tensor, ...]:
     )
 
 
-def _load_resume(path: Path, objective, data_gen: torch.Generator, device: torch.device) -> tuple:
+@dataclass
+class _Done:
+    """What a run has done so far: the part of ``resume.pt`` besides the trainer's and the RNGs' states.
+
+    Attributes:
+        history: one entry per finished epoch (loss, quality, throughput).
+        spectra: eigenvalues (D,) per ``"{epoch}/{layer}/{token_set}"``.
+        n_tokens: tokens per ``"{layer}/{token_set}"``.
+        epoch: the last complete epoch (0: none).
+    """
+
+    history: list[dict] = field(default_factory=list)
+    spectra: dict[str, np.ndarray] = field(default_factory=dict)
+    n_tokens: dict[str, int] = field(default_factory=dict)
+    epoch: int = 0
+
+
+def _load_resume(
+    path: Path, objective: Trainer, data_gen: torch.Generator, device: torch.device, log: Callable[[str], None]
+) -> _Done:
     """Restore the objective, data order and RNG streams from ``resume.pt`` when it exists.
 
-    Returns:
-        ``(history, spectra, n_tokens, last complete epoch)``; empty and epoch 0 without a file.
+    The file is read with ``weights_only=True``: tensors and plain containers only, so a planted or
+    foreign ``resume.pt`` cannot run code. One that holds anything else (or is not a torch file) is
+    removed and the run starts over from its initialisation, which gives the same result as resuming.
     """
     if not path.exists():
-        return [], {}, {}, 0
-    # on the CPU first: RNG states must be CPU byte tensors; load_state_dict moves weights to the device
-    state = torch.load(path, map_location="cpu", weights_only=False)
+        return _Done()
+    try:  # on the CPU first: RNG states must be CPU byte tensors; load_state_dict moves weights
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+        reason = " ".join(str(exc).split())[:200]  # one line; torch's refusal is many
+        log(f"{path}: not loaded, starting over ({type(exc).__name__}: {reason})")
+        path.unlink(missing_ok=True)
+        return _Done()
     objective.load_state_dict(state["objective"])
     data_gen.set_state(state["data_gen"])
     torch.set_rng_state(state["torch_rng"])
     if state.get("cuda_rng") is not None and device.type == "cuda":
         torch.cuda.set_rng_state_all(state["cuda_rng"])
-    return state["history"], state["spectra"], state["n_tokens"], state["epoch"]
+    spectra = {k: v.numpy() for k, v in state["spectra"].items()}
+    return _Done(state["history"], spectra, state["n_tokens"], state["epoch"])
 
 
 def _save_resume(
-    path: Path, objective, data_gen: torch.Generator, device: torch.device, progress: tuple
+    path: Path, objective: Trainer, data_gen: torch.Generator, device: torch.device, done: _Done
 ) -> None:
-    """Write ``resume.pt`` (atomic): everything :func:`_load_resume` restores; ``progress`` is its tuple."""
-    history, spectra, n_tokens, epoch = progress
+    """Write ``resume.pt`` (atomic): everything :func:`_load_resume` restores, as tensors and plain
+    containers (eigenvalues as tensors: a numpy array would need unpickling code to read back)."""
     cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
     state = {"objective": objective.state_dict(), "data_gen": data_gen.get_state()}
     state.update(torch_rng=torch.get_rng_state(), cuda_rng=cuda_rng)
-    state.update(history=history, spectra=spectra, n_tokens=n_tokens, epoch=epoch)
+    spectra = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in done.spectra.items()}
+    state.update(history=done.history, spectra=spectra, n_tokens=done.n_tokens, epoch=done.epoch)
     _atomic_torch_save(state, path)
+
+
+def steps_per_epoch(n_train: int, training: TrainingSpec) -> int:
+    """Optimiser steps per epoch: every batch of the training split, capped by ``max_steps_per_epoch``."""
+    steps = math.ceil(n_train / training.batch_size)
+    return min(steps, training.max_steps_per_epoch) if training.max_steps_per_epoch else steps
+
+
+class _Run:
+    """One run being trained: its data, trainer, generators and progress, and the steps of
+    :func:`train_run` that write to its folder."""
+
+    def __init__(
+        self,
+        run: dict,
+        run_dir: Path,
+        data_dir: str | Path,
+        progress: Callable[[str], None] | None,
+        bar: bool,
+    ) -> None:
+        self.run, self.folder, self.bar = run, RunFolder(run_dir), bar
+        self.log = (lambda msg: None) if progress is None else progress
+        ds, seed = run["dataset"], run["seed"]
+        self.label, self.device = f"{ds['name']}/seed{seed}", pick_device()
+        self.xtr, self.ytr, self.xte, self.yte, self.xpr = _load_data(run, data_dir)
+        # ---- objective: its networks and optimiser (init seeded from the run seed) --------------------
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        training = TrainingSpec.model_validate(run["training"])
+        steps = steps_per_epoch(self.xtr.shape[0], training)
+        self.setup = TrainerSetup.from_run(run, num_classes(ds), ds["image_size"], steps)
+        self.objective = build_trainer(self.setup, self.device)
+        self.model = self.objective.measured  # the network whose spectra are measured
+        # data order: a stream of its own, not the init stream
+        self.data_gen = torch.Generator().manual_seed(seed + DATA_ORDER_SEED_OFFSET)
+        self.resume_path = run_dir / "resume.pt"
+        self.done = _load_resume(self.resume_path, self.objective, self.data_gen, self.device, self._say)
+        if self.done.epoch:
+            self._say(f"resuming after epoch {self.done.epoch}")
+
+    def _say(self, msg: str) -> None:
+        self.log(f"[{self.label}] {msg}")
+
+    def measure(self, epoch: int) -> None:
+        """Spectra (and observables, covariance snapshots) of the measured network at ``epoch``."""
+        t0, probe = time.perf_counter(), self.run["probe"]
+        snap = epoch in snapshot_epochs(probe.get("covariance_epochs", "none"), self.run["checkpoints"])
+        sp = extract_spectra(self.model, self.xpr, probe["batch_size"], epoch=epoch, covariances=snap)
+        fault_point("extract")
+        for (layer, tset), lam in sp.eigenvalues.items():
+            self.done.spectra[spectrum_key(epoch, layer, tset)] = lam
+            self.done.n_tokens[f"{layer}/{tset}"] = int(sp.n_tokens[(layer, tset)])
+        # observables and covariance snapshots go straight to run_dir (read-merge-write, atomic), so they
+        # survive a resume without joining resume.pt; re-measuring an epoch overwrites the same keys
+        save_observables(self.folder.path, epoch, sp)
+        if snap:
+            save_covariances(self.folder.path, epoch, sp)
+        self._say(f"spectra at epoch {epoch} ({time.perf_counter() - t0:.1f}s)")
+
+    def checkpoint(self, epoch: int) -> None:
+        """Measure, then save the measured network's weights and the run spec (atomic write)."""
+        self.measure(epoch)
+        path = self.folder.checkpoints_dir / f"epoch_{epoch:03d}.pt"
+        _atomic_torch_save({"model": self.model.state_dict(), "run": self.run}, path)
+
+    def train_epoch(self, epoch: int) -> None:
+        """One epoch of the objective, its history entry and progress line, checkpoint and resume file."""
+        tr, n = self.setup.training, self.xtr.shape[0]
+        check_lease()  # taken over by another worker: stop before writing anything more
+        threads = adopt_thread_budget()  # a parallel worker takes the cores of finished ones
+        t0 = time.perf_counter()
+        order = torch.randperm(n, generator=self.data_gen)
+        with _epoch_progress(self.label, epoch, tr.epochs, self.setup.steps_per_epoch, self.bar) as tick:
+            stats = self.objective.train_epoch(epoch, self.xtr, self.ytr, order, tick)
+        elapsed = time.perf_counter() - t0
+        seen = min(n, self.setup.steps_per_epoch * tr.batch_size)
+        entry = {"epoch": epoch, **stats, **self.objective.evaluate(self.xtr, self.ytr, self.xte, self.yte)}
+        entry["images_per_s"] = seen / elapsed
+        entry["epoch_s"] = elapsed
+        entry["threads"] = threads if threads is not None else torch.get_num_threads()
+        self.done.history.append(entry)
+        fault_point("train.epoch")
+        quality = " ".join(f"{k} {entry[k]:.3f}" for k in ("train_acc", "test_acc", "knn_acc") if k in entry)
+        self._say(
+            f"epoch {epoch}/{tr.epochs} loss {entry['loss']:.3f} {quality} {entry['images_per_s']:.0f} img/s"
+        )
+        if epoch in self.run["checkpoints"]:
+            self.checkpoint(epoch)
+        self.done.epoch = epoch
+        _save_resume(self.resume_path, self.objective, self.data_gen, self.device, self.done)
+
+    def fail(self, msg: str, epoch: int) -> dict:
+        result = {"status": "failed", "failed_epoch": epoch, "error": msg, "run": self.run}
+        result["history"] = self.done.history
+        self.folder.write_result(result)
+        self._say(f"FAILED at epoch {epoch}: {msg}")
+        return result
+
+    def finish(self) -> dict:
+        """The result files (``result.json`` last: it marks the run finished); ``resume.pt`` removed."""
+        check_lease()
+        self.folder.write_spectra(self.done.spectra)
+        result = {
+            "status": "finished",
+            "run": self.run,
+            "history": self.done.history,
+            "n_tokens": self.done.n_tokens,
+            "device": self.device.type,
+            "environment": environment(),
+            "finished_at": time.time(),  # seconds since the epoch: when the data existed (pre-registration)
+        }
+        self.folder.write_result(result)
+        self.resume_path.unlink(missing_ok=True)
+        return result
 
 
 def train_run(
@@ -175,104 +315,12 @@ def train_run(
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    folder = RunFolder(run_dir)
-    tr, ds, seed = run["training"], run["dataset"], run["seed"]
-    label = f"{ds['name']}/seed{seed}"
-    device = pick_device()
-
-    xtr, ytr, xte, yte, xpr = _load_data(run, data_dir)
-
-    # ---- objective: its networks and optimiser (init seeded from the run seed) ------------------------
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    steps_per_epoch = math.ceil(xtr.shape[0] / tr["batch_size"])
-    if tr.get("max_steps_per_epoch"):
-        steps_per_epoch = min(steps_per_epoch, tr["max_steps_per_epoch"])
-    objective = make_objective(run, num_classes(ds), ds["image_size"], steps_per_epoch, device)
-    model = objective.measured  # the network whose spectra are measured
-    data_gen = torch.Generator().manual_seed(seed + DATA_ORDER_SEED_OFFSET)  # data order: not the init stream
-
-    resume_path = run_dir / "resume.pt"
-    history, spectra, n_tokens, start_epoch = _load_resume(resume_path, objective, data_gen, device)
-    if start_epoch:
-        _log(progress, f"[{label}] resuming after epoch {start_epoch}")
-
-    def measure(epoch: int) -> None:
-        t0 = time.perf_counter()
-        probe = run["probe"]
-        snap = epoch in snapshot_epochs(probe.get("covariance_epochs", "none"), run["checkpoints"])
-        sp = extract_spectra(model, xpr, probe["batch_size"], epoch=epoch, covariances=snap)
-        fault_point("extract")
-        for (layer, tset), lam in sp.eigenvalues.items():
-            spectra[spectrum_key(epoch, layer, tset)] = lam
-            n_tokens[f"{layer}/{tset}"] = sp.n_tokens[(layer, tset)]
-        # observables and covariance snapshots go straight to run_dir (read-merge-write, atomic), so they
-        # survive a resume without joining resume.pt; re-measuring an epoch overwrites the same keys
-        save_observables(run_dir, epoch, sp)
-        if snap:
-            save_covariances(run_dir, epoch, sp)
-        _log(progress, f"[{label}] spectra at epoch {epoch} ({time.perf_counter() - t0:.1f}s)")
-
-    def fail(msg: str, epoch: int) -> dict:
-        result = {"status": "failed", "failed_epoch": epoch, "error": msg, "run": run, "history": history}
-        folder.write_result(result)
-        _log(progress, f"[{label}] FAILED at epoch {epoch}: {msg}")
-        return result
-
-    def save_weights(epoch: int) -> None:
-        """The measured network's weights and the run spec at a checkpoint epoch (atomic write)."""
-        path = folder.checkpoints_dir / f"epoch_{epoch:03d}.pt"
-        _atomic_torch_save({"model": model.state_dict(), "run": run}, path)
-
-    def checkpoint(epoch: int) -> None:
-        measure(epoch)
-        save_weights(epoch)
-
+    r = _Run(run, run_dir, data_dir, progress, bar)
     try:
-        if start_epoch == 0 and 0 in run["checkpoints"] and "0/norm/all" not in spectra:
-            checkpoint(0)
-        # ---- training loop ---------------------------------------------------------------------------
-        for epoch in range(start_epoch + 1, tr["epochs"] + 1):
-            check_lease()  # taken over by another worker: stop before writing anything more
-            threads = adopt_thread_budget()  # a parallel worker takes the cores of finished ones
-            t0 = time.perf_counter()
-            order = torch.randperm(xtr.shape[0], generator=data_gen)
-            with _epoch_progress(label, epoch, tr["epochs"], steps_per_epoch, bar) as tick:
-                stats = objective.train_epoch(epoch, xtr, ytr, order, tick)
-            elapsed = time.perf_counter() - t0
-            seen = min(xtr.shape[0], steps_per_epoch * tr["batch_size"])
-            entry = {"epoch": epoch, **stats, **objective.evaluate(xtr, ytr, xte, yte)}
-            entry["images_per_s"] = seen / elapsed
-            entry["epoch_s"] = elapsed
-            entry["threads"] = threads if threads is not None else torch.get_num_threads()
-            history.append(entry)
-            fault_point("train.epoch")
-            quality = " ".join(
-                f"{k} {entry[k]:.3f}" for k in ("train_acc", "test_acc", "knn_acc") if k in entry
-            )
-            _log(
-                progress,
-                f"[{label}] epoch {epoch}/{tr['epochs']} loss {entry['loss']:.3f} {quality} "
-                f"{entry['images_per_s']:.0f} img/s",
-            )
-            if epoch in run["checkpoints"]:
-                checkpoint(epoch)
-            _save_resume(resume_path, objective, data_gen, device, (history, spectra, n_tokens, epoch))
+        if r.done.epoch == 0 and 0 in run["checkpoints"] and "0/norm/all" not in r.done.spectra:
+            r.checkpoint(0)
+        for epoch in range(r.done.epoch + 1, r.setup.training.epochs + 1):
+            r.train_epoch(epoch)
     except RunFailedError as exc:
-        return fail(str(exc), exc.epoch if exc.epoch is not None else -1)
-
-    # ---- results (result.json last: it marks the run finished) ---------------------------------------
-    check_lease()
-    folder.write_spectra(spectra)
-    result = {
-        "status": "finished",
-        "run": run,
-        "history": history,
-        "n_tokens": n_tokens,
-        "device": device.type,
-        "environment": environment(),
-        "finished_at": time.time(),  # seconds since the epoch: when the data existed (pre-registration)
-    }
-    folder.write_result(result)
-    resume_path.unlink(missing_ok=True)
-    return result
+        return r.fail(str(exc), exc.epoch if exc.epoch is not None else -1)
+    return r.finish()

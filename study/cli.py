@@ -153,7 +153,10 @@ def _sequential_plan(args, hyp):
 
 # ---- scale out: where runs execute, submitting to a Ray cluster, what is running ------------------------
 def _add_placement(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--executor", choices=["local", "ray"], default="local", help="where runs train")
+    from runners.executors import EXECUTORS
+
+    kinds = "; ".join(f"{name}: {kind.summary}" for name, kind in EXECUTORS.items())
+    p.add_argument("--executor", choices=EXECUTORS.names(), default="local", help=f"where runs train ({kinds})")
     p.add_argument("--address", default="auto", help="Ray cluster address for --executor ray (default: auto)")
     p.add_argument("--cpus-per-run", type=float, default=1, help="CPUs each Ray task requests (default 1)")
     p.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each Ray task requests (default 0)")

@@ -19,7 +19,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from runners.datasets import GENERATOR_VERSION, LOADER_VERSION, resolve_fingerprint, resolve_path
-from study.schema import Hypothesis, SupervisedObjective
+from runners.objectives import objective_payload
+from study.schema import Hypothesis
 from vitstudy_core.hashing import digest
 
 # Bump when what a run measures changes (observation points, token sets, covariance scheme).
@@ -84,9 +85,7 @@ def plan_runs(hyp: Hypothesis, data_dir: str | Path | None = None, record: bool 
     if design.source is not None:
         return _plan_imports(hyp)
     runs = []
-    objective = design.objective
-    # plain supervised stays the string it always was (stable keys); anything else is its settings
-    obj = "supervised" if objective == SupervisedObjective() else objective.model_dump()
+    obj = objective_payload(design.objective)  # plain supervised stays the string "supervised": stable keys
     for ds in design.datasets:
         dataset = _dataset_payload(ds, data_dir, record)
         for seed in design.seeds:

@@ -26,6 +26,15 @@ from analysis.kinds.base import Condition, Subset  # noqa: F401 - part of the sc
 from analysis.observables import ALL_METRICS
 from runners.datasets import DATASETS, kind_of
 from runners.datasets.procedural import ProceduralDataset
+from runners.models import ModelSpec, TimmModel
+from runners.objectives import (
+    DEFAULT_OBJECTIVE,
+    OBJECTIVES,
+    TrainingSpec,
+    find_preset,
+    objective_names,
+    preset_names,
+)
 from runners.sources import DEFAULT_SOURCE, SOURCES, DesignFacts, RunSource
 from vitstudy_core.errors import StudyError
 from vitstudy_core.knobs import INTEGER_KNOBS, Knob
@@ -48,182 +57,18 @@ DatasetSpec = Annotated[
     Discriminator(_dataset_kind),
 ]
 
-MODEL_PRESETS: dict[str, dict] = {
-    # 12 blocks keep the papers' depth; D=64 with 4 heads is what 2 CPU cores train in minutes.
-    "vit_cpu12": {
-        "name": "vit_small_patch16_224",
-        "patch_size": 4,
-        "embed_dim": 64,
-        "depth": 12,
-        "num_heads": 4,
-    },
-    # timm's own configurations; img_size always comes from the dataset.
-    "vit_tiny": {"name": "vit_tiny_patch16_224"},
-    "vit_small": {"name": "vit_small_patch16_224"},
-}
-
-
-class ModelSpec(Strict):
-    """A timm ViT: a preset or any timm model name, plus architecture overrides."""
-
-    preset: Literal["vit_cpu12", "vit_tiny", "vit_small"] | None = "vit_cpu12"
-    name: str | None = None
-    patch_size: int | None = Field(None, ge=1)
-    embed_dim: int | None = Field(None, ge=4)
-    depth: int | None = Field(None, ge=1, le=48)
-    num_heads: int | None = Field(None, ge=1)
-    drop_path_rate: float = Field(0.0, ge=0.0, lt=1.0)
-
-    def resolved(self) -> dict:
-        """The timm arguments (without img_size/num_classes), presets filled in, overrides applied."""
-        base = dict(MODEL_PRESETS[self.preset]) if self.preset else {}
-        if self.name:
-            base["name"] = self.name
-        if "name" not in base:
-            raise ValueError("give a preset or a timm model name")
-        for key in ("patch_size", "embed_dim", "depth", "num_heads"):
-            value = getattr(self, key)
-            if value is not None:
-                base[key] = value
-        base.setdefault("depth", 12)
-        base["drop_path_rate"] = self.drop_path_rate
-        return base
-
-
-class TrainingSpec(Strict):
-    """Optimisation settings of one training run (AdamW, linear warmup + cosine decay per step)."""
-
-    epochs: int = Field(8, ge=1)
-    batch_size: int = Field(128, ge=1)
-    lr: float = Field(1e-3, gt=0)  # AdamW 1e-3 / wd 0.05: the TGO-I recipe; absolute, never batch-scaled
-    weight_decay: float = Field(0.05, ge=0)
-    warmup_epochs: float = Field(1.0, ge=0)  # short linear warmup keeps early ViT training stable
-    label_smoothing: float = Field(0.0, ge=0, lt=1)
-    max_steps_per_epoch: int | None = Field(None, ge=1)  # for smoke tests only
-    compile: bool = False  # torch.compile the model (CUDA only; ignored on CPU where compile time dominates)
-
-
 # --------------------------------------------------------------------------------------------------
-# Objectives: each a settings model; named presets fill in every field the file leaves unset
+# Model, training and objective: their settings live beside the code that uses them (runners.models,
+# runners.objectives); the objective union is built from the registry, one member per objective
 # --------------------------------------------------------------------------------------------------
-class SupervisedObjective(Strict):
-    """Cross-entropy on the dataset labels (``label_smoothing`` lives in ``training``)."""
-
-    kind: Literal["supervised"] = "supervised"
-    preset: Literal["tgo_supervised"] | None = None
-
-
-class DinoObjective(Strict):
-    """DINO self-distillation (Caron et al. 2021): student + EMA teacher, multi-crop, centred teacher.
-
-    Global crops are made at the dataset's ``image_size`` (the paper: 224); local crops at
-    ``local_crop_size`` (default: half of it, in whole patches; the paper: 96). The teacher
-    temperature rises linearly from ``warmup_teacher_temp`` to ``teacher_temp`` over
-    ``warmup_teacher_temp_epochs``; the teacher momentum follows a cosine from ``momentum_teacher`` to 1;
-    the weight decay a cosine from ``training.weight_decay`` to ``weight_decay_end``.
-
-    ``training.lr`` is the absolute peak learning rate, used as given: it is **not** scaled by
-    batch / 256 as DINO's ``main_dino.py`` scales its ``--lr`` (5e-4 there means 5e-4 x B / 256); set
-    ``lr = 5e-4 * batch_size / 256`` yourself to follow that rule.
-    Defaults without a preset are ``main_dino.py``'s, except the head and crop sizes (set for small
-    images and CPUs): teacher temperature 0.04 throughout (warmup 0.04 over 0 epochs; the reference
-    warns that above 0.07 training is unstable, and that higher values need a warmup).
-    """
-
-    kind: Literal["dino"]
-    preset: Literal["dino_paper", "dino_small"] | None = None
-    out_dim: int = Field(1024, ge=2)  # prototypes K of the DINO head's last layer
-    hidden_dim: int = Field(256, ge=2)
-    bottleneck_dim: int = Field(64, ge=2)
-    norm_last_layer: bool = True  # weight-normed last layer with fixed norm: stabler for small models
-    n_local_crops: int = Field(
-        4, ge=0
-    )  # local-to-global correspondence is DINO's signal; 4 keeps CPU cost ~4x
-    local_crop_size: int | None = Field(None, ge=4)
-    global_crop_scale: tuple[float, float] = (0.4, 1.0)
-    local_crop_scale: tuple[float, float] = (0.05, 0.4)
-    student_temp: float = Field(0.1, gt=0)  # DINO's default; the teacher is sharper than the student
-    # sharpening, with centring what prevents collapse; main_dino.py's default 0.04 (its 0.07 needs a warmup)
-    teacher_temp: float = Field(0.04, gt=0)
-    warmup_teacher_temp: float = Field(0.04, gt=0)  # main_dino.py's default start of the warmup
-    warmup_teacher_temp_epochs: int = Field(0, ge=0)  # main_dino.py's default: no warmup
-    center_momentum: float = Field(0.9, ge=0, lt=1)  # DINO's default EMA of the teacher's batch mean
-    # main_dino.py's default, -> 1 by cosine; tuned for batch 1024: the reference recommends 0.9995 at 256
-    momentum_teacher: float = Field(0.996, ge=0, le=1)
-    weight_decay_end: float = Field(0.4, ge=0)  # DINO raises wd 0.04 -> 0.4 over training
-    freeze_last_layer_epochs: int = Field(1, ge=0)  # last layer fixed in the first epoch(s), as in DINO
-    clip_grad: float | None = Field(3.0, gt=0)  # DINO's per-parameter gradient-norm clip for ViTs
-
-    @model_validator(mode="before")
-    @classmethod
-    def _preset(cls, data: object) -> object:
-        if isinstance(data, dict) and data.get("preset"):
-            preset = OBJECTIVE_PRESETS.get(data["preset"], {}).get("objective", {})
-            data = {**preset, **data}
-        return data
-
-
-# preset -> the fields it fills (objective, training, model); the file's own values always win.
-OBJECTIVE_PRESETS: dict[str, dict[str, dict]] = {
-    # TGO-I's supervised ViT recipe: AdamW 1e-3, wd 0.05, label smoothing 0.1, drop path 0.1, cosine.
-    "tgo_supervised": {
-        "objective": {"kind": "supervised"},
-        "training": {"lr": 1e-3, "weight_decay": 0.05, "label_smoothing": 0.1},
-        "model": {"drop_path_rate": 0.1},
-    },
-    # DINO's published ViT-S/16 recipe (main_dino.py defaults + README ViT-S row): 2 global crops at the
-    # dataset's image_size (set it to 224) and 8x96 local crops, 65536 prototypes, teacher temp
-    # 0.04 -> 0.07 over 30 epochs, momentum 0.996 (the paper's batch was 1024; the reference recommends
-    # 0.9995 at 256), wd 0.04 -> 0.4, lr 5e-4 at batch 256 (lr is absolute here: at another batch size
-    # set lr = 5e-4 * B / 256, the paper's linear scaling rule).
-    "dino_paper": {
-        "objective": {
-            "kind": "dino",
-            "out_dim": 65536,
-            "hidden_dim": 2048,
-            "bottleneck_dim": 256,
-            "norm_last_layer": False,
-            "n_local_crops": 8,
-            "local_crop_size": 96,
-            "teacher_temp": 0.07,
-            "warmup_teacher_temp": 0.04,
-            "warmup_teacher_temp_epochs": 30,
-            "momentum_teacher": 0.996,
-            "weight_decay_end": 0.4,
-        },
-        "training": {"lr": 5e-4, "weight_decay": 0.04, "warmup_epochs": 10, "batch_size": 256},
-        "model": {"drop_path_rate": 0.1},
-    },
-    # Scaled for 16-32 px images and minutes of CPU: crops at the image size and half of it, 4 local
-    # crops, 1024 prototypes, a faster EMA (0.99) because runs are hundreds of steps, not 10^5.
-    "dino_small": {
-        "objective": {
-            "kind": "dino",
-            "out_dim": 1024,
-            "hidden_dim": 256,
-            "bottleneck_dim": 64,
-            "norm_last_layer": True,
-            "n_local_crops": 4,
-            "teacher_temp": 0.07,
-            "warmup_teacher_temp": 0.04,
-            "warmup_teacher_temp_epochs": 2,
-            "momentum_teacher": 0.99,
-            "weight_decay_end": 0.4,
-        },
-        "training": {"lr": 5e-4, "weight_decay": 0.04, "warmup_epochs": 1},
-        "model": {},
-    },
-}
-
-
 def _objective_kind(v: object) -> str:
     if isinstance(v, dict):
-        return v.get("kind", "supervised")
-    return getattr(v, "kind", "supervised")
+        return v.get("kind", DEFAULT_OBJECTIVE)
+    return getattr(v, "kind", DEFAULT_OBJECTIVE)
 
 
 ObjectiveSpec = Annotated[
-    Annotated[SupervisedObjective, Tag("supervised")] | Annotated[DinoObjective, Tag("dino")],
+    Union[tuple(Annotated[OBJECTIVES[name], Tag(name)] for name in objective_names())],  # noqa: UP007 - built at run time
     Discriminator(_objective_kind),
 ]
 
@@ -261,7 +106,7 @@ SourceSpec = Annotated[
 class Design(Strict):
     datasets: list[DatasetSpec] = Field(min_length=1)
     model: ModelSpec = ModelSpec()
-    objective: ObjectiveSpec = SupervisedObjective()
+    objective: ObjectiveSpec = OBJECTIVES[DEFAULT_OBJECTIVE]()
     training: TrainingSpec = TrainingSpec()
     seeds: list[int] = Field(min_length=1)
     checkpoints: list[int] | None = None  # epochs at which spectra are measured; default: last epoch
@@ -271,33 +116,36 @@ class Design(Strict):
     @model_validator(mode="before")
     @classmethod
     def _apply_objective_preset(cls, data: object) -> object:
-        """``objective: NAME`` (a kind or a preset) -> a mapping; a preset fills unset training/model keys."""
+        """``objective: NAME`` (an objective or a preset) -> a mapping; a preset fills unset training/model
+        keys (the objective's own fields: ``runners.objectives.ObjectiveSettings``)."""
         if not isinstance(data, dict):
             return data
         obj = data.get("objective")
         if isinstance(obj, str):
-            if obj in OBJECTIVE_PRESETS:
-                obj = {"kind": OBJECTIVE_PRESETS[obj]["objective"]["kind"], "preset": obj}
-            elif obj in ("supervised", "dino"):
+            found = find_preset(obj)
+            if found is not None:
+                obj = {"kind": found[0], "preset": obj}
+            elif obj in OBJECTIVES:
                 obj = {"kind": obj}
             else:
+                names = ", ".join(map(repr, objective_names()))
                 raise _FieldError(
-                    "design.objective",
-                    f"expected 'supervised', 'dino' or a preset {sorted(OBJECTIVE_PRESETS)}, got {obj!r}",
+                    "design.objective", f"expected {names} or a preset {preset_names()}, got {obj!r}"
                 )
-        if isinstance(obj, dict) and obj.get("preset") in OBJECTIVE_PRESETS:
-            preset = OBJECTIVE_PRESETS[obj["preset"]]
-            if preset["objective"]["kind"] != obj.get("kind", "supervised"):
+        preset = obj.get("preset") if isinstance(obj, dict) else None
+        found = find_preset(preset) if isinstance(preset, str) else None
+        if found is not None:
+            kind, preset = found
+            if kind != obj.get("kind", DEFAULT_OBJECTIVE):
                 raise _FieldError(
                     "design.objective.preset",
-                    f"preset {obj['preset']!r} is a {preset['objective']['kind']} preset, "
-                    f"got kind {obj.get('kind', 'supervised')!r}",
+                    f"preset {obj['preset']!r} is a {kind} preset, got kind {obj.get('kind', DEFAULT_OBJECTIVE)!r}",
                 )
             data = dict(data)
             for part in ("training", "model"):
                 given = data.get(part) or {}
                 if isinstance(given, dict):
-                    data[part] = {**preset[part], **given}
+                    data[part] = {**getattr(preset, part), **given}
         if obj is not None:
             data = {**data, "objective": obj}
         return data
@@ -318,13 +166,9 @@ class Design(Strict):
         m = self.model.resolved()
         if "embed_dim" in m and "num_heads" in m and m["embed_dim"] % m["num_heads"]:
             raise ValueError(f"embed_dim {m['embed_dim']} is not divisible by num_heads {m['num_heads']}")
-        local = getattr(self.objective, "local_crop_size", None)
-        patch = m.get("patch_size", 16)
-        if local is not None and local % patch:
-            raise _FieldError(
-                "design.objective.local_crop_size",
-                f"expected a multiple of the patch size {patch}, got {local}",
-            )
+        problem = self.objective.check_model(TimmModel.model_validate(m))
+        if problem is not None:
+            raise _FieldError(f"design.objective.{problem[0]}", problem[1])
         if isinstance(self.probe.covariance_epochs, list):
             for ep in self.probe.covariance_epochs:
                 if ep not in self.checkpoint_epochs:
@@ -611,8 +455,7 @@ def _loc(loc: tuple) -> str:
             *DATASET_KINDS,
             *CLAIM_KINDS,
             *SOURCE_TAGS,
-            "supervised",
-            "dino",
+            *OBJECTIVES,
         ):  # discriminator tags pydantic inserts
             continue
         else:

@@ -183,7 +183,8 @@ class Placement:
     """Where runs execute and where their claims live (``--executor``, ``--address``, ``--leases``).
 
     Attributes:
-        executor: ``local`` (processes on this host) or ``ray`` (tasks on a Ray cluster).
+        executor: a name in ``runners.executors.EXECUTORS`` (``local``: processes on this host; ``ray``:
+            tasks on a Ray cluster); an unknown one is a one-line ``StudyError`` listing them.
         address: the Ray cluster (``auto``: the one this host belongs to).
         cpus_per_run, gpus_per_run: what each Ray task requests.
         leases: the lease store (``runners.leases``): a database URL shared by every worker, or a folder;
@@ -195,6 +196,11 @@ class Placement:
     cpus_per_run: float = 1
     gpus_per_run: float = 0
     leases: str | None = None
+
+    def __post_init__(self) -> None:
+        from runners.executors import EXECUTORS
+
+        EXECUTORS.get(self.executor)
 
     def lease_store(self, runs_dir: Path) -> str:
         return self.leases or str((Path(runs_dir).parent / "leases").resolve())

@@ -239,3 +239,11 @@ def write_runs(tmp: Path) -> tuple[Path, Path]:
             json.dumps({"status": "finished", "seed": int(seed), "n_tokens": n_tokens})
         )
     return hyp, tmp / "out"
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    """``planted(effect)``: the ``train`` source fills runs with a planted effect (``tests.planted``)."""
+    from tests.planted import plant
+
+    return lambda effect: plant(monkeypatch, effect)

@@ -7,9 +7,11 @@ import copy
 import pytest
 import yaml
 
+from runners.objectives.dino_settings import DinoObjective
+from runners.objectives.supervised_settings import SupervisedObjective
 from study.cli import main
 from study.runspecs import plan_runs
-from study.schema import DinoObjective, SupervisedObjective, parse_hypothesis
+from study.schema import parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS
 from vitstudy_core.errors import StudyError
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from runners.objectives import TrainerSetup
 from runners.objectives.dino import (
     JITTER_OPS,
     DINOHead,
@@ -160,7 +161,7 @@ RUN = {
 
 def test_trainer_step_applies_ema_schedules_and_frozen_last_layer():
     torch.manual_seed(0)
-    trainer = DinoTrainer(RUN, 2, 16, steps_per_epoch=1, device=torch.device("cpu"))
+    trainer = DinoTrainer(TrainerSetup.from_run(RUN, 2, 16, steps_per_epoch=1), torch.device("cpu"))
     assert trainer.local_size == 8 and trainer.measured is trainer.teacher["backbone"]
     for ps, pt in zip(trainer.student.parameters(), trainer.teacher.parameters(), strict=True):
         assert torch.equal(ps, pt)  # the teacher starts as a copy of the student
@@ -208,7 +209,7 @@ def test_knn_monitor_samples_class_sorted_splits_at_random():
     def images(y: torch.Tensor) -> torch.Tensor:
         return (y * 10).to(torch.uint8)[:, None, None, None].expand(-1, 4, 4, 3).contiguous()
 
-    trainer = DinoTrainer(RUN, n_classes, 16, steps_per_epoch=1, device=torch.device("cpu"))
+    trainer = DinoTrainer(TrainerSetup.from_run(RUN, n_classes, 16, steps_per_epoch=1), torch.device("cpu"))
     trainer.measured = _LabelFromPixels(n_classes)
     trainer.knn_train, trainer.knn_test = 100, 40  # caps below the split sizes, as 5,000 / 2,000 at scale
     acc = trainer.evaluate(images(ytr), ytr, images(yte), yte)["knn_acc"]

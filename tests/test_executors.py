@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from runners.executors import InlineExecutor, ProcessExecutor, RayExecutor, make_executor
+from runners.executors import (
+    EXECUTORS,
+    ExecutorOptions,
+    InlineExecutor,
+    ProcessExecutor,
+    RayExecutor,
+    make_executor,
+)
+from study.stages import Placement
+from vitstudy_core.errors import StudyError
 
 
 def square_or_fail(x: int) -> int:
@@ -13,11 +22,15 @@ def square_or_fail(x: int) -> int:
     return x * x
 
 
-@pytest.fixture(params=["inline", "process", "ray"])
+@pytest.fixture(params=[(name, w) for name in EXECUTORS.names() for w in (1, 2)], ids=lambda p: f"{p[0]}-{p[1]}")
 def executor(request):
-    if request.param == "ray":  # a real loopback cluster (tests/clusters.py): a head and a worker node
-        return RayExecutor(request.getfixturevalue("ray_address"), num_cpus=1)
-    return InlineExecutor() if request.param == "inline" else ProcessExecutor(2, threads=1)
+    """Every registered executor, built through its registry entry with 1 and with 2 local workers (local:
+    in-process and worker processes). One that needs a cluster gets it from the fixture ``<name>_address``
+    (Ray: a real loopback cluster, tests/clusters.py: a head and a worker node; it skips without Ray)."""
+    name, workers = request.param
+    kind = EXECUTORS.get(name)
+    address = request.getfixturevalue(f"{name}_address") if kind.needs_cluster else "auto"
+    return kind.make(ExecutorOptions(workers=workers, n_jobs=5, cuda=False, address=address, cpus_per_run=1))
 
 
 def test_executor_contract(executor):
@@ -27,6 +40,15 @@ def test_executor_contract(executor):
     for i in (0, 1, 2, 4):
         assert seen[i] == (i * i, None)
     assert seen[3][0] is None and isinstance(seen[3][1], ValueError)
+
+
+def test_every_executor_is_documented_and_unknown_names_are_one_line():
+    for name, kind in EXECUTORS.items():
+        assert kind.summary and callable(kind.make), name
+    with pytest.raises(StudyError, match=r"unknown executor 'slurm'; expected one of \['local', 'ray'\]"):
+        make_executor(1, 5, cuda=False, kind="slurm")
+    with pytest.raises(StudyError, match="unknown executor 'slurm'"):
+        Placement("slurm")
 
 
 def test_make_executor_choices():

@@ -5,13 +5,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.observables import ALL_METRICS, OBSERVABLES, cosine_anisotropy, diagonality, twonn_id
+from analysis.observables import (
+    ALL_METRICS,
+    INPUTS,
+    OBSERVABLES,
+    compute_observables,
+    cosine_anisotropy,
+    diagonality,
+    register_observable,
+    twonn_id,
+)
 from analysis.spectral import METRICS
 
 
 def test_all_metrics_is_the_union():
     assert set(ALL_METRICS) == set(METRICS) | set(OBSERVABLES)
     assert not set(METRICS) & set(OBSERVABLES)
+    assert ALL_METRICS == tuple(sorted(ALL_METRICS))
+    assert list(OBSERVABLES) == ["cosine_anisotropy", "diagonality", "twonn_id"]  # the names before the registry
 
 
 def test_cosine_anisotropy_closed_forms():
@@ -59,20 +70,68 @@ def _tokens():
     return rng.normal(size=(400, 12)) @ rng.normal(size=(12, 12)) + 2.0
 
 
-@pytest.mark.parametrize("name", OBSERVABLES)
-def test_contract_every_observable(name):
-    """Finite, deterministic, invariant to token order and to scale (diagonality: on the covariance)."""
+def _input(on: str, x: np.ndarray) -> np.ndarray:
+    """What an observable registered ``on`` this input gets from tokens ``x`` (m, D)."""
+    return np.cov(x, rowvar=False) if on == "covariance" else x
+
+
+@pytest.mark.parametrize("name", list(OBSERVABLES))
+def test_contract_every_registered_observable(name):
+    """Every entry: a known input, a name of its own, documented, finite and deterministic on a small
+    random input, its input left as it was."""
+    import analysis.observables as module
+
+    entry = OBSERVABLES.get(name)
+    assert entry.on in INPUTS and name not in METRICS
+    assert list(OBSERVABLES).count(name) == 1
+    assert (entry.fn.__doc__ or "").strip(), f"{name}: no docstring"
+    assert f"\n{name} " in module.__doc__, f"{name}: not in the module docstring's table"
+    arg = _input(entry.on, np.random.default_rng(3).normal(size=(40, 6)))
+    before = arg.copy()
+    v = entry.fn(arg)
+    assert isinstance(v, float) and np.isfinite(v)
+    assert entry.fn(arg.copy()) == v
+    np.testing.assert_array_equal(arg, before)
+
+
+@pytest.mark.parametrize("name", ["cosine_anisotropy", "diagonality", "twonn_id"])
+def test_builtin_observables_are_invariant_to_token_order_and_scale(name):
+    """diagonality (on the covariance): to permuting dimensions and scaling; the others (on the sample):
+    to the token order and scaling."""
     x = _tokens()
     rng = np.random.default_rng(0)
-    if name == "diagonality":
-        fn, arg, perm, scaled = diagonality, np.cov(x, rowvar=False), None, None
+    entry = OBSERVABLES.get(name)
+    arg = _input(entry.on, x)
+    if entry.on == "covariance":
         p = rng.permutation(12)
-        perm, scaled = arg[np.ix_(p, p)], arg * 37.0
+        perm = arg[np.ix_(p, p)]
     else:
-        fn = cosine_anisotropy if name == "cosine_anisotropy" else twonn_id
-        arg, perm, scaled = x, x[rng.permutation(len(x))], x * 37.0
+        perm = x[rng.permutation(len(x))]
+    fn = entry.fn
     v = fn(arg)
     assert np.isfinite(v)
     assert fn(perm) == pytest.approx(v, rel=1e-9)
-    assert fn(scaled) == pytest.approx(v, rel=1e-9)
+    assert fn(arg * 37.0) == pytest.approx(v, rel=1e-9)
     assert fn(arg.copy()) == v
+
+
+def test_compute_observables_feeds_each_its_input():
+    x = _tokens()
+    cov = np.cov(x, rowvar=False)
+    values = compute_observables(cov, x)
+    assert list(values) == list(OBSERVABLES)
+    assert values == {
+        "cosine_anisotropy": cosine_anisotropy(x),
+        "diagonality": diagonality(cov),
+        "twonn_id": twonn_id(x),
+    }
+
+
+def test_registry_refuses_a_bad_entry():
+    with pytest.raises(ValueError, match="registered twice"):
+        register_observable("twonn_id", on="sample")(lambda x: 0.0)
+    with pytest.raises(ValueError, match="eigenvalue metric"):
+        register_observable("effective_rank", on="covariance")(lambda c: 0.0)
+    with pytest.raises(ValueError, match="'on' must be one of"):
+        register_observable("new_one", on="gram")(lambda c: 0.0)
+    assert "new_one" not in OBSERVABLES

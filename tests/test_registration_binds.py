@@ -10,25 +10,19 @@ import time
 import pytest
 import yaml
 
-import runners.sources
 from study.cli import main
 from study.registration import claim_hash
 from study.schema import parse_hypothesis
-from tests.test_until_decided import DIFF, PlantedSource, U, _write
+from tests.planted import DIFF, U
+from tests.planted import write_planted as _write
 
 STUDY = "studies/tiny"
 
 
 @pytest.fixture
-def source(monkeypatch):
+def source(planted):
     """``source(effect)``: runs are filled by a PlantedSource with that effect."""
-
-    def use(effect: float) -> PlantedSource:
-        src = PlantedSource(effect)
-        monkeypatch.setitem(runners.sources.SOURCES, "train", src)
-        return src
-
-    return use
+    return planted
 
 
 def _run(path, out, *extra) -> int:
@@ -192,7 +186,7 @@ def test_registrations_written_before_canonical_hashes_still_count(tmp_path, sou
 
 @pytest.mark.parametrize("edit_claim", [False, True])
 def test_sweep_claims_are_registered(tmp_path, source, edit_claim):
-    from tests.test_sweep import TINY_SWEEP
+    from tests.conftest import TINY_SWEEP
 
     source(0.0)
     doc = yaml.safe_load(TINY_SWEEP)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,28 +18,6 @@ from study.schema import parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS
 
 REPO = Path(__file__).resolve().parent.parent
-
-# Runs one training run; with PAUSE=EPOCH:STEP it prints MIDEPOCH after that step and sleeps, so the
-# test can SIGKILL it at a known point in the middle of an epoch (after the step's optimiser update).
-DRIVER = """
-import contextlib, json, os, sys, time
-import runners.train as T
-spec = json.loads(open(sys.argv[1]).read())
-pause = os.environ.get("PAUSE")
-if pause:
-    pe, ps = map(int, pause.split(":"))
-
-    @contextlib.contextmanager
-    def progress(label, epoch, epochs, steps, bar):
-        def tick(step, loss, n):
-            if (epoch, step) == (pe, ps):
-                print("MIDEPOCH", flush=True)
-                time.sleep(600)
-        yield tick
-
-    T._epoch_progress = progress
-T.train_run(spec, sys.argv[2], sys.argv[3])
-"""
 
 DINO = {
     "kind": "dino",
@@ -62,18 +38,10 @@ def _spec(objective: str | dict, epochs: int = 3) -> dict:
 
 
 def _run(spec_file: Path, run_dir: Path, data_dir: Path, pause: str | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("PAUSE", None)
-    if pause:
-        env["PAUSE"] = pause
-    return subprocess.Popen(
-        [sys.executable, "-c", DRIVER, str(spec_file), str(run_dir), str(data_dir)],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """The shared driver (``runners.train_driver``): one run in its own process, paused at ``pause``."""
+    from runners.train_driver import start
+
+    return start(spec_file, run_dir, data_dir, pause)
 
 
 @pytest.mark.parametrize("objective", ["supervised", pytest.param("dino", marks=pytest.mark.slow)])

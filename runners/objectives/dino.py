@@ -26,6 +26,9 @@ Crops are made batched on the training device with ``torchvision.ops.roi_align``
 crop) and tensor arithmetic (flip, colour jitter with hue, grayscale, Gaussian blur, solarisation),
 every random draw from one seeded ``torch.Generator`` (``seed + 104729``), so augmentation is
 reproducible, separable from init and data order, and resumable.
+
+The settings model (:class:`~runners.objectives.dino_settings.DinoObjective`) and the presets
+(``dino_paper``, ``dino_small``) are in ``runners.objectives.dino_settings``, which imports no torch.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ from runners.inputs import MEAN as _MEAN
 from runners.inputs import STD as _STD
 from runners.inputs import to_input
 from runners.models import build_model
+from runners.objectives.base import TrainerSetup
+from runners.objectives.dino_settings import DinoObjective
 from vitstudy_core.errors import RunFailedError
 
 AUG_SEED_OFFSET = 104729
@@ -387,22 +392,19 @@ def features(
 class DinoTrainer:
     """Student/teacher pair, optimiser, loss and schedules of one DINO run (see the module docstring)."""
 
-    def __init__(
-        self, run: dict, n_classes: int, image_size: int, steps_per_epoch: int, device: torch.device
-    ) -> None:
-        tr, o = run["training"], run["objective"]
+    def __init__(self, setup: TrainerSetup[DinoObjective], device: torch.device) -> None:
+        tr, o, steps_per_epoch = setup.training, setup.objective, setup.steps_per_epoch
         self.tr, self.o, self.device, self.steps_per_epoch = tr, o, device, steps_per_epoch
-        patch = int(run["model"].get("patch_size", 16))
-        self.local_size = o.get("local_crop_size") or max(patch, round(image_size / 2 / patch) * patch)
-        student = build_model(run["model"], image_size, 0, dynamic_img_size=True)
+        self.local_size = o.local_size(setup.image_size, int(setup.model.patch_size or 16))
+        student = build_model(setup.model, setup.image_size, 0, dynamic_img_size=True)
         # the teacher has no stochastic depth (DINO builds it without drop path)
-        teacher = build_model({**run["model"], "drop_path_rate": 0.0}, image_size, 0)
+        teacher = build_model(setup.model.model_copy(update={"drop_path_rate": 0.0}), setup.image_size, 0)
         head = dict(
             in_dim=student.num_features,
-            out_dim=o["out_dim"],
-            hidden_dim=o["hidden_dim"],
-            bottleneck_dim=o["bottleneck_dim"],
-            norm_last_layer=o["norm_last_layer"],
+            out_dim=o.out_dim,
+            hidden_dim=o.hidden_dim,
+            bottleneck_dim=o.bottleneck_dim,
+            norm_last_layer=o.norm_last_layer,
         )
         self.student = nn.ModuleDict({"backbone": student, "head": DINOHead(**head)}).to(device)
         self.teacher = nn.ModuleDict({"backbone": teacher, "head": DINOHead(**head)}).to(device)
@@ -411,33 +413,31 @@ class DinoTrainer:
         self.teacher.eval()
         self.measured = self.teacher["backbone"]
         self.knn_train, self.knn_test = KNN_TRAIN, KNN_TEST
-        compile_ = tr.get("compile") and device.type == "cuda"
+        compile_ = tr.compile and device.type == "cuda"
         self.student_backbone = torch.compile(student) if compile_ else student
         self.teacher_backbone = torch.compile(teacher) if compile_ else teacher
 
-        n_crops = 2 + o["n_local_crops"]
-        self.loss_fn = DINOLoss(o["out_dim"], n_crops, o["student_temp"], o["center_momentum"]).to(device)
+        n_crops = 2 + o.n_local_crops
+        self.loss_fn = DINOLoss(o.out_dim, n_crops, o.student_temp, o.center_momentum).to(device)
         # weight decay on weights only, not on biases and norm gains (DINO's get_params_groups)
         params = [p for p in self.student.parameters() if p.requires_grad]
         decay = [p for p in params if p.ndim > 1]
         no_decay = [p for p in params if p.ndim <= 1]
-        self.opt = torch.optim.AdamW(
-            [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=tr["lr"]
-        )
-        e, s = tr["epochs"], steps_per_epoch
-        self.lr = cosine_schedule(tr["lr"], 1e-6, e, s, tr["warmup_epochs"])
-        self.wd = cosine_schedule(tr["weight_decay"], o["weight_decay_end"], e, s)
-        self.momentum = cosine_schedule(o["momentum_teacher"], 1.0, e, s)
+        self.opt = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=tr.lr)
+        e, s = tr.epochs, steps_per_epoch
+        self.lr = cosine_schedule(tr.lr, 1e-6, e, s, tr.warmup_epochs)
+        self.wd = cosine_schedule(tr.weight_decay, o.weight_decay_end, e, s)
+        self.momentum = cosine_schedule(o.momentum_teacher, 1.0, e, s)
         self.teacher_temp = teacher_temp_schedule(
-            o["warmup_teacher_temp"], o["teacher_temp"], o["warmup_teacher_temp_epochs"], e
+            o.warmup_teacher_temp, o.teacher_temp, o.warmup_teacher_temp_epochs, e
         )
-        self.aug_gen = torch.Generator().manual_seed(run["seed"] + AUG_SEED_OFFSET)
+        self.aug_gen = torch.Generator().manual_seed(setup.seed + AUG_SEED_OFFSET)
         self.crops = MultiCrop(
-            image_size,
+            setup.image_size,
             self.local_size,
-            o["n_local_crops"],
-            o["global_crop_scale"],
-            o["local_crop_scale"],
+            o.n_local_crops,
+            o.global_crop_scale,
+            o.local_crop_scale,
             self.aug_gen,
         )
 
@@ -467,7 +467,7 @@ class DinoTrainer:
                 group["lr"] = float(self.lr[it])
                 if i == 0:
                     group["weight_decay"] = float(self.wd[it])
-            idx = order[step * tr["batch_size"] : (step + 1) * tr["batch_size"]]
+            idx = order[step * tr.batch_size : (step + 1) * tr.batch_size]
             crops = self.crops(to_input(xtr[idx], device))
             # bf16 autocast on CUDA for the backbones and the head's MLP; the head's last layer and the
             # loss (temperatures, softmaxes) run in float32 (DINOHead.forward, DINOLoss.forward)
@@ -480,12 +480,12 @@ class DinoTrainer:
                 raise RunFailedError(f"non-finite loss at step {step}", epoch)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
-            if o["clip_grad"]:
+            if o.clip_grad:
                 for p in self.student.parameters():  # per-parameter clipping, as DINO's clip_gradients
                     if p.grad is not None:
                         norm = p.grad.norm(2)
-                        p.grad.mul_(torch.clamp(o["clip_grad"] / (norm + 1e-6), max=1.0))
-            if epoch - 1 < o["freeze_last_layer_epochs"]:
+                        p.grad.mul_(torch.clamp(o.clip_grad / (norm + 1e-6), max=1.0))
+            if epoch - 1 < o.freeze_last_layer_epochs:
                 for p in self.student["head"].last_layer.parameters():
                     p.grad = None
             self.opt.step()

@@ -1,7 +1,8 @@
 """Supervised cross-entropy: AdamW, linear warmup + cosine decay per step, optional label smoothing.
 
-The TGO-I recipe is the ``tgo_supervised`` preset (``study.schema.OBJECTIVE_PRESETS``): AdamW lr 1e-3,
-weight decay 0.05, label smoothing 0.1, drop path 0.1, cosine schedule.
+Its settings and presets are in ``runners.objectives.supervised_settings`` (no torch). The TGO-I recipe
+is the ``tgo_supervised`` preset there: AdamW lr 1e-3, weight decay 0.05, label smoothing 0.1, drop path
+0.1, cosine schedule.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import torch.nn.functional as F
 
 from runners.inputs import to_input
 from runners.models import build_model
+from runners.objectives.base import TrainerSetup
+from runners.objectives.supervised_settings import SupervisedObjective
 from vitstudy_core.errors import RunFailedError
 
 
@@ -47,20 +50,16 @@ def accuracy(
 class SupervisedTrainer:
     """A timm ViT with a linear head trained with cross-entropy on the labels."""
 
-    def __init__(
-        self, run: dict, n_classes: int, image_size: int, steps_per_epoch: int, device: torch.device
-    ) -> None:
-        tr = run["training"]
+    def __init__(self, setup: TrainerSetup[SupervisedObjective], device: torch.device) -> None:
+        tr, steps_per_epoch = setup.training, setup.steps_per_epoch
         self.tr, self.device, self.steps_per_epoch = tr, device, steps_per_epoch
-        self.model = build_model(run["model"], image_size, n_classes).to(device)
+        self.model = build_model(setup.model, setup.image_size, setup.n_classes).to(device)
         self.measured = self.model
         # compile only on CUDA: on CPU the compile time exceeds what short runs could save
-        self.forward = (
-            torch.compile(self.model) if tr.get("compile") and device.type == "cuda" else self.model
-        )
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=tr["lr"], weight_decay=tr["weight_decay"])
-        total = steps_per_epoch * tr["epochs"]
-        warmup = round(tr["warmup_epochs"] * steps_per_epoch)
+        self.forward = torch.compile(self.model) if tr.compile and device.type == "cuda" else self.model
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=tr.lr, weight_decay=tr.weight_decay)
+        total = steps_per_epoch * tr.epochs
+        warmup = round(tr.warmup_epochs * steps_per_epoch)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(total, warmup))
 
     def train_epoch(
@@ -79,11 +78,11 @@ class SupervisedTrainer:
         self.model.train()
         loss_sum, seen, correct = 0.0, 0, 0
         for step in range(self.steps_per_epoch):
-            idx = order[step * tr["batch_size"] : (step + 1) * tr["batch_size"]]
+            idx = order[step * tr.batch_size : (step + 1) * tr.batch_size]
             xb, yb = to_input(xtr[idx], device), ytr[idx].to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 logits = self.forward(xb)
-                loss = F.cross_entropy(logits.float(), yb, label_smoothing=tr["label_smoothing"])
+                loss = F.cross_entropy(logits.float(), yb, label_smoothing=tr.label_smoothing)
             if not torch.isfinite(loss):
                 raise RunFailedError(f"non-finite loss at step {step}", epoch)
             self.opt.zero_grad(set_to_none=True)

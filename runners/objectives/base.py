@@ -1,0 +1,231 @@
+"""What every training objective is made of, without torch: its registry, settings, presets and setup.
+
+An objective is one settings model, registered under its name, next to its trainer::
+
+    # runners/objectives/byol_settings.py  (no torch: the hypothesis schema imports it)
+    @OBJECTIVES.register("byol")
+    class ByolObjective(ObjectiveSettings):
+        '''What the hypothesis file's ``objective:`` section sets for BYOL.'''
+        kind: Literal["byol"] = "byol"
+        trainer: ClassVar[str] = "runners.objectives.byol:ByolTrainer"   # imported when a run trains
+        presets: ClassVar[dict[str, Preset]] = {"byol_paper": Preset({"tau": 0.996}, {"lr": 0.2})}
+        tau: float = 0.99
+
+    # runners/objectives/byol.py  (torch): class ByolTrainer, built from a TrainerSetup
+
+``runners.objectives`` imports every ``*_settings`` module of its folder, so the schema, the run specs
+and ``make_objective`` find the new objective; the hypothesis file names it (``objective: byol``,
+``objective: byol_paper`` or ``objective: {kind: byol, tau: 0.98}``). ``tests/test_objective_contract.py``
+checks every registered objective.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+
+from pydantic import Field, field_validator, model_validator
+
+from runners.models import TimmModel
+from vitstudy_core.registry import Registry
+from vitstudy_core.settings import Strict
+
+if TYPE_CHECKING:
+    import torch
+
+DEFAULT_OBJECTIVE = "supervised"  # a design without ``objective``, or one without ``kind``
+
+
+class TrainingSpec(Strict):
+    """Optimisation settings of one training run (AdamW, linear warmup + cosine decay per step)."""
+
+    epochs: int = Field(8, ge=1)
+    batch_size: int = Field(128, ge=1)
+    lr: float = Field(1e-3, gt=0)  # AdamW 1e-3 / wd 0.05: the TGO-I recipe; absolute, never batch-scaled
+    weight_decay: float = Field(0.05, ge=0)
+    warmup_epochs: float = Field(1.0, ge=0)  # short linear warmup keeps early ViT training stable
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    max_steps_per_epoch: int | None = Field(None, ge=1)  # for smoke tests only
+    compile: bool = False  # torch.compile the model (CUDA only; ignored on CPU where compile time dominates)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named recipe: the fields it fills in the ``objective``, ``training`` and ``model`` sections.
+
+    A hypothesis file's own values always win over a preset's.
+    """
+
+    objective: Mapping[str, Any] = field(default_factory=dict)  # the objective's fields (not ``kind``)
+    training: Mapping[str, Any] = field(default_factory=dict)
+    model: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ObjectiveSettings(Strict):
+    """Base of every objective's settings model (the hypothesis file's ``design.objective``).
+
+    A subclass sets ``kind: Literal[NAME] = NAME``, the class variables ``trainer`` (``"module:Class"``
+    of its torch trainer, imported only when a run trains) and ``presets``, and its own fields, each with
+    a default (``objective: NAME`` alone must be a valid objective).
+    """
+
+    kind: str
+    preset: str | None = None
+
+    trainer: ClassVar[str] = ""
+    presets: ClassVar[Mapping[str, Preset]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_preset(cls, data: object) -> object:
+        """A known ``preset`` fills the objective's fields the file leaves unset."""
+        preset = data.get("preset") if isinstance(data, dict) else None
+        if isinstance(preset, str) and preset in cls.presets:
+            data = {**cls.presets[preset].objective, **data}
+        return data
+
+    @field_validator("preset", mode="before")
+    @classmethod
+    def _known_preset(cls, v: object) -> object:
+        """One of this objective's presets (the message pydantic gives for a ``Literal`` of their names)."""
+        if v is not None and not (isinstance(v, str) and v in cls.presets):
+            names = [repr(p) for p in cls.presets]
+            expected = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+            raise ValueError(f"Input should be {expected}" if names else "this objective has no presets")
+        return v
+
+    def check_model(self, model: TimmModel) -> tuple[str, str] | None:
+        """A conflict of these settings with the resolved model: ``(field, expectation)``, or None."""
+        return None
+
+
+def _check_entry(name: str, cls: type[ObjectiveSettings]) -> None:
+    """Registry check: a settings subclass whose ``kind`` defaults to its name, with a trainer path."""
+    if not (isinstance(cls, type) and issubclass(cls, ObjectiveSettings)):
+        raise ValueError(f"objective {name!r}: expected an ObjectiveSettings subclass, got {cls!r}")
+    if cls.model_fields["kind"].default != name:
+        raise ValueError(f"objective {name!r}: its settings' kind must default to {name!r}")
+    module, _, attr = cls.trainer.partition(":")
+    if not module or not attr:
+        raise ValueError(f"objective {name!r}: trainer must be 'module:Class', got {cls.trainer!r}")
+
+
+OBJECTIVES: Registry[type[ObjectiveSettings]] = Registry("objective", check=_check_entry)
+
+
+def objective_names() -> list[str]:
+    """Registered objective names, the default first (the order error messages list them in)."""
+    return [DEFAULT_OBJECTIVE, *(n for n in OBJECTIVES.names() if n != DEFAULT_OBJECTIVE)]
+
+
+def find_preset(name: str) -> tuple[str, Preset] | None:
+    """``(objective name, preset)`` of the preset called ``name`` in any objective, or None."""
+    for kind, cls in OBJECTIVES.items():
+        if name in cls.presets:
+            return kind, cls.presets[name]
+    return None
+
+
+def preset_names() -> list[str]:
+    """Every registered preset's name, sorted."""
+    return sorted(p for cls in OBJECTIVES.values() for p in cls.presets)
+
+
+def objective_payload(settings: ObjectiveSettings) -> str | dict:
+    """The objective as a run spec holds it (and so as its run key hashes it).
+
+    The default objective with default settings stays the bare string it always was (``"supervised"``:
+    keys of runs trained before objectives had settings do not move); anything else is its settings.
+    """
+    if settings == OBJECTIVES[DEFAULT_OBJECTIVE]():
+        return DEFAULT_OBJECTIVE
+    return settings.model_dump()
+
+
+def objective_settings(payload: str | Mapping[str, Any]) -> ObjectiveSettings:
+    """The settings model back from a run spec's ``objective`` (:func:`objective_payload`'s inverse)."""
+    if isinstance(payload, str):
+        return OBJECTIVES.get(payload)()
+    return OBJECTIVES.get(payload.get("kind", DEFAULT_OBJECTIVE)).model_validate(dict(payload))
+
+
+S = TypeVar("S", bound=ObjectiveSettings)
+
+
+@dataclass(frozen=True)
+class TrainerSetup(Generic[S]):
+    """Everything an objective's trainer is built from, typed (``runners.train`` builds it from a run).
+
+    Attributes:
+        objective: the objective's own settings model.
+        training: the run's optimisation settings.
+        model: the resolved timm model.
+        seed: the run seed (the trainer derives its own streams from it, e.g. DINO's crops).
+        n_classes, image_size: of the dataset (image side in pixels).
+        steps_per_epoch: optimiser steps per epoch (the schedules are laid out per step).
+    """
+
+    objective: S
+    training: TrainingSpec
+    model: TimmModel
+    seed: int
+    n_classes: int
+    image_size: int
+    steps_per_epoch: int
+
+    @classmethod
+    def from_run(
+        cls, run: Mapping[str, Any], n_classes: int, image_size: int, steps_per_epoch: int
+    ) -> TrainerSetup:
+        """Typed settings from a run spec dict (``RunSpec.model_dump()``)."""
+        return cls(
+            objective=objective_settings(run["objective"]),
+            training=TrainingSpec.model_validate(run["training"]),
+            model=TimmModel.model_validate(run["model"]),
+            seed=int(run["seed"]),
+            n_classes=n_classes,
+            image_size=image_size,
+            steps_per_epoch=steps_per_epoch,
+        )
+
+
+class Trainer(Protocol):
+    """What ``runners.train.train_run`` calls on every objective's trainer (built as
+    ``Trainer(setup: TrainerSetup, device: torch.device)``).
+
+    * ``measured``: the network whose layer-wise spectra are measured (supervised: the classifier's ViT;
+      DINO: the EMA *teacher* backbone, as in the Inductive Bottleneck paper);
+    * ``train_epoch(epoch, xtr, ytr, order, tick) -> dict``: one pass over ``order``; raises
+      ``RunFailedError`` on a non-finite loss; calls ``tick(step, loss, n_images)`` after every step;
+    * ``evaluate(xtr, ytr, xte, yte) -> dict``: held-out quality (test accuracy, or teacher k-NN accuracy);
+    * ``state_dict()`` / ``load_state_dict(state)``: everything a resumed run needs, as tensors and plain
+      containers only (``resume.pt`` is read with ``torch.load(weights_only=True)``).
+    """
+
+    measured: torch.nn.Module
+    steps_per_epoch: int
+
+    def train_epoch(
+        self,
+        epoch: int,
+        xtr: torch.Tensor,
+        ytr: torch.Tensor,
+        order: torch.Tensor,
+        tick: Callable[[int, float, int], None],
+    ) -> dict: ...
+
+    def evaluate(
+        self, xtr: torch.Tensor, ytr: torch.Tensor, xte: torch.Tensor, yte: torch.Tensor
+    ) -> dict: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def trainer_class(name: str) -> Callable[[TrainerSetup, torch.device], Trainer]:
+    """The trainer class of the objective ``name``, imported now (it imports torch)."""
+    module, _, attr = OBJECTIVES.get(name).trainer.partition(":")
+    return getattr(importlib.import_module(module), attr)
