@@ -334,24 +334,32 @@ def _sweep_verb(args: argparse.Namespace, hyp, argv) -> int:
         )
     if args.n_trials is not None and args.n_trials < 1:
         raise StudyError(f"--n-trials: expected a positive integer, got {args.n_trials}")
-    outcome = run_sweep(
-        hyp,
-        args.hypothesis,
-        args.out,
-        n_trials=args.n_trials,
-        storage=args.storage,
-        workers=_workers(args.workers),
-        track=not args.no_mlflow,
-        report=not args.no_report,
-        command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
-        placement=_placement(args),
-    )
+    from study.sweep import SweepOptions
+
+    sweep = SweepOptions(n_trials=args.n_trials, storage=args.storage)
+    outcome = run_sweep(hyp, args.hypothesis, args.out, _run_options(args, argv), sweep)
     print()
     print(format_verdicts(outcome.results))
     print(f"\nresults: {outcome.sweep_dir}/ (trials.csv, table.parquet, verdicts.json)")
     if outcome.report:
         print(f"report:  {outcome.report}")
     return 0
+
+
+def _run_options(args: argparse.Namespace, argv: list[str] | None):
+    """``run``'s and ``sweep``'s shared flags as one ``stages.RunOptions`` (``sweep`` has no ``--force``
+    or ``--log-model``)."""
+    from study.stages import RunOptions
+
+    return RunOptions(
+        workers=_workers(args.workers),
+        force=getattr(args, "force", False),
+        track=not args.no_mlflow,
+        log_model=getattr(args, "log_model", False),
+        report=not args.no_report,
+        command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
+        placement=_placement(args),
+    )
 
 
 def _workers(value: str) -> int | str:
@@ -407,19 +415,7 @@ def _run_verb(args: argparse.Namespace, hyp, argv) -> int:
     if any(not k or not v for k, v in roots.items()) or len(roots) != len(args.data_root):
         raise StudyError(f"--data-root: expected NAME=PATH, got {args.data_root}")
     hyp = with_data_roots(hyp, roots, str(args.hypothesis)) if roots else hyp
-    outcome = run_study(
-        hyp,
-        args.hypothesis,
-        args.out,
-        workers=_workers(args.workers),
-        force=args.force,
-        track=not args.no_mlflow,
-        log_model=args.log_model,
-        report=not args.no_report,
-        sequential=_sequential_plan(args, hyp),
-        command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
-        placement=_placement(args),
-    )
+    outcome = run_study(hyp, args.hypothesis, args.out, _run_options(args, argv), _sequential_plan(args, hyp))
     print()
     print(format_verdicts(outcome.results))
     if outcome.sequential:

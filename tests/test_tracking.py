@@ -13,6 +13,7 @@ from study.cli import main
 from study.orchestrate import run_study
 from study.runspecs import plan_runs
 from study.schema import load_hypothesis
+from study.stages import RunOptions
 from study.tracking import sanitize_metric_name
 from vitstudy_core.errors import StudyError
 
@@ -71,7 +72,7 @@ def study(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
     outcome = run_study(
-        load_hypothesis(root / "first.yaml"), root / "first.yaml", out, workers=1, log=lambda s: None
+        load_hypothesis(root / "first.yaml"), root / "first.yaml", out, RunOptions(workers=1), log=lambda s: None
     )
     yield root, out, outcome
     mp.undo()
@@ -131,7 +132,7 @@ def test_second_file_reuses_runs_from_the_store(study):
     shutil.rmtree(out / "runs")  # only the tracking store has them now
     lines: list[str] = []
     second = run_study(
-        load_hypothesis(root / "second.yaml"), root / "second.yaml", out, workers=1, log=lines.append
+        load_hypothesis(root / "second.yaml"), root / "second.yaml", out, RunOptions(workers=1), log=lines.append
     )
     assert second.trained == [] and sorted(second.reused) == sorted(first.trained)
     assert all(v.startswith("mlflow:") for v in second.reused_from.values())
@@ -178,14 +179,14 @@ def test_missing_or_corrupt_store_artifact_is_one_line(study, capsys):
                 load_hypothesis(root / "second.yaml"),
                 root / "second.yaml",
                 out,
-                workers=1,
+                RunOptions(workers=1),
                 log=lambda s: None,
             )
     finally:
         open(spectra, "wb").write(original)
     # the store is whole again: the same command reuses everything
     again = run_study(
-        load_hypothesis(root / "second.yaml"), root / "second.yaml", out, workers=1, log=lambda s: None
+        load_hypothesis(root / "second.yaml"), root / "second.yaml", out, RunOptions(workers=1), log=lambda s: None
     )
     assert again.trained == []
 
@@ -193,10 +194,10 @@ def test_missing_or_corrupt_store_artifact_is_one_line(study, capsys):
 def test_corrupt_local_spectra_is_one_line(study):
     root, out, first = study
     key = first.trained[0]
-    run_study(load_hypothesis(root / "first.yaml"), root / "first.yaml", out, workers=1, log=lambda s: None)
+    run_study(load_hypothesis(root / "first.yaml"), root / "first.yaml", out, RunOptions(workers=1), log=lambda s: None)
     (out / "runs" / key / "spectra.npz").write_bytes(b"bad")
     with pytest.raises(StudyError, match=rf"key {key}\): artifact spectra.npz is missing or corrupt"):
-        run_study(load_hypothesis(root / "first.yaml"), root / "first.yaml", out, workers=1, track=False)
+        run_study(load_hypothesis(root / "first.yaml"), root / "first.yaml", out, RunOptions(workers=1, track=False))
     shutil.rmtree(out / "runs" / key)
 
 
@@ -206,8 +207,7 @@ def test_force_retrains(study):
         load_hypothesis(root / "first.yaml"),
         root / "first.yaml",
         out,
-        workers=1,
-        force=True,
+        RunOptions(workers=1, force=True),
         log=lambda s: None,
     )
     assert sorted(forced.trained) == sorted(first.trained) and forced.reused == []
