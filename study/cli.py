@@ -226,7 +226,14 @@ def _results_verbs(args) -> int | None:
 
         study_dir = args.study
         if study_dir.is_file():
-            study_dir = args.out / "studies" / load_hypothesis(study_dir).name
+            hyp = load_hypothesis(study_dir)
+            study_dir = args.out / ("sweeps" if hyp.sweep else "studies") / hyp.name
+        if (study_dir / "trials.csv").is_file() and (study_dir / "verdicts.json").is_file():
+            from study.sweep import report_from_folder
+
+            html_path = report_from_folder(study_dir)
+            print(f"report: {html_path}\nsummary: {html_path.with_suffix('.md')}")
+            return 0
         if not (study_dir / "verdicts.json").is_file():
             raise StudyError(
                 "expected a study folder with verdicts.json (run the study first)", str(study_dir)
@@ -377,7 +384,9 @@ def _validate_verb(args: argparse.Namespace, hyp) -> int:
     check_hypothesis(hyp, str(args.hypothesis), args.out)
 
     if hyp.sweep is not None:
-        trials = hyp.sweep.n_trials or hyp.sweep.grid_size()
+        from study.sweep import trial_target
+
+        trials = trial_target(hyp, None, str(args.hypothesis))
         n = trials * len(hyp.design.seeds)
         print(
             f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), a sweep of {trials} trial(s) x "

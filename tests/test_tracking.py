@@ -3,6 +3,7 @@ cached reruns, --force, and one-line errors for missing/corrupt store artifacts.
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 import time
@@ -259,3 +260,47 @@ def test_shipped_files_over_one_design_share_run_keys():
     for paths in shared:
         keys = [[s.key for s in plan_runs(load_hypothesis(p))] for p in paths]
         assert all(k == keys[0] for k in keys), [p.name for p in paths]
+
+
+def _public(cls) -> dict[str, inspect.Signature]:
+    return {
+        name: inspect.signature(getattr(cls, name))
+        for name in dir(cls)
+        if (not name.startswith("_") or name in ("__enter__", "__exit__")) and callable(getattr(cls, name))
+    }
+
+
+def _shape(sig: inspect.Signature) -> list[tuple]:
+    """A signature's parameters as (name, kind, default): what a caller can pass."""
+    return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+
+
+def test_null_tracker_keeps_up_with_tracker():
+    """Every public method of Tracker is in NullTracker and in TrackerProtocol, with the same parameters:
+    a method added to Tracker alone fails here (``--no-mlflow`` would raise AttributeError)."""
+    from study.tracking import NullTracker, Tracker, TrackerProtocol
+
+    real, null, proto = _public(Tracker), _public(NullTracker), _public(TrackerProtocol)
+    assert set(real) == set(null) == set(proto), (set(real) ^ set(null), set(real) ^ set(proto))
+    for name, sig in real.items():
+        assert _shape(sig) == _shape(null[name]) == _shape(proto[name]), name
+    assert isinstance(NullTracker(), TrackerProtocol)
+    assert not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for s in null.values() for p in s.parameters.values())
+
+
+def test_only_the_tracking_modules_import_mlflow():
+    """The MLflow boundary: study/tracking*.py (and doctor, which inspects the store) import mlflow."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    found = set()
+    for path in root.glob("*/**/*.py"):
+        if path.parts[len(root.parts)] in ("tests", "bench") or ".venv" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
+                found.add(path.relative_to(root).as_posix())
+    assert found and all(f.startswith("study/tracking") or f == "study/doctor.py" for f in found), found
