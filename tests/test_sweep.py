@@ -408,7 +408,10 @@ def test_optuna_figures_leave_the_matplotlib_style_alone():
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     study.optimize(lambda t: t.suggest_float("a", 0, 1) + t.suggest_float("b", 0, 1), n_trials=6)
-    before = {k: plt.rcParams[k] for k in ("axes.facecolor", "axes.prop_cycle", "axes.grid")}
-    figures = optuna_figures(study)
+    with plt.rc_context():  # from matplotlib's defaults (a leak elsewhere in this process would hide one)
+        plt.rcdefaults()
+        before = {k: plt.rcParams[k] for k in ("axes.facecolor", "axes.prop_cycle", "axes.grid")}
+        figures = optuna_figures(study)
+        after = {k: plt.rcParams[k] for k in before}
     assert [f.png is not None for f in figures] == [True, True], [f.missing for f in figures]
-    assert {k: plt.rcParams[k] for k in before} == before  # optuna's global ggplot style does not leak
+    assert after == before  # optuna's global ggplot style does not leak into the report's later figures
