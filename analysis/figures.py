@@ -273,8 +273,8 @@ def knob_figure(result, ylabel: str) -> Figure:
         ls="--",
         label=f"fitted trend, slope {result.effect:.3g} ({result.verdict})",
     )
-    cross = (result.details or {}).get("crossing")
-    if cross and np.isfinite(cross.get("mean_curve", np.nan)):
+    cross = (result.details or {}).get("crossing") or {}
+    if cross.get("mean_curve") is not None and np.isfinite(cross["mean_curve"]):  # null once read back
         ax.axhline(cross["level"], color="grey", lw=0.8, ls=":")
         ax.axvline(cross["mean_curve"], color="grey", lw=0.8, ls=":")
     accuracy = (result.details or {}).get("accuracy") or {}
@@ -341,7 +341,10 @@ def trials_figure(trials: pd.DataFrame, knob: str, label: str) -> Figure:
 
 
 def optuna_figures(optuna_study) -> list[Figure]:
-    """optuna's own matplotlib contour and slice plots of a search over two knobs or more."""
+    """optuna's own matplotlib contour and slice plots of a search over two knobs or more.
+
+    optuna sets ``plt.style.use("ggplot")`` globally when it draws: each plot is drawn inside
+    ``rc_context``, so every later figure of the report keeps this module's colours."""
     import warnings
 
     from optuna.visualization import matplotlib as ovm
@@ -349,7 +352,7 @@ def optuna_figures(optuna_study) -> list[Figure]:
     out = []
     for name, plot in (("contour", ovm.plot_contour), ("slice", ovm.plot_slice)):
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), plt.rc_context():
                 warnings.simplefilter("ignore")  # optuna marks its matplotlib plots experimental
                 axes = plot(optuna_study)
             ax = np.ravel(axes)[0] if isinstance(axes, np.ndarray) else axes

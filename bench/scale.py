@@ -34,6 +34,7 @@ def timed_study(hyp_path: Path, out: Path, workers: int, placement) -> float:
 
     from study.orchestrate import run_study
     from study.schema import load_hypothesis
+    from study.stages import RunOptions
 
     hyp = load_hypothesis(hyp_path)
     threads = torch.get_num_threads()
@@ -43,11 +44,8 @@ def timed_study(hyp_path: Path, out: Path, workers: int, placement) -> float:
         hyp,
         hyp_path,
         out,
-        workers=workers,
-        track=False,
-        report=False,
+        RunOptions(workers=workers, track=False, report=False, placement=placement),
         log=lambda _: None,
-        placement=placement,
     )
     wall = time.perf_counter() - t0
     torch.set_num_threads(threads)

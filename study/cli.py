@@ -230,7 +230,14 @@ def _results_verbs(args) -> int | None:
 
         study_dir = args.study
         if study_dir.is_file():
-            study_dir = args.out / "studies" / load_hypothesis(study_dir).name
+            hyp = load_hypothesis(study_dir)
+            study_dir = args.out / ("sweeps" if hyp.sweep else "studies") / hyp.name
+        if (study_dir / "trials.csv").is_file() and (study_dir / "verdicts.json").is_file():
+            from study.sweep import report_from_folder
+
+            html_path = report_from_folder(study_dir)
+            print(f"report: {html_path}\nsummary: {html_path.with_suffix('.md')}")
+            return 0
         if not (study_dir / "verdicts.json").is_file():
             raise StudyError(
                 "expected a study folder with verdicts.json (run the study first)", str(study_dir)
@@ -338,24 +345,32 @@ def _sweep_verb(args: argparse.Namespace, hyp, argv) -> int:
         )
     if args.n_trials is not None and args.n_trials < 1:
         raise StudyError(f"--n-trials: expected a positive integer, got {args.n_trials}")
-    outcome = run_sweep(
-        hyp,
-        args.hypothesis,
-        args.out,
-        n_trials=args.n_trials,
-        storage=args.storage,
-        workers=_workers(args.workers),
-        track=not args.no_mlflow,
-        report=not args.no_report,
-        command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
-        placement=_placement(args),
-    )
+    from study.sweep import SweepOptions
+
+    sweep = SweepOptions(n_trials=args.n_trials, storage=args.storage)
+    outcome = run_sweep(hyp, args.hypothesis, args.out, _run_options(args, argv), sweep)
     print()
     print(format_verdicts(outcome.results))
     print(f"\nresults: {outcome.sweep_dir}/ (trials.csv, table.parquet, verdicts.json)")
     if outcome.report:
         print(f"report:  {outcome.report}")
     return 0
+
+
+def _run_options(args: argparse.Namespace, argv: list[str] | None):
+    """``run``'s and ``sweep``'s shared flags as one ``stages.RunOptions`` (``sweep`` has no ``--force``
+    or ``--log-model``)."""
+    from study.stages import RunOptions
+
+    return RunOptions(
+        workers=_workers(args.workers),
+        force=getattr(args, "force", False),
+        track=not args.no_mlflow,
+        log_model=getattr(args, "log_model", False),
+        report=not args.no_report,
+        command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
+        placement=_placement(args),
+    )
 
 
 def _workers(value: str) -> int | str:
@@ -373,7 +388,9 @@ def _validate_verb(args: argparse.Namespace, hyp) -> int:
     check_hypothesis(hyp, str(args.hypothesis), args.out)
 
     if hyp.sweep is not None:
-        trials = hyp.sweep.n_trials or hyp.sweep.grid_size()
+        from study.sweep import trial_target
+
+        trials = trial_target(hyp, None, str(args.hypothesis))
         n = trials * len(hyp.design.seeds)
         print(
             f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), a sweep of {trials} trial(s) x "
@@ -418,19 +435,7 @@ def _run_verb(args: argparse.Namespace, hyp, argv) -> int:
         from study.registration import start_new
 
         start_new(args.out / "studies" / hyp.name, args.new_registration)
-    outcome = run_study(
-        hyp,
-        args.hypothesis,
-        args.out,
-        workers=_workers(args.workers),
-        force=args.force,
-        track=not args.no_mlflow,
-        log_model=args.log_model,
-        report=not args.no_report,
-        sequential=_sequential_plan(args, hyp),
-        command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
-        placement=_placement(args),
-    )
+    outcome = run_study(hyp, args.hypothesis, args.out, _run_options(args, argv), _sequential_plan(args, hyp))
     print()
     print(format_verdicts(outcome.results))
     if outcome.sequential:

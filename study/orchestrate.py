@@ -28,7 +28,7 @@ from analysis.verdicts import INCONCLUSIVE, ClaimResult, decide_sequential, fami
 from study import registration, stages
 from study.preflight import check_hypothesis
 from study.schema import Hypothesis
-from study.tracking import open_tracker
+from study.tracking import TrackerProtocol, open_tracker
 from vitstudy_core.errors import StudyError
 from vitstudy_core.io import remove_temporaries
 from vitstudy_core.locks import file_lock
@@ -45,16 +45,6 @@ class StudyOutcome:
     reused_from: dict[str, str] | None = None  # key -> "local" or "mlflow:<run id>"
     report: Path | None = None
     sequential: dict | None = None  # the looks of --until-decided (verdicts.json "sequential")
-
-
-def _log_triage(log: Callable[[str], None], hyp: Hypothesis, specs, tri: stages.Triage) -> None:
-    reused = tri.reused_from
-    log(f"study {hyp.name}: {len(specs)} runs planned, {len(reused)} reused, {len(tri.todo)} to train")
-    for spec in specs:
-        if spec.key in reused:
-            src = reused[spec.key]
-            where = "runs/ folder" if src == "local" else f"MLflow run {src.split(':', 1)[1]}"
-            log(f"  reused {spec.label} (key {spec.key}, from {where})")
 
 
 @dataclass(frozen=True)
@@ -100,45 +90,27 @@ def with_seeds(hyp: Hypothesis, seeds: list[int]) -> Hypothesis:
 class _Looked:
     """What every look of a study gave, for writing its outputs."""
 
-    specs: list  # the last look's planned runs
-    tri: stages.Triage  # merged over the looks
-    failed: dict[str, str]
+    runs: stages.Filled  # merged over the looks (specs: the last look's plan)
     collected: stages.Collected  # the last look's table
     results: list[ClaimResult]
     status: dict[str, dict]  # claim name -> registration status
     sequential: dict | None  # the summary of --until-decided's looks; None for one look
 
 
-def _train_look(hyp, runs_dir: Path, data_dir: Path, tracker, done: set[str], opts: dict, on_triaged=None):
-    """Triage, fetch, train and collect the runs of one look.
+def _train_look(
+    hyp: Hypothesis, out_dir: Path, tracker: TrackerProtocol, done: set[str], opts: stages.RunOptions, log, on_triaged=None
+) -> tuple[stages.Filled, stages.Collected]:
+    """Fill (``stages.fill_runs``) and collect the runs of one look.
 
     ``done``: keys handled by earlier looks (never retrained, not counted as reused); updated here.
-    ``opts``: ``workers``, ``force``, ``log``. ``on_triaged(specs, tri)``: called before training.
+    ``on_triaged(specs, tri)``: called before training.
     """
-    log, force = opts["log"], opts["force"]
-    specs = stages.plan(hyp, data_dir)
+    specs = stages.plan(hyp, out_dir / "data")
     new = [s for s in specs if s.key not in done]
-    tri = stages.triage(new, runs_dir, {} if force else tracker.finished_runs(), force)
-    stages.fetch_stored(tri, new, runs_dir, tracker)
-    stages.clear_for_training(tri.todo, runs_dir, force)
-    _log_triage(log, hyp, new, tri)
-    data = stages.prepare_data(tri.todo, data_dir, log)
-    if on_triaged is not None:
-        on_triaged(specs, tri)
-    layers = hyp.design.layers
-
-    def log_ended(spec, result) -> None:  # each run reaches the store as it ends, not at the end
-        ds = data.get(stages.dataset_key(spec.dataset))
-        stages.log_run(tracker, spec, runs_dir, layers, ds, again=force)
-
-    failed = stages.execute(
-        tri.todo, runs_dir, data_dir, opts["workers"], log, log_ended, opts.get("placement"), hyp.name
-    )
-    # finished runs the store lacks (their invocation died before logging them) are logged now
-    stages.log_missing(tracker, specs, runs_dir, layers, data)
-    collected = stages.collect_table(specs, runs_dir, layers, failed)
+    filled = stages.fill_runs(new, out_dir, hyp, tracker, opts, log, on_triaged=on_triaged)
+    collected = stages.collect_table(specs, out_dir / "runs", hyp.design.layers, filled.failed)
     done.update(s.key for s in specs)
-    return specs, tri, failed, collected
+    return stages.Filled(specs, filled.tri, filled.failed, filled.data), collected
 
 
 def _decided(hyp: Hypothesis, results: list[ClaimResult], post_hoc: set[str]) -> bool:
@@ -147,36 +119,38 @@ def _decided(hyp: Hypothesis, results: list[ClaimResult], post_hoc: set[str]) ->
     return all(results[i].verdict != INCONCLUSIVE for i in idx)
 
 
-def _run_looks(hyp, hyp_path, dirs, tracker, plan: SequentialPlan | None, opts: dict, reg: dict) -> _Looked:
+def _run_looks(
+    hyp: Hypothesis,
+    hyp_path: Path,
+    out_dir: Path,
+    tracker: TrackerProtocol,
+    plan: SequentialPlan | None,
+    opts: stages.RunOptions,
+    log,
+    reg: dict,
+) -> _Looked:
     """Every look of the study."""
-    runs_dir, data_dir = dirs
     done: set[str] = set()
-    merged, failed_all, looks, seeds_at = stages.Triage(), {}, [], []
+    merged, looks, seeds_at = stages.Filled(), [], []
     schedule = seed_schedule(hyp.design.seeds, plan)
 
     def on_first(specs, tri):
-        tracker.log_study(hyp, hyp_path, specs, tri, opts["command"])
+        tracker.log_study(hyp, hyp_path, specs, tri, opts.command)
 
     for k, seeds in enumerate(schedule):
         hyp_k = with_seeds(hyp, seeds) if plan else hyp
-        specs, tri, failed, collected = _train_look(
-            hyp_k, runs_dir, data_dir, tracker, done, opts, on_first if k == 0 else None
-        )
-        merged.finished += tri.finished
-        merged.stored.update(tri.stored)
-        merged.todo += tri.todo
-        failed_all.update(failed)
-        status = registration.claim_status(reg, hyp_k, specs, runs_dir)
+        filled, collected = _train_look(hyp_k, out_dir, tracker, done, opts, log, on_first if k == 0 else None)
+        merged.merge(filled)
+        merged.specs = filled.specs  # the outputs list the last look's plan
+        status = registration.claim_status(reg, hyp_k, filled.specs, out_dir / "runs")
         post_hoc = {n for n, st in status.items() if st["status"] == registration.POST_HOC}
         looks.append(stages.evaluate(hyp_k, collected.table, str(hyp_path), collected.failed_seeds, post_hoc))
         seeds_at.append(len(seeds))
         if plan is None:
-            return _Looked(specs, merged, failed_all, collected, looks[-1], status, None)
+            return _Looked(merged, collected, looks[-1], status, None)
         results = decide_sequential(hyp_k, looks, seeds_at, plan.max_seeds, plan.spending, post_hoc)
         stop = _decided(hyp_k, results, post_hoc)
-        opts["log"](
-            f"look {k + 1}: {len(seeds)} seeds, {'every confirmatory claim decided' if stop else 'undecided'}"
-        )
+        log(f"look {k + 1}: {len(seeds)} seeds, {'every confirmatory claim decided' if stop else 'undecided'}")
         if stop or k == len(schedule) - 1:
             break
     summary = {
@@ -188,7 +162,7 @@ def _run_looks(hyp, hyp_path, dirs, tracker, plan: SequentialPlan | None, opts: 
         "stopped_at": seeds_at[-1],
         "stopped_because": "every confirmatory claim decided" if stop else "the maximum number of seeds",
     }
-    return _Looked(specs, merged, failed_all, collected, results, status, summary)
+    return _Looked(merged, collected, results, status, summary)
 
 
 def _family_spent(hyp: Hypothesis, seeds_at: list[int], plan: SequentialPlan) -> list[float]:
@@ -203,43 +177,36 @@ def run_study(
     hyp: Hypothesis,
     hyp_path: Path,
     out_dir: Path,
-    workers: int | str = "auto",
-    force: bool = False,
-    log: Callable[[str], None] = print,
-    track: bool = True,
-    log_model: bool = False,
-    report: bool = True,
-    command: str | None = None,
+    opts: stages.RunOptions | None = None,
     sequential: SequentialPlan | None = None,
-    placement: stages.Placement | None = None,
+    log: Callable[[str], None] = print,
 ) -> StudyOutcome:
     """Run (or reuse) every planned run, then test the claims. See the module docstring.
 
     Args:
-        log_model: log weight files of newly trained runs to MLflow (off: ~88 MB per ViT-S seed).
-        report: write ``report.html``/``report.md`` into the study folder (and log them to MLflow).
-        command: the command line that started this, recorded in MLflow and the report.
+        opts: workers, ``force``, tracking, report, the command line and where runs execute
+            (``stages.RunOptions``, from ``run``'s flags; default: its defaults).
         sequential: add seeds until the claims are decided (``run --until-decided``).
-        placement: executor (local or Ray) and lease store of the runs (``stages.Placement``).
+        log: where progress lines go.
     """
-    out_dir = Path(out_dir)
+    out_dir, opts = Path(out_dir), opts or stages.RunOptions()
     runs_dir, data_dir, study_dir = out_dir / "runs", out_dir / "data", out_dir / "studies" / hyp.name
     seed_schedule(hyp.design.seeds, sequential)  # a bad plan stops the study before anything is written
     check_hypothesis(hyp, str(hyp_path), out_dir)  # what would stop the study later stops it now
     # bad data paths or imports stop the study before anything is written or recorded; on-disk
     # fingerprints are recorded for hosts without the data
-    stages.check_inputs(stages.plan(hyp, data_dir, record=True, log=log), runs_dir, force)
+    stages.check_inputs(stages.plan(hyp, data_dir, record=True, log=log), runs_dir, opts.force)
     registration.check_binding(study_dir, hyp, sequential.as_dict() if sequential else None)
-    with open_tracker(track, out_dir, hyp.name, log_model) as tracker:
+    with open_tracker(opts.track, out_dir, hyp.name, opts.log_model) as tracker:
         # what the study declares is recorded before anything is trained (post hoc is decided here)
         runs = (stages.plan(hyp, data_dir), runs_dir)
-        reg = registration.register(study_dir, hyp, sequential.as_dict() if sequential else None, runs=runs, force=force)
-        opts = {"workers": workers, "force": force, "log": log, "command": command, "placement": placement}
-        looked = _run_looks(hyp, hyp_path, (runs_dir, data_dir), tracker, sequential, opts, reg)
+        plan = sequential.as_dict() if sequential else None
+        reg = registration.register(study_dir, hyp, plan, runs=runs, force=opts.force)
+        looked = _run_looks(hyp, hyp_path, out_dir, tracker, sequential, opts, log, reg)
         status, seq = looked.status, looked.sequential
         for r in looked.results:
             r.registration = status[r.name]
-        final_hyp = with_seeds(hyp, sorted({s.seed for s in looked.specs})) if sequential else hyp
+        final_hyp = with_seeds(hyp, sorted({s.seed for s in looked.runs.specs})) if sequential else hyp
         design = registration.design_hash(hyp.design)
         tracker.log_registration(
             (design, reg["designs"][design]["registered_at"]), [(c.name, status[c.name]) for c in hyp.claims]
@@ -249,50 +216,42 @@ def run_study(
                 "sequential",
                 f"{len(seq['looks'])} looks, stopped at {seq['stopped_at']} seeds: {seq['stopped_because']}",
             )
-        return _finish(final_hyp, hyp_path, study_dir, runs_dir, looked, tracker, report, command, log)
+        out = stages.Outcome(hyp_path, looked.runs, looked.collected.table, looked.results, opts.command)
+        return _finish(final_hyp, study_dir, runs_dir, out, seq, tracker, opts.report, log)
 
 
 def _finish(
-    hyp, hyp_path, study_dir, runs_dir, looked: _Looked, tracker, report, command, log
+    hyp: Hypothesis,
+    study_dir: Path,
+    runs_dir: Path,
+    out: stages.Outcome,
+    seq: dict | None,
+    tracker: TrackerProtocol,
+    report: bool,
+    log,
 ) -> StudyOutcome:
     """Write outputs and the report, log the results; the :class:`StudyOutcome`."""
-    seq, tri, table = looked.sequential, looked.tri, looked.collected.table
     extra = {"sequential": seq} if seq else {}
     report_paths = []
     # one invocation writes the study folder at a time, so the temporary files of a killed writer can be
     # removed without touching a live one's
     with file_lock(study_dir.parent / f"{study_dir.name}.lock"):
         remove_temporaries(study_dir)
-        paths = stages.write_outputs(
-            study_dir, hyp_path, looked.specs, tri, looked.failed, table, looked.results, command, extra
-        )
+        paths = stages.write_outputs(study_dir, out, {"hypothesis": study_dir.name, **extra})
         if report:
-            report_paths = stages.write_study_report(
-                study_dir,
-                hyp,
-                looked.results,
-                table,
-                runs_dir,
-                looked.specs,
-                tri,
-                looked.failed,
-                hyp_path,
-                command,
-                seq,
-            )
+            report_paths = stages.write_study_report(study_dir, hyp, out, runs_dir, seq)
             log(f"report: {report_paths[0]}")
-    summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(looked.results)}\n```"
-    tracker.log_results(
-        [paths["table"], paths["verdicts"], paths["text"], *report_paths], looked.results, summary
-    )
+    summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(out.results)}\n```"
+    tracker.log_results([paths["table"], paths["verdicts"], paths["text"], *report_paths], out.results, summary)
+    runs = out.runs
     return StudyOutcome(
-        looked.results,
-        table,
+        out.results,
+        out.table,
         study_dir,
-        [s.key for s in tri.todo],
-        [s.key for s in looked.specs if s.key in tri.reused_from],
-        looked.failed,
-        tri.reused_from,
+        [s.key for s in runs.tri.todo],
+        [s.key for s in runs.specs if s.key in runs.tri.reused_from],
+        runs.failed,
+        runs.tri.reused_from,
         report_paths[0] if report_paths else None,
         seq,
     )

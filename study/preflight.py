@@ -6,14 +6,20 @@ The schema checks each field alone; these check what only the whole design can t
 * the probe set is no larger than the held-out split it stands for;
 * the images fit: ``(n_train + n_test + probe) * image_size^2 * 3`` bytes (uint8) of each dataset against
   the memory available now and the free disk under the output folder;
+* every image size is a multiple of the model's patch size (timm would drop the border pixels silently:
+  sizes 8 and 10 give the same tokens at patch 4), a sweep's ``image_size`` levels included;
 * every claim can be evaluated on a table of the design's shape (a seeded synthetic table with the
   design's datasets, seeds, checkpoint epochs and layers): what ``run`` would refuse after training
-  (e.g. a u_shape with no layer between its early and late regions) is refused before it.
+  (e.g. a u_shape with no layer between its early and late regions) is refused before it. A sweep's
+  claims over a knob are evaluated on a sweep's table (a trial dataset per knob level, the knob's value
+  as a column), the others on the design's.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -33,7 +39,47 @@ def check_hypothesis(hyp: Hypothesis, file: str, out_dir: Path | None = None) ->
     _check_model(hyp, file)
     for i, ds in enumerate(hyp.design.datasets):
         _check_sizes(hyp, i, ds, file, out_dir)
+    _check_patch(hyp, file)
     _check_claims(hyp, file)
+
+
+def patch_size(hyp: Hypothesis) -> int | None:
+    """The model's patch size: the preset's or the file's, else the one in a timm name (``..._patch16_...``)."""
+    model = hyp.design.model.resolved()
+    if model.get("patch_size"):
+        return int(model["patch_size"])
+    found = re.search(r"patch(\d+)", model["name"])
+    return int(found.group(1)) if found else None
+
+
+def _check_patch(hyp: Hypothesis, file: str) -> None:
+    """Every image size (each dataset's, and each level of a swept ``image_size``) is a multiple of the patch."""
+    patch = patch_size(hyp)
+    if patch is None:
+        return
+    for i, ds in enumerate(hyp.design.datasets):
+        size = getattr(ds, "image_size", None)
+        if size is not None and size % patch:
+            raise StudyError(
+                f"expected an image_size divisible by the model's patch size {patch} (timm would drop the "
+                f"border pixels), got {size}",
+                file,
+                f"design.datasets[{i}].image_size",
+            )
+    values = hyp.sweep.space.get("image_size") if hyp.sweep else None
+    if values is None:
+        return
+    if isinstance(values, list):
+        bad = [v for v in values if int(v) % patch]
+    else:  # a range's levels: low, low + step, ... (step 1 when none is given)
+        bad = [v for v in (values.low, values.step or 1) if int(v) % patch]
+    if bad:
+        raise StudyError(
+            f"expected image sizes divisible by the model's patch size {patch} (timm would drop the border "
+            f"pixels), got {bad[0]:g}" + ("" if isinstance(values, list) else f" (give low and step as multiples of {patch})"),
+            file,
+            "sweep.space.image_size",
+        )
 
 
 def _check_model(hyp: Hypothesis, file: str) -> None:
@@ -140,9 +186,54 @@ def synthetic_table(hyp: Hypothesis, seed: int = 0) -> pd.DataFrame:
     return df
 
 
+def knob_levels(values, integer: bool) -> list[float]:
+    """A swept knob's levels for a synthetic sweep table: the list, or a range's low, middle and high."""
+    if isinstance(values, list):
+        return [float(v) for v in values]
+    mid = (values.low * values.high) ** 0.5 if values.log else (values.low + values.high) / 2
+    levels = [values.low, mid, values.high]
+    return sorted({float(round(v)) if integer else float(v) for v in levels})
+
+
+def synthetic_sweep_table(hyp: Hypothesis, seed: int = 0) -> pd.DataFrame:
+    """A synthetic table of a sweep's shape: the swept dataset as a trial dataset per combination of knob
+    levels (named as ``study.sweep.trial_label`` names them), each row carrying the knob values as columns."""
+    from vitstudy_core.knobs import INTEGER_KNOBS
+
+    knobs = list(hyp.sweep.space)
+    grid = itertools.product(*(knob_levels(hyp.sweep.space[k], k in INTEGER_KNOBS) for k in knobs))
+    base = next(d for d in hyp.design.datasets if d.name == hyp.sweep.dataset)
+    # per seed a slope along each knob: a curve over the knob with between-seed variation, as real sweeps
+    # give (pure noise over two levels can make a random-slopes fit degenerate)
+    slopes = np.random.default_rng(seed).normal(1.0, 0.5, (len(hyp.design.seeds), len(knobs)))
+    frames = []
+    for i, point in enumerate(grid):
+        params = dict(zip(knobs, point, strict=True))
+        name = base.name + "".join(f"-{k}{v:g}" for k, v in sorted(params.items()))
+        ds = base.model_copy(update={"name": name})
+        one = hyp.model_copy(update={"design": hyp.design.model_copy(update={"datasets": [ds]})})
+        df = synthetic_table(one, seed + i + 1).assign(**params)
+        rise = slopes[df.seed.map({s: j for j, s in enumerate(hyp.design.seeds)}).to_numpy()] @ np.asarray(point)
+        frames.append(df.assign(value=df.value + rise))
+    return pd.concat(frames, ignore_index=True)
+
+
 def _check_claims(hyp: Hypothesis, file: str) -> None:
+    """Each claim on the synthetic table it will meet (a sweep's, for a claim over a knob), in file order;
+    an error names the claim by its index in the file."""
     from analysis.verdicts import evaluate_claims
 
+    plain = synthetic_table(hyp)
+    swept = synthetic_sweep_table(hyp) if hyp.sweep is not None else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fits on noise warn (singular covariances, ...): nothing to tell
-        evaluate_claims(hyp, synthetic_table(hyp), source=file)
+        if swept is None:
+            evaluate_claims(hyp, plain, source=file)
+            return
+        for i, claim in enumerate(hyp.claims):
+            one = hyp.model_copy(update={"claims": [claim]})
+            try:
+                evaluate_claims(one, plain if claim.knob() is None else swept, source=file)
+            except StudyError as exc:  # evaluated alone it is claims[0]: name it by its place in the file
+                where = (exc.file or "").replace(f"{file}: claims[0]", f"{file}: claims[{i}]")
+                raise StudyError(exc.message, where, exc.field) from None

@@ -262,6 +262,10 @@ class KnobRange(Strict):
     def _ordered(self) -> KnobRange:
         if not self.low < self.high:
             raise ValueError(f"expected low < high, got low {self.low} and high {self.high} (an empty range)")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log range needs low > 0, got low {self.low:g}")
+        if self.log and self.step is not None:
+            raise ValueError("a log range takes no step (give log or step, not both)")
         return self
 
 
@@ -382,6 +386,11 @@ class Hypothesis(Strict):
             )
         for knob, values in self.sweep.space.items():
             points = values if isinstance(values, list) else [values.low, values.high]
+            if knob in INTEGER_KNOBS:
+                given = points if isinstance(values, list) else [values.low, values.high, values.step or 1]
+                odd = [v for v in given if float(v) != int(v)]
+                if odd:
+                    raise _FieldError(f"sweep.space.{knob}", f"{knob} takes integers, got {odd[0]!r}")
             for v in points:
                 try:
                     ProceduralDataset.model_validate(
@@ -393,6 +402,11 @@ class Hypothesis(Strict):
                         f"sweep.space.{knob}", f"{v!r} is outside the knob's domain: {why}"
                     ) from None
         obj = self.sweep.objective
+        if obj.epoch != "last" and obj.epoch not in self.design.checkpoint_epochs:
+            raise _FieldError(
+                "sweep.objective.epoch",
+                f"expected 'last' or a checkpoint epoch {self.design.checkpoint_epochs}, got {obj.epoch!r}",
+            )
         if obj.claim is not None:
             plain = [c.name for c in self.claims if c.knob() is None]
             if obj.claim not in plain:

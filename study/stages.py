@@ -3,12 +3,16 @@
     plan -> check inputs -> triage -> (fetch stored) -> prepare data -> execute -> collect table
       -> evaluate -> write
 
-``study.orchestrate.run_study`` runs them in order for ``python -m study run``; the ``table`` verb calls
-:func:`collect_table` alone, and a sweep can call any of them per trial. Output folder layout::
+:func:`fill_runs` is the look-filling chain (triage -> fetch -> clear -> prepare -> execute, each run logged
+to the tracker as it ends, then the finished runs the store lacks): ``study.orchestrate.run_study`` calls it
+per look of ``python -m study run`` and ``study.sweep`` per batch of trials, so both triage, log and catch
+up alike. :func:`write_outputs` writes both's result folders. The ``table`` verb calls
+:func:`collect_table` alone. Output folder layout::
 
     data/                      dataset caches (generated or decoded once)
     runs/<run key>/            one run folder per run (``vitstudy_core.runfolder``; result.json marks it finished)
     studies/<name>/            table.parquet, verdicts.json, verdicts.txt, hypothesis.yaml, report.*
+    sweeps/<name>/             the same, and trials.csv and the optuna journal (``study.sweep``)
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -30,6 +35,9 @@ from vitstudy_core.hashing import canonical_json
 from vitstudy_core.io import atomic_write_json, atomic_write_text
 from vitstudy_core.locks import file_lock, run_lock_path
 from vitstudy_core.runfolder import ROWS, SPECTRA, RunFolder
+
+if TYPE_CHECKING:
+    from study.tracking import TrackerProtocol
 
 Log = Callable[[str], None]
 
@@ -128,7 +136,7 @@ def triage(
     return out
 
 
-def fetch_stored(tri: Triage, specs: list[RunSpec], runs_dir: Path, tracker) -> None:
+def fetch_stored(tri: Triage, specs: list[RunSpec], runs_dir: Path, tracker: TrackerProtocol) -> None:
     """Stage 2b: download each stored run into its folder (replacing a partial local attempt)."""
     by_key = {s.key: s for s in specs}
     for key, run in tri.stored.items():
@@ -206,6 +214,121 @@ class Placement:
         return self.leases or str((Path(runs_dir).parent / "leases").resolve())
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How ``run`` and ``sweep`` fill runs and what they record, from their flags (built once by the CLI).
+
+    Attributes:
+        workers: parallel training processes (``auto``: one per CPU core).
+        force: retrain every run even when a finished one exists (``--force``).
+        track: log to MLflow (off: ``--no-mlflow``).
+        log_model: log weight files of newly trained runs (``--log-model``; ~88 MB per ViT-S seed).
+        report: write ``report.html``/``report.md`` (off: ``--no-report``).
+        command: the command line that started this, recorded in MLflow and the report.
+        placement: executor and lease store of the runs.
+    """
+
+    workers: int | str = "auto"
+    force: bool = False
+    track: bool = True
+    log_model: bool = False
+    report: bool = True
+    command: str | None = None
+    placement: Placement = Placement()
+
+
+@dataclass
+class Filled:
+    """A set of planned runs after :func:`fill_runs`: how each was triaged and which failed.
+
+    Attributes:
+        specs: the planned runs, in plan order.
+        tri: finished here / fetched from the store / trained.
+        failed: key -> reason, for every run that failed.
+        data: :func:`dataset_key` -> the prepared dataset's record (what tracking logs).
+    """
+
+    specs: list[RunSpec] = field(default_factory=list)
+    tri: Triage = field(default_factory=Triage)
+    failed: dict[str, str] = field(default_factory=dict)
+    data: dict[str, object] = field(default_factory=dict)
+
+    def merge(self, other: Filled) -> None:
+        """Add a later look's (or batch's) runs: the union of the plans, in order."""
+        known = {s.key for s in self.specs}
+        self.specs += [s for s in other.specs if s.key not in known]
+        self.tri.finished += other.tri.finished
+        self.tri.stored.update(other.tri.stored)
+        self.tri.todo += other.tri.todo
+        self.failed.update(other.failed)
+        self.data.update(other.data)
+
+    def accounting(self) -> dict:
+        """``verdicts.json``'s run fields: runs, labels, reused, reused_from, failed."""
+        reused = self.tri.reused_from
+        return {
+            "runs": [s.key for s in self.specs],
+            "labels": {s.key: s.label for s in self.specs},
+            "reused": [s.key for s in self.specs if s.key in reused],
+            "reused_from": reused,
+            "failed": self.failed,
+        }
+
+
+def log_triage(log: Log, heading: str, specs: list[RunSpec], tri: Triage) -> None:
+    """One line of counts under ``heading``, then one per reused run naming where it came from."""
+    reused = tri.reused_from
+    log(f"{heading}: {len(specs)} runs planned, {len(reused)} reused, {len(tri.todo)} to train")
+    for spec in specs:
+        if spec.key in reused:
+            src = reused[spec.key]
+            where = "runs/ folder" if src == "local" else f"MLflow run {src.split(':', 1)[1]}"
+            log(f"  reused {spec.label} (key {spec.key}, from {where})")
+
+
+def fill_runs(
+    specs: list[RunSpec],
+    out_dir: Path,
+    hyp: Hypothesis,
+    tracker: TrackerProtocol,
+    opts: RunOptions,
+    log: Log = print,
+    *,
+    heading: str | None = None,
+    tags_of: Callable[[RunSpec], dict] | None = None,
+    on_triaged: Callable[[list[RunSpec], Triage], None] | None = None,
+) -> Filled:
+    """Stages 2-4b for ``run`` and ``sweep`` alike: triage, fetch stored runs, clear ended attempts, prepare
+    the data, execute; each run is logged to the tracker as it ends (so a kill loses none that finished),
+    and afterwards every finished run of ``specs`` the store lacks (an earlier invocation died before
+    logging it) is logged too.
+
+    Args:
+        specs: the runs to fill (``out_dir/runs/<key>``), their data under ``out_dir/data``.
+        hyp: the hypothesis: its name announces the runs in the lease store, its layers make their rows.
+        heading: the triage line's lead (default ``study <name>``).
+        tags_of: further child-run tags of a run (a sweep's trial number and knob values).
+        on_triaged: called with ``(specs, triage)`` before anything trains (the parent run's params).
+    """
+    runs_dir, data_dir, force = Path(out_dir) / "runs", Path(out_dir) / "data", opts.force
+    layers = hyp.design.layers
+    tri = triage(specs, runs_dir, {} if force else tracker.finished_runs(), force)
+    fetch_stored(tri, specs, runs_dir, tracker)
+    clear_for_training(tri.todo, runs_dir, force)
+    log_triage(log, heading or f"study {hyp.name}", specs, tri)
+    data = prepare_data(tri.todo, data_dir, log)
+    if on_triaged is not None:
+        on_triaged(specs, tri)
+
+    def log_ended(spec: RunSpec, result: dict | None) -> None:  # each run reaches the store as it ends
+        ds = data.get(dataset_key(spec.dataset))
+        log_run(tracker, spec, runs_dir, layers, ds, again=force, tags=tags_of(spec) if tags_of else None)
+
+    failed = execute(tri.todo, runs_dir, data_dir, opts.workers, log, log_ended, opts.placement, hyp.name)
+    log_missing(tracker, specs, runs_dir, layers, data, tags_of)
+    return Filled(list(specs), tri, failed, data)
+
+
 def execute(
     todo: list[RunSpec],
     runs_dir: Path,
@@ -269,7 +392,13 @@ def execute(
 
 
 def log_run(
-    tracker, spec: RunSpec, runs_dir: Path, layers: list[str], data=None, again: bool = False, tags=None
+    tracker: TrackerProtocol,
+    spec: RunSpec,
+    runs_dir: Path,
+    layers: list[str],
+    data: object = None,
+    again: bool = False,
+    tags: dict | None = None,
 ) -> bool:
     """Stage 4b: log one ended run to the tracking store as a child run, unless it is there already.
 
@@ -293,14 +422,25 @@ def log_run(
     return True
 
 
-def log_missing(tracker, specs: list[RunSpec], runs_dir: Path, layers: list[str], data=None) -> list[str]:
-    """Log every finished run of the plan that the tracking store lacks (:func:`log_run`); their keys."""
+def log_missing(
+    tracker: TrackerProtocol,
+    specs: list[RunSpec],
+    runs_dir: Path,
+    layers: list[str],
+    data: dict | None = None,
+    tags_of: Callable[[RunSpec], dict] | None = None,
+) -> list[str]:
+    """Log every finished run of the plan that the tracking store lacks (:func:`log_run`); their keys.
+
+    ``tags_of``: a run's further child-run tags (a sweep's trial and knob values)."""
     data = data or {}
     return [
         s.key
         for s in specs
         if RunFolder(runs_dir / s.key).is_finished()
-        and log_run(tracker, s, runs_dir, layers, data.get(dataset_key(s.dataset)))
+        and log_run(
+            tracker, s, runs_dir, layers, data.get(dataset_key(s.dataset)), tags=tags_of(s) if tags_of else None
+        )
     ]
 
 
@@ -380,75 +520,76 @@ def evaluate(
     return evaluate_claims(hyp, table, source=source, failed=failed_seeds, post_hoc=post_hoc)
 
 
+@dataclass
+class Outcome:
+    """What the writers need from a study (or a sweep): its runs, its table and its claims' results."""
+
+    hyp_path: Path
+    runs: Filled
+    table: pd.DataFrame
+    results: list[ClaimResult]
+    command: str | None = None
+
+
 def write_outputs(
-    study_dir: Path,
-    hyp_path: Path,
-    specs: list[RunSpec],
-    tri: Triage,
-    failed: dict[str, str],
-    table: pd.DataFrame,
-    results: list[ClaimResult],
-    command: str | None = None,
-    extra: dict | None = None,
+    folder: Path, out: Outcome, fields: dict, tables: dict[str, pd.DataFrame] | None = None
 ) -> dict[str, Path]:
     """Stage 7: ``table.parquet``, ``verdicts.json``, ``verdicts.txt`` and ``hypothesis.yaml``, each atomic.
 
-    ``extra``: further top-level fields of ``verdicts.json`` (``registration``, ``sequential``).
+    Args:
+        fields: ``verdicts.json``'s lead fields (the study's or sweep's name, ``registration``,
+            ``sequential``, a sweep's ``trials``); the file, the runs' accounting
+            (:meth:`Filled.accounting`), the command and the claims follow.
+        tables: further tables by file name (a sweep's ``trials.csv``); their paths are returned by stem.
     """
-    study_dir.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     payload = {
-        "hypothesis": study_dir.name,
-        "file": str(hyp_path),
-        "runs": [s.key for s in specs],
-        "labels": {s.key: s.label for s in specs},
-        "reused": [s.key for s in specs if s.key in tri.reused_from],
-        "reused_from": tri.reused_from,
-        "failed": failed,
-        "command": command,
-        "claims": [r.to_dict() for r in results],
-        **(extra or {}),
+        **fields,
+        "file": str(out.hyp_path),
+        **out.runs.accounting(),
+        "command": out.command,
+        "claims": [r.to_dict() for r in out.results],
     }
-    paths = {
-        "table": save_table(table, study_dir / "table.parquet"),
-        "verdicts": atomic_write_json(study_dir / "verdicts.json", payload, indent=1, default=float),
-        "text": atomic_write_text(study_dir / "verdicts.txt", format_verdicts(results) + "\n"),
-        "hypothesis": atomic_write_text(
-            study_dir / "hypothesis.yaml", Path(hyp_path).read_text(encoding="utf-8")
+    paths = {"table": save_table(out.table, folder / "table.parquet")}
+    for name, frame in (tables or {}).items():
+        paths[Path(name).stem] = save_table(frame, folder / name)
+    paths.update(
+        verdicts=atomic_write_json(folder / "verdicts.json", payload, indent=1, default=float),
+        text=atomic_write_text(folder / "verdicts.txt", format_verdicts(out.results) + "\n"),
+        hypothesis=atomic_write_text(
+            folder / "hypothesis.yaml", Path(out.hyp_path).read_text(encoding="utf-8")
         ),
-    }
+    )
     return paths
 
 
+def report_input(title: str, hyp: Hypothesis, out: Outcome, runs_dir: Path, claims: list | None = None, **more):
+    """The :class:`analysis.report.ReportInput` of a study or sweep (``more``: its other fields)."""
+    from analysis.report import ReportInput
+
+    acc = out.runs.accounting()
+    return ReportInput(
+        title=title,
+        description=hyp.description.strip(),
+        claims=list(hyp.claims) if claims is None else claims,
+        results=out.results,
+        table=out.table,
+        runs_dir=runs_dir,
+        runs=acc["runs"],
+        labels=acc["labels"],
+        reused=acc["reused"],
+        failed=acc["failed"],
+        file=str(out.hyp_path),
+        command=out.command,
+        **more,
+    )
+
+
 def write_study_report(
-    study_dir: Path,
-    hyp: Hypothesis,
-    results,
-    table,
-    runs_dir: Path,
-    specs,
-    tri,
-    failed,
-    hyp_path,
-    command,
-    sequential: dict | None = None,
+    study_dir: Path, hyp: Hypothesis, out: Outcome, runs_dir: Path, sequential: dict | None = None
 ) -> list[Path]:
     """Stage 8: ``report.html`` and ``report.md`` from the typed claims and results (``sequential``: the
     looks of ``--until-decided``, see ``analysis.report.ReportInput``)."""
-    from analysis.report import ReportInput, write_report
+    from analysis.report import write_report
 
-    inp = ReportInput(
-        title=hyp.name,
-        description=hyp.description.strip(),
-        claims=list(hyp.claims),
-        results=results,
-        table=table,
-        runs_dir=runs_dir,
-        runs=[s.key for s in specs],
-        labels={s.key: s.label for s in specs},
-        reused=[s.key for s in specs if s.key in tri.reused_from],
-        failed=failed,
-        file=str(hyp_path),
-        command=command,
-        sequential=sequential,
-    )
-    return list(write_report(study_dir, inp))
+    return list(write_report(study_dir, report_input(hyp.name, hyp, out, runs_dir, sequential=sequential)))

@@ -35,14 +35,16 @@ import optuna
 import pandas as pd
 
 from analysis.kinds.base import summarise_layers
+from analysis.table import make_table
 from analysis.verdicts import ClaimResult, format_verdicts
 from runners.datasets.procedural import ProceduralDataset
 from study import registration, stages
+from study.preflight import check_hypothesis
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
-from study.tracking import open_tracker
+from study.tracking import TrackerProtocol, open_tracker
 from vitstudy_core.errors import StudyError
-from vitstudy_core.io import atomic_write_json, atomic_write_text
+from vitstudy_core.hashing import file_digest
 from vitstudy_core.knobs import INTEGER_KNOBS
 from vitstudy_core.runfolder import RunFolder
 
@@ -154,6 +156,55 @@ def open_optuna_study(hyp: Hypothesis, out_dir: Path, storage: str | None, file:
         raise StudyError(
             f"cannot open the optuna storage {storage!r} ({type(exc).__name__}: {exc})", file, where
         ) from None
+
+
+IDENTITY = "study.sweep"  # optuna study user attribute: what the sweep's trials were asked and run under
+
+
+def sweep_identity(hyp: Hypothesis) -> dict[str, object]:
+    """What a sweep's trials depend on, flattened (``design.training.epochs`` -> 1): the design (the swept
+    dataset without its swept knobs, which each trial replaces) and the space, sampler and objective."""
+    design = hyp.design.model_dump(mode="json")
+    for ds in design["datasets"]:
+        if ds.get("name") == hyp.sweep.dataset:
+            for knob in hyp.sweep.space:
+                ds.pop(knob, None)
+    sweep = hyp.sweep.model_dump(mode="json", include={"dataset", "space", "sampler", "objective", "seed"})
+    return _flat("", {"design": design, "sweep": sweep}, {})
+
+
+def _flat(prefix: str, obj: object, out: dict) -> dict:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    elif isinstance(obj, list) and any(isinstance(v, dict) for v in obj):
+        for i, v in enumerate(obj):
+            _flat(f"{prefix}[{i}]", v, out)
+    else:
+        out[prefix] = obj
+    return out
+
+
+def check_unchanged(optuna_study, hyp: Hypothesis, file: str) -> None:
+    """Refuse (one line) to continue a sweep whose file changed in what its trials depend on (levels, seeds,
+    epochs, ...): its optuna study keeps its space, and old and new trials would mix designs. A sweep
+    without a record (new, or begun before it was kept) records this file's."""
+    now = sweep_identity(hyp)
+    before = optuna_study.user_attrs.get(IDENTITY)
+    if before is None:
+        optuna_study.set_user_attr(IDENTITY, now)
+        return
+    changed = [k for k in dict.fromkeys([*before, *now]) if before.get(k) != now.get(k)]
+    if not changed:
+        return
+    what = "; ".join(f"{k}: {before.get(k, '(unset)')} -> {now.get(k, '(unset)')}" for k in changed[:4])
+    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+    raise StudyError(
+        f"the sweep {hyp.name!r} changed since its trials in this output folder ({what}{more}): old and new "
+        "trials would mix designs; start a new sweep (another name, or another --out / --storage)",
+        file,
+        changed[0],
+    )
 
 
 def _alive(owner: str | None) -> bool:
@@ -289,31 +340,42 @@ def _counts(optuna_study) -> tuple[int, int]:
     return done, running
 
 
-def _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained: list[str], placement=None) -> int:
-    """Plan, triage, execute and collect the runs of a batch of trials together; tell each trial its value.
-    Returns how many of the batch's trials completed."""
+def _trial_tags(hyp: Hypothesis, point: TrialPoint) -> dict:
+    """A child run's tags naming its trial and knob values (and the sweep)."""
+    return {"trial": point.number, **{f"knob.{k}": v for k, v in point.params.items()}, "sweep": hyp.name}
+
+
+def _run_batch(
+    points: list[TrialPoint],
+    hyp: Hypothesis,
+    out_dir: Path,
+    tracker: TrackerProtocol,
+    opts: stages.RunOptions,
+    log: Log,
+    filled: stages.Filled,
+) -> int:
+    """Fill the runs of a batch of trials together (``stages.fill_runs``: each run reaches MLflow as it ends,
+    tagged with its trial), collect each trial's table and tell the trial its value. ``filled`` gathers
+    the batches' runs. Returns how many of the batch's trials completed."""
     from optuna.trial import TrialState
 
-    runs_dir, data_dir = out_dir / "runs", out_dir / "data"
+    runs_dir = out_dir / "runs"
     specs = list({s.key: s for p in points for s in p.specs}.values())
     trial_of = {s.key: p for p in reversed(points) for s in p.specs}
-    tri = stages.triage(specs, runs_dir, {} if force else tracker.finished_runs(), force)
-    stages.fetch_stored(tri, specs, runs_dir, tracker)
-    stages.clear_for_training(tri.todo, runs_dir, force)
-    log(
-        f"trials {[p.number for p in points]}: {len(specs)} runs, {len(tri.reused_from)} reused, {len(tri.todo)} to train"
+    got_batch = stages.fill_runs(
+        specs,
+        out_dir,
+        hyp,
+        tracker,
+        opts,
+        log,
+        heading=f"trials {[p.number for p in points]}",
+        tags_of=lambda spec: _trial_tags(hyp, trial_of[spec.key]),
     )
-    data = stages.prepare_data(tri.todo, data_dir, log)
-    failed = stages.execute(tri.todo, runs_dir, data_dir, workers, log, None, placement, hyp.name)
-    trained += [s.key for s in tri.todo]
-    for spec in tri.todo:  # each run trained here becomes a child run, tagged with its trial (once)
-        p = trial_of[spec.key]
-        tags = {"trial": p.number, **{f"knob.{k}": v for k, v in p.params.items()}, "sweep": hyp.name}
-        ds = data.get(stages.dataset_key(spec.dataset))
-        stages.log_run(tracker, spec, runs_dir, hyp.design.layers, ds, again=force, tags=tags)
+    filled.merge(got_batch)
     base, complete = hyp.sweep.dataset, 0
     for p in points:
-        got = stages.collect_table(p.specs, runs_dir, hyp.design.layers, failed)
+        got = stages.collect_table(p.specs, runs_dir, hyp.design.layers, got_batch.failed)
         per_seed = seed_objective(hyp, got.table, base) if len(got.table) else pd.Series(dtype=float)
         finite = per_seed[np.isfinite(per_seed.to_numpy(dtype=float))]
         p.trial.set_user_attr("run_keys", [s.key for s in p.specs])
@@ -354,13 +416,19 @@ def trials_table(optuna_study, hyp: Hypothesis) -> pd.DataFrame:
 
 def sweep_table(trials: pd.DataFrame, hyp: Hypothesis, out_dir: Path) -> pd.DataFrame:
     """The tidy rows of every complete trial (one per distinct design point), with the knob values as columns."""
-    frames = []
+    return _sweep_rows(trials, hyp, out_dir)[0]
+
+
+def _sweep_rows(trials: pd.DataFrame, hyp: Hypothesis, out_dir: Path) -> tuple[pd.DataFrame, list[RunSpec]]:
+    """:func:`sweep_table`, and the runs of the complete trials' design points."""
+    frames, specs = [], []
     knobs = list(hyp.sweep.space)
-    for _, first in trials.drop_duplicates(knobs).iterrows():
+    for _, first in (trials.drop_duplicates(knobs) if len(trials) else trials).iterrows():
         point = trial_point(hyp, int(first.trial), {k: first[k] for k in knobs}, out_dir / "data")
         got = stages.collect_table(point.specs, out_dir / "runs", hyp.design.layers)
         frames.append(got.table.assign(**point.params))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        specs += point.specs
+    return (pd.concat(frames, ignore_index=True) if frames else make_table([])), specs
 
 
 def accuracy_warnings(results: list[ClaimResult], claims, trials: pd.DataFrame) -> None:
@@ -391,136 +459,172 @@ def accuracy_warnings(results: list[ClaimResult], claims, trials: pd.DataFrame) 
                 )
 
 
+@dataclass(frozen=True)
+class SweepOptions:
+    """``sweep``'s own flags: ``--n-trials`` (default: the file's, or the grid's size) and ``--storage`` (an
+    optuna storage URL; default: the file's ``sweep.storage``, else a journal file in the output folder)."""
+
+    n_trials: int | None = None
+    storage: str | None = None
+
+
 def run_sweep(
     hyp: Hypothesis,
     hyp_path: Path,
     out_dir: Path,
-    n_trials: int | None = None,
-    storage: str | None = None,
-    workers: int | str = "auto",
-    force: bool = False,
+    opts: stages.RunOptions | None = None,
+    sweep: SweepOptions | None = None,
     log: Log = print,
-    track: bool = True,
-    report: bool = True,
-    command: str | None = None,
-    placement: stages.Placement | None = None,
 ) -> SweepOutcome:
     """Run (or continue) a sweep, then test its claims over knobs. See the module docstring.
 
-    ``placement``: executor and lease store of the runs; with a database ``storage`` and no lease store
-    given, the runs' leases live in that database, so sweep processes sharing it train each run once.
+    ``opts``: as for ``run`` (``stages.RunOptions``; ``log_model`` aside); with a database storage and no
+    lease store given, the runs' leases live in that database, so sweep processes sharing it train each run
+    once. ``sweep``: the number of trials and the optuna storage.
     """
-    out_dir = Path(out_dir)
-    sweep_dir = out_dir / "sweeps" / hyp.name
-    url = storage_url(hyp, storage)
-    placement = placement or stages.Placement()
-    if placement.leases is None and url and "://" in url:
-        placement = replace(placement, leases=url)
+    out_dir, opts, sweep = Path(out_dir), opts or stages.RunOptions(), sweep or SweepOptions()
+    url = storage_url(hyp, sweep.storage)
+    if opts.placement.leases is None and url and "://" in url:
+        opts = replace(opts, placement=replace(opts.placement, leases=url))
+    check_hypothesis(hyp, str(hyp_path), out_dir)  # what would stop the sweep later stops it now
+    target = trial_target(hyp, sweep.n_trials, str(hyp_path))
     optuna_study = open_optuna_study(hyp, out_dir, url, str(hyp_path))
-    target = n_trials or hyp.sweep.n_trials or hyp.sweep.grid_size()
-    trained: list[str] = []
+    check_unchanged(optuna_study, hyp, str(hyp_path))
+    filled = stages.Filled()
+    sweep_dir = out_dir / "sweeps" / hyp.name
     reg = registration.register(sweep_dir, hyp, data_existed=(sweep_dir / "verdicts.json").exists())
-    with open_tracker(track, out_dir, f"{hyp.name}.sweep", role="sweep") as tracker:
+    with open_tracker(opts.track, out_dir, f"{hyp.name}.sweep", role="sweep") as tracker:
         tracker.set_tags(
             None,
             {
                 "sweep.sampler": hyp.sweep.sampler,
                 "sweep.space": hyp.sweep.model_dump()["space"],
                 "sweep.n_trials": target,
+                "spec_hash": file_digest(hyp_path),
+                **({"command": opts.command} if opts.command else {}),
             },
         )
-        recover_stale(optuna_study, hyp, log)
-        while True:
-            done, running = _counts(optuna_study)
-            if done + running >= target and running:  # the rest runs in other sweep processes: wait for it
-                log(f"waiting for {running} trial(s) running in other processes")
-                time.sleep(5)
-                recover_stale(optuna_study, hyp, log)
-                continue
-            if done + running >= target:
-                break
-            t0 = time.perf_counter()
-            points = _ask(
-                optuna_study, hyp, _batch_size(hyp, target - done - running, workers), out_dir / "data"
-            )
-            if not _run_batch(points, hyp, out_dir, workers, force, log, tracker, trained, placement):
-                log("no trial of this batch completed (see the failed runs above): stopping the sweep here")
-                break
-            log(
-                f"{_counts(optuna_study)[0]}/{target} trials complete ({time.perf_counter() - t0:.0f}s for this batch)"
-            )
-        trials = trials_table(optuna_study, hyp)
-        table = sweep_table(trials, hyp, out_dir)
-        knob_claims = [c for c in hyp.claims if c.knob() is not None]
-        results = registration.evaluate_registered(reg, hyp, knob_claims, table, str(hyp_path))
-        accuracy_warnings(results, knob_claims, trials)
-        paths = write_sweep_outputs(sweep_dir, hyp_path, trials, table, results, command)
-        report_path = None
-        if report:
-            report_path = write_sweep_report(
-                sweep_dir, hyp, knob_claims, results, table, trials, optuna_study, out_dir, command
-            )
-            log(f"report: {report_path}")
-        tracker.log_results(
-            [*paths.values(), *([report_path] if report_path else [])],
-            results,
-            f"**{hyp.name}** (sweep)\n\n```\n{format_verdicts(results)}\n```",
+        _optimize(optuna_study, hyp, out_dir, target, tracker, opts, log, filled)
+        return _conclude(optuna_study, hyp, hyp_path, out_dir, tracker, opts, log, filled, reg)
+
+
+def trial_target(hyp: Hypothesis, n_trials: int | None, file: str) -> int:
+    """How many complete trials the sweep runs to: ``--n-trials``, the file's, or the grid's size. A grid
+    has no more distinct points than its size: asking for more is refused (they would all be repeats)."""
+    grid = hyp.sweep.grid_size()
+    target = n_trials or hyp.sweep.n_trials or grid
+    if hyp.sweep.sampler == "grid" and target > grid:
+        where = "--n-trials" if n_trials else "sweep.n_trials"
+        raise StudyError(
+            f"expected at most the grid's {grid} points, got {target} trials (a grid trial beyond its size "
+            "repeats a point; add values to sweep.space to sample more, under another sweep name)",
+            file,
+            where,
         )
-    return SweepOutcome(results, trials, table, sweep_dir, trained, report_path)
+    return target
 
 
-def write_sweep_outputs(sweep_dir: Path, hyp_path: Path, trials, table, results, command) -> dict[str, Path]:
-    """``table.parquet``, ``trials.csv``, ``verdicts.json``, ``verdicts.txt`` and ``hypothesis.yaml``, atomically."""
-    from analysis.table import save_table
+def _optimize(optuna_study, hyp, out_dir, target, tracker, opts, log, filled) -> None:
+    """Ask, fill and tell batches of trials until ``target`` trials are complete (here or elsewhere)."""
+    recover_stale(optuna_study, hyp, log)
+    while True:
+        done, running = _counts(optuna_study)
+        if done + running >= target and running:  # the rest runs in other sweep processes: wait for it
+            log(f"waiting for {running} trial(s) running in other processes")
+            time.sleep(5)
+            recover_stale(optuna_study, hyp, log)
+            continue
+        if done + running >= target:
+            return
+        t0 = time.perf_counter()
+        n = _batch_size(hyp, target - done - running, opts.workers)
+        points = _ask(optuna_study, hyp, n, out_dir / "data")
+        if not _run_batch(points, hyp, out_dir, tracker, opts, log, filled):
+            log("no trial of this batch completed (see the failed runs above): stopping the sweep here")
+            return
+        log(f"{_counts(optuna_study)[0]}/{target} trials complete ({time.perf_counter() - t0:.0f}s for this batch)")
 
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "sweep": sweep_dir.name,
-        "file": str(hyp_path),
-        "command": command,
-        "trials": trials.to_dict(orient="records"),
-        "claims": [r.to_dict() for r in results],
-    }
-    return {
-        "table": save_table(table, sweep_dir / "table.parquet")
-        if len(table)
-        else sweep_dir / "table.parquet",
-        "trials": save_table(trials, sweep_dir / "trials.csv"),
-        "verdicts": atomic_write_json(sweep_dir / "verdicts.json", payload, indent=1, default=float),
-        "text": atomic_write_text(sweep_dir / "verdicts.txt", format_verdicts(results) + "\n"),
-        "hypothesis": atomic_write_text(
-            sweep_dir / "hypothesis.yaml", Path(hyp_path).read_text(encoding="utf-8")
-        ),
-    }
+
+def _conclude(optuna_study, hyp, hyp_path, out_dir, tracker, opts, log, filled, reg) -> SweepOutcome:
+    """The trial and tidy tables, the claims over knobs, the outputs, the report and the parent run's results."""
+    sweep_dir = out_dir / "sweeps" / hyp.name
+    trials = trials_table(optuna_study, hyp)
+    table, specs = _sweep_rows(trials, hyp, out_dir)
+    # the runs of every complete trial: trained or reused in this invocation, or finished by an earlier one
+    known = {s.key for s in filled.specs}
+    earlier = list({s.key: s for s in specs if s.key not in known}.values())
+    filled.merge(stages.Filled(earlier, stages.Triage(finished=[s.key for s in earlier])))
+    tracker.log_study(hyp, hyp_path, filled.specs, filled.tri, opts.command)
+    knob_claims = [c for c in hyp.claims if c.knob() is not None]
+    results = registration.evaluate_registered(reg, hyp, knob_claims, table, str(hyp_path))
+    accuracy_warnings(results, knob_claims, trials)
+    out = stages.Outcome(hyp_path, filled, table, results, opts.command)
+    paths = stages.write_outputs(sweep_dir, out, {"sweep": sweep_dir.name, "trials": trials.to_dict(orient="records")}, {"trials.csv": trials})
+    report_path = None
+    if opts.report:
+        report_path = write_sweep_report(sweep_dir, hyp, knob_claims, out, trials, optuna_study, out_dir)
+        log(f"report: {report_path}")
+    tracker.log_results(
+        [*paths.values(), *([report_path] if report_path else [])],
+        results,
+        f"**{hyp.name}** (sweep)\n\n```\n{format_verdicts(results)}\n```",
+    )
+    return SweepOutcome(results, trials, table, sweep_dir, [s.key for s in filled.tri.todo], report_path)
 
 
 def write_sweep_report(
-    sweep_dir, hyp, claims, results, table, trials, optuna_study, out_dir, command
+    sweep_dir: Path, hyp: Hypothesis, claims: list, out: stages.Outcome, trials: pd.DataFrame, optuna_study, out_dir: Path
 ) -> Path:
+    """The report of a sweep that just ran: :func:`sweep_report` over its runs (counts, environment,
+    covariance snapshots of every complete trial's runs)."""
+    inp = stages.report_input(f"{hyp.name} (sweep)", hyp, out, out_dir / "runs", claims)
+    return sweep_report(sweep_dir, hyp, inp, trials, optuna_study)
+
+
+def sweep_report(sweep_dir: Path, hyp: Hypothesis, inp, trials: pd.DataFrame, optuna_study) -> Path:
     """The report: the objective against each knob (seeds, mean band, accuracy), optuna's contour and slice
-    plots for searches over two knobs or more, then each knob claim as in a study's report."""
+    plots for searches over two knobs or more (when its study is at hand), then each knob claim as in a
+    study's report. ``inp``: the ``analysis.report.ReportInput`` of the claims and runs."""
     from analysis.figures import optuna_figures, trials_figure
-    from analysis.report import ReportInput, write_report
+    from analysis.report import write_report
 
     obj = hyp.sweep.objective
     label = f"{obj.summary} of {obj.metric}" if obj.metric else f"effect of {obj.claim!r}"
     preface = [trials_figure(trials, knob, label) for knob in hyp.sweep.space]
-    if len(hyp.sweep.space) >= 2:
+    if len(hyp.sweep.space) >= 2 and optuna_study is not None:
         preface += optuna_figures(optuna_study)
-    inp = ReportInput(
-        title=f"{hyp.name} (sweep)",
-        description=hyp.description.strip(),
-        claims=claims,
-        results=results,
-        table=table,
-        runs_dir=out_dir / "runs",
-        file=None,
-        command=command,
-        preface=preface,
-        preface_lines=[
-            f"{len(trials.trial.unique()) if len(trials) else 0} complete trials of {hyp.sweep.sampler} sampling over "
-            f"{', '.join(hyp.sweep.space)} on dataset {hyp.sweep.dataset}, {len(hyp.design.seeds)} seeds each; "
-            f"objective: {label} ({obj.direction})",
-        ],
-    )
-    return write_report(sweep_dir, inp)[0]
+    lines = [
+        f"{len(trials.trial.unique()) if len(trials) else 0} complete trials of {hyp.sweep.sampler} sampling over "
+        f"{', '.join(hyp.sweep.space)} on dataset {hyp.sweep.dataset}, {len(hyp.design.seeds)} seeds each; "
+        f"objective: {label} ({obj.direction})",
+    ]
+    title = f"{hyp.name} (sweep)"
+    return write_report(sweep_dir, replace(inp, title=title, preface=preface, preface_lines=lines))[0]
+
+
+def report_from_folder(sweep_dir: Path, storage: str | None = None) -> Path:
+    """Rewrite a finished sweep's report from its folder alone (``python -m study report <out>/sweeps/NAME``):
+    its ``hypothesis.yaml``, ``verdicts.json``, ``table.parquet`` and ``trials.csv``, and its optuna study
+    for the plots over two knobs (the folder's journal, or ``storage``; left out when it cannot be opened).
+
+    Raises:
+        StudyError: the folder lacks a readable ``hypothesis.yaml`` or ``trials.csv``.
+    """
+    from analysis.report import read_study
+    from study.schema import load_hypothesis
+
+    hyp = load_hypothesis(sweep_dir / "hypothesis.yaml")
+    try:
+        trials = pd.read_csv(sweep_dir / "trials.csv")
+    except (OSError, ValueError) as exc:
+        raise StudyError(f"cannot read trials.csv ({type(exc).__name__}: {exc})", str(sweep_dir)) from None
+    claims = [c for c in hyp.claims if c.knob() is not None]
+    inp = read_study(sweep_dir, hyp.name, hyp.description.strip(), claims)
+    url = storage_url(hyp, storage)
+    optuna_study = None
+    if len(hyp.sweep.space) >= 2 and (url or (sweep_dir / "journal.log").is_file()):
+        try:
+            optuna_study = open_optuna_study(hyp, sweep_dir.parent.parent, url, str(sweep_dir))
+        except StudyError:
+            optuna_study = None  # the plots of optuna's study are listed as missing, the rest is drawn
+    return sweep_report(sweep_dir, hyp, inp, trials, optuna_study)

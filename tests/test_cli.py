@@ -110,3 +110,18 @@ def test_claims_may_name_observables(tmp_path, tiny_yaml):
     path.write_text(tiny_yaml.read_text().replace("metric: eed_pct", "metric: nonsense"))
     with pytest.raises(StudyError, match="claims\\[0\\].metric"):
         load_hypothesis(path)
+
+
+def test_image_size_not_divisible_by_the_patch_is_one_line(tmp_path, capsys):
+    """timm drops the border pixels of an image_size that is not a multiple of the patch (sizes 8 and 10
+    give the same tokens at patch 4): validate and run refuse it before anything is written."""
+    from tests.conftest import TINY_HYPOTHESIS
+
+    path = tmp_path / "odd.yaml"
+    path.write_text(TINY_HYPOTHESIS.replace("image_size: 8", "image_size: 10"))
+    out = tmp_path / "out"
+    for verb in ("validate", "run"):
+        assert main([verb, str(path), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "design.datasets[0].image_size" in err and "patch size 4" in err, err
+    assert not out.exists()

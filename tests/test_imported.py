@@ -17,6 +17,7 @@ from study.cli import main
 from study.orchestrate import run_study
 from study.runspecs import plan_runs
 from study.schema import load_hypothesis, parse_hypothesis
+from study.stages import RunOptions
 
 DESIGN = {
     "datasets": [{"name": "objects", "variant": "objects", "n_train": 64, "n_test": 32, "image_size": 8}],
@@ -82,7 +83,7 @@ def _run(doc: dict, tmp_path: Path):
     """Write the hypothesis file, run its study in this process (no MLflow, no report)."""
     path = _write(tmp_path / f"{doc['name']}.yaml", doc)
     hyp = load_hypothesis(path)
-    return hyp, run_study(hyp, path, tmp_path / "out", workers=1, track=False, report=False)
+    return hyp, run_study(hyp, path, tmp_path / "out", RunOptions(workers=1, track=False, report=False))
 
 
 def _spectra(run_dir: Path) -> dict[str, np.ndarray]:

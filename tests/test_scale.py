@@ -89,7 +89,7 @@ def test_two_sweep_processes_share_one_optuna_study_and_train_each_run_once(tmp_
 def test_a_study_on_ray_matches_the_local_executor(tmp_path, postgres_url, ray_address):
     from study.orchestrate import run_study
     from study.schema import load_hypothesis
-    from study.stages import Placement
+    from study.stages import Placement, RunOptions
 
     db = fresh_database(postgres_url, "raystudy")
     hyp_path = tmp_path / "four.yaml"
@@ -98,11 +98,11 @@ def test_a_study_on_ray_matches_the_local_executor(tmp_path, postgres_url, ray_a
     os.environ["MLFLOW_TRACKING_URI"] = db
     try:
         on_ray = run_study(
-            hyp, hyp_path, tmp_path / "ray", report=False, placement=Placement("ray", ray_address, leases=db)
+            hyp, hyp_path, tmp_path / "ray", RunOptions(report=False, placement=Placement("ray", ray_address, leases=db))
         )
     finally:
         del os.environ["MLFLOW_TRACKING_URI"]
-    local = run_study(hyp, hyp_path, tmp_path / "local", workers=2, track=False, report=False)
+    local = run_study(hyp, hyp_path, tmp_path / "local", RunOptions(workers=2, track=False, report=False))
     assert len(on_ray.trained) == 4 and not on_ray.failed
     trained_once(db, on_ray.trained)
     cols = ["run_key", "epoch", "layer", "token_set", "metric"]

@@ -118,9 +118,8 @@ def test_evaluate_and_write_outputs(tiny, tmp_path):
     results = stages.evaluate(hyp, got.table, str(hyp_path), got.failed_seeds)
     assert [r.name for r in results] == ["u"] and results[0].n_seeds == 3
     tri = stages.triage(specs, out / "runs")
-    paths = stages.write_outputs(
-        tmp_path / "studies" / "tiny", hyp_path, specs, tri, {}, got.table, results, "cmd"
-    )
+    outcome = stages.Outcome(hyp_path, stages.Filled(specs, tri, {}), got.table, results, "cmd")
+    paths = stages.write_outputs(tmp_path / "studies" / "tiny", outcome, {"hypothesis": "tiny"})
     verdicts = json.loads(paths["verdicts"].read_text())
     assert verdicts["runs"] == [s.key for s in specs] and verdicts["reused"] == verdicts["runs"]
     assert verdicts["claims"][0]["verdict"] == results[0].verdict and verdicts["command"] == "cmd"
@@ -128,7 +127,5 @@ def test_evaluate_and_write_outputs(tiny, tmp_path):
     assert paths["hypothesis"].read_text() == hyp_path.read_text()
     assert paths["text"].read_text().startswith("claim")
     assert not list((tmp_path / "studies" / "tiny").glob(".*"))  # no temporary file left behind
-    html, md = stages.write_study_report(
-        tmp_path / "studies" / "tiny", hyp, results, got.table, out / "runs", specs, tri, {}, hyp_path, "cmd"
-    )
+    html, md = stages.write_study_report(tmp_path / "studies" / "tiny", hyp, outcome, out / "runs")
     assert "What the test found" in html.read_text() and RunFolder(out / "runs" / specs[0].key).is_finished()

@@ -53,6 +53,47 @@ def _doc(**sweep) -> dict:
         ({"space": {"clutter": [0.0, 1.0]}}, "claims[0].over", "needs a sweep that varies it"),
         ({"dataset": "nope"}, "sweep.dataset", "procedural design dataset"),
         ({"objective": {"metric": "eed_pct", "claim": "x"}}, "sweep.objective", "either metric"),
+        # issue 27: each of these was a traceback, or silently wrong, before
+        (
+            {"space": {"texture_reliance": {"low": 0.0, "high": 1.0, "log": True}}, "sampler": "random", "n_trials": 2},
+            "sweep.space.texture_reliance",
+            "a log range needs low > 0",
+        ),
+        (
+            {
+                "space": {"texture_reliance": {"low": 0.1, "high": 1.0, "log": True, "step": 0.1}},
+                "sampler": "random",
+                "n_trials": 2,
+            },
+            "sweep.space.texture_reliance",
+            "give log or step, not both",
+        ),
+        ({"space": {"texture_reliance": [0.0, 1.0], "n_classes": [2.5, 4]}}, "sweep.space.n_classes", "integers"),
+        (
+            {
+                "space": {"texture_reliance": [0.0, 1.0], "n_classes": {"low": 2.5, "high": 4.7}},
+                "sampler": "random",
+                "n_trials": 2,
+            },
+            "sweep.space.n_classes",
+            "takes integers, got 2.5",
+        ),
+        ({"objective": {"metric": "eed_pct", "epoch": 3}}, "sweep.objective.epoch", "a checkpoint epoch [1]"),
+        (
+            {"space": {"texture_reliance": [0.0, 1.0], "image_size": [8, 10]}},
+            "sweep.space.image_size",
+            "divisible by the model's patch size 4",
+        ),
+        (
+            {
+                "space": {"texture_reliance": [0.0, 1.0], "image_size": {"low": 11, "high": 13}},
+                "sampler": "random",
+                "n_trials": 2,
+            },
+            "sweep.space.image_size",
+            "divisible by the model's patch size 4",
+        ),
+        ({"n_trials": 7}, "sweep.n_trials", "at most the grid's 3 points"),
     ],
 )
 def test_bad_sweep_sections_are_one_line_and_write_nothing(tmp_path, capsys, edit, field, says):
@@ -151,6 +192,11 @@ def test_tiny_sweep_end_to_end(tmp_path):
     table = pd.read_parquet(sweep_dir / "table.parquet")
     assert set(table.texture_reliance) == {0.0, 0.5, 1.0} and set(table.seed) == {0, 1}
     assert "Sweep" in (sweep_dir / "report.html").read_text()
+    md = (sweep_dir / "report.md").read_text()
+    # issue 27: the report counts the trials' runs, shows their covariances and environment
+    assert "6 runs (0 reused, 0 failed)." in md, md
+    assert "covariance snapshots not recorded" not in md and "run environment" in md
+    assert "## Sweep" in md and "figures/sweep_texture_reliance.png" in md and "figures/claim2_knob" in md
     import json
 
     claims = json.loads((sweep_dir / "verdicts.json").read_text())["claims"]
@@ -171,6 +217,16 @@ def test_tiny_sweep_end_to_end(tmp_path):
     (parent,) = client.search_runs([exp.experiment_id], "tags.`study.role` = 'sweep'")
     assert parent.info.run_name.startswith("tiny_sweep.sweep: ")
     assert "trials.csv" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+    # `report` on the sweep folder rewrites the same report: its sweep section, no figure gone missing
+    Path(sweep_dir / "report.md").unlink()
+    assert main(["report", str(sweep_dir)]) == 0
+    again = (sweep_dir / "report.md").read_text()
+    assert "6 runs (0 reused, 0 failed)." in again and "missing:" not in again.lower(), again
+    assert "## Sweep" in again and "figures/sweep_texture_reliance.png" in again and "figures/claim2_knob" in again
+    # editing the grid (3 -> 5 levels) and rerunning into the same --out: one line, the journal untouched
+    path.write_text(TINY_SWEEP.replace("[0.0, 0.5, 1.0]", "[0.0, 0.25, 0.5, 0.75, 1.0]"))
+    assert main(["sweep", str(path), "--out", str(out), "--no-mlflow"]) == 2
+    path.write_text(TINY_SWEEP)
     # a rerun trains nothing
     t0 = time.perf_counter()
     assert main(["sweep", str(path), "--out", str(out), "--no-mlflow", "--no-report"]) == 0
@@ -191,7 +247,6 @@ def test_a_sweep_killed_mid_trial_resumes_and_trains_each_run_once(tmp_path):
         str(out),
         "--workers",
         "1",
-        "--no-mlflow",
         "--no-report",
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
@@ -216,6 +271,23 @@ def test_a_sweep_killed_mid_trial_resumes_and_trains_each_run_once(tmp_path):
     )  # 2 trials x 2 seeds, each trained once
     trials = pd.read_csv(out / "sweeps" / "tiny_sweep" / "trials.csv")
     assert sorted(trials.texture_reliance.unique()) == [0.0, 1.0] and trials.objective.notna().all()
+    # MLflow: the run finished before the kill reached the store (as it ended, or caught up by the rerun),
+    # every run is there once, tagged with the trial that reports it; the killed sweep's parent is KILLED
+    from mlflow.tracking import MlflowClient
+
+    from study.tracking import training_runs
+
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    children = training_runs(client)
+    assert sorted(r.data.tags["run_key"] for r in children) == sorted(trials.run_key), trials
+    for r in children:
+        assert int(r.data.tags["trial"]) in set(trials[trials.run_key == r.data.tags["run_key"]].trial)
+    exp = client.get_experiment_by_name("tiny_sweep.sweep")
+    parents = client.search_runs([exp.experiment_id], "tags.`study.role` = 'sweep'")
+    assert sorted(r.info.status for r in parents) == ["FINISHED", "KILLED"]
+    finished = next(r for r in parents if r.info.status == "FINISHED")
+    assert finished.data.tags["spec_hash"] and finished.data.tags["command"].startswith("python -m study sweep")
+    assert finished.data.params["n_runs"] == "4" and finished.data.tags["n_reused"] == "1"
 
 
 def test_shipped_sweep_validates_and_its_claims_run_on_a_sweep_table():
@@ -229,3 +301,85 @@ def test_shipped_sweep_validates_and_its_claims_run_on_a_sweep_table():
     floor, dip = evaluate_claims(hyp, table)
     assert floor.verdict == "ACCEPTED" and floor.details["curve"]["knob"] == "texture_reliance"
     assert dip.verdict != "ACCEPTED"
+
+
+def _begun(tmp_path, text: str = TINY_SWEEP):
+    """A sweep whose first pass has begun in ``out``: its optuna study records what its trials run under
+    (as ``run_sweep`` records it before asking the first trial)."""
+    from study.sweep import check_unchanged, open_optuna_study
+
+    path, out = tmp_path / "s.yaml", tmp_path / "out"
+    path.write_text(text)
+    hyp = parse_hypothesis(yaml.safe_load(text), str(path))
+    check_unchanged(open_optuna_study(hyp, out, None, str(path)), hyp, str(path))
+    return path, out
+
+
+@pytest.mark.parametrize(
+    ("edits", "field"),
+    [
+        ({"[0.0, 0.5, 1.0]": "[0.0, 0.25, 0.5, 0.75, 1.0]"}, "sweep.space.texture_reliance"),  # more levels
+        ({"seeds: [0, 1]": "seeds: [0, 1, 2]"}, "design.seeds"),  # an added seed
+        ({"epochs: 1,": "epochs: 2,", "checkpoints: [1]": "checkpoints: [2]"}, "design.training.epochs"),
+    ],
+)
+def test_an_edited_sweep_rerun_into_the_same_out_is_refused_with_one_line(tmp_path, capsys, edits, field):
+    import optuna
+
+    path, out = _begun(tmp_path)
+    text = TINY_SWEEP
+    for old, new in edits.items():
+        text = text.replace(old, new)
+    path.write_text(text)
+    assert main(["sweep", str(path), "--out", str(out), "--no-mlflow"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and field in err and "start a new sweep" in err, err
+    assert not (out / "runs").exists()  # nothing trained, and no trial asked (none left RUNNING)
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(out / "sweeps" / "tiny_sweep" / "journal.log"))
+    )
+    assert optuna.load_study(study_name="tiny_sweep", storage=storage).trials == []
+
+
+def test_sweep_edits_its_trials_do_not_depend_on_are_accepted(tmp_path):
+    from study.sweep import check_unchanged, open_optuna_study
+
+    path, out = _begun(tmp_path)
+    # the swept knob's design point (each trial replaces it) and the claims change nothing of the trials
+    doc = yaml.safe_load(TINY_SWEEP)
+    doc["design"]["datasets"][0]["texture_reliance"] = 0.9
+    doc["claims"][1]["level"] = 40.0
+    hyp = parse_hypothesis(doc, str(path))
+    check_unchanged(open_optuna_study(hyp, out, None, str(path)), hyp, str(path))
+
+
+def test_n_trials_over_a_grid_is_one_line(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(TINY_SWEEP)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out"), "--n-trials", "7"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--n-trials" in err and "at most the grid's 3 points" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_validate_accepts_the_shipped_sweep(capsys):
+    assert main(["validate", str(ROOT / "hypotheses" / "complexity_sweep.yaml")]) == 0
+    assert "a sweep of 5 trial(s) x 3 seeds = 15 run(s)" in capsys.readouterr().out
+
+
+def test_optuna_figures_leave_the_matplotlib_style_alone():
+    import matplotlib.pyplot as plt
+    import optuna
+
+    from analysis.figures import optuna_figures
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(lambda t: t.suggest_float("a", 0, 1) + t.suggest_float("b", 0, 1), n_trials=6)
+    with plt.rc_context():  # from matplotlib's defaults (a leak elsewhere in this process would hide one)
+        plt.rcdefaults()
+        before = {k: plt.rcParams[k] for k in ("axes.facecolor", "axes.prop_cycle", "axes.grid")}
+        figures = optuna_figures(study)
+        after = {k: plt.rcParams[k] for k in before}
+    assert [f.png is not None for f in figures] == [True, True], [f.missing for f in figures]
+    assert after == before  # optuna's global ggplot style does not leak into the report's later figures

@@ -3,6 +3,7 @@ cached reruns, --force, and one-line errors for missing/corrupt store artifacts.
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 import time
@@ -13,6 +14,7 @@ from study.cli import main
 from study.orchestrate import run_study
 from study.runspecs import plan_runs
 from study.schema import load_hypothesis
+from study.stages import RunOptions
 from study.tracking import sanitize_metric_name
 from vitstudy_core.errors import StudyError
 
@@ -71,7 +73,7 @@ def study(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
     outcome = run_study(
-        load_hypothesis(root / "first.yaml"), root / "first.yaml", out, workers=1, log=lambda s: None
+        load_hypothesis(root / "first.yaml"), root / "first.yaml", out, RunOptions(workers=1), log=lambda s: None
     )
     yield root, out, outcome
     mp.undo()
@@ -131,7 +133,7 @@ def test_second_file_reuses_runs_from_the_store(study):
     shutil.rmtree(out / "runs")  # only the tracking store has them now
     lines: list[str] = []
     second = run_study(
-        load_hypothesis(root / "second.yaml"), root / "second.yaml", out, workers=1, log=lines.append
+        load_hypothesis(root / "second.yaml"), root / "second.yaml", out, RunOptions(workers=1), log=lines.append
     )
     assert second.trained == [] and sorted(second.reused) == sorted(first.trained)
     assert all(v.startswith("mlflow:") for v in second.reused_from.values())
@@ -178,14 +180,14 @@ def test_missing_or_corrupt_store_artifact_is_one_line(study, capsys):
                 load_hypothesis(root / "second.yaml"),
                 root / "second.yaml",
                 out,
-                workers=1,
+                RunOptions(workers=1),
                 log=lambda s: None,
             )
     finally:
         open(spectra, "wb").write(original)
     # the store is whole again: the same command reuses everything
     again = run_study(
-        load_hypothesis(root / "second.yaml"), root / "second.yaml", out, workers=1, log=lambda s: None
+        load_hypothesis(root / "second.yaml"), root / "second.yaml", out, RunOptions(workers=1), log=lambda s: None
     )
     assert again.trained == []
 
@@ -193,10 +195,10 @@ def test_missing_or_corrupt_store_artifact_is_one_line(study, capsys):
 def test_corrupt_local_spectra_is_one_line(study):
     root, out, first = study
     key = first.trained[0]
-    run_study(load_hypothesis(root / "first.yaml"), root / "first.yaml", out, workers=1, log=lambda s: None)
+    run_study(load_hypothesis(root / "first.yaml"), root / "first.yaml", out, RunOptions(workers=1), log=lambda s: None)
     (out / "runs" / key / "spectra.npz").write_bytes(b"bad")
     with pytest.raises(StudyError, match=rf"key {key}\): artifact spectra.npz is missing or corrupt"):
-        run_study(load_hypothesis(root / "first.yaml"), root / "first.yaml", out, workers=1, track=False)
+        run_study(load_hypothesis(root / "first.yaml"), root / "first.yaml", out, RunOptions(workers=1, track=False))
     shutil.rmtree(out / "runs" / key)
 
 
@@ -206,8 +208,7 @@ def test_force_retrains(study):
         load_hypothesis(root / "first.yaml"),
         root / "first.yaml",
         out,
-        workers=1,
-        force=True,
+        RunOptions(workers=1, force=True),
         log=lambda s: None,
     )
     assert sorted(forced.trained) == sorted(first.trained) and forced.reused == []
@@ -259,3 +260,47 @@ def test_shipped_files_over_one_design_share_run_keys():
     for paths in shared:
         keys = [[s.key for s in plan_runs(load_hypothesis(p))] for p in paths]
         assert all(k == keys[0] for k in keys), [p.name for p in paths]
+
+
+def _public(cls) -> dict[str, inspect.Signature]:
+    return {
+        name: inspect.signature(getattr(cls, name))
+        for name in dir(cls)
+        if (not name.startswith("_") or name in ("__enter__", "__exit__")) and callable(getattr(cls, name))
+    }
+
+
+def _shape(sig: inspect.Signature) -> list[tuple]:
+    """A signature's parameters as (name, kind, default): what a caller can pass."""
+    return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+
+
+def test_null_tracker_keeps_up_with_tracker():
+    """Every public method of Tracker is in NullTracker and in TrackerProtocol, with the same parameters:
+    a method added to Tracker alone fails here (``--no-mlflow`` would raise AttributeError)."""
+    from study.tracking import NullTracker, Tracker, TrackerProtocol
+
+    real, null, proto = _public(Tracker), _public(NullTracker), _public(TrackerProtocol)
+    assert set(real) == set(null) == set(proto), (set(real) ^ set(null), set(real) ^ set(proto))
+    for name, sig in real.items():
+        assert _shape(sig) == _shape(null[name]) == _shape(proto[name]), name
+    assert isinstance(NullTracker(), TrackerProtocol)
+    assert not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for s in null.values() for p in s.parameters.values())
+
+
+def test_only_the_tracking_modules_import_mlflow():
+    """The MLflow boundary: study/tracking*.py (and doctor, which inspects the store) import mlflow."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    found = set()
+    for path in root.glob("*/**/*.py"):
+        if path.parts[len(root.parts)] in ("tests", "bench") or ".venv" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
+                found.add(path.relative_to(root).as_posix())
+    assert found and all(f.startswith("study/tracking") or f == "study/doctor.py" for f in found), found

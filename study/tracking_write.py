@@ -1,0 +1,289 @@
+"""Writing runs to the MLflow store: the parent run's params, tags, artifacts and results, and a child run
+per trained (or imported) model (``study.tracking``'s writing role; the layout is in its docstring)."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from study.tracking_reuse import RUN_ARTIFACTS_OPTIONAL, RUN_ARTIFACTS_REQUIRED
+from vitstudy_core.faults import fault_point
+from vitstudy_core.hashing import digest, file_digest
+
+if TYPE_CHECKING:
+    from analysis.verdicts import ClaimResult
+    from study.runspecs import RunSpec
+    from study.schema import Hypothesis
+
+_BATCH = 1000  # MLflow's log_batch limit on metrics per call
+_TAG_MAX = 5000  # MLflow's limit on a tag value's length
+# files a runner may leave as the trained weights; logged under model/ only with log_model=True
+_WEIGHT_PATTERNS = ("checkpoints/epoch_*.pt", "model*.pt", "model*.safetensors")
+
+
+def sanitize_metric_name(name: str) -> str:
+    """Replace every character MLflow rejects in a metric name (it allows letters, digits, ``_ - . /``
+    and spaces) with ``_``: ``"eed%/block 1"`` -> ``"eed_/block 1"``."""
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name)
+
+
+def _flatten(prefix: str, obj, out: dict) -> dict:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = obj
+    return out
+
+
+class RunWriter:
+    """What an invocation writes to the store: its parent run's record and its child runs.
+
+    A part of ``study.tracking.Tracker``, which sets the attributes it writes with: ``client`` (an
+    ``MlflowClient``), ``experiment_id``, ``parent_id`` (the open parent run), ``git_commit``, ``git_dirty``
+    and ``log_model``.
+    """
+
+    client: object
+    experiment_id: str
+    parent_id: str | None
+    git_commit: str
+    git_dirty: bool
+    log_model: bool
+
+    def log_study(
+        self,
+        hyp: Hypothesis,
+        hyp_path: Path,
+        plan: list[RunSpec],
+        triage: object | None = None,
+        command: str | None = None,
+    ) -> None:
+        """The study's params, file and command on the parent run; the runs ``triage`` reused, linked."""
+        params = {
+            "hypothesis": hyp.name,
+            "n_runs": len(plan),
+            "seeds": ",".join(map(str, hyp.design.seeds)),
+            "datasets": ",".join(d.name for d in hyp.design.datasets),
+            "objective": hyp.design.objective,
+        }
+        self._log_params(self.parent_id, params)
+        self.client.set_tag(self.parent_id, "spec_hash", file_digest(hyp_path))
+        if command:
+            self.client.set_tag(self.parent_id, "command", command[:_TAG_MAX])
+        self.client.log_artifact(self.parent_id, str(hyp_path))
+        if triage is not None:
+            reused = triage.reused_from
+            self.log_reused(
+                [
+                    {
+                        "key": s.key,
+                        "label": s.label,
+                        "source": reused[s.key].split(":")[0],
+                        "mlflow_run_id": triage.stored[s.key].info.run_id if s.key in triage.stored else None,
+                    }
+                    for s in plan
+                    if s.key in reused
+                ]
+            )
+
+    def log_reused(self, reused: list[dict]) -> None:
+        """Link the runs this invocation reused: ``[{key, label, source, mlflow_run_id}]``.
+
+        A reused run is not logged again as a child; the parent names it in tag ``reused_runs`` and in
+        the artifact ``reused_runs.json`` (with the MLflow run id of the original child, when known).
+        """
+        if not reused:
+            return
+        text = ", ".join(f"{r['label']}={r['key']}@{r.get('mlflow_run_id') or 'local'}" for r in reused)
+        self.client.set_tag(self.parent_id, "reused_runs", text[:_TAG_MAX])
+        self.client.set_tag(self.parent_id, "n_reused", str(len(reused)))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "reused_runs.json"
+            path.write_text(json.dumps(reused, indent=1))
+            self.client.log_artifact(self.parent_id, str(path))
+
+    def log_registration(self, design: tuple[str, str], claims: list[tuple[str, dict]]) -> None:
+        """Tags ``registration.design`` = ``hash @ time`` and ``registration.claim.N`` = ``name: hash @ time
+        (status)`` for each (name, ``study.registration.claim_status`` entry or {hash, registered_at})."""
+        self.client.set_tag(self.parent_id, "registration.design", f"{design[0][:16]} @ {design[1]}")
+        for i, (name, reg) in enumerate(claims):
+            status = f" ({reg['status']})" if reg.get("status") else ""
+            text = f"{name}: {reg['hash'][:16]} @ {reg['registered_at']}{status}"
+            self.client.set_tag(self.parent_id, f"registration.claim.{i}", text[:_TAG_MAX])
+
+    def set_tag(self, key: str, value: str) -> None:
+        """One tag on the parent run (cut to MLflow's length limit)."""
+        self.set_tags(None, {key: value})
+
+    def log_results(self, artifacts: list[Path], results: list[ClaimResult], summary: str | None = None) -> None:
+        for path in artifacts:
+            if Path(path).exists():
+                self.client.log_artifact(self.parent_id, str(path))
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = []
+        for i, r in enumerate(results):
+            self.client.set_tag(self.parent_id, f"verdict.{i}", f"{r.verdict}: {r.name}"[:_TAG_MAX])
+            # per-claim numbers as metrics, so invocations can be compared side by side in the UI
+            for field in ("effect", "ci_low", "ci_high", "p_value", "p_adjusted"):
+                value = getattr(r, field, None)
+                if value is not None and np.isfinite(value):
+                    metrics.append(Metric(f"claim_{i}/{field}", float(value), now, 0))
+        if metrics:
+            self.client.log_batch(self.parent_id, metrics=metrics)
+        if summary:
+            # shown as the run's description in the UI
+            self.client.set_tag(self.parent_id, "mlflow.note.content", summary[:_TAG_MAX])
+        # named by what it holds: the study and its verdict counts (the start time stays in its start_time)
+        counts = {}
+        for r in results:
+            counts[r.verdict] = counts.get(r.verdict, 0) + 1
+        what = ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "no claims"
+        name = self.client.get_experiment(self.experiment_id).name
+        self.client.update_run(self.parent_id, name=f"{name}: {what}"[:250])
+
+    def set_tags(self, run_id: str | None, tags: dict) -> None:
+        """Set tags on a run (the parent when ``run_id`` is None); values cut to MLflow's length limit."""
+        for k, v in tags.items():
+            self.client.set_tag(run_id or self.parent_id, k, str(v)[:_TAG_MAX])
+
+    def log_artifact(self, path: Path) -> None:
+        self.client.log_artifact(self.parent_id, str(path))
+
+    # ---- child runs -------------------------------------------------------------------------------
+    def log_training_run(
+        self,
+        spec: RunSpec,
+        result: dict,
+        rows: pd.DataFrame,
+        run_dir: Path | None = None,
+        data: object = None,
+        tags: dict | None = None,
+    ) -> str:
+        """A nested child run for one trained model; returns its MLflow run id.
+
+        Args:
+            spec: the ``RunSpec``.
+            result: its ``result.json`` content.
+            rows: its tidy rows (columns ``metric, layer, token_set, epoch, value``).
+            run_dir: the run folder; its ``spectra.npz``, ``result.json``, ``covariances.npz`` and
+                ``scalars.json`` become artifacts (and weight files, with ``log_model``).
+            data: the run source's ``DataRecord`` for its dataset (from the prepare-data stage), logged as
+                the run's training input; None logs the dataset spec alone.
+            tags: more tags (a sweep's trial number and knob values).
+        """
+
+        status = "FINISHED" if result.get("status") == "finished" else "FAILED"
+        extra, tags = (
+            tags,
+            {
+                "mlflow.parentRunId": self.parent_id,
+                "run_key": spec.key,
+                "dataset": spec.dataset["name"],
+                "seed": str(spec.seed),
+                "reused": "false",
+                "study.role": "training",
+                "git_commit": self.git_commit,
+                "git_dirty": str(self.git_dirty).lower(),
+                "mlflow.source.git.commit": self.git_commit,
+                "spec_hash": digest(spec.model_dump()),
+            },
+        )
+        tags.update({k: str(v)[:_TAG_MAX] for k, v in (extra or {}).items()})
+        if result.get("environment"):
+            tags.update({f"env.{k}": str(v) for k, v in result["environment"].items()})
+        if result.get("source"):  # an imported run: where it came from and how it was read
+            tags.update(_source_tags(result["source"]))
+        run = self.client.create_run(self.experiment_id, run_name=spec.label, tags=tags)
+        rid = run.info.run_id
+        try:
+            self._fill_training_run(rid, spec, result, rows, run_dir, data)
+        except BaseException:
+            self.client.set_terminated(rid, "FAILED")  # never a child left RUNNING by an error here
+            raise
+        self.client.set_terminated(rid, status)
+        return rid
+
+    def _fill_training_run(self, rid: str, spec, result: dict, rows: pd.DataFrame, run_dir, data) -> None:
+        """Params, metrics, dataset and artifacts of a child run (:meth:`log_training_run`)."""
+        from mlflow.entities import Metric
+
+        params = _flatten("", {k: v for k, v in spec.model_dump().items() if k != "key"}, {})
+        self._log_params(rid, params)
+        fault_point("mlflow.log")
+
+        now = int(time.time() * 1000)
+        metrics = []
+        for h in result.get("history", []):
+            for k, v in h.items():
+                if k != "epoch" and v is not None:
+                    metrics.append(Metric(sanitize_metric_name(f"train/{k}"), float(v), now, int(h["epoch"])))
+        for r in rows.itertuples(index=False):
+            if pd.notna(r.value):
+                name = sanitize_metric_name(f"{r.metric}/{r.layer}/{r.token_set}")
+                metrics.append(Metric(name, float(r.value), now, int(r.epoch)))
+        for i in range(0, len(metrics), _BATCH):
+            self.client.log_batch(rid, metrics=metrics[i : i + _BATCH])
+        self._log_dataset(rid, spec, data)
+        if run_dir is not None:
+            for name in RUN_ARTIFACTS_REQUIRED + RUN_ARTIFACTS_OPTIONAL:
+                if (Path(run_dir) / name).is_file():
+                    self.client.log_artifact(rid, str(Path(run_dir) / name))
+            if self.log_model:
+                weights = [p for pat in _WEIGHT_PATTERNS for p in sorted(Path(run_dir).glob(pat))]
+                for p in weights:
+                    self.client.log_artifact(rid, str(p), artifact_path="model")
+                # say so when a run folder holds no weights rather than log nothing silently
+                self.client.set_tag(rid, "model_weights", "logged" if weights else "none in run folder")
+        if result.get("status") != "finished":
+            self.client.set_tag(rid, "failed_epoch", str(result.get("failed_epoch")))
+
+    def _log_dataset(self, rid: str, spec, data) -> None:
+        """Record the training data as an MLflow dataset input (context ``training``).
+
+        ``data`` is the ``DataRecord`` the prepare-data stage made (its digest: the dataset spec's hash, the
+        images being a function of it; its profile: split shapes and class count), or None (the spec alone).
+        The source (a ``code`` source) carries the spec and the profile as tags.
+        """
+        from mlflow.data.code_dataset_source import CodeDatasetSource
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+
+        ds = spec.dataset
+        tags = {"dataset_spec": json.dumps(ds, sort_keys=True)}
+        if data is not None:
+            tags["profile"] = json.dumps(data.profile, sort_keys=True)
+        dataset = MetaDataset(CodeDatasetSource(tags=tags), name=ds["name"], digest=digest(ds, 16))
+        inp = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "training")])
+        self.client.log_inputs(rid, datasets=[inp])
+
+    def _log_params(self, run_id: str, params: dict) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(run_id, params=items[i : i + 100])
+
+
+def _source_tags(source: dict) -> dict[str, str]:
+    """Tags of an imported run (``result.json``'s ``source``): ``source.kind``, ``source.path``,
+    ``source.fingerprint``, ``source.format``, and the source's own ``tag_fields`` (``runners.sources``:
+    ``source.mapping`` of a table, ``source.state_dict_key`` of checkpoints)."""
+    from runners.sources import SOURCES
+
+    tags = {f"source.{k}": str(source[k]) for k in ("kind", "path", "fingerprint", "format") if k in source}
+    entry = SOURCES.get(str(source.get("kind")), None)
+    for k in entry.tag_fields if entry is not None else ():
+        if source.get(k) is not None:
+            value = source[k] if isinstance(source[k], str) else json.dumps(source[k], sort_keys=True)
+            tags[f"source.{k}"] = value[:_TAG_MAX]
+    return tags
