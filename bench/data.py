@@ -92,27 +92,28 @@ def make_dataset(root: Path, n_images: int) -> Path:
 
 def _child(data: Path, size: int, pool: str, workers: int, cache: Path) -> dict:
     """One load in this (fresh) process: seconds, images, peak RSS of this process and of its pool."""
-    import runners.datasets as datasets
+    from runners.datasets import cache as decoded
+    from runners.datasets import imagefolder, load_disk_split
 
     spec = {"name": "bench", "kind": "imagefolder", "path": str(data), "image_size": size}
     t0 = time.perf_counter()
     if pool == "ram":  # the former design: decode into one array held in memory
-        splits, _ = datasets._imagefolder(spec, data)
+        splits, _ = imagefolder.read(spec, data)
         paths = splits["train"][0]
         from concurrent.futures import ThreadPoolExecutor
 
         out = np.empty((len(paths), size, size, 3), dtype=np.uint8)
         with ThreadPoolExecutor(workers) as ex:
-            for i, arr in enumerate(ex.map(lambda p: datasets._decode_file(p, size), paths)):
+            for i, arr in enumerate(ex.map(lambda p: decoded.decode_file(p, size), paths)):
                 out[i] = arr
         n = len(out)
     else:
         if pool == "process":  # the loader with the process pool swapped in
-            write = datasets.write_images
-            datasets.write_images = lambda out, items, size, workers=None: write(
+            write = decoded.write_images
+            decoded.write_images = lambda out, items, size, workers=None: write(
                 out, items, size, workers, "process"
             )
-        images, _ = datasets.load_disk_split(spec, "train", cache, workers=workers, log=None)
+        images, _ = load_disk_split(spec, "train", cache, workers=workers, log=None)
         n = len(images)
     seconds = time.perf_counter() - t0
     kib = 1024  # ru_maxrss is in KiB on Linux

@@ -409,7 +409,7 @@ def step_dino_learns(rep: Report, work: Path) -> bool:
     import numpy as np
     import torch
 
-    from runners.data import load_split, num_classes
+    from runners.datasets import load_split, num_classes
     from runners.objectives import make_objective
     from runners.train import train_run
 
@@ -547,7 +547,7 @@ def _compare_runs(a: Path, b: Path, epochs: int) -> dict:
 def step_resume(rep: Report, work: Path) -> bool:
     import torch
 
-    from runners.data import load_split
+    from runners.datasets import load_split
     from runners.train import train_run
 
     run = _run_spec(RESUME_SMOKE if rep.smoke else RESUME)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runners.data import generate  # noqa: E402
+from runners.datasets.procedural import generate  # noqa: E402
 from runners.extract import extract_spectra  # noqa: E402
 from runners.inputs import to_input, to_tensor  # noqa: E402
 from runners.models import MODEL_PRESETS, build_model  # noqa: E402

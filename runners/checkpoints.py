@@ -147,7 +147,7 @@ def import_checkpoints(
     Returns:
         The ``result.json`` content (``failed`` on a non-finite activation).
     """
-    from runners.data import load_split
+    from runners.datasets import load_split
     from runners.extract import extract_spectra, save_covariances, save_observables, snapshot_epochs
     from runners.inputs import to_tensor
     from runners.train import environment, pick_device

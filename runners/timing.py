@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from runners.data import num_classes
+from runners.datasets import num_classes
 from runners.extract import extract_spectra
 from runners.inputs import to_tensor
 from runners.objectives import make_objective

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from runners.data import load_split, num_classes
+from runners.datasets import load_split, num_classes
 from runners.executors import adopt_thread_budget
 from runners.extract import extract_spectra, save_covariances, save_observables, snapshot_epochs
 from runners.inputs import to_tensor

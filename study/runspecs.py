@@ -18,8 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from runners.data import GENERATOR_VERSION
-from runners.datasets import LOADER_VERSION, resolve_fingerprint, resolve_path
+from runners.datasets import GENERATOR_VERSION, LOADER_VERSION, resolve_fingerprint, resolve_path
 from runners.objectives import objective_payload
 from study.schema import Hypothesis
 from vitstudy_core.hashing import digest

@@ -24,6 +24,8 @@ from pydantic import (
 from analysis.kinds import KINDS, claim_models
 from analysis.kinds.base import Condition, Subset  # noqa: F401 - part of the schema's public names
 from analysis.observables import ALL_METRICS
+from runners.datasets import DATASETS, kind_of
+from runners.datasets.procedural import ProceduralDataset
 from runners.models import ModelSpec, TimmModel
 from runners.objectives import (
     DEFAULT_OBJECTIVE,
@@ -43,122 +45,17 @@ from vitstudy_core.settings import Strict
 # --------------------------------------------------------------------------------------------------
 # Design
 # --------------------------------------------------------------------------------------------------
-class ProceduralDataset(Strict):
-    """A dataset generated from a seed (no download): shapes on textured backgrounds, or textures.
-
-    ``variant`` picks the generator family; the knobs below set data complexity and are left out of
-    the run key while unset, so files written before they existed keep their keys and cached images.
-
-    * ``texture_reliance`` (0..1): switches to the cue-mix generator, where each image shows a
-      texture-filled object; with probability ``1 - texture_reliance`` the label is carried by the
-      object's shape (its texture is random), otherwise by its texture (its shape is random). 0 = only
-      shape carries the label, 1 = only texture does.
-    * ``object_scale``: object radius as a fraction of the image side (default 0.3-0.4 at random).
-    * ``clutter`` (0..1): distractor shapes of random class, ``round(4 * clutter)`` per image.
-    * ``noise``: standard deviation of additive Gaussian pixel noise (intensity units, image in [0, 1]).
-    """
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    kind: Literal["procedural"] = "procedural"
-    variant: Literal["objects", "textures"] = "objects"
-    n_classes: int = Field(10, ge=2, le=10)
-    n_train: int = Field(
-        10_000, ge=16
-    )  # 10k images x 8 epochs: a 5-seed study trains in minutes on 2 CPU cores
-    n_test: int = Field(2_000, ge=16)
-    image_size: int = Field(16, ge=8, le=256)
-    data_seed: int = 0  # the images; run seeds change init and data order only
-    texture_reliance: float | None = Field(None, ge=0.0, le=1.0)
-    object_scale: float | None = Field(None, gt=0.05, le=0.5)
-    clutter: float | None = Field(None, ge=0.0, le=1.0)
-    noise: float | None = Field(None, ge=0.0, le=0.5)
-
-    @model_validator(mode="after")
-    def _knobs(self) -> ProceduralDataset:
-        if self.variant == "textures" and (
-            self.texture_reliance is not None or self.object_scale is not None
-        ):
-            raise ValueError("texture_reliance/object_scale need variant 'objects' (textures has no object)")
-        return self
-
-
-class _DiskDataset(Strict):
-    """A dataset already on disk. Nothing is downloaded.
-
-    ``path`` may be ``${ENV_VAR}`` (or contain it) and may be replaced with ``--data-root NAME=PATH``.
-    It is resolved when the run starts, not at validation, and is not part of the run key: a
-    fingerprint of the folder's content (file names and sizes, links followed) is. ``run`` records it
-    in ``<out>/data/fingerprints.json``, so a host without the data plans the same keys.
-    """
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    path: str = Field(min_length=1)
-    n_train: int | None = Field(None, ge=16)  # a seeded subset of the training split (None: all)
-    n_test: int | None = Field(None, ge=16)  # a seeded subset of the held-out split (None: all)
-    subset_seed: int = 0
-
-
-class Cifar100Dataset(_DiskDataset):
-    """CIFAR-100, python version: ``<path>/train``, ``<path>/test``, ``<path>/meta`` pickle files."""
-
-    kind: Literal["cifar100"]
-    image_size: int = Field(32, ge=8, le=512)
-    label: Literal["fine", "coarse"] = "fine"
-
-
-class TinyImageNetDataset(_DiskDataset):
-    """Tiny ImageNet: ``train/<wnid>/images/*.JPEG``, ``val/images/*.JPEG`` + ``val/val_annotations.txt``."""
-
-    kind: Literal["tiny_imagenet"]
-    image_size: int = Field(64, ge=8, le=512)
-
-
-class UCMercedDataset(_DiskDataset):
-    """UC Merced Land Use: ``Images/<class>/*.tif``; no official split, so a seeded one (recorded)."""
-
-    kind: Literal["ucmerced"]
-    image_size: int = Field(256, ge=8, le=512)
-    test_fraction: float = Field(0.2, gt=0, lt=1)
-    split_seed: int = 0  # the per-class stratified train/test split
-
-
-class ImageFolderDataset(_DiskDataset):
-    """Any ``<path>/<train_dir>/<class>/*`` + ``<path>/<test_dir>/<class>/*`` tree (e.g. ImageNet-100).
-
-    ``classes`` restricts and orders the classes (ImageNet-100's class list); default: every folder.
-    """
-
-    kind: Literal["imagefolder"]
-    image_size: int = Field(224, ge=8, le=512)
-    train_dir: str = "train"
-    test_dir: str = "val"
-    classes: list[str] | None = Field(None, min_length=2)
-
-
-class ExternalDataset(Strict):
-    """A dataset known by name only, for a metric log imported with ``design.source: {kind: table}``:
-    its images are never read, so it has no path and nothing is generated."""
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    kind: Literal["external"]
-
-
 def _dataset_kind(v: object) -> str:
-    if isinstance(v, dict):
-        return v.get("kind", "procedural")  # files written before real datasets existed have no kind
-    return getattr(v, "kind", "procedural")
+    """The tag of a ``design.datasets`` entry: its ``kind`` (none given: ``runners.datasets.DEFAULT_KIND``)."""
+    return kind_of(v)  # files written before real datasets existed have no kind
 
 
+# one union member per registered dataset kind (runners.datasets), tagged by its kind
+DATASET_KINDS = tuple(DATASETS)
 DatasetSpec = Annotated[
-    Annotated[ProceduralDataset, Tag("procedural")]
-    | Annotated[Cifar100Dataset, Tag("cifar100")]
-    | Annotated[TinyImageNetDataset, Tag("tiny_imagenet")]
-    | Annotated[UCMercedDataset, Tag("ucmerced")]
-    | Annotated[ImageFolderDataset, Tag("imagefolder")]
-    | Annotated[ExternalDataset, Tag("external")],
+    Union[tuple(Annotated[k.model, Tag(k.name)] for k in DATASETS.values())],  # noqa: UP007 - built at run time
     Discriminator(_dataset_kind),
 ]
-DATASET_KINDS = ("procedural", "cifar100", "tiny_imagenet", "ucmerced", "imagefolder", "external")
 
 # --------------------------------------------------------------------------------------------------
 # Model, training and objective: their settings live beside the code that uses them (runners.models,

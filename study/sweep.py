@@ -37,10 +37,11 @@ import pandas as pd
 from analysis.kinds.base import summarise_layers
 from analysis.table import make_table
 from analysis.verdicts import ClaimResult, format_verdicts
+from runners.datasets.procedural import ProceduralDataset
 from study import registration, stages
 from study.preflight import check_hypothesis
 from study.runspecs import RunSpec
-from study.schema import Hypothesis, ProceduralDataset
+from study.schema import Hypothesis
 from study.tracking import TrackerProtocol, open_tracker
 from vitstudy_core.errors import StudyError
 from vitstudy_core.hashing import file_digest

@@ -47,7 +47,7 @@ def _run(spec_file: Path, run_dir: Path, data_dir: Path, pause: str | None = Non
 @pytest.mark.parametrize("objective", ["supervised", pytest.param("dino", marks=pytest.mark.slow)])
 def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted(objective, tmp_path):
     """Bitwise on CPU: history, spectra and final weights. (DINO: slow-marked, ~30 s of subprocesses.)"""
-    from runners.data import load_split
+    from runners.datasets import load_split
     from runners.train import train_run
 
     spec = _spec(DINO if objective == "dino" else "supervised")

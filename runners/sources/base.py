@@ -135,7 +135,10 @@ class SourceBase:
     tag_fields: ClassVar[tuple[str, ...]] = ()
 
     def accepts_dataset(self, kind: str) -> bool:
-        return kind != "external"  # a dataset known by name only has no images to train on or measure
+        from runners.datasets import DATASETS
+
+        # a dataset known by name only (``external``: no loader) has no images to train on or measure
+        return DATASETS.get(kind).load is not None
 
     def check_design(self, settings: ImportedSettings | None, design: DesignFacts) -> None:
         return None

@@ -66,7 +66,7 @@ class CheckpointSource(ImportedSourceBase):
         check_checkpoints(run)
 
     def prepare(self, run: dict, data_dir: str | Path) -> DataRecord:
-        from runners.data import load_split
+        from runners.datasets import load_split
 
         ds, probe = run["dataset"], run["probe"]
         shape = list(load_split(ds, "probe", data_dir, probe["size"], probe["seed"])[0].shape)

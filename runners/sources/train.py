@@ -29,7 +29,7 @@ class TrainingSource(SourceBase):
         check_dataset_folder(run["dataset"])
 
     def prepare(self, run: dict, data_dir: str | Path) -> DataRecord:
-        from runners.data import load_split, num_classes
+        from runners.datasets import load_split, num_classes
 
         ds = run["dataset"]
         shapes = {split: list(load_split(ds, split, data_dir)[0].shape) for split in ("train", "test")}

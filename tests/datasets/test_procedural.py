@@ -1,4 +1,4 @@
-"""Procedural generator: determinism, backwards-compatible pixels, complexity knobs."""
+"""Procedural generator: determinism, backwards-compatible pixels, complexity knobs, its cache."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from runners.data import generate, load_split
+from runners.datasets import load_split
+from runners.datasets.procedural import generate
 
 
 def _digest(x: np.ndarray, y: np.ndarray) -> str:

@@ -1,0 +1,80 @@
+"""What every dataset kind shares: its registry entry (:class:`DatasetKind`) and the registry.
+
+A dataset kind is one module in this package (``procedural.py``, ``cifar100.py``, ...). It defines its
+settings model (a :class:`~vitstudy_core.settings.Strict` subclass with ``name`` and
+``kind: Literal["<kind>"]``; the hypothesis schema builds ``design.datasets`` from these models) and
+registers one :class:`DatasetKind` saying how its images are read. An on-disk layout registers through
+:func:`runners.datasets.disk.on_disk_kind`, which supplies the shared loader (the decoded cache) and the
+folder check; the module itself only says how the publisher's folder is laid out and read.
+
+Nothing here imports torch or PIL: the schema and the planner import every kind's module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitstudy_core.registry import Registry
+from vitstudy_core.settings import Strict
+
+DEFAULT_KIND = "procedural"  # a dataset entry without ``kind`` (files written before real datasets existed)
+
+Arrays = tuple[np.ndarray, np.ndarray]
+# (spec, split, cache_dir, probe_size, probe_seed) -> images uint8 (N, S, S, 3), labels int64 (N,)
+Loader = Callable[[dict, str, Path, int | None, int | None], Arrays]
+# (spec, folder) -> ({"train": (paths or uint8 arrays, int64 labels), "test": ...}, class names)
+Reader = Callable[[dict, Path], tuple[dict[str, tuple[Any, np.ndarray]], list[str]]]
+
+
+@dataclass(frozen=True)
+class DatasetKind:
+    """One registered dataset kind.
+
+    Attributes:
+        name: the ``kind`` a hypothesis file writes (the model's ``kind`` literal).
+        model: the settings model (fields of one ``design.datasets`` entry).
+        example: a ``design.datasets`` entry of this kind that validates (docs and the contract test).
+        load: reads one split (``train``, ``test``, ``probe``) of a spec dict (``model.model_dump()``);
+            None: the kind has no images (it only names the dataset of an imported table).
+        num_classes: the classifier head's width for a spec dict; None with ``load``.
+        check: fails early (one-line StudyError) when the data are not there, before anything is written;
+            None: nothing to check (generated data).
+        layout: on-disk kinds: the publisher's layout in words (error messages show it); else None.
+        read: on-disk kinds: the layout's reader, used by the shared loader; else None.
+    """
+
+    name: str
+    model: type[Strict]
+    example: dict
+    load: Loader | None
+    num_classes: Callable[[dict], int] | None
+    check: Callable[[dict], None] | None = None
+    layout: str | None = None
+    read: Reader | None = field(default=None, repr=False)
+
+
+def _check(name: str, entry: DatasetKind) -> None:
+    """Refuse an entry whose model does not carry its name as the ``kind`` literal, or has no ``name``."""
+    fields = entry.model.model_fields
+    kind = fields.get("kind")
+    if entry.name != name or kind is None or getattr(kind.annotation, "__args__", None) != (name,):
+        raise ValueError(f"dataset kind {name!r}: its model needs kind: Literal[{name!r}]")
+    if "name" not in fields:
+        raise ValueError(f"dataset kind {name!r}: its model needs a name field")
+    if (entry.load is None) != (entry.num_classes is None):
+        raise ValueError(f"dataset kind {name!r}: give both load and num_classes, or neither")
+
+
+DATASETS: Registry[DatasetKind] = Registry("dataset kind", check=_check)
+
+
+def kind_of(spec: object) -> str:
+    """The kind of a dataset entry (a mapping or a model); :data:`DEFAULT_KIND` when it names none."""
+    if isinstance(spec, dict):
+        return spec.get("kind", DEFAULT_KIND)
+    return getattr(spec, "kind", DEFAULT_KIND)
