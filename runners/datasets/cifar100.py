@@ -14,6 +14,7 @@ line naming the file: nothing a file names is imported or executed.
 from __future__ import annotations
 
 import builtins
+import codecs
 import pickle
 from pathlib import Path
 from typing import Literal
@@ -53,6 +54,8 @@ def _numpy_globals() -> dict[tuple[str, str], object]:
 _CONTAINERS = ("dict", "list", "tuple", "set", "frozenset", "bytearray")
 _ALLOWED = {
     **_numpy_globals(),
+    # Python 3 pickles at protocols 0-2 spell bytes as _codecs.encode(str, "latin1"): a pure function
+    ("_codecs", "encode"): codecs.encode,
     **{(m, n): getattr(builtins, n) for m in ("builtins", "__builtin__") for n in _CONTAINERS},
 }
 
