@@ -92,8 +92,8 @@ def plan_claim(
     sd = float(values.std(ddof=1)) if n >= 2 else float("nan")
     hi = sd_upper_bound(sd, n)
     ok = effect is not None and math.isfinite(sd) and sd > 0
-    d = effect / sd if ok else float("nan")
-    d_hi = effect / hi if ok else float("nan")
+    d = effect / sd if effect is not None and ok else float("nan")
+    d_hi = effect / hi if effect is not None and ok else float("nan")
     floor = seed_floor(labellings, alpha)
     out = {"sd": sd, "sd_upper80": hi, "n_pilot": n, "d": d, "d_upper": d_hi, "floor": floor}
     for target in TARGETS:
