@@ -166,9 +166,45 @@ def tost_estimate(estimate: float, se: float, df: float, margin: float) -> float
     The same two one-sided t tests as :func:`tost`, for an estimate that is not a mean of per-seed values
     (a mixed model's fixed slope). NaN when ``se`` is not positive and finite.
     """
-    if not (math.isfinite(se) and se > 0 and math.isfinite(estimate)):
+    # the relative tolerance of t_test: an SE at rounding level is no variation
+    if not (math.isfinite(se) and math.isfinite(estimate) and se > 1e-12 * max(1.0, abs(estimate))):
         return NAN
     return max(t_p((estimate + margin) / se, df, "greater"), t_p((estimate - margin) / se, df, "less"))
+
+
+def holm(p: np.ndarray) -> np.ndarray:
+    """Holm step-down adjusted p-values of (m,) finite ``p`` (statsmodels' ``multipletests(method="holm")``
+    arithmetic, without its per-call garbage collection, which dominates a calibration study)."""
+    p = np.asarray(p, dtype=np.float64)
+    order = np.argsort(p)
+    adjusted = np.minimum(np.maximum.accumulate(p[order] * np.arange(p.size, 0, -1)), 1.0)
+    out = np.empty_like(adjusted)
+    out[order] = adjusted
+    return out
+
+
+def opposite(alternative: Alternative) -> Alternative:
+    """The one-sided alternative pointing the other way (``two-sided`` has none: itself)."""
+    if alternative == "greater":
+        return "less"
+    if alternative == "less":
+        return "greater"
+    return "two-sided"
+
+
+def identical_rows(y: np.ndarray) -> bool:
+    """Whether every seed's row of ``y`` (S, T) is the same up to a constant: no seed adds information.
+
+    True for one run copied S times, or for S seeds that lie on one exactly parallel curve (noise-free):
+    then any test across seeds has zero between-seed variance, whatever its statistic (a rank test's
+    per-seed statistics are identical too). Rows are centred on their mean; rounding (1e-12 relative) is
+    no difference. False for S < 2.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    if y.ndim != 2 or y.shape[0] < 2 or not np.isfinite(y).all():
+        return False
+    centred = y - y.mean(axis=1, keepdims=True)
+    return bool(np.ptp(centred, axis=0).max(initial=0.0) <= 1e-12 * max(1.0, float(np.abs(y).max())))
 
 
 def bootstrap_ci(x: np.ndarray, reps: int = BOOTSTRAP_REPS, seed: int = 0) -> tuple[float, float]:

@@ -26,7 +26,7 @@ import pandas as pd
 import statsmodels.formula.api as smf
 from scipy import optimize, stats
 
-from analysis.inference import Alternative, per_seed_slopes, t_p, t_test
+from analysis.inference import Alternative, TTest, per_seed_slopes, t_p, t_test
 
 OLS_TOLERANCE = 0.01  # gap between MixedLM and OLS slopes, in slope SEs, that triggers a warning
 # A sound REML slope SE on balanced data equals the per-seed slopes' SE (interior fit) or departs from it
@@ -201,6 +201,18 @@ def _long(x: np.ndarray, y: np.ndarray) -> pd.DataFrame:
     ).dropna()
 
 
+def _exactly_linear(long: pd.DataFrame) -> bool:
+    """Whether every seed's rows lie on a straight line in x: the within-seed residuals are at rounding
+    level (RMS below 1e-12 of the largest |y|)."""
+    rss = 0.0
+    for _, g in long.groupby("seed"):
+        if len(g) > 2:
+            design = np.column_stack([np.ones(len(g)), g.x.to_numpy()])
+            coef, *_ = np.linalg.lstsq(design, g.y.to_numpy(), rcond=None)
+            rss += float(np.sum((g.y.to_numpy() - design @ coef) ** 2))
+    return rss <= len(long) * (1e-12 * float(np.abs(long.y).max())) ** 2
+
+
 def _statsmodels_start(unit: pd.DataFrame) -> tuple[np.ndarray, bool, list[str]] | str:
     """statsmodels' REML fit on the standardised rows: (theta (3,), converged, the warnings it raised), or
     the reason it failed."""
@@ -255,6 +267,15 @@ def fit_random_slopes(x: np.ndarray, y: np.ndarray, alternative: Alternative = "
     if n_seeds < 2 or not long.y.std() > 0 or not long.x.std() > 0:
         return MixedFit(warnings=["mixed model not fitted: needs >= 2 seeds and varying values"])
     ols_slope = float(smf.ols("y ~ x", long).fit().params["x"])
+    if _exactly_linear(long):
+        # REML's deviance has (n - 2) log(rss): unbounded below as rss -> 0, so an optimiser never stops
+        return MixedFit(
+            ols_slope=ols_slope,
+            warnings=[
+                "mixed model not fitted: zero residual variance (every seed lies exactly on a line in x), "
+                "so REML has no optimum"
+            ],
+        )
     sx, my, sy = float(long.x.std()), float(long.y.mean()), float(long.y.std())
     unit = pd.DataFrame({"seed": long.seed, "x": long.x / sx, "y": (long.y - my) / sy})
     start = _statsmodels_start(unit)
@@ -344,13 +365,22 @@ class SlopeTest:
     per_seed_se: float
     warnings: list[str]
 
+    @property
+    def se(self) -> float:
+        """SE of ``effect``: the fit's slope SE, or the per-seed slopes' where they decided."""
+        return self.fit.se if self.fallback_reason is None else self.per_seed_se
+
     def to_dict(self) -> dict:
         """JSON-ready dict (``details.per_series.<name>.mixed``), the fit nested as a dict."""
         return asdict(self)
 
 
-def _fallback_reason(fit: MixedFit, se_seed: float) -> str | None:
+def _fallback_reason(fit: MixedFit, se_seed: float, per_seed: TTest) -> str | None:
     """Why the fit must not decide (None: it is sound)."""
+    if per_seed.n >= 2 and math.isnan(per_seed.p):
+        # every seed has the same slope (one run copied, noise-free parallel lines): the fit's SE comes
+        # from within-seed residuals alone, so its p would be a test across seeds with no variance
+        return "the per-seed slopes do not vary (zero between-seed variance)"
     if not math.isfinite(fit.p):
         return "mixed model gave no test"
     if not fit.converged:
@@ -386,7 +416,7 @@ def mixed_slope_test(x: np.ndarray, y: np.ndarray, alternative: Alternative = "g
     slopes = per_seed_slopes(x, y)
     per_seed = t_test(slopes[np.isfinite(slopes)], alternative)
     se_seed = per_seed.sd / math.sqrt(per_seed.n) if per_seed.n >= 2 else NAN
-    reason = _fallback_reason(fit, se_seed)
+    reason = _fallback_reason(fit, se_seed, per_seed)
     if reason is None:
         return SlopeTest("mixed", None, fit.p, fit.slope, fit.ci, fit, se_seed, list(fit.warnings))
     return SlopeTest(

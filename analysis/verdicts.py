@@ -31,9 +31,10 @@ import numpy as np
 import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
-from analysis.inference import bootstrap_ci, power_and_seeds_needed, tost
+from analysis.inference import bootstrap_ci, power_and_seeds_needed
 from analysis.kinds import get_kind
 from analysis.kinds.base import NotTestable, Outcome, TableView
+from analysis.power import seed_floor
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 
 if TYPE_CHECKING:
@@ -172,10 +173,10 @@ def decide(outcome: Outcome, p_adjusted: float, alpha: float, margin: float | No
         return ACCEPTED, f"adjusted p < {alpha:g} in the claimed direction"
     if outcome.contradicted:
         return REJECTED, "the 95% CI excludes the claimed effect"
-    if margin is not None and len(outcome.effect_values) >= 2:
-        eq = tost(np.asarray(outcome.effect_values), margin)
-        if not math.isnan(eq.p) and eq.p < alpha:
-            return REJECTED, f"equivalence within +-{margin:g} holds (TOST p = {eq.p:.3g})"
+    if margin is not None:
+        eq = outcome.margin_p(margin)
+        if not math.isnan(eq) and eq < alpha:
+            return REJECTED, f"equivalence within +-{margin:g} holds (TOST p = {eq:.3g})"
     return INCONCLUSIVE, "neither the claim nor its negation is supported"
 
 
@@ -258,10 +259,12 @@ def _failed_seeds(claim: Any, failed: dict[str, dict[int, str]] | None) -> dict[
 
 def _power(o: Outcome, alpha: float) -> tuple[float, int | None]:
     """Power at the observed effect and seeds for 80% (an INCONCLUSIVE claim), with a randomisation
-    test's floor: its p cannot go below labellings^-S, so below that many seeds nothing is accepted."""
-    power, needed = power_and_seeds_needed(o.std_effect, len(o.seeds_used), alpha / 2 if o.two_sided else alpha)
+    test's floor: its p cannot go below labellings^-S (times the Holm factor across contrasts), so below
+    that many seeds nothing is accepted. A p Holm-adjusted across k contrasts is powered at alpha / k."""
+    level = alpha / max(1, o.holm_contrasts)
+    power, needed = power_and_seeds_needed(o.std_effect, len(o.seeds_used), level / 2 if o.two_sided else level)
     if o.labellings_per_seed > 1:
-        s_min = int(math.floor(math.log(1 / alpha) / math.log(o.labellings_per_seed))) + 1
+        s_min = seed_floor(o.labellings_per_seed, alpha, o.holm_contrasts)
         if len(o.seeds_used) < s_min:
             power = 0.0
         if needed is not None:
@@ -393,7 +396,10 @@ def format_verdicts(results: list[ClaimResult]) -> str:
                 f"({fmt_num(loc['ci'][0], 1)}, {fmt_num(loc['ci'][1], 1)}), depth {fmt_num(depth['mean'], 2)} "
                 f"({fmt_num(depth['ci'][0], 2)}, {fmt_num(depth['ci'][1], 2)})"
             )
-        if r.verdict == INCONCLUSIVE and r.n_seeds >= 2:
+        if r.verdict == INCONCLUSIVE and r.n_seeds >= 2 and math.isnan(r.power):
+            # no standardised effect (the seeds do not vary): no power to speak of, whatever the sign
+            lines.append(f"  ? {r.name}: power n/a: no test across seeds was possible (see the warnings)")
+        elif r.verdict == INCONCLUSIVE and r.n_seeds >= 2:
             need = (
                 f"{r.seeds_needed} seeds"
                 if r.seeds_needed

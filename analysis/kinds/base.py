@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator, model_validator
 
-from analysis.inference import TTest
+from analysis.inference import TTest, tost_estimate
 from analysis.observables import ALL_METRICS
 from vitstudy_core.errors import StudyError
 from vitstudy_core.layers import TokenSet
@@ -147,6 +147,75 @@ def _named_condition(fld: str, cond: Condition) -> list[tuple[str, str, object]]
 # --------------------------------------------------------------------------------------------------
 # Outcome and table access
 # --------------------------------------------------------------------------------------------------
+# One-sided level of the REJECTED rule's test of the opposite of the claim: a lone contrast's 95% CI lying
+# entirely on the wrong side of 0 is that test at 2.5%. With several contrasts the rule keeps this level
+# for the claim as a whole (:func:`contradiction`), and a margin's TOST runs at the claim's alpha.
+REJECT_LEVEL = 0.025
+
+# How a claim combines its contrasts: ``every`` one must hold (intersection-union: u_shape, extremum, a
+# trend over ``all`` layers), or ``one`` suffices (a trend over ``any`` layer).
+Needs = Literal["every", "one"]
+
+
+def holm_min(p: Sequence[float]) -> float:
+    """The smallest Holm-adjusted p of ``p`` (= k * min p, capped at 1; NaN entries count in k, never
+    as the minimum; NaN when all are NaN)."""
+    finite = [v for v in p if not math.isnan(v)]
+    return min(1.0, len(p) * min(finite)) if finite else float("nan")
+
+
+def combined_against(p_against: Sequence[float], needs: Needs) -> float:
+    """The p of the opposite of a claim from each contrast's one-sided p in the wrong direction.
+
+    ``every``: the claim fails when any one contrast is shown to point the wrong way, a union of tests:
+    Holm across the k contrasts (k * min p). ``one``: it fails only when every contrast is (an
+    intersection-union test: max p, NaN if any is NaN). A single contrast: its own p.
+    """
+    if len(p_against) == 1:
+        return float(p_against[0])
+    if needs == "every":
+        return holm_min(p_against)
+    return float("nan") if any(math.isnan(v) for v in p_against) else max(p_against)
+
+
+def contradiction(p_against: Sequence[float], needs: Needs) -> bool:
+    """The REJECTED rule's evidence test: :func:`combined_against` below :data:`REJECT_LEVEL` (so its
+    rate at the boundary of the claim is at most 2.5%, whatever the number of contrasts)."""
+    p = combined_against(p_against, needs)
+    return bool(not math.isnan(p) and p < REJECT_LEVEL)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One contrast's estimate for a margin's TOST: ``mean`` and its ``se`` (the units of the effect) and
+    the t degrees of freedom ``df`` (S - 1)."""
+
+    mean: float
+    se: float
+    df: float
+
+    @classmethod
+    def of(cls, test: TTest) -> Estimate:
+        """The estimate of a one-sample t test's mean."""
+        return cls(test.mean, test.se, test.n - 1)
+
+
+def margin_p(estimates: Sequence[Estimate], margin: float, needs: Needs) -> float:
+    """p of "the claimed effect is smaller than ``margin``" (which REJECTS a claim that declares one).
+
+    Per contrast the TOST p of ``|effect| < margin``; ``every``: the claim fails when some contrast is
+    within the margin (Holm across contrasts); ``one``: only when every contrast is (max p).
+    """
+    ps = [tost_estimate(e.mean, e.se, e.df, margin) for e in estimates]
+    if not ps:
+        return float("nan")
+    if len(ps) == 1:
+        return ps[0]
+    if needs == "every":
+        return holm_min(ps)
+    return float("nan") if any(math.isnan(v) for v in ps) else max(ps)
+
+
 @dataclass
 class Outcome:
     """What a claim's test found, before multiplicity adjustment and the verdict rule.
@@ -166,6 +235,11 @@ class Outcome:
             direction; the basis of the power and seeds-needed numbers of an inconclusive claim.
         two_sided: the binding test is two-sided (power is computed at alpha / 2 per side).
         not_testable: non-empty when the table holds nothing to test the claim on (:class:`NotTestable`).
+        estimates: per contrast the estimate a declared margin is tested on (:func:`margin_p`); empty:
+            the one-sample t test of ``effect_values``.
+        needs: how the contrasts combine (``every`` or ``one``; see :func:`contradiction`).
+        holm_contrasts: the binding p is Holm-adjusted across this many contrasts (a trend over ``any``
+            of k layers: k), so it cannot go below k * labellings^-S and its power is at alpha / k.
     """
 
     p_value: float
@@ -181,6 +255,19 @@ class Outcome:
     two_sided: bool = False
     labellings_per_seed: int = 0  # randomisation tests: K! (JT) or 2 (sign flips); p >= this^-S. 0 = t-based
     not_testable: str = ""  # why the table cannot test the claim at all (e.g. its metric is absent)
+    estimates: list[Estimate] = field(default_factory=list)
+    needs: Needs = "every"
+    holm_contrasts: int = 1
+
+    def margin_p(self, margin: float) -> float:
+        """p of "the effect lies within +-margin" (:func:`margin_p`; NaN when it cannot be tested)."""
+        if self.estimates:
+            return margin_p(self.estimates, margin, self.needs)
+        if len(self.effect_values) < 2:
+            return float("nan")
+        from analysis.inference import t_test
+
+        return margin_p([Estimate.of(t_test(np.asarray(self.effect_values)))], margin, self.needs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,7 +278,8 @@ class Statistic:
         p: p-value in the claimed direction (NaN when no test was possible).
         effect: the effect, in the units the kind documents (metric units, per unit of x for a slope).
         ci: (low, high) 95% interval of ``effect``.
-        contradicted: the REJECTED rule's test: the evidence excludes the claimed effect.
+        contradicted: the REJECTED rule's test: the evidence excludes the claimed effect
+            (:func:`contradiction` of ``p_against``).
         std_effect: standardised effect of the binding test in the claimed direction (mean / sd).
         values: (S,) per-seed values whose mean is ``effect`` (empty when it is no mean over seeds).
         warnings: what a reader must know (degenerate data, too few seeds, ...).
@@ -204,6 +292,7 @@ class Statistic:
     std_effect: float
     values: np.ndarray
     warnings: list[str]
+    p_against: list[float] = field(default_factory=list)  # per contrast, one-sided p the wrong way
 
 
 class Trial(TypedDict, total=False):
@@ -534,12 +623,18 @@ class Scenario:
     (a tuple of arrays, the seed on the first axis of each, and the true effect or None) and
     ``test(arrays, truth, rng) -> Trial`` (also ``contradicted``, and for a mixed-model trend
     ``fallback``). ``simulate`` is then ``test(*draw(...))``.
+
+    ``boundary(n_seeds, rng) -> (arrays, truth)``: the least favourable case of the REJECTED rule, a
+    claim that is just true (every contrast it needs at 0, the others where they can do most harm);
+    its rate of ``contradicted`` is the rule's error rate, at most 2.5% (:data:`REJECT_LEVEL`). None:
+    ``draw(n_seeds, 0.0, rng)``, which is that case for a claim of one contrast.
     """
 
     description: str
     simulate: Callable[[int, float, np.random.Generator], Trial] | None = None
     draw: Callable[[int, float, np.random.Generator], tuple[tuple[np.ndarray, ...], Any]] | None = None
     test: Callable[[tuple[np.ndarray, ...], Any, np.random.Generator], Trial] | None = None
+    boundary: Callable[[int, np.random.Generator], tuple[tuple[np.ndarray, ...], Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.simulate is None:
@@ -552,6 +647,13 @@ class Scenario:
         """One simulated study of ``n_seeds`` seeds at ``effect`` (per-seed noise SDs)."""
         assert self.simulate is not None  # set by __post_init__
         return self.simulate(n_seeds, effect, rng)
+
+    def rejected_at_boundary(self, n_seeds: int, rng: np.random.Generator) -> bool:
+        """One simulated study at the REJECTED rule's least favourable case: would the rule REJECT?"""
+        if self.test is None or self.draw is None:
+            raise ValueError(f"scenario {self.description!r} has no draw and test")
+        arrays, truth = self.boundary(n_seeds, rng) if self.boundary else self.draw(n_seeds, 0.0, rng)
+        return bool(self.test(arrays, truth, rng).get("contradicted", False))
 
     @property
     def sequential(self) -> bool:
@@ -622,6 +724,10 @@ def _declared_sesoi(claim: Any) -> float | None:
     return claim.sesoi
 
 
+def _one_test(claim: Any) -> int:
+    return 1
+
+
 @dataclass(frozen=True)
 class ClaimKind:
     """A registered claim kind (see the module docstring).
@@ -643,6 +749,9 @@ class ClaimKind:
             ``python -m study plan`` reads to say how many seeds a claim needs at the least.
         planning_effect: ``claim -> effect or None``: the effect ``plan`` sizes the seeds for when no
             pilot gives one (default: the claim's ``sesoi``).
+        holm_contrasts: ``claim -> k``: the claim's p is Holm-adjusted across k contrasts (a trend over
+            ``any`` of k layers), so ``plan`` sizes it at alpha / k and its floor is k * labellings^-S
+            (default 1).
         example: a valid claim of this kind as a hypothesis file writes it (without ``name``), over a
             design of datasets ``objects``, ``mixed``, ``textures`` and a 12-block ViT: the contract test
             (tests/test_kind_contract.py) evaluates it and draws its figures.
@@ -657,6 +766,7 @@ class ClaimKind:
     rejection_margin: Callable[[Any], float | None] = _declared_margin
     labellings_per_seed: Callable[[Any], int] = _t_based
     planning_effect: Callable[[Any], float | None] = _declared_sesoi
+    holm_contrasts: Callable[[Any], int] = _one_test
     example: dict[str, Any] = field(default_factory=dict)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from analysis.inference import Alternative, t_test
+from analysis.inference import Alternative, opposite, t_test
 from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
@@ -21,6 +21,7 @@ from analysis.kinds.base import (
     TableView,
     Trial,
     condition_figures,
+    contradiction,
     describe_condition,
     few_seeds_warning,
     paired,
@@ -55,17 +56,16 @@ def compare_statistics(a: np.ndarray, b: np.ndarray, alternative: Alternative = 
     d = np.asarray(a, float) - np.asarray(b, float)
     t = t_test(d, alternative)
     n = d.size
-    if alternative == "greater":
-        contradicted, sign = n >= 2 and t.ci[1] < 0, 1.0
-    elif alternative == "less":
-        contradicted, sign = n >= 2 and t.ci[0] > 0, -1.0
-    else:
-        contradicted, sign = False, float(np.sign(t.mean) or 1.0)
+    # one-sided: contradicted when the other side is significant at 2.5% (the CI lies entirely there);
+    # never for two-sided. Zero between-seed variance allows neither side (p NaN)
+    against = [t_test(d, opposite(alternative)).p] if alternative != "two-sided" else []
+    sign = {"greater": 1.0, "less": -1.0}.get(alternative, float(np.sign(t.mean) or 1.0))
     return Statistic(
         p=t.p,
         effect=t.mean,
         ci=t.ci,
-        contradicted=bool(contradicted),
+        p_against=against,
+        contradicted=bool(against) and n >= 2 and contradiction(against, "every"),
         std_effect=std_effect(t, sign),
         values=d,
         warnings=few_seeds_warning(n, t.p),

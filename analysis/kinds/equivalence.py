@@ -61,10 +61,13 @@ def equivalence_statistics(a: np.ndarray, b: np.ndarray, margin: float) -> Stati
     sd = r.sd
     std = (margin - abs(r.mean)) / sd if sd and math.isfinite(sd) and sd > 0 else float("nan")
     warnings = few_seeds_warning(d.size, r.p)
-    if d.size >= 2 and math.isnan(r.p) and abs(r.mean) < margin:
-        warnings.append("identical per-seed differences inside the margin: equivalence cannot be tested")
+    if d.size >= 2 and math.isnan(r.p):
+        where = "inside" if abs(r.mean) < margin else "outside"
+        warnings.append(f"identical per-seed differences {where} the margin: equivalence cannot be tested")
+    # outside the margin is shown only with between-seed variation (a point CI is no evidence either way)
+    contradicted = r.outside and not math.isnan(r.p)
     return Statistic(
-        p=r.p, effect=r.mean, ci=r.ci, contradicted=r.outside, std_effect=std, values=d, warnings=warnings
+        p=r.p, effect=r.mean, ci=r.ci, contradicted=contradicted, std_effect=std, values=d, warnings=warnings
     )
 
 

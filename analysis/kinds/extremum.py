@@ -19,6 +19,7 @@ from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
     Condition,
+    Estimate,
     Outcome,
     Result,
     Scenario,
@@ -26,6 +27,7 @@ from analysis.kinds.base import (
     TableView,
     Trial,
     condition_figures,
+    contradiction,
     describe_condition,
     few_seeds_warning,
     paired,
@@ -71,12 +73,14 @@ def extremum_statistics(
     Returns:
         An :class:`ExtremumStatistic`: ``p`` = max over competitors of the one-sided t(S-1) p of mean(d_c)
         > 0 (NaN if any test is impossible), ``effect`` / ``ci`` (mean d and 95% t CI of the binding
-        competitor, the one with the largest p), ``contradicted`` (some competitor's d has a 95% CI
-        entirely below 0).
+        competitor, the one with the largest p), ``contradicted`` (some competitor beats the target:
+        Holm across the C competitors, one-sided 2.5%, so the REJECTED rule's rate when every
+        competitor ties the target stays at most 2.5%).
     """
     sign = 1.0 if direction == "highest" else -1.0
     d = sign * (np.asarray(target, float)[:, None] - np.asarray(competitors, float))
     tests = [t_test(d[:, c], "greater") for c in range(d.shape[1])]
+    against = [t_test(d[:, c], "less").p for c in range(d.shape[1])]
     n = d.shape[0]
     p = float("nan") if n < 2 or any(math.isnan(t.p) for t in tests) else max(t.p for t in tests)
     binding = int(np.argmax([t.p if not math.isnan(t.p) else math.inf for t in tests]))
@@ -88,7 +92,8 @@ def extremum_statistics(
         binding=binding,
         tests=tests,
         values=d[:, binding],
-        contradicted=n >= 2 and any(t.ci[1] < 0 for t in tests),
+        p_against=against,
+        contradicted=n >= 2 and contradiction(against, "every"),
         std_effect=std_effect(bt),
         warnings=few_seeds_warning(n, p),
     )
@@ -120,7 +125,10 @@ def evaluate(
         ],
         "binding_competitor": resolved[f"competitors[{stat.binding}]"],
     }
-    return paired_outcome(stat, seeds, excluded, details, resolved)
+    # a declared margin REJECTS when the target is within it of some competitor (Holm across them)
+    return paired_outcome(
+        stat, seeds, excluded, details, resolved, estimates=[Estimate.of(t) for t in stat.tests], needs="every"
+    )
 
 
 def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
@@ -128,6 +136,12 @@ def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[
     target = base[:, 0] + effect + rng.normal(0, 1, n_seeds)
     comps = base + np.array([0.0, -10.0, -10.0, -10.0]) + rng.normal(0, 1, (n_seeds, 4))
     return (target, comps), effect
+
+
+def _tied(n_seeds: int, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
+    """The REJECTED rule's boundary: the target ties each of 5 competitors (uncorrected: 0.080)."""
+    base = rng.normal(0, 1, (n_seeds, 1))
+    return (base[:, 0] + rng.normal(0, 1, n_seeds), base + rng.normal(0, 1, (n_seeds, 5))), 0.0
 
 
 def _test(arrays: tuple[np.ndarray, ...], truth: float, rng: np.random.Generator) -> Trial:
@@ -157,7 +171,12 @@ register_kind(
         model=ExtremumClaim,
         evaluate=evaluate,
         calibration={
-            "extremum": Scenario("target ties one competitor, 3 others far below", draw=_draw, test=_test)
+            "extremum": Scenario(
+                "target ties one competitor, 3 others far below (REJECTED: ties all 5)",
+                draw=_draw,
+                test=_test,
+                boundary=_tied,
+            )
         },
         figures=condition_figures,
         explain=explain,

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from analysis.inference import JTTest, jonckheere_terpstra
+from analysis.inference import JTTest, identical_rows, jonckheere_terpstra
 from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
@@ -132,6 +132,14 @@ def ordering_statistics(
         warnings = [w for w in out.warnings if "between-seed variance" not in w]
         if n >= 2 and np.ptp(y) == 0:
             warnings.append("all summaries identical: no ordering can be tested")
+            p = float("nan")
+        elif identical_rows(y):
+            # JT permutes within seeds: seeds that repeat one pattern (a run copied) give a tiny p from
+            # one seed's information
+            warnings.append(
+                "zero between-seed variance: every seed's summaries are the same up to a constant, so no "
+                "test across seeds is possible"
+            )
             p = float("nan")
         out = replace(out, jt=jt, method_used="Jonckheere-Terpstra (permutation)", p=p, warnings=warnings)
     return out

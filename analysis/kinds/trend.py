@@ -15,20 +15,33 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
-from statsmodels.stats.multitest import multipletests
 
-from analysis.inference import Alternative, per_seed_kendall, per_seed_slopes, sign_flip_p, t_test
+from analysis.inference import (
+    Alternative,
+    holm,
+    identical_rows,
+    opposite,
+    per_seed_kendall,
+    per_seed_slopes,
+    sign_flip_p,
+    t_p,
+    t_test,
+)
 from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
+    Estimate,
     FigureContext,
+    Needs,
     Outcome,
     Result,
     Scenario,
     Statistic,
     TableView,
     Trial,
+    combined_against,
     complete_seeds,
+    contradiction,
     crossing,
     crossing_lines,
     few_seeds_warning,
@@ -84,10 +97,12 @@ class TrendClaim(ClaimBase):
 
 @dataclass(frozen=True, kw_only=True)
 class TrendStatistic(Statistic):
-    """:class:`Statistic` of a trend, plus ``method_used`` (the test that decided, in words) and ``mixed``
-    (the :class:`~analysis.mixed.SlopeTest` of ``method: mixed``, else None)."""
+    """:class:`Statistic` of a trend, plus ``method_used`` (the test that decided, in words), ``mixed``
+    (the :class:`~analysis.mixed.SlopeTest` of ``method: mixed``, else None) and ``estimate`` (the slope,
+    or mean tau, its SE and df: what a declared margin is tested on)."""
 
     method_used: str
+    estimate: Estimate
     mixed: SlopeTest | None = None
 
 
@@ -106,7 +121,10 @@ def trend_statistics(
     Returns:
         A :class:`TrendStatistic`: ``p`` one-sided in ``direction``, ``effect`` (mean per-seed slope in
         units of the metric per unit of x, or mean tau; the fixed slope for ``mixed``), ``ci`` (95%),
-        ``values`` (per-seed slopes or taus, (S,)), ``contradicted`` (CI entirely on the other side of 0).
+        ``values`` (per-seed slopes or taus, (S,)), ``p_against`` (the same test the other way) and
+        ``contradicted`` (it is below 2.5%: for a t test, the CI lies entirely on the other side of 0).
+        Seeds whose trajectories coincide up to a constant (one run copied, or noise-free parallel
+        curves) have no between-seed variance: no method tests them (p NaN).
     """
     y = np.asarray(y, dtype=np.float64)
     alt: Alternative = "greater" if direction == "increasing" else "less"
@@ -114,21 +132,28 @@ def trend_statistics(
     values = per_seed_kendall(x, y) if method == "kendall" else per_seed_slopes(x, y)
     t = t_test(values, alt)
     p, effect, ci, mixed = t.p, t.mean, t.ci, None
+    against = t_test(values, opposite(alt)).p
     if method == "kendall" and len(values) >= 2:
         # taus are discrete and bounded: with few seeds a t test on them is not calibrated (0.084 at S = 3),
-        # the exact sign-flip test is (the CI stays a t interval, for display)
-        p = sign_flip_p(values, alt) if np.ptp(values) > 0 or t.mean != 0 else float("nan")
+        # the exact sign-flip test is, both ways (the CI stays a t interval, for display). Identical seeds
+        # give identical taus whose sign-flip p looks small (2^-S): they carry one seed's information
+        testable = (np.ptp(values) > 0 or t.mean != 0) and not identical_rows(y)
+        p = sign_flip_p(values, alt) if testable else float("nan")
+        against = sign_flip_p(values, opposite(alt)) if testable else float("nan")
     warnings = few_seeds_warning(len(values), p)
     if method == "kendall" and 2 ** len(values) < 40:
         warnings.append(
             f"sign-flip p of Kendall taus cannot go below 2^-{len(values)} = {0.5 ** len(values):.3f}"
         )
     method_used = "per-seed Kendall tau (sign-flip)" if method == "kendall" else "per-seed slopes"
+    estimate = Estimate.of(t)
     if method == "mixed":
         mixed = mixed_slope_test(x, y, alt)  # the fit, or the per-seed slopes where the fit is unsound
         p, effect, ci, method_used = mixed.p, mixed.effect, mixed.ci, mixed.method_used
         warnings = few_seeds_warning(len(values), mixed.p) + mixed.warnings
-    lo, hi = ci
+        estimate = Estimate(mixed.effect, mixed.se, len(values) - 1)
+        ok = math.isfinite(mixed.p) and mixed.se > 0
+        against = t_p(mixed.effect / mixed.se, len(values) - 1, opposite(alt)) if ok else float("nan")
     return TrendStatistic(
         p=p,
         effect=effect,
@@ -138,7 +163,9 @@ def trend_statistics(
         mixed=mixed,
         warnings=warnings,
         method_used=method_used,
-        contradicted=bool(len(values) >= 2 and (hi < 0 if sign > 0 else lo > 0)),
+        estimate=estimate,
+        p_against=[against],
+        contradicted=contradiction([against], "every") and len(values) >= 2,
     )
 
 
@@ -162,7 +189,7 @@ def _trend_arrays(
         df, _ = knob_rows(view, claim, knob, where)
         view.wide(df, list(claim.layers), where, "layers")  # one-line error for a missing layer
         levels = sorted(float(v) for v in df[knob].dropna().unique())
-        return _series(df[df.layer.isin(claim.layers)], claim, knob, levels)
+        return _series(df[df.layer.isin(claim.layers)], claim, knob, levels, _seeds(df))
     assert claim.subset.dataset is not None  # required without a knob (the model checks it)
     df = view.slice(claim.metric, claim.subset.dataset, claim.subset.token_set, where)
     if claim.over == "layer":
@@ -173,17 +200,28 @@ def _trend_arrays(
     epochs = _epochs(df, claim, where)
     df = df[df.epoch.isin(epochs)]
     view.wide(df, list(claim.layers), where, "layers")  # one-line error for a missing layer
-    return _series(df[df.layer.isin(claim.layers)], claim, "epoch", epochs)
+    return _series(df[df.layer.isin(claim.layers)], claim, "epoch", epochs, _seeds(df))
+
+
+def _seeds(df: pd.DataFrame) -> list[int]:
+    """Every seed in a slice of the table, so a seed with no rows for the claimed layers is listed as
+    excluded instead of vanishing."""
+    return sorted(int(s) for s in df.seed.unique())
 
 
 def _series(
-    df: pd.DataFrame, claim: TrendClaim, col: str, points: list[Any]
+    df: pd.DataFrame, claim: TrendClaim, col: str, points: list[Any], seeds: list[int]
 ) -> tuple[np.ndarray, dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
     """x, the (seed x point) frame per series and per layer, the points being the values of ``col``
-    (epoch or a knob)."""
+    (epoch or a knob); one row per seed of ``seeds`` (NaN where it has no rows)."""
     cube = df.pivot_table(index="seed", columns=["layer", col], values="value", aggfunc="mean")
+    cube = cube.reindex(index=seeds)
     x = np.asarray(points, dtype=np.float64)
-    per_layer = {layer: cube[layer].reindex(columns=points) for layer in claim.layers}
+    per_layer = {
+        layer: (cube[layer] if layer in cube.columns.get_level_values(0) else pd.DataFrame(index=cube.index))
+        .reindex(columns=points)
+        for layer in claim.layers
+    }
     if claim.aggregate == "pooled":
         pooled = cube.T.groupby(level=col).mean().T.reindex(columns=points)
         # a seed missing any layer at a point must not be averaged over fewer layers
@@ -245,11 +283,14 @@ def evaluate(
     excluded = dict(excluded or {})
     x, series, per_layer = _trend_arrays(view, claim, where)
     seeds = complete_seeds(list(series.values()), excluded)
-    stats_by = {
-        name: trend_statistics(x, frame.loc[seeds].to_numpy(dtype=np.float64), claim.direction, claim.method)
-        for name, frame in series.items()
-    }
-    p, binding, contradicted, holm_p = _combine(stats_by, claim.aggregate)
+    agg = layers_statistics(
+        x,
+        {name: frame.loc[seeds].to_numpy(dtype=np.float64) for name, frame in series.items()},
+        claim.direction,
+        claim.method,
+        claim.aggregate,
+    )
+    stats_by, p, binding, holm_p, needs = agg.stats, agg.p, agg.binding, agg.holm_p, agg.needs
     names = list(stats_by)
     warnings: list[str] = []
     for n in names:
@@ -257,6 +298,8 @@ def evaluate(
     warnings = list(dict.fromkeys(warnings))
     b = stats_by[binding]
     details = _details(x, claim, stats_by, holm_p, binding, seeds)
+    if len(names) > 1:
+        details["p_against"] = agg.p_against
     if claim.knob() is not None:
         curves = series[binding].loc[seeds].to_numpy(dtype=np.float64)
         details["curve"] = {
@@ -274,7 +317,7 @@ def evaluate(
         p_value=p,
         effect=b.effect,
         ci=(b.ci[0], b.ci[1]),
-        contradicted=bool(contradicted),
+        contradicted=agg.contradicted,
         seeds_used=seeds,
         seeds_excluded=excluded,
         warnings=warnings,
@@ -282,29 +325,75 @@ def evaluate(
         effect_values=np.asarray(b.values, float).tolist() if claim.method != "mixed" else [],
         std_effect=b.std_effect,
         labellings_per_seed=_labellings(claim),
+        estimates=[s.estimate for s in stats_by.values()],
+        needs=needs,
+        holm_contrasts=_holm_contrasts(claim),
     )
 
 
-def _combine(
-    stats_by: dict[str, TrendStatistic], aggregate: str
-) -> tuple[float, str, bool, list[float]]:
-    """Several series' tests as the claim combines them: (p, the binding series, contradicted, the p of
-    each series after Holm across them (``any``; else the raw p))."""
+@dataclass(frozen=True)
+class LayersStatistic:
+    """A trend's test over several series (layers) combined as the claim says (:func:`layers_statistics`).
+
+    Attributes:
+        stats: series name -> its :class:`TrendStatistic`.
+        p: the claim's p (``all``/one series: max p; ``any``: smallest Holm-adjusted p).
+        binding: the series whose effect and CI are reported.
+        holm_p: per series, its p after Holm across the series (``any``; else the raw p).
+        needs: ``every`` series must trend (``all``, ``pooled``) or ``one`` (``any``).
+        p_against: the p of the claim's opposite (:func:`~analysis.kinds.base.combined_against`).
+        contradicted: the REJECTED rule: ``p_against`` < 2.5%.
+    """
+
+    stats: dict[str, TrendStatistic]
+    p: float
+    binding: str
+    holm_p: list[float]
+    needs: Needs
+    p_against: float
+    contradicted: bool
+
+
+def layers_statistics(
+    x: np.ndarray, ys: dict[str, np.ndarray], direction: str, method: str, aggregate: str
+) -> LayersStatistic:
+    """:func:`trend_statistics` of each series ``ys[name]`` (S, T), combined: ``all`` (intersection-union:
+    max p; REJECTED when some series falls, Holm across them), ``any`` (Holm across series; REJECTED only
+    when every series falls) or one series (``pooled``)."""
+    stats_by = {name: trend_statistics(x, y, direction, method) for name, y in ys.items()}
+    p, binding, holm_p = _combine(stats_by, aggregate)
+    needs: Needs = "one" if aggregate == "any" and len(stats_by) > 1 else "every"
+    against = [s.p_against[0] for s in stats_by.values()]
+    n = min((len(s.values) for s in stats_by.values()), default=0)
+    return LayersStatistic(
+        stats=stats_by,
+        p=p,
+        binding=binding,
+        holm_p=holm_p,
+        needs=needs,
+        p_against=combined_against(against, needs),
+        contradicted=n >= 2 and contradiction(against, needs),
+    )
+
+
+def _combine(stats_by: dict[str, TrendStatistic], aggregate: str) -> tuple[float, str, list[float]]:
+    """Several series' tests as the claim combines them: (p, the binding series, the p of each series
+    after Holm across them (``any``; else the raw p))."""
     names = list(stats_by)
     ps = [stats_by[n].p for n in names]
     if len(names) == 1 or aggregate != "any":
         # IUT over layers: the claim holds only where every layer's does; max p needs no correction
         p = float("nan") if any(math.isnan(v) for v in ps) else max(ps)
         binding = max(names, key=lambda n: stats_by[n].p if not math.isnan(stats_by[n].p) else math.inf)
-        return p, binding, any(s.contradicted for s in stats_by.values()), ps
+        return p, binding, ps
     finite = [i for i, v in enumerate(ps) if not math.isnan(v)]
     holm_p = [float("nan")] * len(ps)
     if finite:
-        for i, a in zip(finite, multipletests([ps[i] for i in finite], method="holm")[1], strict=True):
+        for i, a in zip(finite, holm(np.array([ps[i] for i in finite])), strict=True):
             holm_p[i] = float(a)
     p = min((v for v in holm_p if not math.isnan(v)), default=float("nan"))
     binding = names[int(np.nanargmin(holm_p))] if finite else names[0]
-    return p, binding, all(s.contradicted for s in stats_by.values()), holm_p
+    return p, binding, holm_p
 
 
 def _details(
@@ -390,6 +479,57 @@ def _test(method: str, x: np.ndarray | None = None) -> Test:
     return test
 
 
+N_LAYERS = 12  # the aggregate scenarios: a claim over every block of a 12-block ViT
+
+
+def _draw_layers(aggregate: str, boundary: bool) -> Draw:
+    """(y (S, L, 6),) (the seed first, so a sequential look takes the first seeds) for a trend over 12 layers, each with random slopes (SD 0.5 per epoch) and AR(1)
+    noise. ``all``: layer 0 at ``effect`` and the rest far up (the IUT's least favourable null); its
+    REJECTED boundary: every layer at 0. ``any``: every layer at ``effect`` (Holm's least favourable
+    null); its REJECTED boundary: layer 0 at 0 and the rest far down."""
+
+    def draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
+        if aggregate == "all":
+            means = np.zeros(N_LAYERS) if boundary else np.r_[effect, np.full(N_LAYERS - 1, 10.0)]
+        else:
+            means = np.r_[0.0, np.full(N_LAYERS - 1, -10.0)] if boundary else np.full(N_LAYERS, effect)
+        ys = [simulate_trends(n_seeds, 6, 0.5 * m, rng, slope_sd=0.5)[1] for m in means]
+        return (np.stack(ys, axis=1),), 0.5 * effect
+
+    return draw
+
+
+def _boundary_layers(aggregate: str) -> Callable[[int, np.random.Generator], tuple[tuple[np.ndarray, ...], float]]:
+    draw = _draw_layers(aggregate, True)
+    return lambda n_seeds, rng: draw(n_seeds, 0.0, rng)
+
+
+def _test_layers(method: str, aggregate: str) -> Test:
+    def test(arrays: tuple[np.ndarray, ...], truth: float, rng: np.random.Generator) -> Trial:
+        ys = arrays[0]
+        x = np.arange(ys.shape[2], dtype=float)
+        layers = {f"layer{i}": ys[:, i] for i in range(ys.shape[1])}
+        agg = layers_statistics(x, layers, "increasing", method, aggregate)
+        return {"p": agg.p, "covered": None, "warned": False, "contradicted": agg.contradicted}
+
+    return test
+
+
+def _layer_scenarios() -> dict[str, Scenario]:
+    out = {}
+    for aggregate in ("all", "any"):
+        for method in ("slope", "kendall"):
+            rest = "far up" if aggregate == "all" else "at the same effect"
+            out[f"trend_{method}_{aggregate}12"] = Scenario(
+                f"aggregate {aggregate} over 12 layers: layer 1 at the effect, the rest {rest}; REJECTED at "
+                + ("all 12 at 0" if aggregate == "all" else "layer 1 at 0, the rest far down"),
+                draw=_draw_layers(aggregate, False),
+                test=_test_layers(method, aggregate),
+                boundary=_boundary_layers(aggregate),
+            )
+    return out
+
+
 _SPACINGS = {
     "paper": (
         PAPER_EPOCHS,
@@ -402,6 +542,11 @@ _SPACINGS = {
 
 def _labellings(claim: TrendClaim) -> int:
     return 2 if claim.method == "kendall" else 0
+
+
+def _holm_contrasts(claim: TrendClaim) -> int:
+    """``any`` of k layers: the binding p is Holm-adjusted across the k."""
+    return len(claim.layers) if claim.aggregate == "any" else 1
 
 
 def figures(ctx: FigureContext) -> list[Figure]:
@@ -490,8 +635,10 @@ register_kind(
                 for name, (x, sd, desc) in _SPACINGS.items()
                 for m in ("slope", "mixed")
             },
+            **_layer_scenarios(),
         },
         labellings_per_seed=_labellings,
+        holm_contrasts=_holm_contrasts,
         figures=figures,
         explain=explain,
         example={

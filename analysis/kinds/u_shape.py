@@ -30,6 +30,7 @@ from analysis.kinds.base import (
     TableView,
     Trial,
     complete_seeds,
+    contradiction,
     few_seeds_warning,
     register_kind,
     select,
@@ -99,7 +100,10 @@ def u_shape_statistics(early: np.ndarray, bottleneck: np.ndarray, late: np.ndarr
     """The u_shape intersection-union test on per-seed region means (each ``(S,)``, one value per seed).
 
     Per seed ``c_early = early - bottleneck`` and ``c_late = late - bottleneck``; each tested one-sided
-    (mean > 0) with t(S-1); the IUT p-value is ``max(p_early, p_late)``.
+    (mean > 0) with t(S-1); the IUT p-value is ``max(p_early, p_late)``. Contradicted (REJECTED) when one
+    contrast is significantly below 0, Holm across the two at 2.5% (``2 min p_against < 0.025``): the
+    U needs both, so either one pointing the wrong way refutes it, and the rule's rate at the boundary
+    (both contrasts 0) stays at most 2.5%.
 
     Returns:
         A :class:`UShapeStatistic`: ``p`` (NaN if no test is possible), ``effect`` and ``ci`` (bottleneck
@@ -108,6 +112,7 @@ def u_shape_statistics(early: np.ndarray, bottleneck: np.ndarray, late: np.ndarr
     bottleneck = np.asarray(bottleneck, dtype=np.float64)
     contrasts = {"early": np.asarray(early) - bottleneck, "late": np.asarray(late) - bottleneck}
     tests = {k: t_test(v, "greater") for k, v in contrasts.items()}
+    against = [t_test(v, "less").p for v in contrasts.values()]
     n = len(bottleneck)
     p = (
         float("nan")
@@ -122,7 +127,8 @@ def u_shape_statistics(early: np.ndarray, bottleneck: np.ndarray, late: np.ndarr
         effect=-bt.mean,
         ci=(-bt.ci[1], -bt.ci[0]),
         binding=binding,
-        contradicted=n >= 2 and any(t.ci[1] < 0 for t in tests.values()),
+        p_against=against,
+        contradicted=n >= 2 and contradiction(against, "every"),
         tests=tests,
         contrasts=contrasts,
         values=-contrasts[binding],
@@ -150,7 +156,11 @@ def loso_bottleneck(profiles: np.ndarray) -> np.ndarray:
 
 
 def sign_flip_loso_p(
-    shoulder: np.ndarray, candidates: np.ndarray, n_flips: int = 4999, seed: int = 0
+    shoulder: np.ndarray,
+    candidates: np.ndarray,
+    n_flips: int = 4999,
+    seed: int = 0,
+    alternative: Literal["greater", "less"] = "greater",
 ) -> float:
     """One-sided p that ``shoulder - bottleneck > 0`` when the bottleneck is chosen leave-one-seed-out.
 
@@ -165,9 +175,12 @@ def sign_flip_loso_p(
         shoulder: (S,) the shoulder region mean per seed.
         candidates: (S, L) per-seed values of the candidate bottleneck layers.
         n_flips: Monte Carlo flips when 2^S exceeds it (otherwise all 2^S are enumerated).
+        alternative: ``greater`` (shoulder above the bottleneck: the claim) or ``less`` (below it: the
+            REJECTED rule's test, the same randomisation the other way).
 
     Returns:
-        p = share of flips with t >= observed t (NaN when S < 2 or the contrasts do not vary).
+        p = share of flips with t >= observed t (``less``: t <= observed t); NaN when S < 2 or the
+        contrasts do not vary.
     """
     rel = np.asarray(candidates, float) - np.asarray(shoulder, float)[:, None]  # (S, L)
     n = rel.shape[0]
@@ -186,17 +199,22 @@ def sign_flip_loso_p(
     if not sd[0] > 1e-12 * max(1.0, abs(c[0].mean())):
         return float("nan")
     t = c.mean(axis=1) / np.where(sd > 0, sd, np.inf) * math.sqrt(n)
+    if alternative == "less":
+        return float(np.mean(t <= t[0] + 1e-12))
     return float(np.mean(t >= t[0] - 1e-12))
 
 
 def u_shape_loso_statistics(early: np.ndarray, candidates: np.ndarray, late: np.ndarray) -> UShapeStatistic:
     """:func:`u_shape_statistics` with the bottleneck chosen leave-one-seed-out among ``candidates``
-    (S, L); each contrast's p comes from :func:`sign_flip_loso_p` (the t CIs are kept for display)."""
+    (S, L); each contrast's p, both ways, comes from :func:`sign_flip_loso_p` (the t CIs are kept for
+    display): the t tests of these dependent contrasts are anti-conservative, in both directions (the
+    REJECTED rule on their CIs: 0.097 at S = 10 for a nominal 0.025 at the step-down null)."""
     candidates = np.asarray(candidates, float)
     pick = loso_bottleneck(candidates)
     bottleneck = candidates[np.arange(len(candidates)), pick]
     stat = u_shape_statistics(early, bottleneck, late)
     ps = {k: sign_flip_loso_p(v, candidates) for k, v in (("early", early), ("late", late))}
+    against = [sign_flip_loso_p(v, candidates, alternative="less") for v in (early, late)]
     n = len(candidates)
     warnings = list(stat.warnings)
     if n >= 2 and 2**n < 40:
@@ -210,6 +228,8 @@ def u_shape_loso_statistics(early: np.ndarray, candidates: np.ndarray, late: np.
         pick=pick,
         bottleneck=bottleneck,
         warnings=warnings,
+        p_against=against,
+        contradicted=n >= 2 and contradiction(against, "every"),
     )
 
 
@@ -227,7 +247,8 @@ def evaluate(
 
     Effect: ``-(mean of the binding contrast)``, i.e. how far the bottleneck sits below the shoulder with
     the weaker evidence (negative = a dip, in the metric's units, percentage points for ``eed_pct``).
-    Contradicted when the 95% CI of either contrast lies entirely below 0. Details also report the
+    Contradicted when either contrast is significantly below 0 (Holm across the two, one-sided 2.5%; the
+    sign-flip test for a leave-one-seed-out bottleneck). Details also report the
     bottleneck location (per-seed argmin layer index between the shoulders) and depth (mean of the two
     shoulders minus the bottleneck), each with a 95% t CI.
     """
