@@ -313,8 +313,12 @@ def test_calibration_smoke(label):
     p = np.array([simulate_claim_study(label, 5, 0.0, rng)["p"] for _ in range(300)])
     assert np.mean(p < 0.05) <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 300)
     alt = np.array([simulate_claim_study(label, 5, 2.0, rng)["p"] for _ in range(60)])
-    # and it has power (TOST at S = 5 with a 1-SD margin has only ~0.25: that is the truth, not a bug)
-    assert np.mean(alt < 0.05) >= 0.15
+    # and it has power (TOST at S = 5 with a 1-SD margin has only ~0.25: that is the truth, not a bug),
+    # except where p cannot reach alpha at S = 5: sign flips Holm-adjusted over 12 layers, p >= 12 / 2^5
+    if label == "trend_kendall_any12":
+        assert alt.min() >= 12 / 2**5 - 1e-12
+    else:
+        assert np.mean(alt < 0.05) >= 0.15
 
 
 @pytest.mark.parametrize("label", ["trend_mixed", "trend_mixed_paper", "trend_mixed_knob"])
