@@ -349,6 +349,11 @@ def _draw(null_shape: str) -> Callable[[int, float, np.random.Generator], tuple[
     return draw
 
 
+def _step_down(n_seeds: int, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], Any]:
+    """The REJECTED rule's boundary for the declared regions: a step-down profile (late contrast 0)."""
+    return _draw("step_down")(n_seeds, 0.0, rng)
+
+
 def _test_declared(arrays: tuple[np.ndarray, ...], truth: float | None, rng: np.random.Generator) -> Trial:
     prof = arrays[0]
     st = u_shape_statistics(prof[:, [0, 1]].mean(1), prof[:, [2, 3, 4]].mean(1), prof[:, [9, 10, 11]].mean(1))
@@ -434,8 +439,13 @@ register_kind(
                 draw=_draw("step_down"),
                 test=_test_declared,
             ),
+            # a convex decay refutes the U (late below the bottleneck): REJECTING it is right, so the
+            # rule's boundary is the step-down's (late contrast exactly 0)
             "u_shape_convex": Scenario(
-                "monotone convex decay", draw=_draw("decreasing_convex"), test=_test_declared
+                "monotone convex decay (REJECTED: step-down)",
+                draw=_draw("decreasing_convex"),
+                test=_test_declared,
+                boundary=_step_down,
             ),
             "u_shape_loso": Scenario(
                 "monotone step-down; bottleneck chosen leave-one-seed-out",
