@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from analysis.kinds import KINDS
+from analysis.kinds.base import Scenario, Trial
 
 # scenario label -> (claim kind, description of the least favourable null)
 CALIBRATION_KINDS = {
@@ -17,14 +18,14 @@ CALIBRATION_KINDS = {
 }
 
 
-def scenario(label: str):
+def scenario(label: str) -> Scenario:
     """The :class:`~analysis.kinds.base.Scenario` behind a calibration label."""
     if label not in CALIBRATION_KINDS:
         raise ValueError(f"unknown calibration label {label!r}")
     return KINDS[CALIBRATION_KINDS[label][0]].calibration[label]
 
 
-def simulate_claim_study(label: str, n_seeds: int, effect: float, rng: np.random.Generator) -> dict:
+def simulate_claim_study(label: str, n_seeds: int, effect: float, rng: np.random.Generator) -> Trial:
     """One simulated study for ``label`` (a key of CALIBRATION_KINDS) through the kind's array core.
 
     Returns ``p`` (one-sided in the claimed direction; NaN if no test was possible), ``covered`` (whether
@@ -33,4 +34,4 @@ def simulate_claim_study(label: str, n_seeds: int, effect: float, rng: np.random
     """
     if label not in CALIBRATION_KINDS:
         raise ValueError(f"unknown calibration label {label!r}")
-    return KINDS[CALIBRATION_KINDS[label][0]].calibration[label].simulate(n_seeds, effect, rng)
+    return scenario(label).run(n_seeds, effect, rng)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from scipy import stats
@@ -17,9 +19,48 @@ from statsmodels.stats.power import TTestPower
 
 CI_LEVEL = 0.95  # every reported CI is a two-sided t interval at this level
 BOOTSTRAP_REPS = 400  # secondary display only; small so `analyze` stays fast
+NAN = float("nan")
+
+Alternative = Literal["greater", "less", "two-sided"]
 
 
-def t_test(x: np.ndarray, alternative: str = "greater", null: float = 0.0) -> dict:
+@dataclass(frozen=True)
+class TTest:
+    """A one-sample t test across seeds (:func:`t_test`), in the units of the per-seed values.
+
+    Attributes:
+        mean: mean of the S per-seed values (NaN for S = 0).
+        sd: their SD (ddof 1; NaN for S < 2).
+        n: S, the seeds tested.
+        t: (mean - null) / (sd / sqrt(S)) (NaN when no test is possible).
+        p: p-value for the alternative, from t(S-1); NaN when S < 2 or the seeds do not vary.
+        ci: (low, high) two-sided 95% t interval of the mean; NaN (S < 2) or the point (mean, mean)
+            (no between-seed variation).
+    """
+
+    mean: float
+    sd: float
+    n: int
+    t: float
+    p: float
+    ci: tuple[float, float]
+
+    @property
+    def se(self) -> float:
+        """Standard error of the mean, sd / sqrt(S) (NaN for S < 2)."""
+        return self.sd / math.sqrt(self.n) if self.n >= 2 else NAN
+
+
+def t_p(t: float, df: float, alternative: Alternative) -> float:
+    """The p-value of a t statistic with ``df`` degrees of freedom for ``alternative``."""
+    if alternative == "greater":
+        return float(stats.t.sf(t, df))
+    if alternative == "less":
+        return float(stats.t.cdf(t, df))
+    return float(2 * stats.t.sf(abs(t), df))
+
+
+def t_test(x: np.ndarray, alternative: Alternative = "greater", null: float = 0.0) -> TTest:
     """One-sample t-test of mean(x) against ``null`` across seeds, with a two-sided 95% t CI of the mean.
 
     Args:
@@ -28,34 +69,24 @@ def t_test(x: np.ndarray, alternative: str = "greater", null: float = 0.0) -> di
         null: the null value of the mean.
 
     Returns:
-        dict with ``mean``, ``sd``, ``n``, ``t`` = (mean - null) / (sd / sqrt(S)), ``p`` (for
-        ``alternative``, from t(S-1)), ``ci`` (low, high). ``p`` is NaN when S < 2 or the seeds do not
-        vary (no test possible); ``ci`` is then NaN (S < 2) or the point (mean, mean).
+        A :class:`TTest`; its ``p`` is NaN when S < 2 or the seeds do not vary (no test possible).
     """
     x = np.asarray(x, dtype=np.float64)
     n = x.size
-    mean = float(x.mean()) if n else float("nan")
-    out = {"mean": mean, "sd": float("nan"), "n": n, "t": float("nan"), "p": float("nan")}
+    mean = float(x.mean()) if n else NAN
     if n < 2:
-        return {**out, "ci": (float("nan"), float("nan"))}
+        return TTest(mean, NAN, n, NAN, NAN, (NAN, NAN))
     sd = float(x.std(ddof=1))
     se = sd / math.sqrt(n)
-    out["sd"] = sd
     # relative tolerance: identical values give sd ~ 1e-15 * |mean| from rounding, not real variation
     if not se > 1e-12 * max(1.0, abs(mean)):
-        return {**out, "ci": (mean, mean)}
+        return TTest(mean, sd, n, NAN, NAN, (mean, mean))
     t = (mean - null) / se
-    if alternative == "greater":
-        p = stats.t.sf(t, n - 1)
-    elif alternative == "less":
-        p = stats.t.cdf(t, n - 1)
-    else:
-        p = 2 * stats.t.sf(abs(t), n - 1)
     q = stats.t.ppf(0.5 + CI_LEVEL / 2, n - 1)
-    return {**out, "t": float(t), "p": float(p), "ci": (mean - q * se, mean + q * se)}
+    return TTest(mean, sd, n, float(t), t_p(t, n - 1, alternative), (mean - q * se, mean + q * se))
 
 
-def sign_flip_p(x: np.ndarray, alternative: str = "greater", n_flips: int = 4999, seed: int = 0) -> float:
+def sign_flip_p(x: np.ndarray, alternative: Alternative = "greater", n_flips: int = 4999, seed: int = 0) -> float:
     """Exact sign-flip randomisation p-value for mean(x) against 0 (x symmetric about 0 under the null).
 
     Used where per-seed values are discrete and bounded (Kendall tau), so a t test with few seeds is not
@@ -90,7 +121,28 @@ def sign_flip_p(x: np.ndarray, alternative: str = "greater", n_flips: int = 4999
     return float(np.mean(np.abs(means) >= abs(obs) - tol))
 
 
-def tost(x: np.ndarray, margin: float) -> dict:
+@dataclass(frozen=True)
+class Tost:
+    """Two one-sided t tests of equivalence (:func:`tost`), in the units of the per-seed values.
+
+    Attributes:
+        mean, sd, n, ci: as in :class:`TTest` (ci: two-sided 95% t interval of the mean).
+        p: max(p of mean > -margin, p of mean < +margin); NaN if no test is possible.
+        lower, upper: the two one-sided tests (against -margin and +margin).
+        outside: the 95% CI lies entirely outside [-margin, margin] (non-equivalence shown).
+    """
+
+    mean: float
+    sd: float
+    n: int
+    ci: tuple[float, float]
+    p: float
+    lower: TTest
+    upper: TTest
+    outside: bool
+
+
+def tost(x: np.ndarray, margin: float) -> Tost:
     """Two one-sided t-tests (TOST) of equivalence: H1 is ``-margin < mean(x) < margin``.
 
     Args:
@@ -98,22 +150,61 @@ def tost(x: np.ndarray, margin: float) -> dict:
         margin: the equivalence margin, > 0, in the units of ``x``.
 
     Returns:
-        dict with ``p`` = max(p of mean > -margin, p of mean < +margin) (NaN if no test is possible),
-        ``lower`` / ``upper`` (the two one-sided tests), ``mean``, ``sd``, ``n``, ``ci`` (95% t CI), and
-        ``outside``: True when the 95% CI lies entirely outside [-margin, margin] (non-equivalence shown).
+        A :class:`Tost`.
     """
     lo = t_test(x, "greater", -margin)
     hi = t_test(x, "less", margin)
-    p = max(lo["p"], hi["p"]) if not (math.isnan(lo["p"]) or math.isnan(hi["p"])) else float("nan")
-    ci = lo["ci"]
-    outside = bool(lo["n"] >= 2 and (ci[0] > margin or ci[1] < -margin))
-    return {
-        **{k: lo[k] for k in ("mean", "sd", "n", "ci")},
-        "p": p,
-        "lower": lo,
-        "upper": hi,
-        "outside": outside,
-    }
+    p = max(lo.p, hi.p) if not (math.isnan(lo.p) or math.isnan(hi.p)) else NAN
+    ci = lo.ci
+    outside = bool(lo.n >= 2 and (ci[0] > margin or ci[1] < -margin))
+    return Tost(mean=lo.mean, sd=lo.sd, n=lo.n, ci=ci, p=p, lower=lo, upper=hi, outside=outside)
+
+
+def tost_estimate(estimate: float, se: float, df: float, margin: float) -> float:
+    """TOST p of ``-margin < true value < margin`` from an estimate, its SE and t degrees of freedom.
+
+    The same two one-sided t tests as :func:`tost`, for an estimate that is not a mean of per-seed values
+    (a mixed model's fixed slope). NaN when ``se`` is not positive and finite.
+    """
+    # the relative tolerance of t_test: an SE at rounding level is no variation
+    if not (math.isfinite(se) and math.isfinite(estimate) and se > 1e-12 * max(1.0, abs(estimate))):
+        return NAN
+    return max(t_p((estimate + margin) / se, df, "greater"), t_p((estimate - margin) / se, df, "less"))
+
+
+def holm(p: np.ndarray) -> np.ndarray:
+    """Holm step-down adjusted p-values of (m,) finite ``p`` (statsmodels' ``multipletests(method="holm")``
+    arithmetic, without its per-call garbage collection, which dominates a calibration study)."""
+    p = np.asarray(p, dtype=np.float64)
+    order = np.argsort(p)
+    adjusted = np.minimum(np.maximum.accumulate(p[order] * np.arange(p.size, 0, -1)), 1.0)
+    out = np.empty_like(adjusted)
+    out[order] = adjusted
+    return out
+
+
+def opposite(alternative: Alternative) -> Alternative:
+    """The one-sided alternative pointing the other way (``two-sided`` has none: itself)."""
+    if alternative == "greater":
+        return "less"
+    if alternative == "less":
+        return "greater"
+    return "two-sided"
+
+
+def identical_rows(y: np.ndarray) -> bool:
+    """Whether every seed's row of ``y`` (S, T) is the same up to a constant: no seed adds information.
+
+    True for one run copied S times, or for S seeds that lie on one exactly parallel curve (noise-free):
+    then any test across seeds has zero between-seed variance, whatever its statistic (a rank test's
+    per-seed statistics are identical too). Rows are centred on their mean; rounding (1e-12 relative) is
+    no difference. False for S < 2.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    if y.ndim != 2 or y.shape[0] < 2 or not np.isfinite(y).all():
+        return False
+    centred = y - y.mean(axis=1, keepdims=True)
+    return bool(np.ptp(centred, axis=0).max(initial=0.0) <= 1e-12 * max(1.0, float(np.abs(y).max())))
 
 
 def bootstrap_ci(x: np.ndarray, reps: int = BOOTSTRAP_REPS, seed: int = 0) -> tuple[float, float]:
@@ -224,9 +315,26 @@ def jt_statistic(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
     return stat if np.ndim(groups) == 2 else stat[0]
 
 
+@dataclass(frozen=True)
+class JTTest:
+    """A Jonckheere-Terpstra permutation test (:func:`jonckheere_terpstra`).
+
+    Attributes:
+        stat: the JT statistic in the claimed direction (a count of ordered pairs, ties 1/2).
+        p: one-sided permutation p (NaN for S < 2 or K < 2).
+        exact: every labelling was enumerated (else Monte Carlo).
+        n_labellings: labellings the p is over ((K!)^S when exact, else the permutations drawn).
+    """
+
+    stat: float
+    p: float
+    exact: bool
+    n_labellings: int
+
+
 def jonckheere_terpstra(
     y: np.ndarray, direction: str = "increasing", n_permutations: int = 4999, seed: int = 0
-) -> dict:
+) -> JTTest:
     """Jonckheere-Terpstra test for ordered conditions with a within-seed permutation p-value.
 
     The labels are permuted within each seed (row), which is exact under the null that a seed's K
@@ -239,9 +347,8 @@ def jonckheere_terpstra(
             this; otherwise all are enumerated (exact p).
 
     Returns:
-        dict with ``stat`` (JT in the claimed direction), ``p`` (one-sided: share of labellings with a
-        statistic >= the observed one, counting the observed one: (1 + #>=) / (1 + n) for Monte Carlo),
-        ``exact``, ``n_labellings``. ``p`` is NaN for S < 2 or K < 2.
+        A :class:`JTTest`: ``p`` is the share of labellings with a statistic >= the observed one, counting
+        the observed one ((1 + #>=) / (1 + n) for Monte Carlo).
     """
     y = np.asarray(y, dtype=np.float64)
     if direction == "decreasing":
@@ -250,22 +357,17 @@ def jonckheere_terpstra(
     values = y.ravel()
     obs = float(jt_statistic(values, np.tile(np.arange(k), n_seeds)))
     if n_seeds < 2 or k < 2:
-        return {"stat": obs, "p": float("nan"), "exact": False, "n_labellings": 0}
+        return JTTest(stat=obs, p=NAN, exact=False, n_labellings=0)
     n_distinct = math.factorial(k) ** n_seeds
     if n_distinct <= n_permutations:
         perms = np.array(list(itertools.permutations(range(k))))
         labellings = np.array([np.concatenate(rows) for rows in itertools.product(perms, repeat=n_seeds)])
         null = jt_statistic(values, labellings)
-        return {
-            "stat": obs,
-            "p": float(np.mean(null >= obs - 1e-9)),
-            "exact": True,
-            "n_labellings": n_distinct,
-        }
+        return JTTest(stat=obs, p=float(np.mean(null >= obs - 1e-9)), exact=True, n_labellings=n_distinct)
     rng = np.random.default_rng(seed)
     labellings = rng.permuted(np.tile(np.arange(k), (n_permutations, n_seeds, 1)), axis=2).reshape(
         n_permutations, -1
     )
     null = jt_statistic(values, labellings)
     p = float((1 + np.sum(null >= obs - 1e-9)) / (1 + n_permutations))
-    return {"stat": obs, "p": p, "exact": False, "n_labellings": n_permutations}
+    return JTTest(stat=obs, p=p, exact=False, n_labellings=n_permutations)

@@ -18,22 +18,36 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 import statsmodels.formula.api as smf
 from scipy import optimize, stats
 
-from analysis.inference import per_seed_slopes, t_test
+from analysis.inference import Alternative, TTest, per_seed_slopes, t_p, t_test
 
 OLS_TOLERANCE = 0.01  # gap between MixedLM and OLS slopes, in slope SEs, that triggers a warning
 # A sound REML slope SE on balanced data equals the per-seed slopes' SE (interior fit) or departs from it
 # only through a boundary estimate; a factor beyond this is a failed fit, not a different answer
 SE_RATIO_LIMIT = 10.0
 SINGULAR_TOL = 1e-4  # R's isSingular: a diagonal entry of the relative Cholesky factor below this
+NAN = float("nan")
 
 
-def _reml_parts(theta: np.ndarray, zz: np.ndarray, zy: np.ndarray, yy: np.ndarray, n_obs: int) -> dict:
+@dataclass(frozen=True)
+class _Reml:
+    """The REML criterion and estimates at one ``theta`` (see :func:`_reml_parts`), unitless."""
+
+    deviance: float  # -2 REML log-likelihood up to a constant
+    fe: np.ndarray  # (2,) fixed effects: intercept, slope
+    scale: float  # residual variance
+    cov_fe: np.ndarray  # (2, 2) = scale * (X'V^-1X)^-1 (lme4's vcov)
+    cov_re: np.ndarray  # (2, 2) random-effect covariance
+
+
+def _reml_parts(theta: np.ndarray, zz: np.ndarray, zy: np.ndarray, yy: np.ndarray, n_obs: int) -> _Reml:
     """The profiled REML criterion of ``y ~ 1 + x + (1 + x | seed)`` in lme4's form, defined on the boundary.
 
     With the relative Cholesky factor ``L`` (random-effect covariance = scale * L L') and per seed
@@ -46,8 +60,7 @@ def _reml_parts(theta: np.ndarray, zz: np.ndarray, zy: np.ndarray, yy: np.ndarra
         zz: (S, 2, 2) per-seed ``Z'Z``; zy: (S, 2) ``Z'y``; yy: (S,) ``y'y``; n_obs: rows in all.
 
     Returns:
-        dict with ``deviance`` (-2 REML log-likelihood up to a constant), ``fe`` (2,), ``scale``,
-        ``cov_fe`` (2, 2) = scale * (X'V^-1X)^-1 (lme4's ``vcov``) and ``cov_re`` (2, 2), unitless.
+        A :class:`_Reml`.
     """
     lam = np.array([[theta[0], 0.0], [theta[1], theta[2]]])
     zl = zz @ lam  # (S, 2, 2): Z'Z L
@@ -62,17 +75,20 @@ def _reml_parts(theta: np.ndarray, zz: np.ndarray, zy: np.ndarray, yy: np.ndarra
     deviance = (
         float(np.linalg.slogdet(m)[1].sum()) + float(np.linalg.slogdet(xvx)[1]) + (n_obs - 2) * math.log(rss)
     )
-    return {
-        "deviance": deviance,
-        "fe": fe,
-        "scale": scale,
-        "cov_fe": scale * np.linalg.inv(xvx),
-        "cov_re": scale * lam @ lam.T,
-    }
+    return _Reml(
+        deviance=deviance,
+        fe=fe,
+        scale=scale,
+        cov_fe=scale * np.linalg.inv(xvx),
+        cov_re=scale * lam @ lam.T,
+    )
 
 
-def _refine(theta: np.ndarray, parts) -> tuple[np.ndarray, bool, float]:
-    """Minimise the REML deviance ``parts(theta)["deviance"]`` over ``(l11, l21, l22)`` with both diagonal
+Parts = Callable[[np.ndarray], _Reml]
+
+
+def _refine(theta: np.ndarray, parts: Parts) -> tuple[np.ndarray, bool, float]:
+    """Minimise the REML deviance ``parts(theta).deviance`` over ``(l11, l21, l22)`` with both diagonal
     entries >= 0, as lme4 does: L-BFGS-B, then Powell (derivative-free, for flat valleys next to a
     boundary), then L-BFGS-B again with any diagonal entry that ended near 0 held at 0. Returns the best
     point (3,), whether it meets the first-order conditions (numerical gradient), and the deviance/2
@@ -80,51 +96,18 @@ def _refine(theta: np.ndarray, parts) -> tuple[np.ndarray, bool, float]:
 
     def dev(th: np.ndarray) -> float:
         try:
-            value = parts(th)["deviance"]
+            value = parts(th).deviance
         except (np.linalg.LinAlgError, ValueError):
             return math.inf
         return value if math.isfinite(value) else math.inf
 
     # the criterion is even in the sign of each column of the factor: fold onto the bounded half
     start = np.array([abs(theta[0]), theta[1] * np.sign(theta[0] or 1.0), abs(theta[2])])
-    bounds = [(0.0, None), (None, None), (0.0, None)]
-    lbfgs = {"ftol": 1e-15, "gtol": 1e-10, "maxiter": 2000}
+    bounds: list[tuple[float | None, float | None]] = [(0.0, None), (None, None), (0.0, None)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         f0 = dev(start)
-        first = optimize.minimize(dev, start, method="L-BFGS-B", bounds=bounds, options=lbfgs)
-        second = optimize.minimize(
-            dev,
-            first.x,
-            method="Powell",
-            bounds=bounds,
-            options={"xtol": 1e-12, "ftol": 1e-15, "maxiter": 20000},
-        )
-        best = min((start, first.x, second.x), key=dev)
-        near = np.array([best[0] < SINGULAR_TOL, False, best[2] < SINGULAR_TOL])
-        fixed = [(0.0, 0.0) if n else b for n, b in zip(near, bounds, strict=True)]
-        third = optimize.minimize(
-            dev, np.where(near, 0.0, best), method="L-BFGS-B", bounds=fixed, options=lbfgs
-        )
-        best = min((best, third.x), key=dev)
-        # Nelder-Mead on the free entries pins a flat valley down far enough that units cannot matter
-        free = np.flatnonzero(~near)
-
-        def dev_free(v: np.ndarray) -> float:
-            th = best.copy()
-            th[free] = v
-            return dev(th)
-
-        fourth = optimize.minimize(
-            dev_free,
-            best[free],
-            method="Nelder-Mead",
-            bounds=[bounds[i] for i in free],
-            options={"xatol": 1e-9, "fatol": 1e-13, "maxiter": 1000},
-        )
-        if fourth.fun < dev(best):
-            best = best.copy()
-            best[free] = fourth.x
+        best, near = _minimise(dev, start, bounds)
         f_best = dev(best)
         g = optimize.approx_fprime(best + np.where(near, 1e-7, 0.0), dev, 1e-7)
     # converged: first-order conditions at the best point (a diagonal entry at its bound may only push
@@ -135,26 +118,131 @@ def _refine(theta: np.ndarray, parts) -> tuple[np.ndarray, bool, float]:
     return np.asarray(best, dtype=np.float64), bool(math.isfinite(f_best) and kkt.all()), (f0 - f_best) / 2
 
 
-def _nan_fit() -> dict:
-    nan = float("nan")
-    return {
-        "slope": nan,
-        "se": nan,
-        "t": nan,
-        "p": nan,
-        "ci": (nan, nan),
-        "intercept": nan,
-        "se_intercept": nan,
-        "cov_re": [[nan] * 2 for _ in range(2)],
-        "scale": nan,
-        "ols_slope": nan,
-        "converged": False,
-        "singular": False,
-        "warnings": [],
-    }
+def _minimise(
+    dev: Callable[[np.ndarray], float], start: np.ndarray, bounds: list[tuple[float | None, float | None]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The optimiser chain of :func:`_refine`: the best point (3,) and which diagonal entries ended near 0."""
+    lbfgs = {"ftol": 1e-15, "gtol": 1e-10, "maxiter": 2000}
+    minimize: Callable[..., optimize.OptimizeResult] = optimize.minimize  # the stubs' overloads are too narrow
+    first = minimize(dev, start, method="L-BFGS-B", bounds=bounds, options=lbfgs)
+    second = minimize(
+        dev, first.x, method="Powell", bounds=bounds, options={"xtol": 1e-12, "ftol": 1e-15, "maxiter": 20000}
+    )
+    best = min((start, first.x, second.x), key=dev)
+    near = np.array([best[0] < SINGULAR_TOL, False, best[2] < SINGULAR_TOL])
+    fixed = [(0.0, 0.0) if n else b for n, b in zip(near, bounds, strict=True)]
+    third = minimize(dev, np.where(near, 0.0, best), method="L-BFGS-B", bounds=fixed, options=lbfgs)
+    best = min((best, third.x), key=dev)
+    # Nelder-Mead on the free entries pins a flat valley down far enough that units cannot matter
+    free = np.flatnonzero(~near)
+
+    def dev_free(v: np.ndarray) -> float:
+        th = best.copy()
+        th[free] = v
+        return dev(th)
+
+    fourth = minimize(
+        dev_free,
+        best[free],
+        method="Nelder-Mead",
+        bounds=[bounds[i] for i in free],
+        options={"xatol": 1e-9, "fatol": 1e-13, "maxiter": 1000},
+    )
+    if fourth.fun < dev(best):
+        best = best.copy()
+        best[free] = fourth.x
+    return best, near
 
 
-def fit_random_slopes(x: np.ndarray, y: np.ndarray, alternative: str = "greater") -> dict:
+@dataclass(frozen=True)
+class MixedFit:
+    """A MixedLM fit of ``y ~ 1 + x + (1 + x | seed)`` by REML, slope tested with t(S-1) (:func:`fit_random_slopes`).
+
+    Attributes:
+        slope: fixed slope, units of y per unit of x; se: its model-based SE; t = slope / se.
+        p: p of the slope for the alternative, t(S-1); ci: its 95% t(S-1) interval.
+        intercept: fixed intercept at mean(x), units of y; se_intercept: its SE.
+        cov_re: 2x2 random-effect covariance (intercept, slope), in the units of y and x.
+        scale: residual variance (units of y squared).
+        ols_slope: the pooled OLS slope (the cross-check of statsmodels issue 10239).
+        converged: the REML optimum meets its first-order conditions.
+        singular: a random-effect variance ~0 or correlation ~+-1 (R's ``isSingular``).
+        warnings: every warning raised by the fit, plus boundary / OLS-mismatch notes.
+    """
+
+    slope: float = NAN
+    se: float = NAN
+    t: float = NAN
+    p: float = NAN
+    ci: tuple[float, float] = (NAN, NAN)
+    intercept: float = NAN
+    se_intercept: float = NAN
+    cov_re: list[list[float]] = field(default_factory=lambda: [[NAN] * 2 for _ in range(2)])
+    scale: float = NAN
+    ols_slope: float = NAN
+    converged: bool = False
+    singular: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """The fit as a JSON-ready dict (``details.mixed_model``): one key per attribute."""
+        return asdict(self)
+
+
+def _long(x: np.ndarray, y: np.ndarray) -> pd.DataFrame:
+    """(seed, x - mean(x), y) rows of a (S, T) array, NaN rows dropped."""
+    n_seeds = y.shape[0]
+    return pd.DataFrame(
+        {
+            "seed": np.repeat(np.arange(n_seeds), y.shape[1]),
+            "x": np.tile(x - x.mean(), n_seeds),
+            "y": y.ravel(),
+        }
+    ).dropna()
+
+
+def _exactly_linear(long: pd.DataFrame) -> bool:
+    """Whether every seed's rows lie on a straight line in x: the within-seed residuals are at rounding
+    level (RMS below 1e-12 of the largest |y|)."""
+    rss = 0.0
+    for _, g in long.groupby("seed"):
+        if len(g) > 2:
+            design = np.column_stack([np.ones(len(g)), g.x.to_numpy()])
+            coef, *_ = np.linalg.lstsq(design, g.y.to_numpy(), rcond=None)
+            rss += float(np.sum((g.y.to_numpy() - design @ coef) ** 2))
+    return rss <= len(long) * (1e-12 * float(np.abs(long.y).max())) ** 2
+
+
+def _statsmodels_start(unit: pd.DataFrame) -> tuple[np.ndarray, bool, list[str]] | str:
+    """statsmodels' REML fit on the standardised rows: (theta (3,), converged, the warnings it raised), or
+    the reason it failed."""
+    model = smf.mixedlm("y ~ x", unit, groups=unit.seed, re_formula="~x")
+    # statsmodels' bfgs at gtol 1e-7 reaches lme4's optimum to ~1e-7 relative on interior fits; where it
+    # stops short (a boundary, or a failure) the same REML criterion is refined by a bounded optimiser
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            fit = model.fit(reml=True, method="bfgs", gtol=1e-7)
+        except (np.linalg.LinAlgError, ValueError) as exc:
+            return f"mixed model failed: {type(exc).__name__}: {exc}"
+    theta = np.asarray(fit.params_object.get_packed(use_sqrt=True, has_fe=False), dtype=np.float64)
+    notes = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught})
+    return theta, bool(fit.converged), notes
+
+
+def _reml_of(unit: pd.DataFrame) -> Parts:
+    """The REML criterion of the standardised rows as a function of theta (per-seed sufficient statistics)."""
+    z = np.column_stack([np.ones(len(unit)), unit.x.to_numpy()])
+    yv = unit.y.to_numpy()
+    groups = [np.flatnonzero(unit.seed.to_numpy() == g) for g in np.unique(unit.seed)]
+    zz = np.stack([z[i].T @ z[i] for i in groups])
+    zy = np.stack([z[i].T @ yv[i] for i in groups])
+    yy = np.array([yv[i] @ yv[i] for i in groups])
+    n_obs = len(unit)
+    return lambda th: _reml_parts(th, zz, zy, yy, n_obs)
+
+
+def fit_random_slopes(x: np.ndarray, y: np.ndarray, alternative: Alternative = "greater") -> MixedFit:
     """Fit ``y ~ 1 + x + (1 + x | seed)`` by REML and test the fixed slope with t(S-1).
 
     The fit runs on ``x* = (x - mean(x)) / sd(x)`` and ``y* = (y - mean(y)) / sd(y)`` (SDs over the
@@ -169,112 +257,145 @@ def fit_random_slopes(x: np.ndarray, y: np.ndarray, alternative: str = "greater"
         alternative: ``greater`` (slope > 0), ``less`` or ``two-sided``.
 
     Returns:
-        dict with ``slope`` (units of y per unit of x), ``se`` (model-based), ``t`` = slope / se, ``p``
-        (t(S-1)), ``ci`` (95%, t(S-1) quantile), ``intercept`` (at the mean of x) and ``se_intercept``,
-        ``cov_re`` (2x2 random-effects covariance: intercept, slope; in the units of y and x),
-        ``scale`` (residual variance), ``ols_slope``, ``converged``, ``singular`` (a random-effect
-        variance ~0 or correlation ~+-1, as R's ``isSingular``), ``warnings`` (list of strings: every
-        warning raised by the fit, plus boundary / OLS-mismatch notes). Never raises on degenerate data:
-        a failed fit returns NaN numbers and says why in ``warnings``.
+        A :class:`MixedFit`. Never raises on degenerate data: a failed fit has NaN numbers and says why in
+        ``warnings``.
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     n_seeds = y.shape[0]
-    long = pd.DataFrame(
-        {
-            "seed": np.repeat(np.arange(n_seeds), y.shape[1]),
-            "x": np.tile(x - x.mean(), n_seeds),
-            "y": y.ravel(),
-        }
-    ).dropna()
-    out = _nan_fit()
+    long = _long(x, y)
     if n_seeds < 2 or not long.y.std() > 0 or not long.x.std() > 0:
-        out["warnings"].append("mixed model not fitted: needs >= 2 seeds and varying values")
-        return out
-    ols = smf.ols("y ~ x", long).fit()
-    out["ols_slope"] = float(ols.params["x"])
+        return MixedFit(warnings=["mixed model not fitted: needs >= 2 seeds and varying values"])
+    ols_slope = float(smf.ols("y ~ x", long).fit().params["x"])
+    if _exactly_linear(long):
+        # REML's deviance has (n - 2) log(rss): unbounded below as rss -> 0, so an optimiser never stops
+        return MixedFit(
+            ols_slope=ols_slope,
+            warnings=[
+                "mixed model not fitted: zero residual variance (every seed lies exactly on a line in x), "
+                "so REML has no optimum"
+            ],
+        )
     sx, my, sy = float(long.x.std()), float(long.y.mean()), float(long.y.std())
     unit = pd.DataFrame({"seed": long.seed, "x": long.x / sx, "y": (long.y - my) / sy})
-    model = smf.mixedlm("y ~ x", unit, groups=unit.seed, re_formula="~x")
-    fit = None
-    # statsmodels' bfgs at gtol 1e-7 reaches lme4's optimum to ~1e-7 relative on interior fits; where it
-    # stops short (a boundary, or a failure) the same REML criterion is refined by a bounded optimiser
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            fit = model.fit(reml=True, method="bfgs", gtol=1e-7)
-        except (np.linalg.LinAlgError, ValueError) as exc:
-            out["warnings"].append(f"mixed model failed: {type(exc).__name__}: {exc}")
-    if fit is None:
-        return out
-    theta = np.asarray(fit.params_object.get_packed(use_sqrt=True, has_fe=False), dtype=np.float64)
-    converged = bool(fit.converged)
-    notes = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught})
-    z = np.column_stack([np.ones(len(unit)), unit.x.to_numpy()])
-    groups = [np.flatnonzero(unit.seed.to_numpy() == g) for g in np.unique(unit.seed)]
-    zz = np.stack([z[i].T @ z[i] for i in groups])
-    zy = np.stack([z[i].T @ unit.y.to_numpy()[i] for i in groups])
-    yy = np.array([unit.y.to_numpy()[i] @ unit.y.to_numpy()[i] for i in groups])
-
-    def parts(th: np.ndarray) -> dict:
-        return _reml_parts(th, zz, zy, yy, len(unit))
-
+    start = _statsmodels_start(unit)
+    if isinstance(start, str):
+        return MixedFit(ols_slope=ols_slope, warnings=[start])
+    theta, converged, notes = start
+    parts = _reml_of(unit)
+    notes_out = []
     if notes or not converged:
         theta, converged, gain = _refine(theta, parts)
-        out["warnings"].append(
+        notes_out.append(
             f"statsmodels bfgs stopped short ({notes[-1] if notes else 'not converged'}); REML refined "
             f"by a bounded optimiser (+{gain:.3g} log-likelihood)"
         )
     try:
         est = parts(theta)
     except (np.linalg.LinAlgError, ValueError) as exc:
-        out["warnings"].append(f"mixed model failed at its optimum: {type(exc).__name__}: {exc}")
-        return out
-    fe, cov_fe, scale_unit = est["fe"], est["cov_fe"], est["scale"]
-    scale_fe = np.array([sy, sy / sx])  # back to units: intercept in y, slope in y per x
-    slope = float(fe[1]) * scale_fe[1]
-    se = math.sqrt(cov_fe[1, 1]) * scale_fe[1] if cov_fe[1, 1] > 0 else float("nan")
+        notes_out.append(f"mixed model failed at its optimum: {type(exc).__name__}: {exc}")
+        return MixedFit(ols_slope=ols_slope, warnings=notes_out)
+    fit = _in_units(est, theta, sy / sx, sy, my, n_seeds, alternative)
+    return replace(
+        fit, ols_slope=ols_slope, converged=converged, warnings=notes_out + _fit_notes(fit, converged, ols_slope)
+    )
+
+
+def _in_units(
+    est: _Reml, theta: np.ndarray, slope_unit: float, sy: float, my: float, n_seeds: int, alternative: Alternative
+) -> MixedFit:
+    """The standardised REML estimates back in the units of the data, the slope tested with t(S-1)."""
+    fe, cov_fe = est.fe, est.cov_fe
+    scale_fe = np.array([sy, slope_unit])  # back to units: intercept in y, slope in y per x
+    slope = float(fe[1]) * slope_unit
+    se = math.sqrt(cov_fe[1, 1]) * slope_unit if cov_fe[1, 1] > 0 else NAN
     df = n_seeds - 1
-    tval = slope / se if se > 0 else float("nan")
-    if alternative == "greater":
-        p = stats.t.sf(tval, df)
-    elif alternative == "less":
-        p = stats.t.cdf(tval, df)
-    else:
-        p = 2 * stats.t.sf(abs(tval), df)
+    tval = slope / se if se > 0 else NAN
     q = stats.t.ppf(0.975, df)
-    cov_re = est["cov_re"] * np.outer(scale_fe, scale_fe)
-    # singular as R's isSingular (there in the units of the data, here in standardised units)
-    singular = bool(np.abs(theta[[0, 2]]).min() < SINGULAR_TOL)
-    out.update(
+    cov_re = est.cov_re * np.outer(scale_fe, scale_fe)
+    return MixedFit(
         slope=slope,
         se=se,
         t=float(tval),
-        p=float(p),
+        p=t_p(tval, df, alternative),
         ci=(slope - q * se, slope + q * se),
         intercept=my + float(fe[0]) * sy,
         se_intercept=math.sqrt(cov_fe[0, 0]) * sy if cov_fe[0, 0] > 0 else float("nan"),
         cov_re=cov_re.tolist(),
-        scale=scale_unit * sy**2,
-        converged=converged,
-        singular=singular,
+        scale=est.scale * sy**2,
+        # singular as R's isSingular (there in the units of the data, here in standardised units)
+        singular=bool(np.abs(theta[[0, 2]]).min() < SINGULAR_TOL),
     )
+
+
+def _fit_notes(fit: MixedFit, converged: bool, ols_slope: float) -> list[str]:
+    """Warnings about a finished fit: not converged, a boundary, a slope that disagrees with OLS."""
+    notes = []
     if not converged:
-        out["warnings"].append("mixed model did not converge")
-    if singular:
-        out["warnings"].append(
-            "boundary fit: the random-effect covariance is singular (a variance ~0 or |corr| ~1)"
-        )
+        notes.append("mixed model did not converge")
+    if fit.singular:
+        notes.append("boundary fit: the random-effect covariance is singular (a variance ~0 or |corr| ~1)")
     # Balanced data with a shared x: GLS and OLS fixed slopes coincide, so a gap flags a bad fit
     # (statsmodels issue 10239: slope returned as 0 with converged=True).
-    if math.isfinite(se) and abs(slope - out["ols_slope"]) > OLS_TOLERANCE * max(se, 1e-12):
-        out["warnings"].append(
-            f"fixed slope {slope:.6g} disagrees with OLS {out['ols_slope']:.6g} (statsmodels issue 10239)"
+    if math.isfinite(fit.se) and abs(fit.slope - ols_slope) > OLS_TOLERANCE * max(fit.se, 1e-12):
+        notes.append(f"fixed slope {fit.slope:.6g} disagrees with OLS {ols_slope:.6g} (statsmodels issue 10239)")
+    return notes
+
+
+@dataclass(frozen=True)
+class SlopeTest:
+    """The slope test of ``method: mixed`` (:func:`mixed_slope_test`).
+
+    Attributes:
+        method_used: ``mixed``, or ``per-seed slopes (fallback: <reason>)``.
+        fallback_reason: why the per-seed slopes decided (None when the fit decides).
+        p: p of the test used for the alternative; effect: its slope (units of y per unit of x); ci: its
+            95% t(S-1) interval.
+        fit: the :class:`MixedFit` (whether or not it decided).
+        per_seed_se: SE of the mean per-seed OLS slope (units of y per unit of x).
+        warnings: the fit's, plus the fallback's.
+    """
+
+    method_used: str
+    fallback_reason: str | None
+    p: float
+    effect: float
+    ci: tuple[float, float]
+    fit: MixedFit
+    per_seed_se: float
+    warnings: list[str]
+
+    @property
+    def se(self) -> float:
+        """SE of ``effect``: the fit's slope SE, or the per-seed slopes' where they decided."""
+        return self.fit.se if self.fallback_reason is None else self.per_seed_se
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (``details.per_series.<name>.mixed``), the fit nested as a dict."""
+        return asdict(self)
+
+
+def _fallback_reason(fit: MixedFit, se_seed: float, per_seed: TTest) -> str | None:
+    """Why the fit must not decide (None: it is sound)."""
+    if per_seed.n >= 2 and math.isnan(per_seed.p):
+        # every seed has the same slope (one run copied, noise-free parallel lines): the fit's SE comes
+        # from within-seed residuals alone, so its p would be a test across seeds with no variance
+        return "the per-seed slopes do not vary (zero between-seed variance)"
+    if not math.isfinite(fit.p):
+        return "mixed model gave no test"
+    if not fit.converged:
+        return "mixed model did not converge"
+    if abs(fit.slope - fit.ols_slope) > OLS_TOLERANCE * fit.se:
+        return "mixed-model slope disagrees with OLS"
+    if se_seed > 0 and not 1 / SE_RATIO_LIMIT <= fit.se / se_seed <= SE_RATIO_LIMIT:
+        return (
+            f"mixed-model slope SE {fit.se:.3g} is {fit.se / se_seed:.3g}x the per-seed slopes' SE "
+            f"{se_seed:.3g}"
         )
-    return out
+    return None
 
 
-def mixed_slope_test(x: np.ndarray, y: np.ndarray, alternative: str = "greater") -> dict:
+def mixed_slope_test(x: np.ndarray, y: np.ndarray, alternative: Alternative = "greater") -> SlopeTest:
     """The slope test of ``method: mixed``: the MixedLM fit when it is sound, the per-seed slopes otherwise.
 
     The fit decides only when it converged, its slope matches OLS (statsmodels issue 10239) and its
@@ -289,45 +410,22 @@ def mixed_slope_test(x: np.ndarray, y: np.ndarray, alternative: str = "greater")
         alternative: ``greater``, ``less`` or ``two-sided``.
 
     Returns:
-        dict with ``method_used`` (``mixed`` or ``per-seed slopes (fallback: <reason>)``),
-        ``fallback_reason`` (None when the fit decides), ``p``, ``effect`` (slope, units of y per unit
-        of x), ``ci`` (95%, t(S-1)) of the test used, ``fit`` (:func:`fit_random_slopes`),
-        ``per_seed_se`` (SE of the mean per-seed slope) and ``warnings`` (the fit's, plus the fallback).
+        A :class:`SlopeTest`.
     """
     fit = fit_random_slopes(x, y, alternative)
     slopes = per_seed_slopes(x, y)
     per_seed = t_test(slopes[np.isfinite(slopes)], alternative)
-    se_seed = per_seed["sd"] / math.sqrt(per_seed["n"]) if per_seed["n"] >= 2 else float("nan")
-    reason = None
-    if not math.isfinite(fit["p"]):
-        reason = "mixed model gave no test"
-    elif not fit["converged"]:
-        reason = "mixed model did not converge"
-    elif abs(fit["slope"] - fit["ols_slope"]) > OLS_TOLERANCE * fit["se"]:
-        reason = "mixed-model slope disagrees with OLS"
-    elif se_seed > 0 and not 1 / SE_RATIO_LIMIT <= fit["se"] / se_seed <= SE_RATIO_LIMIT:
-        reason = (
-            f"mixed-model slope SE {fit['se']:.3g} is {fit['se'] / se_seed:.3g}x the per-seed slopes' SE "
-            f"{se_seed:.3g}"
-        )
-    out = {
-        "method_used": "mixed",
-        "fallback_reason": reason,
-        "p": fit["p"],
-        "effect": fit["slope"],
-        "ci": fit["ci"],
-        "fit": fit,
-        "per_seed_se": se_seed,
-        "warnings": list(fit["warnings"]),
-    }
-    if reason is not None:
-        out.update(
-            method_used=f"per-seed slopes (fallback: {reason})",
-            p=per_seed["p"],
-            effect=per_seed["mean"],
-            ci=per_seed["ci"],
-        )
-        out["warnings"].append(
-            f"verdict from the per-seed slopes' t(S-1) test, not the mixed model: {reason}"
-        )
-    return out
+    se_seed = per_seed.sd / math.sqrt(per_seed.n) if per_seed.n >= 2 else NAN
+    reason = _fallback_reason(fit, se_seed, per_seed)
+    if reason is None:
+        return SlopeTest("mixed", None, fit.p, fit.slope, fit.ci, fit, se_seed, list(fit.warnings))
+    return SlopeTest(
+        method_used=f"per-seed slopes (fallback: {reason})",
+        fallback_reason=reason,
+        p=per_seed.p,
+        effect=per_seed.mean,
+        ci=per_seed.ci,
+        fit=fit,
+        per_seed_se=se_seed,
+        warnings=[*fit.warnings, f"verdict from the per-seed slopes' t(S-1) test, not the mixed model: {reason}"],
+    )

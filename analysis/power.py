@@ -32,11 +32,15 @@ def sd_upper_bound(sd: float, n: int, level: float = 0.8) -> float:
     return float(sd * math.sqrt((n - 1) / stats.chi2.ppf(1 - level, n - 1)))
 
 
-def seed_floor(labellings: int, alpha: float) -> int:
-    """Fewest seeds at which a randomisation test with ``labellings`` per seed can reach p < alpha (0: none)."""
+def seed_floor(labellings: int, alpha: float, contrasts: int = 1) -> int:
+    """Fewest seeds at which a randomisation test with ``labellings`` per seed can reach p < alpha (0: none).
+
+    ``contrasts``: the p is Holm-adjusted across this many tests (a trend over ``any`` of k layers), so its
+    smallest value is ``contrasts * labellings^-S``: ``S_min = floor(log(contrasts / alpha) / log(L)) + 1``.
+    """
     if labellings < 2:
         return 0
-    return int(math.floor(math.log(1 / alpha) / math.log(labellings))) + 1
+    return int(math.floor(math.log(max(1, contrasts) / alpha) / math.log(labellings))) + 1
 
 
 def power(d: float, n: int, alpha: float, two_sided: bool = False, floor: int = 0) -> float:
@@ -70,7 +74,8 @@ def plan_claim(
     n_file: int,
     two_sided: bool = False,
     labellings: int = 0,
-) -> dict:
+    contrasts: int = 1,
+) -> dict[str, float | int | None]:
     """The seed plan of one claim.
 
     Args:
@@ -80,6 +85,8 @@ def plan_claim(
         alpha: the level the claim is tested at.
         n_file: the seeds the hypothesis file plans.
         labellings: randomisation labellings per seed (0: t-based).
+        contrasts: the claim's p is Holm-adjusted across this many contrasts (``ClaimKind.holm_contrasts``):
+            the seeds are sized at ``alpha / contrasts`` and the floor rises with it.
 
     Returns:
         dict with ``sd``, ``sd_upper80``, ``n_pilot``, ``d`` and ``d_upper`` (effect / SD at the estimate
@@ -92,10 +99,11 @@ def plan_claim(
     sd = float(values.std(ddof=1)) if n >= 2 else float("nan")
     hi = sd_upper_bound(sd, n)
     ok = effect is not None and math.isfinite(sd) and sd > 0
-    d = effect / sd if ok else float("nan")
-    d_hi = effect / hi if ok else float("nan")
-    floor = seed_floor(labellings, alpha)
-    out = {"sd": sd, "sd_upper80": hi, "n_pilot": n, "d": d, "d_upper": d_hi, "floor": floor}
+    d = effect / sd if effect is not None and ok else float("nan")
+    d_hi = effect / hi if effect is not None and ok else float("nan")
+    floor = seed_floor(labellings, alpha, contrasts)
+    alpha = alpha / max(1, contrasts)
+    out: dict[str, float | int | None] = {"sd": sd, "sd_upper80": hi, "n_pilot": n, "d": d, "d_upper": d_hi, "floor": floor}
     for target in TARGETS:
         key = f"seeds_{round(target * 100)}"
         out[key] = seeds_needed(d, alpha, target, two_sided, floor)

@@ -81,7 +81,7 @@ def simulate_layer_table(
     dataset: str = "objects",
     metric: str = "eed_pct",
     epoch: int = 1,
-    **kw,
+    **kw: float,
 ) -> pd.DataFrame:
     """A tidy table (analysis.table columns) of ``n_seeds`` simulated block profiles (see simulate_profiles)."""
     prof = simulate_profiles(shape, n_seeds, effect, rng, n_blocks, **kw)

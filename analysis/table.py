@@ -180,5 +180,5 @@ def _check_columns(df: pd.DataFrame, file: str) -> None:
     keys = ["dataset", "seed", "epoch", "layer", "token_set", "metric"]
     dup = df.duplicated(keys)
     if dup.any():
-        row = df.loc[dup.idxmax(), keys].to_dict()
+        row = df.loc[dup, keys].iloc[0].to_dict()
         raise StudyError(f"{int(dup.sum())} duplicated row(s), first {row}", file, "+".join(keys))

@@ -4,10 +4,15 @@ Verdict rule (also in the README, "Read a verdict"):
 
 * ACCEPTED: the adjusted p-value (Holm across the file's confirmatory claims) is below the claim's alpha
   in the claimed direction;
-* REJECTED: otherwise, if the evidence excludes the claimed effect: its 95% CI lies entirely on the wrong
-  side of zero (for an intersection-union claim: for any required contrast), i.e. the opposite is
-  significant at 2.5% one-sided; for ``equivalence``, the CI lies entirely outside the margin; or, for an
-  effect claim that declares a ``margin``, equivalence within that margin holds (TOST p < alpha);
+* REJECTED: otherwise, if the evidence excludes the claimed effect: the opposite is significant at 2.5%
+  one-sided, by the same test as the claim (for a t test: the 95% CI lies entirely on the wrong side of
+  zero; sign flips for Kendall taus and a leave-one-seed-out bottleneck). A claim that needs every one of
+  k contrasts (u_shape, extremum, a trend over ``all`` layers) is refuted by any one of them, Holm across
+  the k (k * min p < 0.025); a trend over ``any`` layer only by every layer (max p < 0.025). Either way
+  the rule's rate when the claim is just true is at most 2.5% (``bench/calibration.py`` measures it).
+  For ``equivalence``, the CI lies entirely outside the margin; for an effect claim that declares a
+  ``margin``, equivalence within it holds (TOST p < alpha; combined across contrasts as above: some
+  contrast for ``every``, each for ``any``). Zero between-seed variance allows neither (INCONCLUSIVE);
 * INCONCLUSIVE: otherwise (including too few seeds or data that allow no test), reported with the
   achieved power and the seeds needed for 80% power at the observed effect. A claim on fewer than 2
   seeds says so ("1 seed: a test across seeds needs >= 2"); a claim whose metric the table lacks (e.g. an
@@ -23,18 +28,31 @@ group-sequential boundary (``analysis.sequential``) instead of ``alpha``.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
-from analysis.inference import bootstrap_ci, power_and_seeds_needed, tost
+from analysis.inference import bootstrap_ci, power_and_seeds_needed
 from analysis.kinds import get_kind
 from analysis.kinds.base import NotTestable, Outcome, TableView
+from analysis.power import seed_floor
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 
+if TYPE_CHECKING:
+    from analysis.sequential import Spending
+
 ACCEPTED, REJECTED, INCONCLUSIVE = "ACCEPTED", "REJECTED", "INCONCLUSIVE"
+
+
+class Claims(Protocol):
+    """What the verdicts read of a hypothesis (``study.schema.Hypothesis``): its validated claims."""
+
+    @property
+    def claims(self) -> Sequence[Any]: ...
 
 
 @dataclass
@@ -49,7 +67,7 @@ class ClaimResult:
     name: str
     kind: str
     metric: str
-    subset: dict
+    subset: dict[str, Any]
     alpha: float
     verdict: str
     effect: float
@@ -61,22 +79,24 @@ class ClaimResult:
     seeds_used: list[int]
     seeds_excluded: dict[int, str]
     warnings: list[str] = field(default_factory=list)
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
     bootstrap_ci: tuple[float, float] = (float("nan"), float("nan"))
     adjustment: str = "holm"
     reason: str = ""
     power: float = float("nan")
     seeds_needed: int | None = None
     # {hash, registered_at, status: "pre-registered" | "post hoc"} when the study recorded its claims
-    registration: dict = field(default_factory=dict)
+    registration: dict[str, Any] = field(default_factory=dict)
     # {spending, max_seeds, looks: [{look, seeds, fraction, p, nominal, alpha_spent}], decided_at_look}
-    sequential: dict = field(default_factory=dict)
+    sequential: dict[str, Any] = field(default_factory=dict)
 
     @property
     def post_hoc(self) -> bool:
+        """The claim was registered after some of its runs had finished."""
         return self.registration.get("status") == "post hoc"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """The result as JSON-safe data (NaN -> null, seed keys as strings)."""
         d = asdict(self)
         d["seeds_excluded"] = {str(k): v for k, v in self.seeds_excluded.items()}
         for key in ("registration", "sequential"):  # only where a study recorded them
@@ -85,25 +105,32 @@ class ClaimResult:
         return _json_safe(d)
 
     @classmethod
-    def from_dict(cls, d: dict) -> ClaimResult:
+    def from_dict(cls, d: dict[str, Any]) -> ClaimResult:
         """The inverse of :meth:`to_dict` (null numbers back to NaN, seed keys back to int)."""
-        nan = float("nan")
-        num = {
-            k: nan if d.get(k) is None else float(d[k])
-            for k in ("effect", "ci_low", "ci_high", "p_value", "p_adjusted", "power")
-        }
+
+        def num(k: str) -> float:
+            return float("nan") if d.get(k) is None else float(d[k])
+
+        lo, hi = d.get("bootstrap_ci") or (None, None)
         return cls(
-            **{
-                k: d[k]
-                for k in ("name", "kind", "metric", "subset", "alpha", "verdict", "n_seeds", "seeds_used")
-            },
-            **num,
+            name=d["name"],
+            kind=d["kind"],
+            metric=d["metric"],
+            subset=d["subset"],
+            alpha=d["alpha"],
+            verdict=d["verdict"],
+            n_seeds=d["n_seeds"],
+            seeds_used=d["seeds_used"],
+            effect=num("effect"),
+            ci_low=num("ci_low"),
+            ci_high=num("ci_high"),
+            p_value=num("p_value"),
+            p_adjusted=num("p_adjusted"),
+            power=num("power"),
             seeds_excluded={int(k): v for k, v in (d.get("seeds_excluded") or {}).items()},
             warnings=list(d.get("warnings") or []),
             details=d.get("details") or {},
-            bootstrap_ci=tuple(
-                nan if v is None else float(v) for v in (d.get("bootstrap_ci") or (None, None))
-            ),
+            bootstrap_ci=(float("nan") if lo is None else float(lo), float("nan") if hi is None else float(hi)),
             adjustment=d.get("adjustment", "holm"),
             reason=d.get("reason", ""),
             seeds_needed=d.get("seeds_needed"),
@@ -112,7 +139,7 @@ class ClaimResult:
         )
 
 
-def _json_safe(obj):
+def _json_safe(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {str(k): _json_safe(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
@@ -151,14 +178,14 @@ def decide(outcome: Outcome, p_adjusted: float, alpha: float, margin: float | No
         return ACCEPTED, f"adjusted p < {alpha:g} in the claimed direction"
     if outcome.contradicted:
         return REJECTED, "the 95% CI excludes the claimed effect"
-    if margin is not None and len(outcome.effect_values) >= 2:
-        eq = tost(np.asarray(outcome.effect_values), margin)
-        if not math.isnan(eq["p"]) and eq["p"] < alpha:
-            return REJECTED, f"equivalence within +-{margin:g} holds (TOST p = {eq['p']:.3g})"
+    if margin is not None:
+        eq = outcome.margin_p(margin)
+        if not math.isnan(eq) and eq < alpha:
+            return REJECTED, f"equivalence within +-{margin:g} holds (TOST p = {eq:.3g})"
     return INCONCLUSIVE, "neither the claim nor its negation is supported"
 
 
-def _evaluate_one(view: TableView, claim, where: str, excluded: dict[int, str]) -> Outcome:
+def _evaluate_one(view: TableView, claim: Any, where: str, excluded: dict[int, str]) -> Outcome:
     """The claim's kind evaluates it; a metric the table lacks makes it not testable instead of an error."""
     try:
         return get_kind(claim.kind).evaluate(view, claim, where=where, excluded=excluded)
@@ -174,7 +201,7 @@ def _evaluate_one(view: TableView, claim, where: str, excluded: dict[int, str]) 
         )
 
 
-def families(hyp, post_hoc: set[str] | None = None) -> dict[str, list[int]]:
+def families(hyp: Claims, post_hoc: set[str] | None = None) -> dict[str, list[int]]:
     """Claim indices per multiplicity family: ``confirmatory`` and ``exploratory/<adjust>``.
 
     A confirmatory claim named in ``post_hoc`` (registered after its data existed) joins ``exploratory/holm``.
@@ -187,7 +214,7 @@ def families(hyp, post_hoc: set[str] | None = None) -> dict[str, list[int]]:
 
 
 def evaluate_claims(
-    hyp,
+    hyp: Claims,
     table: pd.DataFrame,
     source: str = "hypothesis",
     failed: dict[str, dict[int, str]] | None = None,
@@ -206,76 +233,86 @@ def evaluate_claims(
         post_hoc: names of claims registered after their data existed: adjusted as exploratory.
     """
     view = TableView.of(table)
-    outcomes = []
-    for i, claim in enumerate(hyp.claims):
-        reasons: dict[int, dict[str, str]] = {}
-        for ds in claim.datasets_named():
-            for seed, why in (failed or {}).get(ds, {}).items():
-                reasons.setdefault(int(seed), {})[ds] = why
-        excluded = {
-            seed: next(iter(set(r.values())))
-            if len(set(r.values())) == 1
-            else "; ".join(f"{d}: {w}" for d, w in r.items())
-            for seed, r in reasons.items()
-        }
-        outcomes.append(_evaluate_one(view, claim, f"{source}: claims[{i}]", excluded))
-    adjusted, method_of = {}, {}
+    outcomes = [
+        _evaluate_one(view, claim, f"{source}: claims[{i}]", _failed_seeds(claim, failed))
+        for i, claim in enumerate(hyp.claims)
+    ]
+    adjusted: dict[int, float] = {}
+    method_of: dict[int, str] = {}
     for fam, idx in families(hyp, post_hoc).items():
         method = "holm" if fam == "confirmatory" else fam.split("/")[1]
         for i, a in zip(idx, adjust([outcomes[i].p_value for i in idx], method), strict=True):
             adjusted[i], method_of[i] = a, method
-    results = []
-    for i, (claim, o) in enumerate(zip(hyp.claims, outcomes, strict=True)):
-        margin = get_kind(claim.kind).rejection_margin(claim)
-        verdict, reason = decide(o, adjusted[i], claim.alpha, margin)
-        power, needed = float("nan"), None
-        if verdict == INCONCLUSIVE:
-            power, needed = power_and_seeds_needed(
-                o.std_effect, len(o.seeds_used), claim.alpha / 2 if o.two_sided else claim.alpha
-            )
-            if o.labellings_per_seed > 1:
-                # a randomisation p cannot go below labellings^-S: below that many seeds nothing is accepted
-                s_min = int(math.floor(math.log(1 / claim.alpha) / math.log(o.labellings_per_seed))) + 1
-                if len(o.seeds_used) < s_min:
-                    power = 0.0
-                if needed is not None:
-                    needed = max(needed, s_min)
-        results.append(
-            ClaimResult(
-                name=claim.name,
-                kind=claim.kind,
-                metric=claim.metric,
-                subset=claim.subset.model_dump(),
-                alpha=claim.alpha,
-                verdict=verdict,
-                effect=o.effect,
-                ci_low=o.ci[0],
-                ci_high=o.ci[1],
-                p_value=o.p_value,
-                p_adjusted=adjusted[i],
-                n_seeds=len(o.seeds_used),
-                seeds_used=o.seeds_used,
-                seeds_excluded=o.seeds_excluded,
-                warnings=o.warnings,
-                details=o.details,
-                bootstrap_ci=bootstrap_ci(np.asarray(o.effect_values))
-                if o.effect_values
-                else (float("nan"),) * 2,
-                adjustment=method_of[i],
-                reason=reason,
-                power=power,
-                seeds_needed=needed,
-            )
-        )
-    return results
+    return [
+        _result(claim, o, adjusted[i], method_of[i]) for i, (claim, o) in enumerate(zip(hyp.claims, outcomes, strict=True))
+    ]
+
+
+def _failed_seeds(claim: Any, failed: dict[str, dict[int, str]] | None) -> dict[int, str]:
+    """Seed -> why its run failed, over the datasets the claim reads (one reason, or one per dataset)."""
+    reasons: dict[int, dict[str, str]] = {}
+    for ds in claim.datasets_named():
+        for seed, why in (failed or {}).get(ds, {}).items():
+            reasons.setdefault(int(seed), {})[ds] = why
+    return {
+        seed: next(iter(set(r.values())))
+        if len(set(r.values())) == 1
+        else "; ".join(f"{d}: {w}" for d, w in r.items())
+        for seed, r in reasons.items()
+    }
+
+
+def _power(o: Outcome, alpha: float) -> tuple[float, int | None]:
+    """Power at the observed effect and seeds for 80% (an INCONCLUSIVE claim), with a randomisation
+    test's floor: its p cannot go below labellings^-S (times the Holm factor across contrasts), so below
+    that many seeds nothing is accepted. A p Holm-adjusted across k contrasts is powered at alpha / k."""
+    level = alpha / max(1, o.holm_contrasts)
+    power, needed = power_and_seeds_needed(o.std_effect, len(o.seeds_used), level / 2 if o.two_sided else level)
+    if o.labellings_per_seed > 1:
+        s_min = seed_floor(o.labellings_per_seed, alpha, o.holm_contrasts)
+        if len(o.seeds_used) < s_min:
+            power = 0.0
+        if needed is not None:
+            needed = max(needed, s_min)
+    return power, needed
+
+
+def _result(claim: Any, o: Outcome, p_adjusted: float, adjustment: str) -> ClaimResult:
+    """A claim's result from its outcome and adjusted p: the verdict rule, and power when INCONCLUSIVE."""
+    margin = get_kind(claim.kind).rejection_margin(claim)
+    verdict, reason = decide(o, p_adjusted, claim.alpha, margin)
+    power, needed = _power(o, claim.alpha) if verdict == INCONCLUSIVE else (float("nan"), None)
+    return ClaimResult(
+        name=claim.name,
+        kind=claim.kind,
+        metric=claim.metric,
+        subset=claim.subset.model_dump(),
+        alpha=claim.alpha,
+        verdict=verdict,
+        effect=o.effect,
+        ci_low=o.ci[0],
+        ci_high=o.ci[1],
+        p_value=o.p_value,
+        p_adjusted=p_adjusted,
+        n_seeds=len(o.seeds_used),
+        seeds_used=o.seeds_used,
+        seeds_excluded=o.seeds_excluded,
+        warnings=o.warnings,
+        details=o.details,
+        bootstrap_ci=bootstrap_ci(np.asarray(o.effect_values)) if o.effect_values else (float("nan"), float("nan")),
+        adjustment=adjustment,
+        reason=reason,
+        power=power,
+        seeds_needed=needed,
+    )
 
 
 def decide_sequential(
-    hyp,
+    hyp: Claims,
     looks: list[list[ClaimResult]],
     seeds_at: list[int],
     max_seeds: int,
-    spending: str = "obf",
+    spending: Spending = "obf",
     post_hoc: set[str] | None = None,
 ) -> list[ClaimResult]:
     """Verdicts of a study that added seeds between looks (group-sequential, ``analysis.sequential``).
@@ -368,7 +405,10 @@ def format_verdicts(results: list[ClaimResult]) -> str:
                 f"({fmt_num(loc['ci'][0], 1)}, {fmt_num(loc['ci'][1], 1)}), depth {fmt_num(depth['mean'], 2)} "
                 f"({fmt_num(depth['ci'][0], 2)}, {fmt_num(depth['ci'][1], 2)})"
             )
-        if r.verdict == INCONCLUSIVE and r.n_seeds >= 2:
+        if r.verdict == INCONCLUSIVE and r.n_seeds >= 2 and math.isnan(r.power):
+            # no standardised effect (the seeds do not vary): no power to speak of, whatever the sign
+            lines.append(f"  ? {r.name}: power n/a: no test across seeds was possible (see the warnings)")
+        elif r.verdict == INCONCLUSIVE and r.n_seeds >= 2:
             need = (
                 f"{r.seeds_needed} seeds"
                 if r.seeds_needed

@@ -6,7 +6,10 @@ For each claim kind (and test variant) and each number of seeds S, simulates ``-
 the kind's least favourable null (``analysis.calibration.CALIBRATION_KINDS``) and reports the rate of
 ACCEPTED verdicts (p < alpha in the claimed direction) against the bound alpha + 2 Monte Carlo SE,
 then ``--power-reps`` studies at effects of 0.5, 1 and 2 per-seed noise SDs (power) and the 95% CI
-coverage of the kind's effect at effect 1. Prints one table (markdown); exits 1 if a bound fails.
+coverage of the kind's effect at effect 1, then ``--reps`` studies at the REJECTED rule's least
+favourable case (the claim just true: every contrast it needs at 0; ``Scenario.boundary``) and the rate
+of REJECTED against its bound 0.025 + 2 Monte Carlo SE. Prints one table (markdown); exits 1 if a bound
+fails.
 Every study goes through the same array cores the table adapters call.
 
     PYTHONPATH=. python bench/calibration.py --sequential [--reps 1000] [--looks 4 6 8 10] [--alpha 0.05]
@@ -40,13 +43,15 @@ import numpy as np
 from scipy import stats
 
 from analysis.calibration import CALIBRATION_KINDS, scenario, simulate_claim_study
+from analysis.kinds.base import REJECT_LEVEL
 from analysis.sequential import SPENDING_FUNCTIONS, nominal_levels
 
 EFFECTS = (0.5, 1.0, 2.0)  # alternatives, in per-seed noise SDs
 
 
 def calibrate(label: str, n_seeds: int, reps: int, power_reps: int, alpha: float, seed: int = 0) -> dict:
-    """Type-I error, power at EFFECTS and CI coverage (at effect 1) of one kind at one S."""
+    """Type-I error, power at EFFECTS, CI coverage (at effect 1) and the REJECTED rule's rate at its
+    boundary of one kind at one S."""
     rng = np.random.default_rng([seed, n_seeds, sum(map(ord, label))])
     null = [simulate_claim_study(label, n_seeds, 0.0, rng) for _ in range(reps)]
     p_null = np.array([r["p"] for r in null])
@@ -64,6 +69,10 @@ def calibrate(label: str, n_seeds: int, reps: int, power_reps: int, alpha: float
         if eff == 1.0:
             cov = [r["covered"] for r in alt if r["covered"] is not None]
             row["coverage"] = float(np.mean(cov)) if cov else float("nan")
+    # drawn after the others, so the type-I, power and coverage numbers keep their random streams
+    sc = scenario(label)
+    row["rejected"] = float(np.mean([sc.rejected_at_boundary(n_seeds, rng) for _ in range(reps)]))
+    row["reject_bound"] = REJECT_LEVEL + 2 * math.sqrt(REJECT_LEVEL * (1 - REJECT_LEVEL) / reps)
     return row
 
 
@@ -262,18 +271,23 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for k in args.kinds for r in calibrate_sequential(k, looks, sims, args.alpha)]
         return 0 if print_sequential(rows, args.reps, args.alpha, time.perf_counter() - t0) else 1
     rows = [calibrate(k, s, args.reps, args.power_reps, args.alpha) for k in args.kinds for s in args.seeds]
-    head = "| kind | least favourable null | S | type-I | bound | ok | power d=0.5 | d=1 | d=2 | CI coverage (d=1) | warned fits | fallback |"
+    head = (
+        "| kind | least favourable null | S | type-I | bound | ok | power d=0.5 | d=1 | d=2 | CI coverage (d=1) "
+        "| warned fits | fallback | REJECTED at boundary | bound | ok |"
+    )
     print(head)
     print("|" + "|".join(["---"] * (head.count("|") - 1)) + "|")
     ok_all = True
     for r in rows:
         ok = r["type1"] <= r["bound"]
-        ok_all &= ok
+        ok_rej = r["rejected"] <= r["reject_bound"]
+        ok_all &= ok and ok_rej
         cov = "n/a" if math.isnan(r["coverage"]) else f"{r['coverage']:.3f}"
         print(
             f"| {r['kind']} | {CALIBRATION_KINDS[r['kind']][1]} | {r['S']} | {r['type1']:.3f} | {r['bound']:.3f} | "
             f"{'yes' if ok else 'NO'} | {r['power@0.5']:.2f} | {r['power@1']:.2f} | {r['power@2']:.2f} | {cov} | "
-            f"{r['warned']:.2f} | {r['fallback']:.3f} |"
+            f"{r['warned']:.2f} | {r['fallback']:.3f} | {r['rejected']:.3f} | {r['reject_bound']:.3f} | "
+            f"{'yes' if ok_rej else 'NO'} |"
         )
     print(
         f"\nalpha {args.alpha}; {args.reps} null studies and {args.power_reps} per alternative per row; "

@@ -149,6 +149,7 @@ def plan_claims(hyp: Hypothesis, table, source: str = "pilot") -> list[dict]:
             len(hyp.design.seeds),
             two_sided=bool(outcome and outcome.two_sided),
             labellings=kind.labellings_per_seed(claim),
+            contrasts=kind.holm_contrasts(claim),
         )
         rows.append(
             {"claim": claim.name, "kind": claim.kind, "effect": effect, "effect_from": effect_from}

@@ -450,11 +450,11 @@ def accuracy_warnings(results: list[ClaimResult], claims, trials: pd.DataFrame) 
         y = acc.dropna().to_numpy(dtype=float)
         if y.shape[0] >= 2 and y.shape[1] >= 2:
             t = t_test(per_seed_slopes(acc.columns.to_numpy(dtype=float), y), "two-sided")
-            r.details["accuracy"].update(slope=t["mean"], ci=list(t["ci"]), p=t["p"])
-            if t["p"] < 0.05:
+            r.details["accuracy"].update(slope=t.mean, ci=list(t.ci), p=t.p)
+            if t.p < 0.05:
                 r.warnings.append(
-                    f"test accuracy changes with {knob} (per-seed slope {t['mean']:.3g} per unit, 95% CI "
-                    f"{t['ci'][0]:.3g} to {t['ci'][1]:.3g}, p {t['p']:.3g}): {knob} also changes how well the "
+                    f"test accuracy changes with {knob} (per-seed slope {t.mean:.3g} per unit, 95% CI "
+                    f"{t.ci[0]:.3g} to {t.ci[1]:.3g}, p {t.p:.3g}): {knob} also changes how well the "
                     "task is learnt, so this effect is not of the knob alone"
                 )
 

@@ -233,7 +233,7 @@ def test_leave_one_seed_out_bottleneck(table):
 def test_tost_matches_statsmodels():
     rng = np.random.default_rng(4)
     a, b = rng.normal(0.3, 1, 6), rng.normal(0, 1, 6)
-    assert tost(a - b, 1.0)["p"] == pytest.approx(ttost_paired(a, b, -1.0, 1.0)[0])
+    assert tost(a - b, 1.0).p == pytest.approx(ttost_paired(a, b, -1.0, 1.0)[0])
 
 
 def test_jonckheere_terpstra_by_hand():
@@ -242,7 +242,7 @@ def test_jonckheere_terpstra_by_hand():
     assert jt_statistic(np.array([2.0, 2.0]), np.array([0, 1])) == 0.5
     # every seed perfectly ordered: the exact within-seed permutation p is 1 / (K!)^S
     res = jonckheere_terpstra(np.array([[0.0, 1.0, 2.0]] * 3) + np.arange(3)[:, None] * 0.01)
-    assert res["exact"] and res["p"] == pytest.approx(1 / 6**3)
+    assert res.exact and res.p == pytest.approx(1 / 6**3)
 
 
 def test_power_and_seeds_needed():
@@ -313,8 +313,12 @@ def test_calibration_smoke(label):
     p = np.array([simulate_claim_study(label, 5, 0.0, rng)["p"] for _ in range(300)])
     assert np.mean(p < 0.05) <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 300)
     alt = np.array([simulate_claim_study(label, 5, 2.0, rng)["p"] for _ in range(60)])
-    # and it has power (TOST at S = 5 with a 1-SD margin has only ~0.25: that is the truth, not a bug)
-    assert np.mean(alt < 0.05) >= 0.15
+    # and it has power (TOST at S = 5 with a 1-SD margin has only ~0.25: that is the truth, not a bug),
+    # except where p cannot reach alpha at S = 5: sign flips Holm-adjusted over 12 layers, p >= 12 / 2^5
+    if label == "trend_kendall_any12":
+        assert alt.min() >= 12 / 2**5 - 1e-12
+    else:
+        assert np.mean(alt < 0.05) >= 0.15
 
 
 @pytest.mark.parametrize("label", ["trend_mixed", "trend_mixed_paper", "trend_mixed_knob"])

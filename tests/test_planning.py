@@ -61,7 +61,7 @@ def test_planned_seeds_reach_the_power_in_simulation():
         base = rng.normal(0, 3, n)  # seed offsets shared by both conditions: they cancel in the pairs
         a = base + sesoi + rng.normal(0, sd_diff / math.sqrt(2), n)
         b = base + rng.normal(0, sd_diff / math.sqrt(2), n)
-        hits.append(compare_statistics(a, b, "greater")["p"] < 0.05)
+        hits.append(compare_statistics(a, b, "greater").p < 0.05)
     assert abs(np.mean(hits) - power(sesoi / sd_diff, n, 0.05)) < 3 * math.sqrt(0.8 * 0.2 / 3000)
     assert power(sesoi / sd_diff, n, 0.05) >= 0.8 > power(sesoi / sd_diff, n - 1, 0.05)
 

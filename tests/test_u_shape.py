@@ -41,9 +41,9 @@ EARLY, BOTT, LATE = [0, 1], [2, 3, 4], [9, 10, 11]  # block indices of CLAIM's r
 def _verdict(prof: np.ndarray, alpha: float = 0.05) -> str:
     """The verdict a single u_shape claim gets on per-seed profiles (S, 12) (Holm of one claim = identity)."""
     st = u_shape_statistics(prof[:, EARLY].mean(1), prof[:, BOTT].mean(1), prof[:, LATE].mean(1))
-    if not np.isnan(st["p"]) and st["p"] < alpha:
+    if not np.isnan(st.p) and st.p < alpha:
         return ACCEPTED
-    return REJECTED if st["contradicted"] else INCONCLUSIVE
+    return REJECTED if st.contradicted else INCONCLUSIVE
 
 
 def _rate(shape: str, effect: float, n_seeds: int, reps: int, verdict: str, seed: int = 0) -> float:
@@ -61,7 +61,7 @@ def test_table_path_matches_array_path():
         r = evaluate_claims(HYP, table)[0]
         assert r.verdict == _verdict(prof)
         st = u_shape_statistics(prof[:, EARLY].mean(1), prof[:, BOTT].mean(1), prof[:, LATE].mean(1))
-        assert r.p_value == pytest.approx(st["p"]) and r.effect == pytest.approx(st["effect"])
+        assert r.p_value == pytest.approx(st.p) and r.effect == pytest.approx(st.effect)
 
 
 def test_accepts_planted_u():

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 
-def fmt_num(x, digits: int = 2) -> str:
+def fmt_num(x: Any, digits: int = 2) -> str:
     """``x`` with ``digits`` decimals; ``n/a`` for None, NaN or anything that is not a number."""
     try:
         x = float(x)
@@ -14,7 +15,7 @@ def fmt_num(x, digits: int = 2) -> str:
     return "n/a" if math.isnan(x) else f"{x:.{digits}f}"
 
 
-def fmt_p(p) -> str:
+def fmt_p(p: Any) -> str:
     """A p-value: three decimals, ``<0.001`` below that, ``n/a`` when no test was possible."""
     try:
         p = float(p)

@@ -10,16 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 
-def canonical_json(obj, compact: bool = True) -> str:
+def canonical_json(obj: Any, compact: bool = True) -> str:
     """``obj`` as JSON with sorted keys (compact separators unless ``compact=False``)."""
     if compact:
         return json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return json.dumps(obj, sort_keys=True)
 
 
-def digest(obj, length: int | None = None, compact: bool = True) -> str:
+def digest(obj: Any, length: int | None = None, compact: bool = True) -> str:
     """sha256 hex of ``obj``'s canonical JSON, cut to ``length`` hex digits (None: all 64)."""
     return hashlib.sha256(canonical_json(obj, compact).encode()).hexdigest()[:length]
 

@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     return Path(path)
 
 
-def atomic_write_json(path: str | Path, obj, **dumps) -> Path:
+def atomic_write_json(path: str | Path, obj: Any, **dumps: Any) -> Path:
     """Write ``obj`` as JSON (``json.dumps(obj, **dumps)``) to ``path`` atomically."""
     return atomic_write_text(path, json.dumps(obj, **dumps))
 
@@ -69,7 +70,7 @@ def atomic_write_json(path: str | Path, obj, **dumps) -> Path:
 def atomic_save_npz(path: str | Path, **arrays: np.ndarray) -> Path:
     """Write ``arrays`` to ``path`` as an uncompressed ``.npz``, atomically."""
     with atomic_path(path, suffix=".tmp.npz") as tmp:
-        np.savez(tmp, **arrays)
+        np.savez(tmp, allow_pickle=True, **arrays)  # allow_pickle: numpy's default, named for the stubs
     return Path(path)
 
 

@@ -9,6 +9,7 @@ token, and the ``patch`` tokens.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Literal, get_args
 
 TokenSet = Literal["all", "cls", "patch"]  # the type of a token-set field in a hypothesis file
@@ -21,7 +22,7 @@ def layer_names(depth: int) -> list[str]:
     return ["patch_embed", "pos_embed", *[f"block_{i:02d}" for i in range(1, depth + 1)], "norm"]
 
 
-def layer_order(names) -> dict[str, int] | None:
+def layer_order(names: Iterable[str]) -> dict[str, int] | None:
     """Depth index of each observation-point name (0 = ``patch_embed``), derived from the names alone.
 
     ``norm`` comes after the deepest block named. Returns None when any name is not an observation point
@@ -36,4 +37,4 @@ def layer_order(names) -> dict[str, int] | None:
         elif name not in ("patch_embed", "pos_embed", "norm"):
             return None
     fixed = {"patch_embed": 0, "pos_embed": 1, "norm": max(blocks.values(), default=1) + 1}
-    return {name: blocks.get(name, fixed.get(name)) for name in names}
+    return {name: blocks[name] if name in blocks else fixed[name] for name in names}

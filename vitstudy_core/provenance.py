@@ -29,7 +29,7 @@ def git_state(repo: Path | None = None) -> dict:
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
 
 
-def package_versions(packages=PACKAGES) -> dict[str, str]:
+def package_versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     """Python, platform and each package's installed version, read from metadata (nothing imported)."""
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
     for pkg in packages:

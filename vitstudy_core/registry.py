@@ -57,7 +57,7 @@ class Registry(Mapping[str, T], Generic[T]):
         self._entries[name] = entry
         return entry
 
-    def get(self, name: str, default: Any = _MISSING) -> T:  # type: ignore[override]
+    def get(self, name: str, default: Any = _MISSING) -> T:
         """The entry named ``name``; unknown: ``default`` if given, else a one-line :class:`StudyError`."""
         if name in self._entries:
             return self._entries[name]

@@ -27,10 +27,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from vitstudy_core.io import atomic_path, atomic_save_npz, atomic_write_json
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 RESULT, SPECTRA, SCALARS, COVARIANCES = "result.json", "spectra.npz", "scalars.json", "covariances.npz"
 ROWS = "rows.parquet"
@@ -120,7 +124,7 @@ class RunFolder:
         with np.load(path) as f:
             return {(int(k.split("/")[0]), k.split("/")[1]): f[k] for k in f.files}
 
-    def read_rows(self):
+    def read_rows(self) -> pd.DataFrame:
         """The imported tidy rows (``rows.parquet``) as a pandas DataFrame; raises what pandas raises."""
         import pandas as pd
 
@@ -133,7 +137,7 @@ class RunFolder:
     def write_spectra(self, spectra: dict[str, np.ndarray]) -> None:
         atomic_save_npz(self.file(SPECTRA), **spectra)
 
-    def write_rows(self, rows) -> None:
+    def write_rows(self, rows: pd.DataFrame) -> None:
         """Write imported tidy rows (a pandas DataFrame) to ``rows.parquet`` atomically."""
         with atomic_path(self.file(ROWS)) as tmp:
             rows.to_parquet(tmp, index=False)

@@ -19,19 +19,23 @@ module asks which kind a claim is. This module never imports torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypedDict
 
 import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator, model_validator
 
+from analysis.inference import TTest, tost_estimate
 from analysis.observables import ALL_METRICS
 from vitstudy_core.errors import StudyError
 from vitstudy_core.layers import TokenSet
 from vitstudy_core.registry import Registry
 from vitstudy_core.settings import Strict
+
+if TYPE_CHECKING:
+    from analysis.figures import Figure
 
 
 # --------------------------------------------------------------------------------------------------
@@ -80,8 +84,11 @@ class ClaimBase(Strict):
             raise ValueError(f"unknown metric {v!r}; expected one of {list(ALL_METRICS)}")
         return v
 
+    if TYPE_CHECKING:
+        kind: str  # each kind's model declares it as Literal["<name>"] (declared here for the type checker)
+
     @model_validator(mode="after")
-    def _adjust_only_exploratory(self):
+    def _adjust_only_exploratory(self) -> ClaimBase:
         if self.confirmatory and self.adjust != "holm":
             raise ValueError(
                 "confirmatory claims are always Holm-adjusted; set confirmatory: false for bh/none"
@@ -124,6 +131,7 @@ class ClaimBase(Strict):
         return out
 
     def datasets_named(self) -> list[str]:
+        """The datasets the claim reads, sorted."""
         return sorted({str(v) for _, what, v in self.named() if what == "dataset"})
 
 
@@ -139,6 +147,75 @@ def _named_condition(fld: str, cond: Condition) -> list[tuple[str, str, object]]
 # --------------------------------------------------------------------------------------------------
 # Outcome and table access
 # --------------------------------------------------------------------------------------------------
+# One-sided level of the REJECTED rule's test of the opposite of the claim: a lone contrast's 95% CI lying
+# entirely on the wrong side of 0 is that test at 2.5%. With several contrasts the rule keeps this level
+# for the claim as a whole (:func:`contradiction`), and a margin's TOST runs at the claim's alpha.
+REJECT_LEVEL = 0.025
+
+# How a claim combines its contrasts: ``every`` one must hold (intersection-union: u_shape, extremum, a
+# trend over ``all`` layers), or ``one`` suffices (a trend over ``any`` layer).
+Needs = Literal["every", "one"]
+
+
+def holm_min(p: Sequence[float]) -> float:
+    """The smallest Holm-adjusted p of ``p`` (= k * min p, capped at 1; NaN entries count in k, never
+    as the minimum; NaN when all are NaN)."""
+    finite = [v for v in p if not math.isnan(v)]
+    return min(1.0, len(p) * min(finite)) if finite else float("nan")
+
+
+def combined_against(p_against: Sequence[float], needs: Needs) -> float:
+    """The p of the opposite of a claim from each contrast's one-sided p in the wrong direction.
+
+    ``every``: the claim fails when any one contrast is shown to point the wrong way, a union of tests:
+    Holm across the k contrasts (k * min p). ``one``: it fails only when every contrast is (an
+    intersection-union test: max p, NaN if any is NaN). A single contrast: its own p.
+    """
+    if len(p_against) == 1:
+        return float(p_against[0])
+    if needs == "every":
+        return holm_min(p_against)
+    return float("nan") if any(math.isnan(v) for v in p_against) else max(p_against)
+
+
+def contradiction(p_against: Sequence[float], needs: Needs) -> bool:
+    """The REJECTED rule's evidence test: :func:`combined_against` below :data:`REJECT_LEVEL` (so its
+    rate at the boundary of the claim is at most 2.5%, whatever the number of contrasts)."""
+    p = combined_against(p_against, needs)
+    return bool(not math.isnan(p) and p < REJECT_LEVEL)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One contrast's estimate for a margin's TOST: ``mean`` and its ``se`` (the units of the effect) and
+    the t degrees of freedom ``df`` (S - 1)."""
+
+    mean: float
+    se: float
+    df: float
+
+    @classmethod
+    def of(cls, test: TTest) -> Estimate:
+        """The estimate of a one-sample t test's mean."""
+        return cls(test.mean, test.se, test.n - 1)
+
+
+def margin_p(estimates: Sequence[Estimate], margin: float, needs: Needs) -> float:
+    """p of "the claimed effect is smaller than ``margin``" (which REJECTS a claim that declares one).
+
+    Per contrast the TOST p of ``|effect| < margin``; ``every``: the claim fails when some contrast is
+    within the margin (Holm across contrasts); ``one``: only when every contrast is (max p).
+    """
+    ps = [tost_estimate(e.mean, e.se, e.df, margin) for e in estimates]
+    if not ps:
+        return float("nan")
+    if len(ps) == 1:
+        return ps[0]
+    if needs == "every":
+        return holm_min(ps)
+    return float("nan") if any(math.isnan(v) for v in ps) else max(ps)
+
+
 @dataclass
 class Outcome:
     """What a claim's test found, before multiplicity adjustment and the verdict rule.
@@ -158,6 +235,11 @@ class Outcome:
             direction; the basis of the power and seeds-needed numbers of an inconclusive claim.
         two_sided: the binding test is two-sided (power is computed at alpha / 2 per side).
         not_testable: non-empty when the table holds nothing to test the claim on (:class:`NotTestable`).
+        estimates: per contrast the estimate a declared margin is tested on (:func:`margin_p`); empty:
+            the one-sample t test of ``effect_values``.
+        needs: how the contrasts combine (``every`` or ``one``; see :func:`contradiction`).
+        holm_contrasts: the binding p is Holm-adjusted across this many contrasts (a trend over ``any``
+            of k layers: k), so it cannot go below k * labellings^-S and its power is at alpha / k.
     """
 
     p_value: float
@@ -167,21 +249,85 @@ class Outcome:
     seeds_used: list[int] = field(default_factory=list)
     seeds_excluded: dict[int, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
     effect_values: list[float] = field(default_factory=list)
     std_effect: float = float("nan")
     two_sided: bool = False
     labellings_per_seed: int = 0  # randomisation tests: K! (JT) or 2 (sign flips); p >= this^-S. 0 = t-based
     not_testable: str = ""  # why the table cannot test the claim at all (e.g. its metric is absent)
+    estimates: list[Estimate] = field(default_factory=list)
+    needs: Needs = "every"
+    holm_contrasts: int = 1
+
+    def margin_p(self, margin: float) -> float:
+        """p of "the effect lies within +-margin" (:func:`margin_p`; NaN when it cannot be tested)."""
+        if self.estimates:
+            return margin_p(self.estimates, margin, self.needs)
+        if len(self.effect_values) < 2:
+            return float("nan")
+        from analysis.inference import t_test
+
+        return margin_p([Estimate.of(t_test(np.asarray(self.effect_values)))], margin, self.needs)
 
 
-def std_effect(test: dict, sign: float = 1.0) -> float:
+@dataclass(frozen=True, kw_only=True)
+class Statistic:
+    """What a kind's array-level test (its ``*_statistics`` function) found on per-seed arrays.
+
+    Attributes:
+        p: p-value in the claimed direction (NaN when no test was possible).
+        effect: the effect, in the units the kind documents (metric units, per unit of x for a slope).
+        ci: (low, high) 95% interval of ``effect``.
+        contradicted: the REJECTED rule's test: the evidence excludes the claimed effect
+            (:func:`contradiction` of ``p_against``).
+        std_effect: standardised effect of the binding test in the claimed direction (mean / sd).
+        values: (S,) per-seed values whose mean is ``effect`` (empty when it is no mean over seeds).
+        warnings: what a reader must know (degenerate data, too few seeds, ...).
+    """
+
+    p: float
+    effect: float
+    ci: tuple[float, float]
+    contradicted: bool
+    std_effect: float
+    values: np.ndarray
+    warnings: list[str]
+    p_against: list[float] = field(default_factory=list)  # per contrast, one-sided p the wrong way
+
+
+class Trial(TypedDict, total=False):
+    """One simulated study of a calibration :class:`Scenario` (what ``bench/calibration.py`` counts).
+
+    ``p``: one-sided p in the claimed direction (NaN: no test); ``covered``: the 95% CI of the effect
+    covers the truth (None: no known truth); ``warned``: the fit recorded a warning; ``contradicted``: the
+    verdict rule would REJECT; ``fallback``: a mixed-model trend fell back to the per-seed slopes.
+    """
+
+    p: float
+    covered: bool | None
+    warned: bool
+    contradicted: bool
+    fallback: bool
+
+
+class Result(Protocol):
+    """What a kind's ``explain`` and ``figures`` read of a claim's result (``analysis.verdicts.ClaimResult``,
+    which imports the kinds: so a protocol, not the class)."""
+
+    effect: float
+    ci_low: float
+    ci_high: float
+    details: dict[str, Any]
+
+
+def std_effect(test: TTest, sign: float = 1.0) -> float:
     """mean / sd of a t_test result, signed towards the claim (NaN when sd is 0 or undefined)."""
-    sd = test["sd"]
-    return sign * test["mean"] / sd if sd and math.isfinite(sd) and sd > 0 else float("nan")
+    sd = test.sd
+    return sign * test.mean / sd if sd and math.isfinite(sd) and sd > 0 else float("nan")
 
 
 def few_seeds_warning(n: int, p: float) -> list[str]:
+    """The warning of a test that could not run: too few seeds, or no variation between them."""
     if n < 2:
         return [f"needs >= 2 seeds (has {n}): no test across seeds is possible"]
     if math.isnan(p):
@@ -204,7 +350,7 @@ class TableView:
     lacks raises :class:`NotTestable` (the claim cannot be tested on this table, which is no input error).
     """
 
-    def __init__(self, table: pd.DataFrame):
+    def __init__(self, table: pd.DataFrame) -> None:
         self.table = table
         self._groups = {k: g for k, g in table.groupby(["metric", "dataset", "token_set"], sort=False)}
         self._present = {
@@ -213,6 +359,7 @@ class TableView:
 
     @classmethod
     def of(cls, table: pd.DataFrame | TableView) -> TableView:
+        """``table`` itself if it is a view, else a view of it."""
         return table if isinstance(table, TableView) else cls(table)
 
     def slice(self, metric: str, dataset: str, token_set: str, where: str, fld: str = "") -> pd.DataFrame:
@@ -260,7 +407,7 @@ class TableView:
         return wide.reindex(index=sorted(df.seed.unique()), columns=layers)
 
 
-def knob_rows(view: TableView, claim, knob: str, where: str) -> tuple[pd.DataFrame, int]:
+def knob_rows(view: TableView, claim: Any, knob: str, where: str) -> tuple[pd.DataFrame, int]:
     """The rows of a claim over a knob: its metric and token set at its epoch, across every trial dataset.
 
     The table must carry the knob as a column (a sweep's table: one value per trial dataset).
@@ -283,7 +430,7 @@ def knob_rows(view: TableView, claim, knob: str, where: str) -> tuple[pd.DataFra
     return view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
 
 
-def crossing(x: np.ndarray, y: np.ndarray, level: float) -> dict:
+def crossing(x: np.ndarray, y: np.ndarray, level: float) -> dict[str, Any]:
     """Where curves first reach ``level``, by linear interpolation between neighbouring points.
 
     Args:
@@ -310,22 +457,22 @@ def crossing(x: np.ndarray, y: np.ndarray, level: float) -> dict:
     x, y = np.asarray(x, float), np.asarray(y, float)
     per_seed = np.array([first(row) for row in y])
     ok = per_seed[np.isfinite(per_seed)]
-    t = (
-        t_test(ok, "two-sided")
-        if len(ok) >= 2
-        else {"mean": float(ok.mean()) if len(ok) else float("nan"), "ci": (float("nan"),) * 2}
-    )
+    if len(ok) >= 2:
+        t = t_test(ok, "two-sided")
+        mean, ci = t.mean, t.ci
+    else:
+        mean, ci = (float(ok.mean()) if len(ok) else float("nan")), (float("nan"), float("nan"))
     return {
         "level": float(level),
         "per_seed": per_seed.tolist(),
         "mean_curve": first(y.mean(axis=0)) if len(y) else float("nan"),
-        "mean": float(t["mean"]),
-        "ci": list(t["ci"]),
+        "mean": float(mean),
+        "ci": list(ci),
         "n_crossing": int(len(ok)),
     }
 
 
-def crossing_lines(cross: dict | None, knob: str | None) -> list[str]:
+def crossing_lines(cross: dict[str, Any] | None, knob: str | None) -> list[str]:
     """The report's line for a :func:`crossing` result (none without one)."""
     if not cross:
         return []
@@ -353,14 +500,16 @@ def summarise_layers(wide: pd.DataFrame, summary: str, order: dict[str, int]) ->
     return out.where(wide.notna().all(axis=1))
 
 
-def select(table: pd.DataFrame | TableView, claim, where: str) -> tuple[pd.DataFrame, int]:
+def select(table: pd.DataFrame | TableView, claim: Any, where: str) -> tuple[pd.DataFrame, int]:
     """The claim's slice of the table (subset dataset, token set, metric, epoch) and the epoch used."""
     view = TableView.of(table)
     df = view.slice(claim.metric, claim.subset.dataset, claim.subset.token_set, where)
     return view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
 
 
-def condition_values(view: TableView, claim, cond, where: str, fld: str) -> tuple[pd.Series, dict]:
+def condition_values(
+    view: TableView, claim: Any, cond: Condition, where: str, fld: str
+) -> tuple[pd.Series, dict[str, Any]]:
     """Per-seed value of a Condition: the metric averaged over ``cond.layers`` at its epoch.
 
     Unset fields of ``cond`` come from ``claim.subset``. Returns (seed -> value, resolved condition).
@@ -372,7 +521,7 @@ def condition_values(view: TableView, claim, cond, where: str, fld: str) -> tupl
     df, ep = view.at_epoch(df, epoch, where, f"{fld}.epoch")
     wide = view.wide(df, list(cond.layers), where, f"{fld}.layers")
     values = wide.mean(axis=1, skipna=False)
-    resolved = {"dataset": dataset, "token_set": token_set, "epoch": ep, "layers": list(cond.layers)}
+    resolved: dict[str, Any] = {"dataset": dataset, "token_set": token_set, "epoch": ep, "layers": list(cond.layers)}
     resolved["n_tokens"] = token_counts(df[df.layer.isin(cond.layers)])
     return values, resolved
 
@@ -399,7 +548,7 @@ def token_count_warnings(counts: dict[str, list[int]]) -> list[str]:
     ]
 
 
-def complete_seeds(frames: list[pd.Series | pd.DataFrame], excluded: dict[int, str]) -> list[int]:
+def complete_seeds(frames: Sequence[pd.Series | pd.DataFrame], excluded: dict[int, str]) -> list[int]:
     """Seeds with finite values in every frame; the others are added to ``excluded`` with a reason."""
     seeds = sorted(set().union(*(set(int(s) for s in f.index) for f in frames)))
     keep = []
@@ -412,7 +561,11 @@ def complete_seeds(frames: list[pd.Series | pd.DataFrame], excluded: dict[int, s
     return keep
 
 
-def paired(view: TableView, claim, conds: list[tuple[str, object]], where: str, excluded: dict[int, str]):
+def paired(
+    view: TableView, claim: Any, conds: list[tuple[str, Condition]], where: str, excluded: dict[int, str]
+) -> tuple[list[np.ndarray], list[int], dict[str, dict[str, Any]]]:
+    """Per condition the (S,) values of the seeds complete in every condition, those seeds, and each
+    resolved condition (:func:`condition_values`); incomplete seeds are added to ``excluded``."""
     series, resolved = [], {}
     for fld, cond in conds:
         s, r = condition_values(view, claim, cond, where, fld)
@@ -423,26 +576,32 @@ def paired(view: TableView, claim, conds: list[tuple[str, object]], where: str, 
 
 
 def outcome_from_stats(
-    stat: dict, seeds: list[int], excluded: dict[int, str], details: dict, **extra
+    stat: Statistic, seeds: list[int], excluded: dict[int, str], details: dict[str, Any], **extra: Any
 ) -> Outcome:
-    """An Outcome from an array core's result dict (``p``, ``effect``, ``ci``, ``contradicted``,
-    ``warnings``, ``values``, ``std_effect``); ``extra`` sets further Outcome fields."""
+    """An Outcome from an array core's :class:`Statistic`; ``extra`` sets further Outcome fields."""
     return Outcome(
-        p_value=stat["p"],
-        effect=stat["effect"],
-        ci=tuple(stat["ci"]),
-        contradicted=bool(stat["contradicted"]),
+        p_value=stat.p,
+        effect=stat.effect,
+        ci=(stat.ci[0], stat.ci[1]),
+        contradicted=bool(stat.contradicted),
         seeds_used=seeds,
         seeds_excluded=excluded,
-        warnings=list(stat["warnings"]),
+        warnings=list(stat.warnings),
         details=details,
-        effect_values=np.asarray(stat["values"], float).tolist(),
-        std_effect=stat["std_effect"],
+        effect_values=np.asarray(stat.values, float).tolist(),
+        std_effect=stat.std_effect,
         **extra,
     )
 
 
-def paired_outcome(stat: dict, seeds, excluded, details: dict, resolved: dict, **extra) -> Outcome:
+def paired_outcome(
+    stat: Statistic,
+    seeds: list[int],
+    excluded: dict[int, str],
+    details: dict[str, Any],
+    resolved: dict[str, dict[str, Any]],
+    **extra: Any,
+) -> Outcome:
     """``outcome_from_stats`` for claims over paired conditions, plus the unequal-token-count warning."""
     out = outcome_from_stats(stat, seeds, excluded, details, **extra)
     out.warnings += token_count_warnings({k: r["n_tokens"] for k, r in resolved.items()})
@@ -457,37 +616,54 @@ class Scenario:
     """One calibration scenario of a kind: its least favourable null at ``effect = 0`` and alternatives.
 
     ``simulate(n_seeds, effect, rng)`` runs one simulated study through the kind's array-level test and
-    returns ``{"p": one-sided p in the claimed direction (NaN: no test), "covered": whether the 95% CI of
-    the effect covers the truth (None: no known truth), "warned": the fit recorded a warning}``.
-    ``effect`` is in per-seed noise SDs.
+    returns a :class:`Trial` (``p``, ``covered``, ``warned``). ``effect`` is in per-seed noise SDs.
 
     A scenario may instead give the two halves, so a sequential design can test the first ``n`` seeds of
     one simulated study at each look (:meth:`at_looks`): ``draw(n_seeds, effect, rng) -> (arrays, truth)``
     (a tuple of arrays, the seed on the first axis of each, and the true effect or None) and
-    ``test(arrays, truth, rng) -> dict`` (the keys above, plus ``contradicted``: the verdict rule would
-    REJECT, and for a mixed-model trend ``fallback``: the per-seed slopes decided). ``simulate`` is then ``test(*draw(...))``.
+    ``test(arrays, truth, rng) -> Trial`` (also ``contradicted``, and for a mixed-model trend
+    ``fallback``). ``simulate`` is then ``test(*draw(...))``.
+
+    ``boundary(n_seeds, rng) -> (arrays, truth)``: the least favourable case of the REJECTED rule, a
+    claim that is just true (every contrast it needs at 0, the others where they can do most harm);
+    its rate of ``contradicted`` is the rule's error rate, at most 2.5% (:data:`REJECT_LEVEL`). None:
+    ``draw(n_seeds, 0.0, rng)``, which is that case for a claim of one contrast.
     """
 
     description: str
-    simulate: Callable[[int, float, np.random.Generator], dict] | None = None
-    draw: Callable[[int, float, np.random.Generator], tuple] | None = None
-    test: Callable[[tuple, Any, np.random.Generator], dict] | None = None
+    simulate: Callable[[int, float, np.random.Generator], Trial] | None = None
+    draw: Callable[[int, float, np.random.Generator], tuple[tuple[np.ndarray, ...], Any]] | None = None
+    test: Callable[[tuple[np.ndarray, ...], Any, np.random.Generator], Trial] | None = None
+    boundary: Callable[[int, np.random.Generator], tuple[tuple[np.ndarray, ...], Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.simulate is None:
-            if self.draw is None or self.test is None:
+            draw, test = self.draw, self.test
+            if draw is None or test is None:
                 raise ValueError(f"scenario {self.description!r}: give simulate, or draw and test")
-            object.__setattr__(
-                self, "simulate", lambda n, effect, rng: self.test(*self.draw(n, effect, rng), rng)
-            )
+            object.__setattr__(self, "simulate", lambda n, effect, rng: test(*draw(n, effect, rng), rng))
+
+    def run(self, n_seeds: int, effect: float, rng: np.random.Generator) -> Trial:
+        """One simulated study of ``n_seeds`` seeds at ``effect`` (per-seed noise SDs)."""
+        assert self.simulate is not None  # set by __post_init__
+        return self.simulate(n_seeds, effect, rng)
+
+    def rejected_at_boundary(self, n_seeds: int, rng: np.random.Generator) -> bool:
+        """One simulated study at the REJECTED rule's least favourable case: would the rule REJECT?"""
+        if self.test is None or self.draw is None:
+            raise ValueError(f"scenario {self.description!r} has no draw and test")
+        arrays, truth = self.boundary(n_seeds, rng) if self.boundary else self.draw(n_seeds, 0.0, rng)
+        return bool(self.test(arrays, truth, rng).get("contradicted", False))
 
     @property
     def sequential(self) -> bool:
         """The scenario can be tested at several looks of one study."""
         return self.draw is not None and self.test is not None
 
-    def at_looks(self, looks: list[int], effect: float, rng: np.random.Generator) -> list[dict]:
+    def at_looks(self, looks: list[int], effect: float, rng: np.random.Generator) -> list[Trial]:
         """One study of ``max(looks)`` seeds, tested on its first ``n`` seeds for each ``n`` in ``looks``."""
+        if self.draw is None or self.test is None:
+            raise ValueError(f"scenario {self.description!r} is not sequential (it has no draw and test)")
         arrays, truth = self.draw(max(looks), effect, rng)
         return [self.test(tuple(a[:n] for a in arrays), truth, rng) for n in looks]
 
@@ -498,10 +674,10 @@ class FigureContext:
 
     table: pd.DataFrame
     claim: Any  # the kind's ClaimBase subclass
-    result: Any  # analysis.verdicts.ClaimResult
+    result: Result  # analysis.verdicts.ClaimResult
 
 
-def condition_figures(ctx: FigureContext) -> list:
+def condition_figures(ctx: FigureContext) -> list[Figure]:
     """For claims over conditions: the metric by layer at the claim's epoch for every dataset they name."""
     from analysis.figures import profile_figure
 
@@ -514,38 +690,42 @@ def condition_figures(ctx: FigureContext) -> list:
     ]
 
 
-def describe_condition(cond: dict) -> str:
+def describe_condition(cond: dict[str, Any]) -> str:
     """A resolved condition (``condition_values``) in words: ``dataset/token_set/epoch N: layers``."""
     layers = cond["layers"]
     where = layers[0] if len(layers) == 1 else f"mean of {', '.join(layers)}"
     return f"{cond['dataset']}/{cond['token_set']}/epoch {cond['epoch']}: {where}"
 
 
-def per_seed_text(values: dict, digits: int = 2) -> str:
+def per_seed_text(values: dict[Any, float] | None, digits: int = 2) -> str:
     """``{seed: value}`` as ``seed 0: 1.23, seed 1: ...``."""
     from vitstudy_core.fmt import fmt_num
 
     return ", ".join(f"seed {s}: {fmt_num(v, digits)}" for s, v in (values or {}).items())
 
 
-def _no_figures(ctx: FigureContext) -> list:
+def _no_figures(ctx: FigureContext) -> list[Figure]:
     return []
 
 
-def _no_explanation(claim, result) -> list[str]:
+def _no_explanation(claim: Any, result: Result) -> list[str]:
     return []
 
 
-def _declared_margin(claim) -> float | None:
+def _declared_margin(claim: Any) -> float | None:
     return getattr(claim, "margin", None)
 
 
-def _t_based(claim) -> int:
+def _t_based(claim: Any) -> int:
     return 0
 
 
-def _declared_sesoi(claim) -> float | None:
+def _declared_sesoi(claim: Any) -> float | None:
     return claim.sesoi
+
+
+def _one_test(claim: Any) -> int:
+    return 1
 
 
 @dataclass(frozen=True)
@@ -569,6 +749,9 @@ class ClaimKind:
             ``python -m study plan`` reads to say how many seeds a claim needs at the least.
         planning_effect: ``claim -> effect or None``: the effect ``plan`` sizes the seeds for when no
             pilot gives one (default: the claim's ``sesoi``).
+        holm_contrasts: ``claim -> k``: the claim's p is Holm-adjusted across k contrasts (a trend over
+            ``any`` of k layers), so ``plan`` sizes it at alpha / k and its floor is k * labellings^-S
+            (default 1).
         example: a valid claim of this kind as a hypothesis file writes it (without ``name``), over a
             design of datasets ``objects``, ``mixed``, ``textures`` and a 12-block ViT: the contract test
             (tests/test_kind_contract.py) evaluates it and draws its figures.
@@ -578,12 +761,13 @@ class ClaimKind:
     model: type[ClaimBase]
     evaluate: Callable[..., Outcome]
     calibration: dict[str, Scenario] = field(default_factory=dict)
-    figures: Callable[[FigureContext], list] = _no_figures
-    explain: Callable[[Any, Any], list[str]] = _no_explanation
+    figures: Callable[[FigureContext], list[Figure]] = _no_figures
+    explain: Callable[[Any, Result], list[str]] = _no_explanation
     rejection_margin: Callable[[Any], float | None] = _declared_margin
     labellings_per_seed: Callable[[Any], int] = _t_based
     planning_effect: Callable[[Any], float | None] = _declared_sesoi
-    example: dict = field(default_factory=dict)
+    holm_contrasts: Callable[[Any], int] = _one_test
+    example: dict[str, Any] = field(default_factory=dict)
 
 
 def _new_labels(name: str, kind: ClaimKind) -> None:

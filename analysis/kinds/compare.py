@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
+import pandas as pd
 from pydantic import Field
 
-from analysis.inference import t_test
+from analysis.inference import Alternative, opposite, t_test
 from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
     Condition,
     Outcome,
+    Result,
     Scenario,
+    Statistic,
     TableView,
+    Trial,
     condition_figures,
+    contradiction,
     describe_condition,
     few_seeds_warning,
     paired,
@@ -36,7 +42,7 @@ class CompareClaim(ClaimBase):
     margin: float | None = Field(None, gt=0)
 
 
-def compare_statistics(a: np.ndarray, b: np.ndarray, alternative: str = "greater") -> dict:
+def compare_statistics(a: np.ndarray, b: np.ndarray, alternative: Alternative = "greater") -> Statistic:
     """Paired per-seed difference ``d = a - b`` tested with t(S-1).
 
     Args:
@@ -44,31 +50,31 @@ def compare_statistics(a: np.ndarray, b: np.ndarray, alternative: str = "greater
         alternative: ``greater`` (a > b), ``less`` or ``two-sided``.
 
     Returns:
-        dict with ``p``, ``effect`` = mean(d), ``ci`` (95% t), ``contradicted`` (the CI lies entirely on
-        the side opposite to a one-sided claim; never for two-sided), ``std_effect``, ``values`` = d,
-        ``warnings``.
+        A :class:`Statistic`: ``effect`` = mean(d) in metric units, ``ci`` (95% t), ``contradicted`` (the
+        CI lies entirely on the side opposite to a one-sided claim; never for two-sided), ``values`` = d.
     """
     d = np.asarray(a, float) - np.asarray(b, float)
     t = t_test(d, alternative)
     n = d.size
-    if alternative == "greater":
-        contradicted, sign = n >= 2 and t["ci"][1] < 0, 1.0
-    elif alternative == "less":
-        contradicted, sign = n >= 2 and t["ci"][0] > 0, -1.0
-    else:
-        contradicted, sign = False, float(np.sign(t["mean"]) or 1.0)
-    return {
-        "p": t["p"],
-        "effect": t["mean"],
-        "ci": t["ci"],
-        "contradicted": bool(contradicted),
-        "std_effect": std_effect(t, sign),
-        "values": d,
-        "warnings": few_seeds_warning(n, t["p"]),
-    }
+    # one-sided: contradicted when the other side is significant at 2.5% (the CI lies entirely there);
+    # never for two-sided. Zero between-seed variance allows neither side (p NaN)
+    against = [t_test(d, opposite(alternative)).p] if alternative != "two-sided" else []
+    sign = {"greater": 1.0, "less": -1.0}.get(alternative, float(np.sign(t.mean) or 1.0))
+    return Statistic(
+        p=t.p,
+        effect=t.mean,
+        ci=t.ci,
+        p_against=against,
+        contradicted=bool(against) and n >= 2 and contradiction(against, "every"),
+        std_effect=std_effect(t, sign),
+        values=d,
+        warnings=few_seeds_warning(n, t.p),
+    )
 
 
-def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
+def evaluate(
+    table: pd.DataFrame | TableView, claim: CompareClaim, where: str = "claim", excluded: dict[int, str] | None = None
+) -> Outcome:
     """Condition ``a`` vs ``b``, paired by seed, t(S-1) (see :func:`compare_statistics`). Effect: mean a - b."""
     view = TableView.of(table)
     excluded = dict(excluded or {})
@@ -76,29 +82,29 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     stat = compare_statistics(a, b, claim.alternative)
     details = {
         "conditions": resolved,
-        "per_seed_diff": dict(zip(seeds, map(float, stat["values"]), strict=True)),
+        "per_seed_diff": dict(zip(seeds, map(float, stat.values), strict=True)),
     }
     return paired_outcome(
         stat, seeds, excluded, details, resolved, two_sided=claim.alternative == "two-sided"
     )
 
 
-def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
+def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
     """(a (S,), b (S,)) sharing a seed offset; a - b has mean ``effect`` and SD sqrt(2)."""
     base = rng.normal(0, 1, n_seeds)
     return (base + effect + rng.normal(0, 1, n_seeds), base + rng.normal(0, 1, n_seeds)), effect
 
 
-def _test(alternative: str):
-    def test(arrays: tuple, truth: float, rng: np.random.Generator) -> dict:
-        st = compare_statistics(*arrays, alternative)
-        covered = bool(st["ci"][0] <= truth <= st["ci"][1])
-        return {"p": st["p"], "covered": covered, "warned": False, "contradicted": bool(st["contradicted"])}
+def _test(alternative: Alternative) -> Callable[[tuple[np.ndarray, ...], Any, np.random.Generator], Trial]:
+    def test(arrays: tuple[np.ndarray, ...], truth: float, rng: np.random.Generator) -> Trial:
+        st = compare_statistics(arrays[0], arrays[1], alternative)
+        covered = bool(st.ci[0] <= truth <= st.ci[1])
+        return {"p": st.p, "covered": covered, "warned": False, "contradicted": bool(st.contradicted)}
 
     return test
 
 
-def explain(claim, result) -> list[str]:
+def explain(claim: CompareClaim, result: Result) -> list[str]:
     """The two conditions, the alternative and the per-seed differences."""
     d = result.details
     lines = []

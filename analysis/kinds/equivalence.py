@@ -7,9 +7,10 @@ margin declared in the file, p = the larger of the two.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
+import pandas as pd
 from pydantic import Field
 
 from analysis.inference import tost
@@ -18,8 +19,11 @@ from analysis.kinds.base import (
     ClaimKind,
     Condition,
     Outcome,
+    Result,
     Scenario,
+    Statistic,
     TableView,
+    Trial,
     condition_figures,
     describe_condition,
     few_seeds_warning,
@@ -40,33 +44,39 @@ class EquivalenceClaim(ClaimBase):
     margin: float = Field(gt=0)  # in the metric's units; declared before looking at the data
 
 
-def equivalence_statistics(a: np.ndarray, b: np.ndarray, margin: float) -> dict:
+def equivalence_statistics(a: np.ndarray, b: np.ndarray, margin: float) -> Statistic:
     """TOST on the paired per-seed difference ``d = a - b``: equivalent when |mean d| < margin.
 
+    Args:
+        a, b: (S,) per-seed values of the two conditions (paired by seed); margin: > 0, metric units.
+
     Returns:
-        dict with ``p`` = max of the two one-sided t(S-1) p-values, ``effect`` = mean(d), ``ci`` (95% t),
-        ``contradicted`` (the 95% CI lies entirely outside [-margin, margin]), ``std_effect`` =
-        (margin - |mean d|) / sd (the binding one-sided test's shift), ``values`` = d, ``warnings``.
+        A :class:`Statistic`: ``p`` = max of the two one-sided t(S-1) p-values, ``effect`` = mean(d) in
+        metric units, ``ci`` (95% t), ``contradicted`` (the 95% CI lies entirely outside [-margin,
+        margin]), ``std_effect`` = (margin - |mean d|) / sd (the binding one-sided test's shift),
+        ``values`` = d.
     """
     d = np.asarray(a, float) - np.asarray(b, float)
     r = tost(d, margin)
-    sd = r["sd"]
-    std = (margin - abs(r["mean"])) / sd if sd and math.isfinite(sd) and sd > 0 else float("nan")
-    warnings = few_seeds_warning(d.size, r["p"])
-    if d.size >= 2 and math.isnan(r["p"]) and abs(r["mean"]) < margin:
-        warnings.append("identical per-seed differences inside the margin: equivalence cannot be tested")
-    return {
-        "p": r["p"],
-        "effect": r["mean"],
-        "ci": r["ci"],
-        "contradicted": r["outside"],
-        "std_effect": std,
-        "values": d,
-        "warnings": warnings,
-    }
+    sd = r.sd
+    std = (margin - abs(r.mean)) / sd if sd and math.isfinite(sd) and sd > 0 else float("nan")
+    warnings = few_seeds_warning(d.size, r.p)
+    if d.size >= 2 and math.isnan(r.p):
+        where = "inside" if abs(r.mean) < margin else "outside"
+        warnings.append(f"identical per-seed differences {where} the margin: equivalence cannot be tested")
+    # outside the margin is shown only with between-seed variation (a point CI is no evidence either way)
+    contradicted = r.outside and not math.isnan(r.p)
+    return Statistic(
+        p=r.p, effect=r.mean, ci=r.ci, contradicted=contradicted, std_effect=std, values=d, warnings=warnings
+    )
 
 
-def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
+def evaluate(
+    table: pd.DataFrame | TableView,
+    claim: EquivalenceClaim,
+    where: str = "claim",
+    excluded: dict[int, str] | None = None,
+) -> Outcome:
     """TOST of ``a - b`` within +-margin (see :func:`equivalence_statistics`). Effect: mean a - b."""
     view = TableView.of(table)
     excluded = dict(excluded or {})
@@ -75,23 +85,23 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     details = {
         "conditions": resolved,
         "margin": claim.margin,
-        "per_seed_diff": dict(zip(seeds, map(float, stat["values"]), strict=True)),
+        "per_seed_diff": dict(zip(seeds, map(float, stat.values), strict=True)),
     }
     return paired_outcome(stat, seeds, excluded, details, resolved)
 
 
-def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
+def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
     truth = 1.0 - min(effect, 1.0)  # margin 1: effect = how far inside the margin (capped at the centre)
     return (rng.normal(0, 1, n_seeds) + truth, np.zeros(n_seeds)), truth
 
 
-def _test(arrays: tuple, truth: float, rng: np.random.Generator) -> dict:
-    st = equivalence_statistics(*arrays, 1.0)
-    covered = bool(st["ci"][0] <= truth <= st["ci"][1])
-    return {"p": st["p"], "covered": covered, "warned": False, "contradicted": bool(st["contradicted"])}
+def _test(arrays: tuple[np.ndarray, ...], truth: float, rng: np.random.Generator) -> Trial:
+    st = equivalence_statistics(arrays[0], arrays[1], 1.0)
+    covered = bool(st.ci[0] <= truth <= st.ci[1])
+    return {"p": st.p, "covered": covered, "warned": False, "contradicted": bool(st.contradicted)}
 
 
-def explain(claim, result) -> list[str]:
+def explain(claim: EquivalenceClaim, result: Result) -> list[str]:
     """The two conditions, the margin and the per-seed differences."""
     d = result.details
     unit = unit_of(claim.metric)
@@ -109,11 +119,11 @@ def explain(claim, result) -> list[str]:
     return lines
 
 
-def _no_margin(claim) -> None:
+def _no_margin(claim: Any) -> None:
     return None  # the margin is what the claim tests, not a way to reject it
 
 
-def _planning_effect(claim) -> float:
+def _planning_effect(claim: EquivalenceClaim) -> float:
     """How far inside the margin the true difference is assumed to lie: ``sesoi``, or (default) the whole
     margin, i.e. a true difference of 0."""
     return claim.sesoi if claim.sesoi is not None else claim.margin

@@ -7,20 +7,27 @@ competitors (p = the largest), so no correction is needed inside the claim.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import pandas as pd
 from pydantic import Field
 
-from analysis.inference import t_test
+from analysis.inference import TTest, t_test
 from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
     Condition,
+    Estimate,
     Outcome,
+    Result,
     Scenario,
+    Statistic,
     TableView,
+    Trial,
     condition_figures,
+    contradiction,
     describe_condition,
     few_seeds_warning,
     paired,
@@ -44,7 +51,18 @@ class ExtremumClaim(ClaimBase):
     margin: float | None = Field(None, gt=0)
 
 
-def extremum_statistics(target: np.ndarray, competitors: np.ndarray, direction: str = "highest") -> dict:
+@dataclass(frozen=True, kw_only=True)
+class ExtremumStatistic(Statistic):
+    """:class:`Statistic` of an extremum claim, plus ``binding`` (the column of the competitor with the
+    largest p) and ``tests`` (C,) the one-sided t tests of target - competitor, metric units."""
+
+    binding: int
+    tests: list[TTest]
+
+
+def extremum_statistics(
+    target: np.ndarray, competitors: np.ndarray, direction: str = "highest"
+) -> ExtremumStatistic:
     """Intersection-union test that ``target`` beats every competitor, on paired per-seed differences.
 
     Args:
@@ -53,38 +71,43 @@ def extremum_statistics(target: np.ndarray, competitors: np.ndarray, direction: 
         direction: ``highest`` (d = target - competitor > 0) or ``lowest`` (d = competitor - target > 0).
 
     Returns:
-        dict with ``p`` = max over competitors of the one-sided t(S-1) p of mean(d_c) > 0 (NaN if any
-        test is impossible), ``effect`` / ``ci`` (mean d and 95% t CI of the binding competitor, the one
-        with the largest p), ``binding`` (its column), ``tests``, ``contradicted`` (some competitor's
-        d has a 95% CI entirely below 0), ``std_effect``, ``warnings``.
+        An :class:`ExtremumStatistic`: ``p`` = max over competitors of the one-sided t(S-1) p of mean(d_c)
+        > 0 (NaN if any test is impossible), ``effect`` / ``ci`` (mean d and 95% t CI of the binding
+        competitor, the one with the largest p), ``contradicted`` (some competitor beats the target:
+        Holm across the C competitors, one-sided 2.5%, so the REJECTED rule's rate when every
+        competitor ties the target stays at most 2.5%).
     """
     sign = 1.0 if direction == "highest" else -1.0
     d = sign * (np.asarray(target, float)[:, None] - np.asarray(competitors, float))
     tests = [t_test(d[:, c], "greater") for c in range(d.shape[1])]
+    against = [t_test(d[:, c], "less").p for c in range(d.shape[1])]
     n = d.shape[0]
-    p = float("nan") if n < 2 or any(math.isnan(t["p"]) for t in tests) else max(t["p"] for t in tests)
-    binding = int(np.argmax([t["p"] if not math.isnan(t["p"]) else math.inf for t in tests]))
+    p = float("nan") if n < 2 or any(math.isnan(t.p) for t in tests) else max(t.p for t in tests)
+    binding = int(np.argmax([t.p if not math.isnan(t.p) else math.inf for t in tests]))
     bt = tests[binding]
-    return {
-        "p": p,
-        "effect": bt["mean"],
-        "ci": bt["ci"],
-        "binding": binding,
-        "tests": tests,
-        "values": d[:, binding],
-        "contradicted": n >= 2 and any(t["ci"][1] < 0 for t in tests),
-        "std_effect": std_effect(bt),
-        "warnings": few_seeds_warning(n, p),
-    }
+    return ExtremumStatistic(
+        p=p,
+        effect=bt.mean,
+        ci=bt.ci,
+        binding=binding,
+        tests=tests,
+        values=d[:, binding],
+        p_against=against,
+        contradicted=n >= 2 and contradiction(against, "every"),
+        std_effect=std_effect(bt),
+        warnings=few_seeds_warning(n, p),
+    )
 
 
-def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
+def evaluate(
+    table: pd.DataFrame | TableView, claim: ExtremumClaim, where: str = "claim", excluded: dict[int, str] | None = None
+) -> Outcome:
     """``target`` is the highest (lowest) of itself and every competitor: IUT over paired per-seed
     differences (see :func:`extremum_statistics`). Effect: mean target - binding competitor (sign
     flipped for ``lowest``), metric units."""
     view = TableView.of(table)
     excluded = dict(excluded or {})
-    conds = [("target", claim.target)] + [(f"competitors[{i}]", c) for i, c in enumerate(claim.competitors)]
+    conds: list[tuple[str, Condition]] = [("target", claim.target)] + [(f"competitors[{i}]", c) for i, c in enumerate(claim.competitors)]
     arrays, seeds, resolved = paired(view, claim, conds, where, excluded)
     stat = extremum_statistics(
         arrays[0], np.column_stack(arrays[1:]) if seeds else np.empty((0, len(arrays) - 1)), claim.direction
@@ -94,32 +117,41 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
         "per_competitor": [
             {
                 "competitor": resolved[f"competitors[{i}]"],
-                "mean_diff": t["mean"],
-                "ci": list(t["ci"]),
-                "p": t["p"],
+                "mean_diff": t.mean,
+                "ci": list(t.ci),
+                "p": t.p,
             }
-            for i, t in enumerate(stat["tests"])
+            for i, t in enumerate(stat.tests)
         ],
-        "binding_competitor": resolved[f"competitors[{stat['binding']}]"],
+        "binding_competitor": resolved[f"competitors[{stat.binding}]"],
     }
-    return paired_outcome(stat, seeds, excluded, details, resolved)
+    # a declared margin REJECTS when the target is within it of some competitor (Holm across them)
+    return paired_outcome(
+        stat, seeds, excluded, details, resolved, estimates=[Estimate.of(t) for t in stat.tests], needs="every"
+    )
 
 
-def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
+def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
     base = rng.normal(0, 1, (n_seeds, 1))
     target = base[:, 0] + effect + rng.normal(0, 1, n_seeds)
     comps = base + np.array([0.0, -10.0, -10.0, -10.0]) + rng.normal(0, 1, (n_seeds, 4))
     return (target, comps), effect
 
 
-def _test(arrays: tuple, truth: float, rng: np.random.Generator) -> dict:
-    st = extremum_statistics(*arrays, "highest")
-    ci = st["tests"][0]["ci"]
+def _tied(n_seeds: int, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
+    """The REJECTED rule's boundary: the target ties each of 5 competitors (uncorrected: 0.080)."""
+    base = rng.normal(0, 1, (n_seeds, 1))
+    return (base[:, 0] + rng.normal(0, 1, n_seeds), base + rng.normal(0, 1, (n_seeds, 5))), 0.0
+
+
+def _test(arrays: tuple[np.ndarray, ...], truth: float, rng: np.random.Generator) -> Trial:
+    st = extremum_statistics(arrays[0], arrays[1], "highest")
+    ci = st.tests[0].ci
     covered = bool(ci[0] <= truth <= ci[1])
-    return {"p": st["p"], "covered": covered, "warned": False, "contradicted": bool(st["contradicted"])}
+    return {"p": st.p, "covered": covered, "warned": False, "contradicted": bool(st.contradicted)}
 
 
-def explain(claim, result) -> list[str]:
+def explain(claim: ExtremumClaim, result: Result) -> list[str]:
     """The target, then each competitor's paired difference with its CI and p."""
     d = result.details
     unit = unit_of(claim.metric)
@@ -139,7 +171,12 @@ register_kind(
         model=ExtremumClaim,
         evaluate=evaluate,
         calibration={
-            "extremum": Scenario("target ties one competitor, 3 others far below", draw=_draw, test=_test)
+            "extremum": Scenario(
+                "target ties one competitor, 3 others far below (REJECTED: ties all 5)",
+                draw=_draw,
+                test=_test,
+                boundary=_tied,
+            )
         },
         figures=condition_figures,
         explain=explain,

@@ -8,20 +8,24 @@ per-seed slopes of the summary on the level, t(S-1), or MixedLM.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from analysis.inference import jonckheere_terpstra
+from analysis.inference import JTTest, identical_rows, jonckheere_terpstra
 from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
     FigureContext,
     Outcome,
+    Result,
     Scenario,
     TableView,
+    Trial,
     complete_seeds,
     crossing,
     crossing_lines,
@@ -32,9 +36,12 @@ from analysis.kinds.base import (
     token_count_warnings,
     token_counts,
 )
-from analysis.kinds.trend import trend_statistics
+from analysis.kinds.trend import TrendStatistic, trend_statistics
 from vitstudy_core.fmt import fmt_num, fmt_p
 from vitstudy_core.knobs import Knob
+
+if TYPE_CHECKING:
+    from analysis.figures import Figure
 
 
 class OrderingClaim(ClaimBase):
@@ -71,6 +78,7 @@ class OrderingClaim(ClaimBase):
             return self
         if self.level is not None:
             raise ValueError("level is for an ordering over a swept knob (over: <knob>)")
+        assert self.datasets is not None
         if self.levels is not None and len(self.levels) != len(self.datasets):
             raise ValueError(
                 f"levels needs one value per dataset ({len(self.datasets)}), got {len(self.levels)}"
@@ -83,6 +91,17 @@ class OrderingClaim(ClaimBase):
         return self.over
 
 
+@dataclass(frozen=True, kw_only=True)
+class OrderingStatistic(TrendStatistic):
+    """:class:`~analysis.kinds.trend.TrendStatistic` of the per-seed slopes on the rank (or levels), plus
+    ``jt``: the Jonckheere-Terpstra test that decides without levels (else None)."""
+
+    jt: JTTest | None = None
+
+
+_TREND_FIELDS = [f.name for f in fields(TrendStatistic)]
+
+
 def ordering_statistics(
     y: np.ndarray,
     direction: str = "increasing",
@@ -90,7 +109,7 @@ def ordering_statistics(
     method: str = "slope",
     n_permutations: int = 4999,
     seed: int = 0,
-) -> dict:
+) -> OrderingStatistic:
     """Ordered conditions: per-seed summaries ``y`` (S, K), columns in the claimed order.
 
     Without ``levels``: Jonckheere-Terpstra over the K groups with a permutation p-value (exact when the
@@ -99,29 +118,36 @@ def ordering_statistics(
     (on the rank 0..K-1 without levels) with a 95% t CI over seeds.
 
     Returns:
-        dict like :func:`trend_statistics` plus ``jt`` (the JT result, or None).
+        An :class:`OrderingStatistic` (a :class:`~analysis.kinds.trend.TrendStatistic` plus ``jt``).
     """
     y = np.asarray(y, dtype=np.float64)
     k = y.shape[1]
     x = np.arange(k, dtype=np.float64) if levels is None else np.asarray(levels, dtype=np.float64)
-    out = trend_statistics(
-        x, y, direction, "mixed" if (levels is not None and method == "mixed") else "slope"
-    )
-    out["jt"] = None
+    trend = trend_statistics(x, y, direction, "mixed" if (levels is not None and method == "mixed") else "slope")
+    out = OrderingStatistic(**{f: getattr(trend, f) for f in _TREND_FIELDS}, jt=None)
     if levels is None:
         jt = jonckheere_terpstra(y, direction, n_permutations, seed)
-        out["jt"] = jt
-        out["method_used"] = "Jonckheere-Terpstra (permutation)"
         n = y.shape[0]
-        out["p"] = jt["p"] if n >= 2 else float("nan")
-        out["warnings"] = [w for w in out["warnings"] if "between-seed variance" not in w]
+        p = jt.p if n >= 2 else float("nan")
+        warnings = [w for w in out.warnings if "between-seed variance" not in w]
         if n >= 2 and np.ptp(y) == 0:
-            out["warnings"].append("all summaries identical: no ordering can be tested")
-            out["p"] = float("nan")
+            warnings.append("all summaries identical: no ordering can be tested")
+            p = float("nan")
+        elif identical_rows(y):
+            # JT permutes within seeds: seeds that repeat one pattern (a run copied) give a tiny p from
+            # one seed's information
+            warnings.append(
+                "zero between-seed variance: every seed's summaries are the same up to a constant, so no "
+                "test across seeds is possible"
+            )
+            p = float("nan")
+        out = replace(out, jt=jt, method_used="Jonckheere-Terpstra (permutation)", p=p, warnings=warnings)
     return out
 
 
-def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
+def evaluate(
+    table: pd.DataFrame | TableView, claim: OrderingClaim, where: str = "claim", excluded: dict[int, str] | None = None
+) -> Outcome:
     """Per-seed summaries of the listed datasets follow their listed order (see :func:`ordering_statistics`).
 
     Effect: mean per-seed slope of the summary on the dataset's rank (0..K-1), or on ``levels``; in
@@ -130,16 +156,20 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     """
     view = TableView.of(table)
     excluded = dict(excluded or {})
+    groups: list[str]
+    levels: list[float] | None
+    cols: dict[str, pd.Series] = {}
+    counts: dict[str, list[int]] = {}
     if claim.knob() is not None:
         groups, levels, cols, counts = _knob_groups(view, claim, where)
     else:
-        groups, levels, cols, counts = list(claim.datasets), claim.levels, {}, {}
+        assert claim.datasets is not None
+        groups, levels = list(claim.datasets), claim.levels
         for i, ds in enumerate(claim.datasets):
             df = view.slice(claim.metric, ds, claim.subset.token_set, where, f"datasets[{i}].")
             df, _ = view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
             wide = view.wide(df, list(claim.layers), where, "layers")
-            order = df.drop_duplicates("layer").set_index("layer").layer_index.to_dict()
-            cols[ds] = summarise_layers(wide, claim.summary, order)
+            cols[ds] = summarise_layers(wide, claim.summary, _depth(df))
             counts[ds] = token_counts(df[df.layer.isin(claim.layers)])
     frame = pd.DataFrame(cols)
     seeds = complete_seeds([frame], excluded)
@@ -150,15 +180,15 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     details = {
         "summary": claim.summary,
         "test": "jonckheere_terpstra_permutation" if levels is None else f"slope_on_levels ({claim.method})",
-        "method_used": stat["method_used"],
-        "jt": stat["jt"],
+        "method_used": stat.method_used,
+        "jt": asdict(stat.jt) if stat.jt else None,
         "per_seed_summary": {
             ds: dict(zip(seeds, map(float, y[:, j]), strict=True)) for j, ds in enumerate(groups)
         },
         "mean_summary": dict(zip(groups, map(float, y.mean(axis=0)) if len(seeds) else [], strict=False)),
-        **({"mixed": stat["mixed"]} if stat["mixed"] else {}),
+        **({"mixed": stat.mixed.to_dict()} if stat.mixed else {}),
     }
-    if claim.knob() is not None:
+    if levels is not None and claim.knob() is not None:
         details["curve"] = {
             "knob": claim.knob(),
             "x": list(levels),
@@ -177,19 +207,29 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     return out
 
 
-def _knob_groups(view: TableView, claim, where: str):
+def _depth(df: pd.DataFrame) -> dict[str, int]:
+    """Layer name -> depth index (``layer_index``) in a slice of the table."""
+    return {str(k): int(v) for k, v in df.drop_duplicates("layer").set_index("layer").layer_index.items()}
+
+
+def _knob_groups(
+    view: TableView, claim: OrderingClaim, where: str
+) -> tuple[list[str], list[float], dict[str, pd.Series], dict[str, list[int]]]:
     """Over a knob: group labels ``knob=value`` (ascending), the values, and per group the per-seed summary
     (the mean over trials sharing the value, when a sweep varies other knobs too) and token counts."""
-    knob = claim.knob()
+    knob = claim.over
+    assert knob is not None
     df, _ = knob_rows(view, claim, knob, where)
     view.wide(df, list(claim.layers), where, "layers")  # one-line error for a missing layer
     levels = sorted(float(v) for v in df[knob].dropna().unique())
-    order = df.drop_duplicates("layer").set_index("layer").layer_index.to_dict()
+    order = _depth(df)
     per_trial = {}
     for ds, rows in df.groupby("dataset", sort=True):
         wide = view.wide(rows, list(claim.layers), where, "layers")
         per_trial[ds] = (float(rows[knob].iloc[0]), summarise_layers(wide, claim.summary, order))
-    cols, counts, groups = {}, {}, []
+    cols: dict[str, pd.Series] = {}
+    counts: dict[str, list[int]] = {}
+    groups: list[str] = []
     for level in levels:
         label = f"{knob}={level:g}"
         groups.append(label)
@@ -200,29 +240,31 @@ def _knob_groups(view: TableView, claim, where: str):
     return groups, levels, cols, counts
 
 
-def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
+def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
     y = rng.normal(0, 1, (n_seeds, 1)) + effect * np.arange(3)[None, :] + rng.normal(0, 1, (n_seeds, 3))
     return (y,), effect
 
 
-def _test(with_levels: bool):
-    def test(arrays: tuple, truth: float, rng: np.random.Generator) -> dict:
+def _test(with_levels: bool) -> Callable[[tuple[np.ndarray, ...], Any, np.random.Generator], Trial]:
+    def test(arrays: tuple[np.ndarray, ...], truth: float, rng: np.random.Generator) -> Trial:
         levels = np.array([0.0, 1.0, 2.0]) if with_levels else None
         st = ordering_statistics(
             arrays[0], "increasing", levels, n_permutations=999, seed=int(rng.integers(1 << 30))
         )
-        covered = bool(st["ci"][0] <= truth <= st["ci"][1])
-        return {"p": st["p"], "covered": covered, "warned": False, "contradicted": bool(st["contradicted"])}
+        covered = bool(st.ci[0] <= truth <= st.ci[1])
+        return {"p": st.p, "covered": covered, "warned": False, "contradicted": bool(st.contradicted)}
 
     return test
 
 
-def _labellings(claim) -> int:
+def _labellings(claim: OrderingClaim) -> int:
     """Distinct within-seed labellings of the JT permutation test (0: a t test, over levels or a knob)."""
-    return math.factorial(len(claim.datasets)) if claim.levels is None and claim.knob() is None else 0
+    if claim.datasets is None or claim.levels is not None:
+        return 0
+    return math.factorial(len(claim.datasets))
 
 
-def figures(ctx: FigureContext) -> list:
+def figures(ctx: FigureContext) -> list[Figure]:
     """The metric by layer at the tested epoch for every listed dataset, in order, summarised layers shaded."""
     from analysis.figures import profile_figure
 
@@ -243,7 +285,7 @@ def figures(ctx: FigureContext) -> list:
     ]
 
 
-def explain(claim, result) -> list[str]:
+def explain(claim: OrderingClaim, result: Result) -> list[str]:
     """The test, each dataset's mean summary and its per-seed summaries."""
     d = result.details
     lines = [f"test: {d.get('test')}, per-seed {d.get('summary')} over {len(claim.layers)} layer(s)"]

@@ -8,22 +8,40 @@ t(S-1). Several layers are pooled, or all / any of them required.
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
-from statsmodels.stats.multitest import multipletests
 
-from analysis.inference import per_seed_kendall, per_seed_slopes, sign_flip_p, t_test
+from analysis.inference import (
+    Alternative,
+    holm,
+    identical_rows,
+    opposite,
+    per_seed_kendall,
+    per_seed_slopes,
+    sign_flip_p,
+    t_p,
+    t_test,
+)
 from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
+    Estimate,
     FigureContext,
+    Needs,
     Outcome,
+    Result,
     Scenario,
+    Statistic,
     TableView,
+    Trial,
+    combined_against,
     complete_seeds,
+    contradiction,
     crossing,
     crossing_lines,
     few_seeds_warning,
@@ -31,11 +49,14 @@ from analysis.kinds.base import (
     register_kind,
     std_effect,
 )
-from analysis.mixed import fit_random_slopes, mixed_slope_test
+from analysis.mixed import SlopeTest, fit_random_slopes, mixed_slope_test
 from analysis.simulate import KNOB_LEVELS, PAPER_EPOCHS, simulate_trends
 from vitstudy_core.errors import StudyError
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.knobs import Knob
+
+if TYPE_CHECKING:
+    from analysis.figures import Figure
 
 
 class TrendClaim(ClaimBase):
@@ -74,9 +95,20 @@ class TrendClaim(ClaimBase):
         return self
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrendStatistic(Statistic):
+    """:class:`Statistic` of a trend, plus ``method_used`` (the test that decided, in words), ``mixed``
+    (the :class:`~analysis.mixed.SlopeTest` of ``method: mixed``, else None) and ``estimate`` (the slope,
+    or mean tau, its SE and df: what a declared margin is tested on)."""
+
+    method_used: str
+    estimate: Estimate
+    mixed: SlopeTest | None = None
+
+
 def trend_statistics(
     x: np.ndarray, y: np.ndarray, direction: str = "increasing", method: str = "slope"
-) -> dict:
+) -> TrendStatistic:
     """Test a monotone trend of y over x with the seed as the unit.
 
     Args:
@@ -87,46 +119,57 @@ def trend_statistics(
             sign-flip p) or ``mixed`` (MixedLM ``y ~ x + (1 + x | seed)``, REML, slope tested with t(S-1)).
 
     Returns:
-        dict with ``p`` (one-sided in ``direction``), ``effect`` (mean per-seed slope in units of the
-        metric per unit of x, or mean tau; the fixed slope for ``mixed``), ``ci`` (95%), ``values``
-        (per-seed slopes or taus, (S,)), ``contradicted`` (CI entirely on the other side of 0),
-        ``std_effect``, ``mixed`` (the MixedLM result for ``mixed``), ``warnings``.
+        A :class:`TrendStatistic`: ``p`` one-sided in ``direction``, ``effect`` (mean per-seed slope in
+        units of the metric per unit of x, or mean tau; the fixed slope for ``mixed``), ``ci`` (95%),
+        ``values`` (per-seed slopes or taus, (S,)), ``p_against`` (the same test the other way) and
+        ``contradicted`` (it is below 2.5%: for a t test, the CI lies entirely on the other side of 0).
+        Seeds whose trajectories coincide up to a constant (one run copied, or noise-free parallel
+        curves) have no between-seed variance: no method tests them (p NaN).
     """
     y = np.asarray(y, dtype=np.float64)
-    alt = "greater" if direction == "increasing" else "less"
+    alt: Alternative = "greater" if direction == "increasing" else "less"
     sign = 1.0 if direction == "increasing" else -1.0
     values = per_seed_kendall(x, y) if method == "kendall" else per_seed_slopes(x, y)
     t = t_test(values, alt)
+    p, effect, ci, mixed = t.p, t.mean, t.ci, None
+    against = t_test(values, opposite(alt)).p
     if method == "kendall" and len(values) >= 2:
         # taus are discrete and bounded: with few seeds a t test on them is not calibrated (0.084 at S = 3),
-        # the exact sign-flip test is (the CI stays a t interval, for display)
-        t["p"] = sign_flip_p(values, alt) if np.ptp(values) > 0 or t["mean"] != 0 else float("nan")
-    out = {
-        "p": t["p"],
-        "effect": t["mean"],
-        "ci": t["ci"],
-        "values": values,
-        "std_effect": std_effect(t, sign),
-        "mixed": None,
-        "warnings": few_seeds_warning(len(values), t["p"]),
-    }
+        # the exact sign-flip test is, both ways (the CI stays a t interval, for display). Identical seeds
+        # give identical taus whose sign-flip p looks small (2^-S): they carry one seed's information
+        testable = (np.ptp(values) > 0 or t.mean != 0) and not identical_rows(y)
+        p = sign_flip_p(values, alt) if testable else float("nan")
+        against = sign_flip_p(values, opposite(alt)) if testable else float("nan")
+    warnings = few_seeds_warning(len(values), p)
     if method == "kendall" and 2 ** len(values) < 40:
-        out["warnings"].append(
+        warnings.append(
             f"sign-flip p of Kendall taus cannot go below 2^-{len(values)} = {0.5 ** len(values):.3f}"
         )
-    out["method_used"] = "per-seed Kendall tau (sign-flip)" if method == "kendall" else "per-seed slopes"
+    method_used = "per-seed Kendall tau (sign-flip)" if method == "kendall" else "per-seed slopes"
+    estimate = Estimate.of(t)
     if method == "mixed":
-        test = mixed_slope_test(x, y, alt)  # the fit, or the per-seed slopes where the fit is unsound
-        out.update(
-            p=test["p"], effect=test["effect"], ci=test["ci"], mixed=test, method_used=test["method_used"]
-        )
-        out["warnings"] = few_seeds_warning(len(values), test["p"]) + test["warnings"]
-    lo, hi = out["ci"]
-    out["contradicted"] = len(values) >= 2 and (hi < 0 if sign > 0 else lo > 0)
-    return out
+        mixed = mixed_slope_test(x, y, alt)  # the fit, or the per-seed slopes where the fit is unsound
+        p, effect, ci, method_used = mixed.p, mixed.effect, mixed.ci, mixed.method_used
+        warnings = few_seeds_warning(len(values), mixed.p) + mixed.warnings
+        estimate = Estimate(mixed.effect, mixed.se, len(values) - 1)
+        ok = math.isfinite(mixed.p) and mixed.se > 0
+        against = t_p(mixed.effect / mixed.se, len(values) - 1, opposite(alt)) if ok else float("nan")
+    return TrendStatistic(
+        p=p,
+        effect=effect,
+        ci=ci,
+        values=values,
+        std_effect=std_effect(t, sign),
+        mixed=mixed,
+        warnings=warnings,
+        method_used=method_used,
+        estimate=estimate,
+        p_against=[against],
+        contradicted=contradiction([against], "every") and len(values) >= 2,
+    )
 
 
-def _epochs(df: pd.DataFrame, claim, where: str) -> list[int]:
+def _epochs(df: pd.DataFrame, claim: TrendClaim, where: str) -> list[int]:
     have = sorted(int(e) for e in df.epoch.unique())
     if claim.epochs is None:
         return have
@@ -137,7 +180,7 @@ def _epochs(df: pd.DataFrame, claim, where: str) -> list[int]:
 
 
 def _trend_arrays(
-    view: TableView, claim, where: str
+    view: TableView, claim: TrendClaim, where: str
 ) -> tuple[np.ndarray, dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
     """x (T,); per series (a layer, or ``pooled``) a (seed x T) frame; per claimed layer a (seed x T)
     frame (over epochs or a knob; empty over layers)."""
@@ -146,7 +189,8 @@ def _trend_arrays(
         df, _ = knob_rows(view, claim, knob, where)
         view.wide(df, list(claim.layers), where, "layers")  # one-line error for a missing layer
         levels = sorted(float(v) for v in df[knob].dropna().unique())
-        return _series(df[df.layer.isin(claim.layers)], claim, knob, levels)
+        return _series(df[df.layer.isin(claim.layers)], claim, knob, levels, _seeds(df))
+    assert claim.subset.dataset is not None  # required without a knob (the model checks it)
     df = view.slice(claim.metric, claim.subset.dataset, claim.subset.token_set, where)
     if claim.over == "layer":
         df, _ = view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
@@ -156,15 +200,28 @@ def _trend_arrays(
     epochs = _epochs(df, claim, where)
     df = df[df.epoch.isin(epochs)]
     view.wide(df, list(claim.layers), where, "layers")  # one-line error for a missing layer
-    return _series(df[df.layer.isin(claim.layers)], claim, "epoch", epochs)
+    return _series(df[df.layer.isin(claim.layers)], claim, "epoch", epochs, _seeds(df))
 
 
-def _series(df: pd.DataFrame, claim, col: str, points: list):
+def _seeds(df: pd.DataFrame) -> list[int]:
+    """Every seed in a slice of the table, so a seed with no rows for the claimed layers is listed as
+    excluded instead of vanishing."""
+    return sorted(int(s) for s in df.seed.unique())
+
+
+def _series(
+    df: pd.DataFrame, claim: TrendClaim, col: str, points: list[Any], seeds: list[int]
+) -> tuple[np.ndarray, dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
     """x, the (seed x point) frame per series and per layer, the points being the values of ``col``
-    (epoch or a knob)."""
+    (epoch or a knob); one row per seed of ``seeds`` (NaN where it has no rows)."""
     cube = df.pivot_table(index="seed", columns=["layer", col], values="value", aggfunc="mean")
+    cube = cube.reindex(index=seeds)
     x = np.asarray(points, dtype=np.float64)
-    per_layer = {layer: cube[layer].reindex(columns=points) for layer in claim.layers}
+    per_layer = {
+        layer: (cube[layer] if layer in cube.columns.get_level_values(0) else pd.DataFrame(index=cube.index))
+        .reindex(columns=points)
+        for layer in claim.layers
+    }
     if claim.aggregate == "pooled":
         pooled = cube.T.groupby(level=col).mean().T.reindex(columns=points)
         # a seed missing any layer at a point must not be averaged over fewer layers
@@ -176,7 +233,7 @@ def _series(df: pd.DataFrame, claim, col: str, points: list):
 
 def describe_within_seed(
     x: np.ndarray, series: pd.DataFrame, per_layer: dict[str, pd.DataFrame], seeds: list[int], direction: str
-) -> dict:
+) -> dict[int, dict[str, Any]]:
     """Descriptive statistics of each seed's own trajectory, for when no test across seeds is possible.
 
     Args:
@@ -212,7 +269,9 @@ def describe_within_seed(
     return out
 
 
-def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None = None) -> Outcome:
+def evaluate(
+    table: pd.DataFrame | TableView, claim: TrendClaim, where: str = "claim", excluded: dict[int, str] | None = None
+) -> Outcome:
     """Monotone trend over epochs (or layers) with the seed as the unit (see :func:`trend_statistics`).
 
     Several layers: ``pooled`` tests the per-seed mean over the layers; ``all`` requires every layer
@@ -224,50 +283,23 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     excluded = dict(excluded or {})
     x, series, per_layer = _trend_arrays(view, claim, where)
     seeds = complete_seeds(list(series.values()), excluded)
-    stats_by = {
-        name: trend_statistics(x, frame.loc[seeds].to_numpy(dtype=np.float64), claim.direction, claim.method)
-        for name, frame in series.items()
-    }
+    agg = layers_statistics(
+        x,
+        {name: frame.loc[seeds].to_numpy(dtype=np.float64) for name, frame in series.items()},
+        claim.direction,
+        claim.method,
+        claim.aggregate,
+    )
+    stats_by, p, binding, holm_p, needs = agg.stats, agg.p, agg.binding, agg.holm_p, agg.needs
     names = list(stats_by)
-    ps = [stats_by[n]["p"] for n in names]
     warnings: list[str] = []
-    if len(names) == 1 or claim.aggregate != "any":
-        # IUT over layers: the claim holds only where every layer's does; max p needs no correction
-        p = float("nan") if any(math.isnan(v) for v in ps) else max(ps)
-        binding = max(names, key=lambda n: stats_by[n]["p"] if not math.isnan(stats_by[n]["p"]) else math.inf)
-        contradicted = any(s["contradicted"] for s in stats_by.values())
-        holm_p = ps
-    else:
-        finite = [i for i, v in enumerate(ps) if not math.isnan(v)]
-        holm_p = [float("nan")] * len(ps)
-        if finite:
-            for i, a in zip(finite, multipletests([ps[i] for i in finite], method="holm")[1], strict=True):
-                holm_p[i] = float(a)
-        p = min((v for v in holm_p if not math.isnan(v)), default=float("nan"))
-        binding = names[int(np.nanargmin(holm_p))] if finite else names[0]
-        contradicted = all(s["contradicted"] for s in stats_by.values())
     for n in names:
-        warnings += [w if len(names) == 1 else f"{n}: {w}" for w in stats_by[n]["warnings"]]
+        warnings += [w if len(names) == 1 else f"{n}: {w}" for w in stats_by[n].warnings]
     warnings = list(dict.fromkeys(warnings))
     b = stats_by[binding]
-    details = {
-        "x": x.tolist(),
-        "method": claim.method,
-        "method_used": b["method_used"],
-        "binding": binding,
-        "per_series": {
-            n: {
-                "effect": s["effect"],
-                "ci": list(s["ci"]),
-                "p": s["p"],
-                "p_holm_across_layers": hp,
-                "method_used": s["method_used"],
-                "per_seed": dict(zip(seeds, map(float, s["values"]), strict=True)),
-                **({"mixed": s["mixed"]} if s["mixed"] else {}),
-            }
-            for (n, s), hp in zip(stats_by.items(), holm_p, strict=True)
-        },
-    }
+    details = _details(x, claim, stats_by, holm_p, binding, seeds)
+    if len(names) > 1:
+        details["p_against"] = agg.p_against
     if claim.knob() is not None:
         curves = series[binding].loc[seeds].to_numpy(dtype=np.float64)
         details["curve"] = {
@@ -280,41 +312,149 @@ def evaluate(table, claim, where: str = "claim", excluded: dict[int, str] | None
     if len(seeds) == 1:  # no test across seeds: the seed's own trajectory, described (never a verdict)
         details["descriptive"] = describe_within_seed(x, series[binding], per_layer, seeds, claim.direction)
     if claim.method != "mixed" and len(names) == 1 and len(seeds) >= 2:
-        # the mixed model as a second opinion (random intercept and slope by seed, t(S-1))
-        fit = fit_random_slopes(x, series[names[0]].loc[seeds].to_numpy(dtype=np.float64))
-        details["mixed_model"] = fit
-        if fit["warnings"]:  # one line: the verdict does not rest on this fit; the full list stays in details
-            n = len(fit["warnings"])
-            warnings.append(
-                f"mixed model (display only, not the verdict's test): {n} fitting warning{'s' * (n > 1)}, "
-                f"last: {fit['warnings'][-1]} (all in details.mixed_model.warnings)"
-            )
+        warnings += _display_mixed(x, series[names[0]].loc[seeds].to_numpy(dtype=np.float64), details)
     return Outcome(
         p_value=p,
-        effect=b["effect"],
-        ci=tuple(b["ci"]),
-        contradicted=bool(contradicted),
+        effect=b.effect,
+        ci=(b.ci[0], b.ci[1]),
+        contradicted=agg.contradicted,
         seeds_used=seeds,
         seeds_excluded=excluded,
         warnings=warnings,
         details=details,
-        effect_values=np.asarray(b["values"], float).tolist() if claim.method != "mixed" else [],
-        std_effect=b["std_effect"],
+        effect_values=np.asarray(b.values, float).tolist() if claim.method != "mixed" else [],
+        std_effect=b.std_effect,
         labellings_per_seed=_labellings(claim),
+        estimates=[s.estimate for s in stats_by.values()],
+        needs=needs,
+        holm_contrasts=_holm_contrasts(claim),
     )
 
 
-def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
+@dataclass(frozen=True)
+class LayersStatistic:
+    """A trend's test over several series (layers) combined as the claim says (:func:`layers_statistics`).
+
+    Attributes:
+        stats: series name -> its :class:`TrendStatistic`.
+        p: the claim's p (``all``/one series: max p; ``any``: smallest Holm-adjusted p).
+        binding: the series whose effect and CI are reported.
+        holm_p: per series, its p after Holm across the series (``any``; else the raw p).
+        needs: ``every`` series must trend (``all``, ``pooled``) or ``one`` (``any``).
+        p_against: the p of the claim's opposite (:func:`~analysis.kinds.base.combined_against`).
+        contradicted: the REJECTED rule: ``p_against`` < 2.5%.
+    """
+
+    stats: dict[str, TrendStatistic]
+    p: float
+    binding: str
+    holm_p: list[float]
+    needs: Needs
+    p_against: float
+    contradicted: bool
+
+
+def layers_statistics(
+    x: np.ndarray, ys: dict[str, np.ndarray], direction: str, method: str, aggregate: str
+) -> LayersStatistic:
+    """:func:`trend_statistics` of each series ``ys[name]`` (S, T), combined: ``all`` (intersection-union:
+    max p; REJECTED when some series falls, Holm across them), ``any`` (Holm across series; REJECTED only
+    when every series falls) or one series (``pooled``)."""
+    stats_by = {name: trend_statistics(x, y, direction, method) for name, y in ys.items()}
+    p, binding, holm_p = _combine(stats_by, aggregate)
+    needs: Needs = "one" if aggregate == "any" and len(stats_by) > 1 else "every"
+    against = [s.p_against[0] for s in stats_by.values()]
+    n = min((len(s.values) for s in stats_by.values()), default=0)
+    return LayersStatistic(
+        stats=stats_by,
+        p=p,
+        binding=binding,
+        holm_p=holm_p,
+        needs=needs,
+        p_against=combined_against(against, needs),
+        contradicted=n >= 2 and contradiction(against, needs),
+    )
+
+
+def _combine(stats_by: dict[str, TrendStatistic], aggregate: str) -> tuple[float, str, list[float]]:
+    """Several series' tests as the claim combines them: (p, the binding series, the p of each series
+    after Holm across them (``any``; else the raw p))."""
+    names = list(stats_by)
+    ps = [stats_by[n].p for n in names]
+    if len(names) == 1 or aggregate != "any":
+        # IUT over layers: the claim holds only where every layer's does; max p needs no correction
+        p = float("nan") if any(math.isnan(v) for v in ps) else max(ps)
+        binding = max(names, key=lambda n: stats_by[n].p if not math.isnan(stats_by[n].p) else math.inf)
+        return p, binding, ps
+    finite = [i for i, v in enumerate(ps) if not math.isnan(v)]
+    holm_p = [float("nan")] * len(ps)
+    if finite:
+        for i, a in zip(finite, holm(np.array([ps[i] for i in finite])), strict=True):
+            holm_p[i] = float(a)
+    p = min((v for v in holm_p if not math.isnan(v)), default=float("nan"))
+    binding = names[int(np.nanargmin(holm_p))] if finite else names[0]
+    return p, binding, holm_p
+
+
+def _details(
+    x: np.ndarray,
+    claim: TrendClaim,
+    stats_by: dict[str, TrendStatistic],
+    holm_p: list[float],
+    binding: str,
+    seeds: list[int],
+) -> dict[str, Any]:
+    """The report's numbers: per series its effect, CI, p (raw and Holm across layers) and per-seed values."""
+    return {
+        "x": x.tolist(),
+        "method": claim.method,
+        "method_used": stats_by[binding].method_used,
+        "binding": binding,
+        "per_series": {
+            n: {
+                "effect": s.effect,
+                "ci": list(s.ci),
+                "p": s.p,
+                "p_holm_across_layers": hp,
+                "method_used": s.method_used,
+                "per_seed": dict(zip(seeds, map(float, s.values), strict=True)),
+                **({"mixed": s.mixed.to_dict()} if s.mixed else {}),
+            }
+            for (n, s), hp in zip(stats_by.items(), holm_p, strict=True)
+        },
+    }
+
+
+def _display_mixed(x: np.ndarray, y: np.ndarray, details: dict[str, Any]) -> list[str]:
+    """The mixed model as a second opinion (random intercept and slope by seed, t(S-1)), stored in
+    ``details.mixed_model``; returns the one-line warning about its fit, if it warned."""
+    fit = fit_random_slopes(x, y)
+    details["mixed_model"] = fit.to_dict()
+    if not fit.warnings:
+        return []
+    # one line: the verdict does not rest on this fit; the full list stays in details
+    n = len(fit.warnings)
+    return [
+        f"mixed model (display only, not the verdict's test): {n} fitting warning{'s' * (n > 1)}, "
+        f"last: {fit.warnings[-1]} (all in details.mixed_model.warnings)"
+    ]
+
+
+Draw = Callable[[int, float, np.random.Generator], tuple[tuple[np.ndarray, ...], float]]
+Test = Callable[[tuple[np.ndarray, ...], Any, np.random.Generator], Trial]
+
+
+def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
     _, y = simulate_trends(n_seeds, 6, effect * 0.5, rng, slope_sd=0.5)  # 0.5 SD per epoch of slope spread
     return (y,), effect * 0.5
 
 
-def _draw_at(x: np.ndarray, slope_sd: float):
+def _draw_at(x: np.ndarray, slope_sd: float) -> Draw:
     """Paper scale: checkpoints 0, 1, 10, ..., 100 with a slope SD of 0.03 per epoch (a slope variance of
     ~1e-3 per epoch^2) beside an intercept SD of 3; a knob 0..1 keeps the same spread of y over its range
     (3 per unit). ``effect`` is in units of the per-seed slope SD."""
 
-    def draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
+    def draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
         truth = effect * slope_sd
         _, y = simulate_trends(n_seeds, len(x), truth, rng, slope_sd=slope_sd, seed_sd=3.0, x=x)
         return (y,), truth
@@ -322,22 +462,72 @@ def _draw_at(x: np.ndarray, slope_sd: float):
     return draw
 
 
-def _test(method: str, x: np.ndarray | None = None):
-    def test(arrays: tuple, truth: float, rng: np.random.Generator) -> dict:
+def _test(method: str, x: np.ndarray | None = None) -> Test:
+    def test(arrays: tuple[np.ndarray, ...], truth: float, rng: np.random.Generator) -> Trial:
         y = arrays[0]
         xs = np.arange(y.shape[1], dtype=float) if x is None else x
         st = trend_statistics(xs, y, "increasing", method)
-        covered = None if method == "kendall" else bool(st["ci"][0] <= truth <= st["ci"][1])
-        mixed = st["mixed"] or {}
+        covered = None if method == "kendall" else bool(st.ci[0] <= truth <= st.ci[1])
         return {
-            "p": st["p"],
+            "p": st.p,
             "covered": covered,
-            "warned": bool(mixed and mixed["fit"]["warnings"]),
-            "fallback": bool(mixed and mixed["fallback_reason"]),
-            "contradicted": bool(st["contradicted"]),
+            "warned": bool(st.mixed and st.mixed.fit.warnings),
+            "fallback": bool(st.mixed and st.mixed.fallback_reason),
+            "contradicted": bool(st.contradicted),
         }
 
     return test
+
+
+N_LAYERS = 12  # the aggregate scenarios: a claim over every block of a 12-block ViT
+
+
+def _draw_layers(aggregate: str, boundary: bool) -> Draw:
+    """(y (S, L, 6),) (the seed first, so a sequential look takes the first seeds) for a trend over 12 layers, each with random slopes (SD 0.5 per epoch) and AR(1)
+    noise. ``all``: layer 0 at ``effect`` and the rest far up (the IUT's least favourable null); its
+    REJECTED boundary: every layer at 0. ``any``: every layer at ``effect`` (Holm's least favourable
+    null); its REJECTED boundary: layer 0 at 0 and the rest far down."""
+
+    def draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
+        if aggregate == "all":
+            means = np.zeros(N_LAYERS) if boundary else np.r_[effect, np.full(N_LAYERS - 1, 10.0)]
+        else:
+            means = np.r_[0.0, np.full(N_LAYERS - 1, -10.0)] if boundary else np.full(N_LAYERS, effect)
+        ys = [simulate_trends(n_seeds, 6, 0.5 * m, rng, slope_sd=0.5)[1] for m in means]
+        return (np.stack(ys, axis=1),), 0.5 * effect
+
+    return draw
+
+
+def _boundary_layers(aggregate: str) -> Callable[[int, np.random.Generator], tuple[tuple[np.ndarray, ...], float]]:
+    draw = _draw_layers(aggregate, True)
+    return lambda n_seeds, rng: draw(n_seeds, 0.0, rng)
+
+
+def _test_layers(method: str, aggregate: str) -> Test:
+    def test(arrays: tuple[np.ndarray, ...], truth: float, rng: np.random.Generator) -> Trial:
+        ys = arrays[0]
+        x = np.arange(ys.shape[2], dtype=float)
+        layers = {f"layer{i}": ys[:, i] for i in range(ys.shape[1])}
+        agg = layers_statistics(x, layers, "increasing", method, aggregate)
+        return {"p": agg.p, "covered": None, "warned": False, "contradicted": agg.contradicted}
+
+    return test
+
+
+def _layer_scenarios() -> dict[str, Scenario]:
+    out = {}
+    for aggregate in ("all", "any"):
+        for method in ("slope", "kendall"):
+            rest = "far up" if aggregate == "all" else "at the same effect"
+            out[f"trend_{method}_{aggregate}12"] = Scenario(
+                f"aggregate {aggregate} over 12 layers: layer 1 at the effect, the rest {rest}; REJECTED at "
+                + ("all 12 at 0" if aggregate == "all" else "layer 1 at 0, the rest far down"),
+                draw=_draw_layers(aggregate, False),
+                test=_test_layers(method, aggregate),
+                boundary=_boundary_layers(aggregate),
+            )
+    return out
 
 
 _SPACINGS = {
@@ -350,11 +540,16 @@ _SPACINGS = {
 }
 
 
-def _labellings(claim) -> int:
+def _labellings(claim: TrendClaim) -> int:
     return 2 if claim.method == "kendall" else 0
 
 
-def figures(ctx: FigureContext) -> list:
+def _holm_contrasts(claim: TrendClaim) -> int:
+    """``any`` of k layers: the binding p is Holm-adjusted across the k."""
+    return len(claim.layers) if claim.aggregate == "any" else 1
+
+
+def figures(ctx: FigureContext) -> list[Figure]:
     """Over epochs: the metric against every tested epoch, one line per claimed layer. Over layers: the
     metric by layer at the tested epoch, the claimed layers shaded."""
     from analysis.figures import epoch_figure, profile_figure
@@ -388,7 +583,7 @@ def figures(ctx: FigureContext) -> list:
     ]
 
 
-def explain(claim, result) -> list[str]:
+def explain(claim: TrendClaim, result: Result) -> list[str]:
     """The method, and per series (a layer, or the pooled mean) its effect, CI, p and per-seed values."""
     d = result.details
     per = {"epoch": "per epoch", "layer": "per layer index"}.get(claim.over, f"per unit of {claim.over}")
@@ -440,8 +635,10 @@ register_kind(
                 for name, (x, sd, desc) in _SPACINGS.items()
                 for m in ("slope", "mixed")
             },
+            **_layer_scenarios(),
         },
         labellings_per_seed=_labellings,
+        holm_contrasts=_holm_contrasts,
         figures=figures,
         explain=explain,
         example={

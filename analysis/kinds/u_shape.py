@@ -10,22 +10,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import ClassVar, Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
 from pydantic import Field, field_validator
 
-from analysis.inference import t_test
+from analysis.inference import TTest, t_test
 from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
     FigureContext,
     Outcome,
+    Result,
     Scenario,
+    Statistic,
     Strict,
     TableView,
+    Trial,
     complete_seeds,
+    contradiction,
     few_seeds_warning,
     register_kind,
     select,
@@ -34,6 +39,9 @@ from analysis.kinds.base import (
 from analysis.simulate import simulate_profiles
 from vitstudy_core.errors import StudyError
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
+
+if TYPE_CHECKING:
+    from analysis.figures import Figure
 
 
 class Regions(Strict):
@@ -74,40 +82,59 @@ class UShapeClaim(ClaimBase):
         return out
 
 
-def u_shape_statistics(early: np.ndarray, bottleneck: np.ndarray, late: np.ndarray) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class UShapeStatistic(Statistic):
+    """:class:`Statistic` of a U-shape, plus per contrast (``early``, ``late``: shoulder - bottleneck,
+    metric units) its one-sided test (``tests``) and (S,) per-seed values (``contrasts``), the
+    ``binding`` contrast (the larger p), and for a leave-one-seed-out bottleneck the (S,) chosen column
+    of the candidates (``pick``) and the (S,) bottleneck values (``bottleneck``)."""
+
+    binding: str
+    tests: dict[str, TTest]
+    contrasts: dict[str, np.ndarray]
+    pick: np.ndarray | None = None
+    bottleneck: np.ndarray | None = None
+
+
+def u_shape_statistics(early: np.ndarray, bottleneck: np.ndarray, late: np.ndarray) -> UShapeStatistic:
     """The u_shape intersection-union test on per-seed region means (each ``(S,)``, one value per seed).
 
     Per seed ``c_early = early - bottleneck`` and ``c_late = late - bottleneck``; each tested one-sided
-    (mean > 0) with t(S-1); the IUT p-value is ``max(p_early, p_late)``.
+    (mean > 0) with t(S-1); the IUT p-value is ``max(p_early, p_late)``. Contradicted (REJECTED) when one
+    contrast is significantly below 0, Holm across the two at 2.5% (``2 min p_against < 0.025``): the
+    U needs both, so either one pointing the wrong way refutes it, and the rule's rate at the boundary
+    (both contrasts 0) stays at most 2.5%.
 
     Returns:
-        dict with ``p`` (NaN if no test is possible), ``effect`` and ``ci`` (bottleneck minus the binding
-        shoulder, mean and 95% t CI), ``contradicted``, ``binding`` (``early`` or ``late``), ``tests``
-        and ``contrasts`` (per contrast), ``std_effect``, ``warnings``.
+        A :class:`UShapeStatistic`: ``p`` (NaN if no test is possible), ``effect`` and ``ci`` (bottleneck
+        minus the binding shoulder, mean and 95% t CI, metric units), ``values`` = -(binding contrast).
     """
     bottleneck = np.asarray(bottleneck, dtype=np.float64)
     contrasts = {"early": np.asarray(early) - bottleneck, "late": np.asarray(late) - bottleneck}
     tests = {k: t_test(v, "greater") for k, v in contrasts.items()}
+    against = [t_test(v, "less").p for v in contrasts.values()]
     n = len(bottleneck)
     p = (
         float("nan")
-        if any(math.isnan(t["p"]) for t in tests.values()) or n < 2
-        else max(t["p"] for t in tests.values())
+        if any(math.isnan(t.p) for t in tests.values()) or n < 2
+        else max(t.p for t in tests.values())
     )
     warnings = few_seeds_warning(n, p)
-    binding = max(tests, key=lambda k: tests[k]["p"] if not math.isnan(tests[k]["p"]) else math.inf)
+    binding = max(tests, key=lambda k: tests[k].p if not math.isnan(tests[k].p) else math.inf)
     bt = tests[binding]
-    return {
-        "p": p,
-        "effect": -bt["mean"],
-        "ci": (-bt["ci"][1], -bt["ci"][0]),
-        "binding": binding,
-        "contradicted": n >= 2 and any(t["ci"][1] < 0 for t in tests.values()),
-        "tests": tests,
-        "contrasts": contrasts,
-        "std_effect": std_effect(bt),
-        "warnings": warnings,
-    }
+    return UShapeStatistic(
+        p=p,
+        effect=-bt.mean,
+        ci=(-bt.ci[1], -bt.ci[0]),
+        binding=binding,
+        p_against=against,
+        contradicted=n >= 2 and contradiction(against, "every"),
+        tests=tests,
+        contrasts=contrasts,
+        values=-contrasts[binding],
+        std_effect=std_effect(bt),
+        warnings=warnings,
+    )
 
 
 def loso_bottleneck(profiles: np.ndarray) -> np.ndarray:
@@ -129,7 +156,11 @@ def loso_bottleneck(profiles: np.ndarray) -> np.ndarray:
 
 
 def sign_flip_loso_p(
-    shoulder: np.ndarray, candidates: np.ndarray, n_flips: int = 4999, seed: int = 0
+    shoulder: np.ndarray,
+    candidates: np.ndarray,
+    n_flips: int = 4999,
+    seed: int = 0,
+    alternative: Literal["greater", "less"] = "greater",
 ) -> float:
     """One-sided p that ``shoulder - bottleneck > 0`` when the bottleneck is chosen leave-one-seed-out.
 
@@ -144,9 +175,12 @@ def sign_flip_loso_p(
         shoulder: (S,) the shoulder region mean per seed.
         candidates: (S, L) per-seed values of the candidate bottleneck layers.
         n_flips: Monte Carlo flips when 2^S exceeds it (otherwise all 2^S are enumerated).
+        alternative: ``greater`` (shoulder above the bottleneck: the claim) or ``less`` (below it: the
+            REJECTED rule's test, the same randomisation the other way).
 
     Returns:
-        p = share of flips with t >= observed t (NaN when S < 2 or the contrasts do not vary).
+        p = share of flips with t >= observed t (``less``: t <= observed t); NaN when S < 2 or the
+        contrasts do not vary.
     """
     rel = np.asarray(candidates, float) - np.asarray(shoulder, float)[:, None]  # (S, L)
     n = rel.shape[0]
@@ -165,32 +199,42 @@ def sign_flip_loso_p(
     if not sd[0] > 1e-12 * max(1.0, abs(c[0].mean())):
         return float("nan")
     t = c.mean(axis=1) / np.where(sd > 0, sd, np.inf) * math.sqrt(n)
+    if alternative == "less":
+        return float(np.mean(t <= t[0] + 1e-12))
     return float(np.mean(t >= t[0] - 1e-12))
 
 
-def u_shape_loso_statistics(early: np.ndarray, candidates: np.ndarray, late: np.ndarray) -> dict:
+def u_shape_loso_statistics(early: np.ndarray, candidates: np.ndarray, late: np.ndarray) -> UShapeStatistic:
     """:func:`u_shape_statistics` with the bottleneck chosen leave-one-seed-out among ``candidates``
-    (S, L); each contrast's p comes from :func:`sign_flip_loso_p` (the t CIs are kept for display)."""
+    (S, L); each contrast's p, both ways, comes from :func:`sign_flip_loso_p` (the t CIs are kept for
+    display): the t tests of these dependent contrasts are anti-conservative, in both directions (the
+    REJECTED rule on their CIs: 0.097 at S = 10 for a nominal 0.025 at the step-down null)."""
     candidates = np.asarray(candidates, float)
     pick = loso_bottleneck(candidates)
     bottleneck = candidates[np.arange(len(candidates)), pick]
     stat = u_shape_statistics(early, bottleneck, late)
     ps = {k: sign_flip_loso_p(v, candidates) for k, v in (("early", early), ("late", late))}
-    for k, v in ps.items():
-        stat["tests"][k]["p"] = v
+    against = [sign_flip_loso_p(v, candidates, alternative="less") for v in (early, late)]
     n = len(candidates)
-    stat["p"] = float("nan") if n < 2 or any(math.isnan(v) for v in ps.values()) else max(ps.values())
-    stat["pick"] = pick
-    stat["bottleneck"] = bottleneck
+    warnings = list(stat.warnings)
     if n >= 2 and 2**n < 40:
-        stat["warnings"].append(
+        warnings.append(
             f"sign-flip p of a leave-one-seed-out bottleneck cannot go below 1/2^{n} = {1 / 2**n:.3f}"
         )
-    return stat
+    return replace(
+        stat,
+        tests={k: replace(t, p=ps[k]) for k, t in stat.tests.items()},
+        p=float("nan") if n < 2 or any(math.isnan(v) for v in ps.values()) else max(ps.values()),
+        pick=pick,
+        bottleneck=bottleneck,
+        warnings=warnings,
+        p_against=against,
+        contradicted=n >= 2 and contradiction(against, "every"),
+    )
 
 
 def evaluate(
-    table: pd.DataFrame | TableView, claim, where: str = "claim", excluded: dict[int, str] | None = None
+    table: pd.DataFrame | TableView, claim: UShapeClaim, where: str = "claim", excluded: dict[int, str] | None = None
 ) -> Outcome:
     """U-shape over layers: intersection-union test of two per-seed contrasts.
 
@@ -203,23 +247,15 @@ def evaluate(
 
     Effect: ``-(mean of the binding contrast)``, i.e. how far the bottleneck sits below the shoulder with
     the weaker evidence (negative = a dip, in the metric's units, percentage points for ``eed_pct``).
-    Contradicted when the 95% CI of either contrast lies entirely below 0. Details also report the
+    Contradicted when either contrast is significantly below 0 (Holm across the two, one-sided 2.5%; the
+    sign-flip test for a leave-one-seed-out bottleneck). Details also report the
     bottleneck location (per-seed argmin layer index between the shoulders) and depth (mean of the two
     shoulders minus the bottleneck), each with a 95% t CI.
     """
     view = TableView.of(table)
     df, epoch = select(view, claim, where)
     regions = claim.regions
-    loso = regions.bottleneck == "leave_one_seed_out"
-    order = df.drop_duplicates("layer").set_index("layer").layer_index.to_dict()
-    missing = [layer for layer in [*regions.early, *regions.late] if layer not in order]
-    if missing:
-        raise StudyError(f"layers {missing} are not in the table (it has {sorted(order)})", where, "regions")
-    lo, hi = max(order[x] for x in regions.early), min(order[x] for x in regions.late)
-    between = sorted((layer for layer, i in order.items() if lo < i < hi), key=order.get)
-    if not between:
-        raise StudyError("no layer lies between the early and the late region", where, "regions")
-    bott_layers = between if loso else list(regions.bottleneck)
+    order, between, bott_layers = _layers(df, regions, where)
     needed = list(dict.fromkeys([*regions.early, *bott_layers, *regions.late]))
     wide = view.wide(df, list(dict.fromkeys([*needed, *between])), where, "regions")
     excluded = dict(excluded or {})
@@ -227,56 +263,85 @@ def evaluate(
     wide = wide.loc[seeds]
     early = wide[regions.early].mean(axis=1).to_numpy()
     late = wide[regions.late].mean(axis=1).to_numpy()
-    if loso:
-        cand = wide[between].to_numpy()
-        stat = u_shape_loso_statistics(early, cand, late)
-        bottleneck = stat["bottleneck"]
-        chosen = {s: between[i] for s, i in zip(seeds, stat["pick"], strict=True)}
+    chosen = None
+    if regions.bottleneck == "leave_one_seed_out":
+        stat = u_shape_loso_statistics(early, wide[between].to_numpy(), late)
+        assert stat.bottleneck is not None and stat.pick is not None
+        bottleneck = stat.bottleneck
+        chosen = {s: between[i] for s, i in zip(seeds, stat.pick, strict=True)}
     else:
         bottleneck = wide[bott_layers].mean(axis=1).to_numpy()
         stat = u_shape_statistics(early, bottleneck, late)
-        chosen = None
+    details = _details(df, epoch, wide, stat, seeds, order, between, (early + late) / 2 - bottleneck)
+    if chosen is not None:
+        details["loso_bottleneck"] = chosen
+    return Outcome(
+        p_value=stat.p,
+        effect=stat.effect,
+        ci=stat.ci,
+        contradicted=stat.contradicted,
+        seeds_used=seeds,
+        seeds_excluded=excluded,
+        warnings=stat.warnings,
+        details=details,
+        effect_values=np.asarray(stat.values, float).tolist(),
+        std_effect=stat.std_effect,
+        labellings_per_seed=_labellings(claim),
+    )
+
+
+def _layers(df: pd.DataFrame, regions: Regions, where: str) -> tuple[dict[str, int], list[str], list[str]]:
+    """Layer -> depth index, the layers strictly between the early and late regions (depth order), and
+    the bottleneck's layers (all of those for a leave-one-seed-out choice)."""
+    order = {str(k): int(v) for k, v in df.drop_duplicates("layer").set_index("layer").layer_index.items()}
+    missing = [layer for layer in [*regions.early, *regions.late] if layer not in order]
+    if missing:
+        raise StudyError(f"layers {missing} are not in the table (it has {sorted(order)})", where, "regions")
+    lo, hi = max(order[x] for x in regions.early), min(order[x] for x in regions.late)
+    between = sorted((layer for layer, i in order.items() if lo < i < hi), key=order.__getitem__)
+    if not between:
+        raise StudyError("no layer lies between the early and the late region", where, "regions")
+    bottleneck = regions.bottleneck
+    return order, between, between if bottleneck == "leave_one_seed_out" else list(bottleneck)
+
+
+def _details(
+    df: pd.DataFrame,
+    epoch: int,
+    wide: pd.DataFrame,
+    stat: UShapeStatistic,
+    seeds: list[int],
+    order: dict[str, int],
+    between: list[str],
+    depth_values: np.ndarray,
+) -> dict[str, Any]:
+    """The report's numbers: each contrast, the bottleneck's location and depth (95% t CIs over seeds)
+    and the mean profile."""
     mid = wide[between].to_numpy()
     mid = mid[np.isfinite(mid).all(axis=1)]  # location only from seeds with every in-between layer
     location = t_test(np.array([order[between[i]] for i in np.argmin(mid, axis=1)], float), "two-sided")
-    depth = t_test((early + late) / 2 - bottleneck, "two-sided")
+    depth = t_test(depth_values, "two-sided")
     profile = (
         df[df.seed.isin(seeds)].groupby(["layer_index", "layer"]).value.agg(["mean", "std"]).reset_index()
     )
-    details = {
+    return {
         "epoch": epoch,
         "contrasts": {
-            k: {"mean": t["mean"], "ci": list(t["ci"]), "p": t["p"], "t": t["t"]}
-            for k, t in stat["tests"].items()
+            k: {"mean": t.mean, "ci": list(t.ci), "p": t.p, "t": t.t} for k, t in stat.tests.items()
         },
-        "per_seed": {k: dict(zip(seeds, map(float, v), strict=True)) for k, v in stat["contrasts"].items()},
-        "binding_contrast": stat["binding"],
-        "bottleneck_location": {"mean_layer_index": location["mean"], "ci": list(location["ci"])},
-        "bottleneck_depth": {"mean": depth["mean"], "ci": list(depth["ci"])},
+        "per_seed": {k: dict(zip(seeds, map(float, v), strict=True)) for k, v in stat.contrasts.items()},
+        "binding_contrast": stat.binding,
+        "bottleneck_location": {"mean_layer_index": location.mean, "ci": list(location.ci)},
+        "bottleneck_depth": {"mean": depth.mean, "ci": list(depth.ci)},
         "profile": profile.to_dict(orient="records"),
         "observed_minimum_layer": str(profile.loc[profile["mean"].idxmin(), "layer"])
         if len(profile)
         else None,
     }
-    if chosen is not None:
-        details["loso_bottleneck"] = chosen
-    return Outcome(
-        p_value=stat["p"],
-        effect=stat["effect"],
-        ci=stat["ci"],
-        contradicted=stat["contradicted"],
-        seeds_used=seeds,
-        seeds_excluded=excluded,
-        warnings=stat["warnings"],
-        details=details,
-        effect_values=(-stat["contrasts"][stat["binding"]]).tolist(),
-        std_effect=stat["std_effect"],
-        labellings_per_seed=_labellings(claim),
-    )
 
 
-def _draw(null_shape: str) -> Callable:
-    def draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple:
+def _draw(null_shape: str) -> Callable[[int, float, np.random.Generator], tuple[tuple[np.ndarray, ...], Any]]:
+    def draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], Any]:
         shape = "u" if effect > 0 else null_shape
         prof = simulate_profiles(shape, n_seeds, effect if effect > 0 else 20.0, rng)
         return (prof,), (effect if effect > 0 else None)
@@ -284,30 +349,35 @@ def _draw(null_shape: str) -> Callable:
     return draw
 
 
-def _test_declared(arrays: tuple, truth: float | None, rng: np.random.Generator) -> dict:
+def _step_down(n_seeds: int, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], Any]:
+    """The REJECTED rule's boundary for the declared regions: a step-down profile (late contrast 0)."""
+    return _draw("step_down")(n_seeds, 0.0, rng)
+
+
+def _test_declared(arrays: tuple[np.ndarray, ...], truth: float | None, rng: np.random.Generator) -> Trial:
     prof = arrays[0]
     st = u_shape_statistics(prof[:, [0, 1]].mean(1), prof[:, [2, 3, 4]].mean(1), prof[:, [9, 10, 11]].mean(1))
-    ci = st["tests"]["early"]["ci"]  # the early contrast (not selected by the data): truth = dip depth
+    ci = st.tests["early"].ci  # the early contrast (not selected by the data): truth = dip depth
     return {
-        "p": st["p"],
+        "p": st.p,
         "covered": None if truth is None else bool(ci[0] <= truth <= ci[1]),
         "warned": False,
-        "contradicted": bool(st["contradicted"]),
+        "contradicted": bool(st.contradicted),
     }
 
 
-def _test_loso(arrays: tuple, truth: float | None, rng: np.random.Generator) -> dict:
+def _test_loso(arrays: tuple[np.ndarray, ...], truth: float | None, rng: np.random.Generator) -> Trial:
     prof = arrays[0]
     cand = prof[:, 2:9]  # blocks 3-9: strictly between the early (1-2) and late (10-12) regions
     st = u_shape_loso_statistics(prof[:, [0, 1]].mean(1), cand, prof[:, [9, 10, 11]].mean(1))
-    return {"p": st["p"], "covered": None, "warned": False, "contradicted": bool(st["contradicted"])}
+    return {"p": st.p, "covered": None, "warned": False, "contradicted": bool(st.contradicted)}
 
 
-def _labellings(claim) -> int:
+def _labellings(claim: UShapeClaim) -> int:
     return 2 if claim.regions.bottleneck == "leave_one_seed_out" else 0
 
 
-def figures(ctx: FigureContext) -> list:
+def figures(ctx: FigureContext) -> list[Figure]:
     """The metric by layer at the tested epoch, declared regions shaded (a LOSO bottleneck: the layers
     chosen for some seed)."""
     from analysis.figures import profile_figure
@@ -329,7 +399,7 @@ def figures(ctx: FigureContext) -> list:
     ]
 
 
-def explain(claim, result) -> list[str]:
+def explain(claim: UShapeClaim, result: Result) -> list[str]:
     """Each contrast with its per-seed values, CI and p; where the bottleneck sits and how deep it is."""
     d = result.details
     unit = unit_of(claim.metric)
@@ -369,8 +439,13 @@ register_kind(
                 draw=_draw("step_down"),
                 test=_test_declared,
             ),
+            # a convex decay refutes the U (late below the bottleneck): REJECTING it is right, so the
+            # rule's boundary is the step-down's (late contrast exactly 0)
             "u_shape_convex": Scenario(
-                "monotone convex decay", draw=_draw("decreasing_convex"), test=_test_declared
+                "monotone convex decay (REJECTED: step-down)",
+                draw=_draw("decreasing_convex"),
+                test=_test_declared,
+                boundary=_step_down,
             ),
             "u_shape_loso": Scenario(
                 "monotone step-down; bottleneck chosen leave-one-seed-out",
