@@ -108,6 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     # ---- observatory verbs: score spectra / rebuild tables from saved runs (no model needed) -----------
     mt = sub.add_parser("metrics", help="print every eigenvalue metric of a saved spectrum (.npy) as JSON")
     mt.add_argument("spectrum", type=Path, help="a .npy file holding a 1-D vector of eigenvalues")
+    pg = sub.add_parser("plugins", help="list every plug-in registry and what is registered in it")
+    pg.add_argument("--json", action="store_true", help="print a JSON mapping instead of a list")
     tb = sub.add_parser("table", help="rebuild the tidy table from the saved spectra of a hypothesis's runs")
     tb.add_argument("hypothesis", type=Path)
     tb.add_argument("--out", type=Path, default=Path("study_results"), help="the folder `run` wrote to")
@@ -478,6 +480,10 @@ def _verbs(args: argparse.Namespace, argv: list[str] | None) -> int:
         return done
     if args.verb == "metrics":
         return _metrics_verb(args.spectrum)
+    if args.verb == "plugins":
+        from study.plugins import plugins_verb
+
+        return plugins_verb(args.json)
     if args.verb == "table":
         return _table_verb(args)
     if args.verb == "plan":

@@ -227,6 +227,7 @@ RULES: list[Rule] = [
     ),
     Rule(r"^python -m study plan hypotheses/u_shape\.yaml --pilot pilot/table\.parquet$", Run(_pilot)),
     Rule(r"^python -m study metrics SPECTRUM\.npy$", Run(_spectrum)),
+    Rule(r"^python -m study plugins$", Run()),
     Rule(r"^PYTHONPATH=\. python bench/analyze\.py$", Run(cwd_repo=True)),
     # ---- the suite itself and installs
     Rule(r'^pip install -e "\.\[test\]"$', Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command",))),
