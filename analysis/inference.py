@@ -86,7 +86,9 @@ def t_test(x: np.ndarray, alternative: Alternative = "greater", null: float = 0.
     return TTest(mean, sd, n, float(t), t_p(t, n - 1, alternative), (mean - q * se, mean + q * se))
 
 
-def sign_flip_p(x: np.ndarray, alternative: Alternative = "greater", n_flips: int = 4999, seed: int = 0) -> float:
+def sign_flip_p(
+    x: np.ndarray, alternative: Alternative = "greater", n_flips: int = 4999, seed: int = 0
+) -> float:
     """Exact sign-flip randomisation p-value for mean(x) against 0 (x symmetric about 0 under the null).
 
     Used where per-seed values are discrete and bounded (Kendall tau), so a t test with few seeds is not

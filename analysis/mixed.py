@@ -123,7 +123,9 @@ def _minimise(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The optimiser chain of :func:`_refine`: the best point (3,) and which diagonal entries ended near 0."""
     lbfgs = {"ftol": 1e-15, "gtol": 1e-10, "maxiter": 2000}
-    minimize: Callable[..., optimize.OptimizeResult] = optimize.minimize  # the stubs' overloads are too narrow
+    minimize: Callable[..., optimize.OptimizeResult] = (
+        optimize.minimize
+    )  # the stubs' overloads are too narrow
     first = minimize(dev, start, method="L-BFGS-B", bounds=bounds, options=lbfgs)
     second = minimize(
         dev, first.x, method="Powell", bounds=bounds, options={"xtol": 1e-12, "ftol": 1e-15, "maxiter": 20000}
@@ -297,12 +299,21 @@ def fit_random_slopes(x: np.ndarray, y: np.ndarray, alternative: Alternative = "
         return MixedFit(ols_slope=ols_slope, warnings=notes_out)
     fit = _in_units(est, theta, sy / sx, sy, my, n_seeds, alternative)
     return replace(
-        fit, ols_slope=ols_slope, converged=converged, warnings=notes_out + _fit_notes(fit, converged, ols_slope)
+        fit,
+        ols_slope=ols_slope,
+        converged=converged,
+        warnings=notes_out + _fit_notes(fit, converged, ols_slope),
     )
 
 
 def _in_units(
-    est: _Reml, theta: np.ndarray, slope_unit: float, sy: float, my: float, n_seeds: int, alternative: Alternative
+    est: _Reml,
+    theta: np.ndarray,
+    slope_unit: float,
+    sy: float,
+    my: float,
+    n_seeds: int,
+    alternative: Alternative,
 ) -> MixedFit:
     """The standardised REML estimates back in the units of the data, the slope tested with t(S-1)."""
     fe, cov_fe = est.fe, est.cov_fe
@@ -338,7 +349,9 @@ def _fit_notes(fit: MixedFit, converged: bool, ols_slope: float) -> list[str]:
     # Balanced data with a shared x: GLS and OLS fixed slopes coincide, so a gap flags a bad fit
     # (statsmodels issue 10239: slope returned as 0 with converged=True).
     if math.isfinite(fit.se) and abs(fit.slope - ols_slope) > OLS_TOLERANCE * max(fit.se, 1e-12):
-        notes.append(f"fixed slope {fit.slope:.6g} disagrees with OLS {ols_slope:.6g} (statsmodels issue 10239)")
+        notes.append(
+            f"fixed slope {fit.slope:.6g} disagrees with OLS {ols_slope:.6g} (statsmodels issue 10239)"
+        )
     return notes
 
 
@@ -427,5 +440,8 @@ def mixed_slope_test(x: np.ndarray, y: np.ndarray, alternative: Alternative = "g
         ci=per_seed.ci,
         fit=fit,
         per_seed_se=se_seed,
-        warnings=[*fit.warnings, f"verdict from the per-seed slopes' t(S-1) test, not the mixed model: {reason}"],
+        warnings=[
+            *fit.warnings,
+            f"verdict from the per-seed slopes' t(S-1) test, not the mixed model: {reason}",
+        ],
     )

@@ -103,7 +103,14 @@ def plan_claim(
     d_hi = effect / hi if effect is not None and ok else float("nan")
     floor = seed_floor(labellings, alpha, contrasts)
     alpha = alpha / max(1, contrasts)
-    out: dict[str, float | int | None] = {"sd": sd, "sd_upper80": hi, "n_pilot": n, "d": d, "d_upper": d_hi, "floor": floor}
+    out: dict[str, float | int | None] = {
+        "sd": sd,
+        "sd_upper80": hi,
+        "n_pilot": n,
+        "d": d,
+        "d_upper": d_hi,
+        "floor": floor,
+    }
     for target in TARGETS:
         key = f"seeds_{round(target * 100)}"
         out[key] = seeds_needed(d, alpha, target, two_sided, floor)

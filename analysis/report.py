@@ -245,7 +245,11 @@ def header_lines(inp: ReportInput) -> list[str]:
         if reg:
             extra = f" (its data existed from {reg['data_from']})" if reg.get("data_from") else ""
             extra += f" ({reg['reason']})" if reg.get("reason") and not reg.get("data_from") else ""
-            extra += f"; a new registration was started {reg['new_registration']}" if reg.get("new_registration") else ""
+            extra += (
+                f"; a new registration was started {reg['new_registration']}"
+                if reg.get("new_registration")
+                else ""
+            )
             family = "; adjusted with the exploratory claims" if r.post_hoc else ""
             lines.append(f"claim {r.name}: registered {reg['registered_at']}, {reg['status']}{extra}{family}")
     seq = inp.sequential

@@ -84,13 +84,13 @@ def _crossing(c: float, sqrt_t: float, sd: float, grid: np.ndarray, dens: np.nda
 
 
 @lru_cache(maxsize=4096)
-def _boundaries(fractions: tuple[float, ...], alpha: float, spending: str) -> tuple[float, ...]:
+def _boundaries(fractions: tuple[float, ...], alpha: float, spending: Spending) -> tuple[float, ...]:
     t = np.minimum(np.asarray(fractions, dtype=np.float64), 1.0)
     if t.size == 0 or np.any(t <= 0) or np.any(np.diff(t) <= 0):
         raise ValueError(f"information fractions must increase within (0, 1], got {list(fractions)}")
     increments = np.diff(alpha_spent(t, alpha, spending), prepend=0.0)
     bounds: list[float] = []
-    grid = dens = None
+    grid = dens = np.empty(0)  # the previous look's grid and sub-density (none before the first look)
     for k, (tk, inc) in enumerate(zip(t, increments, strict=True)):
         if k == 0:
             c = float(stats.norm.isf(inc)) if inc > 0 else math.inf
@@ -171,7 +171,9 @@ def _batch_t(rng: np.random.Generator, state: list, n_new: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=512)
-def _t_bounds(fractions: tuple[float, ...], seeds: tuple[int, ...], alpha: float, spending: str) -> tuple:
+def _t_bounds(
+    fractions: tuple[float, ...], seeds: tuple[int, ...], alpha: float, spending: Spending
+) -> tuple:
     if len(seeds) != len(fractions) or seeds[0] < 1 or np.any(np.diff(seeds) <= 0):
         raise ValueError(f"seeds at the looks must increase from >= 1, one per look, got {list(seeds)}")
     target = alpha_spent(np.asarray(fractions), alpha, spending) * _T_PATHS  # paths crossed by each look

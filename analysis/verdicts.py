@@ -130,7 +130,10 @@ class ClaimResult:
             seeds_excluded={int(k): v for k, v in (d.get("seeds_excluded") or {}).items()},
             warnings=list(d.get("warnings") or []),
             details=d.get("details") or {},
-            bootstrap_ci=(float("nan") if lo is None else float(lo), float("nan") if hi is None else float(hi)),
+            bootstrap_ci=(
+                float("nan") if lo is None else float(lo),
+                float("nan") if hi is None else float(hi),
+            ),
             adjustment=d.get("adjustment", "holm"),
             reason=d.get("reason", ""),
             seeds_needed=d.get("seeds_needed"),
@@ -244,7 +247,8 @@ def evaluate_claims(
         for i, a in zip(idx, adjust([outcomes[i].p_value for i in idx], method), strict=True):
             adjusted[i], method_of[i] = a, method
     return [
-        _result(claim, o, adjusted[i], method_of[i]) for i, (claim, o) in enumerate(zip(hyp.claims, outcomes, strict=True))
+        _result(claim, o, adjusted[i], method_of[i])
+        for i, (claim, o) in enumerate(zip(hyp.claims, outcomes, strict=True))
     ]
 
 
@@ -267,7 +271,9 @@ def _power(o: Outcome, alpha: float) -> tuple[float, int | None]:
     test's floor: its p cannot go below labellings^-S (times the Holm factor across contrasts), so below
     that many seeds nothing is accepted. A p Holm-adjusted across k contrasts is powered at alpha / k."""
     level = alpha / max(1, o.holm_contrasts)
-    power, needed = power_and_seeds_needed(o.std_effect, len(o.seeds_used), level / 2 if o.two_sided else level)
+    power, needed = power_and_seeds_needed(
+        o.std_effect, len(o.seeds_used), level / 2 if o.two_sided else level
+    )
     if o.labellings_per_seed > 1:
         s_min = seed_floor(o.labellings_per_seed, alpha, o.holm_contrasts)
         if len(o.seeds_used) < s_min:
@@ -299,7 +305,9 @@ def _result(claim: Any, o: Outcome, p_adjusted: float, adjustment: str) -> Claim
         seeds_excluded=o.seeds_excluded,
         warnings=o.warnings,
         details=o.details,
-        bootstrap_ci=bootstrap_ci(np.asarray(o.effect_values)) if o.effect_values else (float("nan"), float("nan")),
+        bootstrap_ci=bootstrap_ci(np.asarray(o.effect_values))
+        if o.effect_values
+        else (float("nan"), float("nan")),
         adjustment=adjustment,
         reason=reason,
         power=power,

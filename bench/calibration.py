@@ -204,7 +204,10 @@ def t_type1(looks: list[int], reps: int, alpha: float, spending: str, seed: int 
     n = np.asarray(looks)
     fractions = n / looks[-1]
     got = {"t": 0, "z": 0}
-    noms = {"t": nominal_levels(fractions, alpha, spending, looks), "z": nominal_levels(fractions, alpha, spending)}
+    noms = {
+        "t": nominal_levels(fractions, alpha, spending, looks),
+        "z": nominal_levels(fractions, alpha, spending),
+    }
     for start in range(0, reps, 50_000):  # chunks keep memory flat on a shared machine
         x = rng.standard_normal((min(50_000, reps - start), looks[-1]))
         cs, cq = np.cumsum(x, 1)[:, n - 1], np.cumsum(x**2, 1)[:, n - 1]
@@ -223,7 +226,9 @@ def t_type1(looks: list[int], reps: int, alpha: float, spending: str, seed: int 
 
 def print_t_grid(rows: list[dict], reps: int, alpha: float, seconds: float) -> bool:
     """The t-test type-I table of every design (markdown); True when every t-calibrated row holds."""
-    print("| looks (seeds) | K | spending | type-I, t-calibrated levels | bound | ok | type-I, z levels (old) |")
+    print(
+        "| looks (seeds) | K | spending | type-I, t-calibrated levels | bound | ok | type-I, z levels (old) |"
+    )
     print("|---|---|---|---|---|---|---|")
     ok_all = True
     for r in rows:
@@ -263,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     if args.sequential and args.t_grid:
-        rows = [t_type1(lk, args.reps, args.alpha, sp) for lk in t_grid_designs() for sp in SPENDING_FUNCTIONS]
+        rows = [
+            t_type1(lk, args.reps, args.alpha, sp) for lk in t_grid_designs() for sp in SPENDING_FUNCTIONS
+        ]
         return 0 if print_t_grid(rows, args.reps, args.alpha, time.perf_counter() - t0) else 1
     if args.sequential:
         looks = sorted(set(args.looks))

@@ -478,6 +478,7 @@ RESUME_SMOKE = {
 # CUDA tolerances (module docstring, step 6)
 RESUME_TOL = {"loss_rel": 1e-2, "knn_abs": 0.05, "spectrum_rel": 5e-2, "weights_rel": 5e-2}
 
+
 def _killed_mid_epoch(spec_file: Path, run_dir: Path, data: Path) -> dict:
     """Run ``runners.train_driver`` until the middle of epoch 2 (after step 1), SIGKILL it, run it again.
 

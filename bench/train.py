@@ -123,7 +123,9 @@ def _extract_s(model: torch.nn.Module, repeats: int, device: torch.device) -> fl
 
 
 def _print_table(out: dict) -> None:
-    print(f"device {out['device']} ({out['torch_threads']} threads), {out['model']}, batch {out['batch_size']}")
+    print(
+        f"device {out['device']} ({out['torch_threads']} threads), {out['model']}, batch {out['batch_size']}"
+    )
     print(f"{'benchmark':<44}{'value':>10}  target")
     print(f"{'loop: ours / bare images/s':<44}{out['loop_ratio']:>10.3f}  >= 0.95"
           f"   ({out['ours_images_per_s']:.0f} vs {out['bare_images_per_s']:.0f} img/s)")  # fmt: skip

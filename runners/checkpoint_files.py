@@ -35,7 +35,10 @@ CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors", ".pth.tar")
 _NUMBERED: tuple[tuple[re.Pattern, Callable[[int], int]], ...] = (
     (re.compile(r"epoch[_-]?(\d+)\.(?:pt|pth|safetensors)$", re.IGNORECASE), lambda n: n),
     (re.compile(r"^checkpoint(\d+)\.pth$", re.IGNORECASE), lambda n: n + 1),  # dino: f"checkpoint{epoch:04}"
-    (re.compile(r"^checkpoint-(\d+)\.pth\.tar$", re.IGNORECASE), lambda n: n + 1),  # timm: "checkpoint-{epoch}"
+    (
+        re.compile(r"^checkpoint-(\d+)\.pth\.tar$", re.IGNORECASE),
+        lambda n: n + 1,
+    ),  # timm: "checkpoint-{epoch}"
 )
 
 
@@ -118,14 +121,20 @@ def checkpoint_files(folder: Path, epochs: list[int]) -> dict[int, Path]:
 def _counting_note(files: list[Path]) -> str:
     """Why a DINO or timm file's epoch is one more than its name's number (when the folder has one)."""
     if any(p.name.lower().startswith("checkpoint") for p in files):
-        return "; DINO's checkpointNNNN.pth and timm's checkpoint-N.pth.tar hold epoch N + 1, the epochs trained"
+        return (
+            "; DINO's checkpointNNNN.pth and timm's checkpoint-N.pth.tar hold epoch N + 1, the epochs trained"
+        )
     return ""
 
 
 def stored_epoch(path: Path) -> int:
     """The epochs trained of an un-numbered training checkpoint (:data:`LATEST`), from its ``epoch`` field."""
     obj = load_checkpoint(path, mmap=True)
-    if not isinstance(obj, dict) or isinstance(obj.get("epoch"), bool) or not isinstance(obj.get("epoch"), int):
+    if (
+        not isinstance(obj, dict)
+        or isinstance(obj.get("epoch"), bool)
+        or not isinstance(obj.get("epoch"), int)
+    ):
         found = sorted(map(str, obj))[:8] if isinstance(obj, dict) else type(obj).__name__
         raise StudyError(f"expected an integer 'epoch' field (the epoch it holds); found {found}", str(path))
     return LATEST[path.name.lower()](obj)
@@ -168,7 +177,9 @@ def _load_failure(path: Path, exc: Exception) -> str:
     if "Weights only load failed" in text:
         allowed = {f"{g.__module__}.{g.__qualname__}" for g in SAFE_GLOBALS}
         try:
-            refused = [g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path) if g not in allowed]
+            refused = [
+                g for g in torch.serialization.get_unsafe_globals_in_checkpoint(path) if g not in allowed
+            ]
         except Exception:  # noqa: BLE001 - the listing is a courtesy; the error below still names the cause
             refused = []
         if refused:

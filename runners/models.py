@@ -79,9 +79,7 @@ class TimmModel(Strict):
         return {k: v for k, v in self.model_dump(exclude={"name"}).items() if v is not None}
 
 
-def build_model(
-    model: TimmModel | dict, img_size: int, num_classes: int, **extra: object
-) -> torch.nn.Module:
+def build_model(model: TimmModel | dict, img_size: int, num_classes: int, **extra: object) -> torch.nn.Module:
     """Create a randomly initialised timm ViT.
 
     Args:

@@ -141,7 +141,11 @@ class _Done:
 
 
 def _load_resume(
-    path: Path, objective: Trainer, data_gen: torch.Generator, device: torch.device, log: Callable[[str], None]
+    path: Path,
+    objective: Trainer,
+    data_gen: torch.Generator,
+    device: torch.device,
+    log: Callable[[str], None],
 ) -> _Done:
     """Restore the objective, data order and RNG streams from ``resume.pt`` when it exists.
 

@@ -69,7 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
     r.add_argument("--verbose", action="store_true", help="let MLflow's and alembic's log lines through")
-    r.add_argument("--new-registration", metavar="REASON", help="start the study's registration afresh (recorded)")
+    r.add_argument(
+        "--new-registration", metavar="REASON", help="start the study's registration afresh (recorded)"
+    )
     _add_sequential_options(r)
     _add_placement(r)
     pl = sub.add_parser(
@@ -158,7 +160,9 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
     from runners.executors import EXECUTORS
 
     kinds = "; ".join(f"{name}: {kind.summary}" for name, kind in EXECUTORS.items())
-    p.add_argument("--executor", choices=EXECUTORS.names(), default="local", help=f"where runs train ({kinds})")
+    p.add_argument(
+        "--executor", choices=EXECUTORS.names(), default="local", help=f"where runs train ({kinds})"
+    )
     p.add_argument("--address", default="auto", help="Ray cluster address for --executor ray (default: auto)")
     p.add_argument("--cpus-per-run", type=float, default=1, help="CPUs each Ray task requests (default 1)")
     p.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each Ray task requests (default 0)")

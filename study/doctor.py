@@ -131,7 +131,9 @@ def _restore_from_store(findings: list[Finding], client, uri: str, studies) -> N
         if copies and path.name in specs:
             f.what += f" (the store holds a copy: MLflow run {copies[0].info.run_id})"
             f.repairable = True
-            f.fix = lambda r=copies[0], s=specs[path.name], d=path: Tracker.fetch_run(_Store(client, uri), r, s, d)
+            f.fix = lambda r=copies[0], s=specs[path.name], d=path: Tracker.fetch_run(
+                _Store(client, uri), r, s, d
+            )
 
 
 def _children(client, status: str) -> list:
@@ -172,7 +174,11 @@ def check_store(out_dir: Path, client) -> list[Finding]:
         parent = r.data.tags.get("mlflow.parentRunId")
         if parent and parent not in stale and client.get_run(parent).info.status != "RUNNING":
             what = f"MLflow run {r.info.run_id} RUNNING under parent {parent}, which has ended"
-            out.append(Finding("running_child", what, fix=lambda rid=r.info.run_id: client.set_terminated(rid, "KILLED")))
+            out.append(
+                Finding(
+                    "running_child", what, fix=lambda rid=r.info.run_id: client.set_terminated(rid, "KILLED")
+                )
+            )
     seen: dict[str, str] = {}
     for status in ("FINISHED", "RUNNING", "FAILED", "KILLED"):
         for r in _children(client, status):  # newest first: the first of a key is kept
@@ -224,7 +230,9 @@ def check_tables(out_dir: Path, studies, repair: bool = False) -> list[Finding]:
         try:
             rebuilt = collect_table(plan(hyp), out_dir / "runs", hyp.design.layers).table
         except Exception as exc:  # noqa: BLE001 - a damaged run is reported by check_runs
-            out.append(Finding("table_mismatch", f"{path}: cannot rebuild ({type(exc).__name__})", repairable=False))
+            out.append(
+                Finding("table_mismatch", f"{path}: cannot rebuild ({type(exc).__name__})", repairable=False)
+            )
             continue
         saved = None
         try:
@@ -238,8 +246,12 @@ def check_tables(out_dir: Path, studies, repair: bool = False) -> list[Finding]:
         have = len(rebuilt[["dataset", "seed"]].drop_duplicates()) if len(rebuilt) else 0
         need, where = _runs_in(study_dir, saved)
         if have < need:
-            what = f"{path} differs from its runs ({why}), but its runs rebuild {have} of the {need} in {where}"
-            out.append(Finding("table_mismatch", what + ": rerun `run` to retrain the rest", repairable=False))
+            what = (
+                f"{path} differs from its runs ({why}), but its runs rebuild {have} of the {need} in {where}"
+            )
+            out.append(
+                Finding("table_mismatch", what + ": rerun `run` to retrain the rest", repairable=False)
+            )
             continue
         out.append(
             Finding(

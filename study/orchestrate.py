@@ -98,7 +98,13 @@ class _Looked:
 
 
 def _train_look(
-    hyp: Hypothesis, out_dir: Path, tracker: TrackerProtocol, done: set[str], opts: stages.RunOptions, log, on_triaged=None
+    hyp: Hypothesis,
+    out_dir: Path,
+    tracker: TrackerProtocol,
+    done: set[str],
+    opts: stages.RunOptions,
+    log,
+    on_triaged=None,
 ) -> tuple[stages.Filled, stages.Collected]:
     """Fill (``stages.fill_runs``) and collect the runs of one look.
 
@@ -139,7 +145,9 @@ def _run_looks(
 
     for k, seeds in enumerate(schedule):
         hyp_k = with_seeds(hyp, seeds) if plan else hyp
-        filled, collected = _train_look(hyp_k, out_dir, tracker, done, opts, log, on_first if k == 0 else None)
+        filled, collected = _train_look(
+            hyp_k, out_dir, tracker, done, opts, log, on_first if k == 0 else None
+        )
         merged.merge(filled)
         merged.specs = filled.specs  # the outputs list the last look's plan
         status = registration.claim_status(reg, hyp_k, filled.specs, out_dir / "runs")
@@ -150,7 +158,9 @@ def _run_looks(
             return _Looked(merged, collected, looks[-1], status, None)
         results = decide_sequential(hyp_k, looks, seeds_at, plan.max_seeds, plan.spending, post_hoc)
         stop = _decided(hyp_k, results, post_hoc)
-        log(f"look {k + 1}: {len(seeds)} seeds, {'every confirmatory claim decided' if stop else 'undecided'}")
+        log(
+            f"look {k + 1}: {len(seeds)} seeds, {'every confirmatory claim decided' if stop else 'undecided'}"
+        )
         if stop or k == len(schedule) - 1:
             break
     summary = {
@@ -242,7 +252,9 @@ def _finish(
             report_paths = stages.write_study_report(study_dir, hyp, out, runs_dir, seq)
             log(f"report: {report_paths[0]}")
     summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(out.results)}\n```"
-    tracker.log_results([paths["table"], paths["verdicts"], paths["text"], *report_paths], out.results, summary)
+    tracker.log_results(
+        [paths["table"], paths["verdicts"], paths["text"], *report_paths], out.results, summary
+    )
     runs = out.runs
     return StudyOutcome(
         out.results,

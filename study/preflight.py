@@ -76,7 +76,8 @@ def _check_patch(hyp: Hypothesis, file: str) -> None:
     if bad:
         raise StudyError(
             f"expected image sizes divisible by the model's patch size {patch} (timm would drop the border "
-            f"pixels), got {bad[0]:g}" + ("" if isinstance(values, list) else f" (give low and step as multiples of {patch})"),
+            f"pixels), got {bad[0]:g}"
+            + ("" if isinstance(values, list) else f" (give low and step as multiples of {patch})"),
             file,
             "sweep.space.image_size",
         )
@@ -213,7 +214,9 @@ def synthetic_sweep_table(hyp: Hypothesis, seed: int = 0) -> pd.DataFrame:
         ds = base.model_copy(update={"name": name})
         one = hyp.model_copy(update={"design": hyp.design.model_copy(update={"datasets": [ds]})})
         df = synthetic_table(one, seed + i + 1).assign(**params)
-        rise = slopes[df.seed.map({s: j for j, s in enumerate(hyp.design.seeds)}).to_numpy()] @ np.asarray(point)
+        rise = slopes[df.seed.map({s: j for j, s in enumerate(hyp.design.seeds)}).to_numpy()] @ np.asarray(
+            point
+        )
         frames.append(df.assign(value=df.value + rise))
     return pd.concat(frames, ignore_index=True)
 

@@ -168,7 +168,8 @@ def _earliest_finish(claim, specs, runs_dir: Path) -> float | None:
         (
             t
             for s in specs
-            if s.dataset["name"] in named and (t := RunFolder(Path(runs_dir) / s.key).finished_at()) is not None
+            if s.dataset["name"] in named
+            and (t := RunFolder(Path(runs_dir) / s.key).finished_at()) is not None
         ),
         default=None,
     )
@@ -180,7 +181,11 @@ def _seeds_edited(data: dict, design: dict, tested: bool, now: float) -> dict | 
     rest = {k: v for k, v in design.items() if k != "seeds"}
     for entry in data.get("designs", {}).values():
         old = entry.get("design")
-        if old and old.get("seeds") != design.get("seeds") and {k: v for k, v in old.items() if k != "seeds"} == rest:
+        if (
+            old
+            and old.get("seeds") != design.get("seeds")
+            and {k: v for k, v in old.items() if k != "seeds"} == rest
+        ):
             if tested:
                 return {"at": _iso(now), "what": "seeds", "from": old["seeds"], "to": design["seeds"]}
     return None
@@ -263,7 +268,11 @@ def claim_status(registration: dict, hyp, specs, runs_dir: Path) -> dict[str, di
         earliest = _earliest_finish(claim, specs, runs_dir)
         late = earliest is not None and earliest < reg["registered_ts"]
         sticky = _sticky(registration, h)
-        entry = {"hash": h, "registered_at": reg["registered_at"], "status": POST_HOC if late or sticky else PRE}
+        entry = {
+            "hash": h,
+            "registered_at": reg["registered_at"],
+            "status": POST_HOC if late or sticky else PRE,
+        }
         if late:
             entry["data_from"] = _iso(earliest)
         if sticky:
@@ -321,6 +330,8 @@ def evaluate_registered(registration: dict, hyp, claims, table, source: str) -> 
         return []
     status = sticky_status(registration, claims)
     post_hoc = {n for n, st in status.items() if st["status"] == POST_HOC}
-    results = evaluate_claims(hyp.model_copy(update={"claims": list(claims)}), table, source, post_hoc=post_hoc)
+    results = evaluate_claims(
+        hyp.model_copy(update={"claims": list(claims)}), table, source, post_hoc=post_hoc
+    )
     attach(results, status)
     return results

@@ -57,6 +57,7 @@ DatasetSpec = Annotated[
     Discriminator(_dataset_kind),
 ]
 
+
 # --------------------------------------------------------------------------------------------------
 # Model, training and objective: their settings live beside the code that uses them (runners.models,
 # runners.objectives); the objective union is built from the registry, one member per objective
@@ -185,7 +186,9 @@ class Design(Strict):
         for d in self.datasets:
             if not source.accepts_dataset(d.kind):
                 takers = " or ".join(n for n, s in SOURCES.items() if s.accepts_dataset(d.kind))
-                raise _FieldError("design.datasets", f"dataset {d.name!r} (kind {d.kind}) needs a {takers} source")
+                raise _FieldError(
+                    "design.datasets", f"dataset {d.name!r} (kind {d.kind}) needs a {takers} source"
+                )
         facts = DesignFacts(
             seeds=tuple(self.seeds),
             datasets=tuple(d.name for d in self.datasets),

@@ -439,7 +439,12 @@ def log_missing(
         for s in specs
         if RunFolder(runs_dir / s.key).is_finished()
         and log_run(
-            tracker, s, runs_dir, layers, data.get(dataset_key(s.dataset)), tags=tags_of(s) if tags_of else None
+            tracker,
+            s,
+            runs_dir,
+            layers,
+            data.get(dataset_key(s.dataset)),
+            tags=tags_of(s) if tags_of else None,
         )
     ]
 
@@ -563,7 +568,9 @@ def write_outputs(
     return paths
 
 
-def report_input(title: str, hyp: Hypothesis, out: Outcome, runs_dir: Path, claims: list | None = None, **more):
+def report_input(
+    title: str, hyp: Hypothesis, out: Outcome, runs_dir: Path, claims: list | None = None, **more
+):
     """The :class:`analysis.report.ReportInput` of a study or sweep (``more``: its other fields)."""
     from analysis.report import ReportInput
 

@@ -380,7 +380,9 @@ def _run_batch(
         finite = per_seed[np.isfinite(per_seed.to_numpy(dtype=float))]
         p.trial.set_user_attr("run_keys", [s.key for s in p.specs])
         p.trial.set_user_attr("objective_per_seed", {str(k): float(v) for k, v in per_seed.items()})
-        p.trial.set_user_attr("test_acc_per_seed", {str(s.seed): last_test_accuracy(runs_dir, s) for s in p.specs})
+        p.trial.set_user_attr(
+            "test_acc_per_seed", {str(s.seed): last_test_accuracy(runs_dir, s) for s in p.specs}
+        )
         if finite.empty:
             p.trial.study.tell(p.trial, state=TrialState.FAIL)
             log(f"trial {p.number} {p.params}: FAILED (no seed finished)")
@@ -542,7 +544,9 @@ def _optimize(optuna_study, hyp, out_dir, target, tracker, opts, log, filled) ->
         if not _run_batch(points, hyp, out_dir, tracker, opts, log, filled):
             log("no trial of this batch completed (see the failed runs above): stopping the sweep here")
             return
-        log(f"{_counts(optuna_study)[0]}/{target} trials complete ({time.perf_counter() - t0:.0f}s for this batch)")
+        log(
+            f"{_counts(optuna_study)[0]}/{target} trials complete ({time.perf_counter() - t0:.0f}s for this batch)"
+        )
 
 
 def _conclude(optuna_study, hyp, hyp_path, out_dir, tracker, opts, log, filled, reg) -> SweepOutcome:
@@ -559,7 +563,12 @@ def _conclude(optuna_study, hyp, hyp_path, out_dir, tracker, opts, log, filled, 
     results = registration.evaluate_registered(reg, hyp, knob_claims, table, str(hyp_path))
     accuracy_warnings(results, knob_claims, trials)
     out = stages.Outcome(hyp_path, filled, table, results, opts.command)
-    paths = stages.write_outputs(sweep_dir, out, {"sweep": sweep_dir.name, "trials": trials.to_dict(orient="records")}, {"trials.csv": trials})
+    paths = stages.write_outputs(
+        sweep_dir,
+        out,
+        {"sweep": sweep_dir.name, "trials": trials.to_dict(orient="records")},
+        {"trials.csv": trials},
+    )
     report_path = None
     if opts.report:
         report_path = write_sweep_report(sweep_dir, hyp, knob_claims, out, trials, optuna_study, out_dir)
@@ -573,7 +582,13 @@ def _conclude(optuna_study, hyp, hyp_path, out_dir, tracker, opts, log, filled, 
 
 
 def write_sweep_report(
-    sweep_dir: Path, hyp: Hypothesis, claims: list, out: stages.Outcome, trials: pd.DataFrame, optuna_study, out_dir: Path
+    sweep_dir: Path,
+    hyp: Hypothesis,
+    claims: list,
+    out: stages.Outcome,
+    trials: pd.DataFrame,
+    optuna_study,
+    out_dir: Path,
 ) -> Path:
     """The report of a sweep that just ran: :func:`sweep_report` over its runs (counts, environment,
     covariance snapshots of every complete trial's runs)."""

@@ -239,7 +239,6 @@ class Tracker(RunWriter):
         self.stored.fetch_run(run, spec, run_dir)
 
 
-
 @runtime_checkable
 class TrackerProtocol(Protocol):
     """What orchestration asks of a tracker: :class:`Tracker` (MLflow) and :class:`NullTracker`
@@ -276,7 +275,9 @@ class TrackerProtocol(Protocol):
 
     def set_tags(self, run_id: str | None, tags: dict) -> None: ...
 
-    def log_results(self, artifacts: list[Path], results: list[ClaimResult], summary: str | None = None) -> None: ...
+    def log_results(
+        self, artifacts: list[Path], results: list[ClaimResult], summary: str | None = None
+    ) -> None: ...
 
     def log_artifact(self, path: Path) -> None: ...
 
@@ -336,7 +337,9 @@ class NullTracker:
     def set_tags(self, run_id: str | None, tags: dict) -> None:
         return None
 
-    def log_results(self, artifacts: list[Path], results: list[ClaimResult], summary: str | None = None) -> None:
+    def log_results(
+        self, artifacts: list[Path], results: list[ClaimResult], summary: str | None = None
+    ) -> None:
         return None
 
     def log_artifact(self, path: Path) -> None:

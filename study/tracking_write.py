@@ -123,7 +123,9 @@ class RunWriter:
         """One tag on the parent run (cut to MLflow's length limit)."""
         self.set_tags(None, {key: value})
 
-    def log_results(self, artifacts: list[Path], results: list[ClaimResult], summary: str | None = None) -> None:
+    def log_results(
+        self, artifacts: list[Path], results: list[ClaimResult], summary: str | None = None
+    ) -> None:
         for path in artifacts:
             if Path(path).exists():
                 self.client.log_artifact(self.parent_id, str(path))

@@ -133,8 +133,13 @@ def _timm_folder(folder: Path, epochs: int, max_history: int = 10, ema: bool = F
     p.add_argument("--epochs", type=int, default=epochs)
     model_ema = ModelEmaV3(model, decay=0.5) if ema else None
     saver = CheckpointSaver(
-        model, optimizer, args=p.parse_args([]), model_ema=model_ema, checkpoint_dir=str(folder),
-        recovery_dir=str(folder), max_history=max_history,
+        model,
+        optimizer,
+        args=p.parse_args([]),
+        model_ema=model_ema,
+        checkpoint_dir=str(folder),
+        recovery_dir=str(folder),
+        max_history=max_history,
     )
     weights = {}
     for epoch in range(epochs):
@@ -174,7 +179,7 @@ def test_dino_names_hold_the_epochs_trained(tmp_path):
 
 def test_dino_latest_checkpoint_gives_its_epoch_from_the_file(tmp_path):
     teachers = _dino_folder(tmp_path / "dino", epochs=4, saveckp_freq=0)  # only checkpoint.pth
-    (epoch, path), = checkpoint_files(tmp_path / "dino", [4]).items()
+    ((epoch, path),) = checkpoint_files(tmp_path / "dino", [4]).items()
     assert epoch == 4 and path.name == "checkpoint.pth" and _same(read_state_dict(path)[0], teachers[4])
     with pytest.raises(StudyError, match=r"no checkpoint for epoch 3 .*found epochs \[4\].*epoch N \+ 1"):
         checkpoint_files(tmp_path / "dino", [3])
@@ -193,8 +198,14 @@ def test_dino_folder_imports_through_the_checkpoints_source(tmp_path):
             "source": {"kind": "checkpoints", "path": str(tmp_path / "seed{seed}")},
         },
         "claims": [
-            {"name": "c", "kind": "compare", "metric": "effective_rank", "subset": {"dataset": "objects"},
-             "a": {"layers": ["block_01"]}, "b": {"layers": ["block_02"]}}
+            {
+                "name": "c",
+                "kind": "compare",
+                "metric": "effective_rank",
+                "subset": {"dataset": "objects"},
+                "a": {"layers": ["block_01"]},
+                "b": {"layers": ["block_02"]},
+            }
         ],
     }
     (spec,) = plan_runs(parse_hypothesis(doc, "dino.yaml"))
@@ -228,7 +239,9 @@ def test_timm_names_hold_the_epochs_trained(tmp_path):
     assert {e: p.name for e, p in files.items()} == {e: f"checkpoint-{e - 1}.pth.tar" for e in (1, 2, 3, 4)}
     for epoch, path in files.items():
         obj = load_checkpoint(path)
-        assert isinstance(obj["args"], argparse.Namespace) and obj["version"] == 2 and obj["epoch"] == epoch - 1
+        assert (
+            isinstance(obj["args"], argparse.Namespace) and obj["version"] == 2 and obj["epoch"] == epoch - 1
+        )
         sd, key, _ = read_state_dict(path)
         assert key == "state_dict" and _same(sd, weights[epoch])  # the weights trained, not state_dict_ema
     assert checkpoint_format(files[1]) == "pth.tar"
@@ -238,7 +251,9 @@ def test_timm_last_and_best_give_their_epoch_from_the_file(tmp_path):
     weights = _timm_folder(tmp_path / "timm", epochs=5, max_history=1)
     # max_history 1 keeps one numbered file (the best by metric: epoch index 1); last.pth.tar is epoch 5
     assert sorted(p.name for p in (tmp_path / "timm").iterdir()) == [
-        "checkpoint-1.pth.tar", "last.pth.tar", "model_best.pth.tar"
+        "checkpoint-1.pth.tar",
+        "last.pth.tar",
+        "model_best.pth.tar",
     ]
     files = checkpoint_files(tmp_path / "timm", [2, 5])
     assert {e: p.name for e, p in files.items()} == {2: "checkpoint-1.pth.tar", 5: "last.pth.tar"}
@@ -310,5 +325,8 @@ def test_our_own_checkpoints_keep_their_names_and_record(tmp_path):
     for e in (0, 2):
         torch.save({"model": {"w": torch.zeros(1)}, "run": {"seed": 0}}, folder / f"epoch_{e:03d}.pt")
     (folder / "last.pth").write_bytes(b"ignored: no number, not a training checkpoint name")
-    assert {e: p.name for e, p in checkpoint_files(folder, [0, 2]).items()} == {0: "epoch_000.pt", 2: "epoch_002.pt"}
+    assert {e: p.name for e, p in checkpoint_files(folder, [0, 2]).items()} == {
+        0: "epoch_000.pt",
+        2: "epoch_002.pt",
+    }
     assert json.dumps(sorted(checkpoint_format(p) for p in folder.iterdir())) == '["pt", "pt", "pth"]'

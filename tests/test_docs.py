@@ -207,7 +207,9 @@ def _study_table(folder: Path) -> None:
     from analysis.simulate import simulate_study_table
     from analysis.table import save_table
 
-    save_table(simulate_study_table(n_seeds=5), folder / "study_results" / "studies" / "u_shape" / "table.parquet")
+    save_table(
+        simulate_study_table(n_seeds=5), folder / "study_results" / "studies" / "u_shape" / "table.parquet"
+    )
 
 
 def _spectrum(folder: Path) -> None:
@@ -216,7 +218,10 @@ def _spectrum(folder: Path) -> None:
     np.save(folder / "SPECTRUM.npy", np.exp(-0.3 * np.arange(16)))
 
 
-E2E = ("tests/test_end_to_end.py::test_outputs_written", "tests/test_end_to_end.py::test_rerun_reuses_and_analyze_agrees")
+E2E = (
+    "tests/test_end_to_end.py::test_outputs_written",
+    "tests/test_end_to_end.py::test_rerun_reuses_and_analyze_agrees",
+)
 CLUSTER = "tests/test_scale.py::test_a_study_on_ray_matches_the_local_executor"
 RULES: list[Rule] = [
     # ---- run here
@@ -230,7 +235,10 @@ RULES: list[Rule] = [
     Rule(r"^python -m study plugins$", Run()),
     Rule(r"^PYTHONPATH=\. python bench/analyze\.py$", Run(cwd_repo=True)),
     # ---- the suite itself and installs
-    Rule(r'^pip install -e "\.\[test\]"$', Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command",))),
+    Rule(
+        r'^pip install -e "\.\[test\]"$',
+        Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command",)),
+    ),
     Rule(r"^python -m pytest$", Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command",))),
     Rule(
         r"^pip install -e \.$",
@@ -241,7 +249,9 @@ RULES: list[Rule] = [
             )
         ),
     ),
-    Rule(r'^pip install -e "\.\[ray\]"$', Mapped(("tests/test_docs.py::test_extras_named_in_the_docs_exist",))),
+    Rule(
+        r'^pip install -e "\.\[ray\]"$', Mapped(("tests/test_docs.py::test_extras_named_in_the_docs_exist",))
+    ),
     # ---- run at test size by other tests
     Rule(r"^python -m study run hypotheses/u_shape\.yaml$", Mapped(E2E)),
     Rule(r"^python -m study run FILE$", Mapped(E2E)),
@@ -268,7 +278,10 @@ RULES: list[Rule] = [
         ),
     ),
     Rule(r"^python -m study run FILE --executor ray ", Mapped((CLUSTER,))),
-    Rule(r"^python -m study validate FILE$", Mapped(("tests/test_schema.py::test_malformed_file_one_line_exit_2",))),
+    Rule(
+        r"^python -m study validate FILE$",
+        Mapped(("tests/test_schema.py::test_malformed_file_one_line_exit_2",)),
+    ),
     Rule(r"^python -m study plan FILE", Mapped(("tests/test_planning.py::test_plan_verb_table_and_json",))),
     Rule(r"^python -m study report ", Mapped(("tests/test_report.py::test_cli_report_and_ui",))),
     Rule(
@@ -326,7 +339,10 @@ RULES: list[Rule] = [
         r"^(?:PYTHONPATH=\. )?python3? bench/gpu_check\.py",
         Bench(("tests/test_gpu_check.py::test_cpu_smoke_runs_every_step_and_writes_json_and_table",)),
     ),
-    Rule(r"^(?:nice )?PYTHONPATH=\. python bench/(calibration|extract|train|data|scale|faults|executor)\.py", Bench()),
+    Rule(
+        r"^(?:nice )?PYTHONPATH=\. python bench/(calibration|extract|train|data|scale|faults|executor)\.py",
+        Bench(),
+    ),
     # ---- other tools' set-up commands
     Rule(
         r"^sudo -u postgres create(user|db) ",
@@ -334,7 +350,9 @@ RULES: list[Rule] = [
     ),
     Rule(
         r"^mlflow server ",
-        External("an MLflow tracking server; the scale-out tests log to PostgreSQL directly (not measured, see bench)"),
+        External(
+            "an MLflow tracking server; the scale-out tests log to PostgreSQL directly (not measured, see bench)"
+        ),
     ),
 ]
 
@@ -385,7 +403,9 @@ def test_readme_starts_with_the_two_commands():
 
 def test_every_command_is_run_or_mapped():
     unmatched = [str(c) for c in ALL_COMMANDS if not rule_for(c)]
-    assert not unmatched, "commands in the docs that no test runs (add a rule to RULES):\n" + "\n".join(unmatched)
+    assert not unmatched, "commands in the docs that no test runs (add a rule to RULES):\n" + "\n".join(
+        unmatched
+    )
     ambiguous = [f"{c} <- {[r.pattern for r in rule_for(c)]}" for c in ALL_COMMANDS if len(rule_for(c)) > 1]
     assert not ambiguous, "commands matched by more than one rule:\n" + "\n".join(ambiguous)
 
@@ -438,7 +458,9 @@ def _verbs() -> dict[str, list[str]]:
 def test_every_verb_has_help_and_a_row_in_the_readme():
     verbs = _verbs()
     with ThreadPoolExecutor(max_workers=2) as pool:
-        runs = dict(zip(verbs, pool.map(lambda v: _shell(f"python -m study {v} --help", REPO), verbs), strict=True))
+        runs = dict(
+            zip(verbs, pool.map(lambda v: _shell(f"python -m study {v} --help", REPO), verbs), strict=True)
+        )
     assert {v: p.returncode for v, p in runs.items()} == dict.fromkeys(verbs, 0)
     readme = REPO.joinpath("README.md").read_text()
     table = readme[readme.index("## The verbs") :]
@@ -468,7 +490,9 @@ def _argparse_options(script: Path) -> set[str]:
     opts = set()
     for node in ast.walk(ast.parse(script.read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
-            opts |= {a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("-")}
+            opts |= {
+                a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("-")
+            }
     return opts
 
 
@@ -504,7 +528,9 @@ def test_mapped_tests_exist_and_run_by_default():
     )
     collected = {line.split("[")[0] for line in out.stdout.splitlines() if "::" in line}
     missing = [t for t in named if t not in collected]
-    assert not missing, f"named tests not collected by default:\n{missing}\n{out.stdout[-2000:]}{out.stderr[-2000:]}"
+    assert not missing, (
+        f"named tests not collected by default:\n{missing}\n{out.stdout[-2000:]}{out.stderr[-2000:]}"
+    )
 
 
 def test_ci_runs_the_readme_test_command():

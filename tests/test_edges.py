@@ -59,7 +59,9 @@ def _rows(values: dict[tuple[int, int, str], float]):
     )
 
 
-def _trend_table(slopes: dict[str, np.ndarray], noise: float = 0.05, seed: int = 0, extra: dict | None = None):
+def _trend_table(
+    slopes: dict[str, np.ndarray], noise: float = 0.05, seed: int = 0, extra: dict | None = None
+):
     """Per layer, seed s follows ``10 + s + slopes[layer][s] * epoch`` plus N(0, noise) (seeded)."""
     rng = np.random.default_rng(seed)
     values = {
@@ -96,7 +98,11 @@ def test_u_shape_loso_table_uses_the_calibrated_rejection():
     claim = {
         "kind": "u_shape",
         "subset": {"dataset": "objects"},
-        "regions": {"early": ["block_01", "block_02"], "bottleneck": "leave_one_seed_out", "late": BLOCKS[9:]},
+        "regions": {
+            "early": ["block_01", "block_02"],
+            "bottleneck": "leave_one_seed_out",
+            "late": BLOCKS[9:],
+        },
     }
     r = _analyze(claim, table, 10)
     from analysis.kinds.u_shape import u_shape_loso_statistics
@@ -139,14 +145,20 @@ def test_rejected_rate_with_several_contrasts(label):
     ids=["kendall", "mixed", "slope"],
 )
 def test_identical_seeds_are_inconclusive_in_every_trend_method(claim):
-    r = _analyze({**claim, "subset": {"dataset": "objects"}, "direction": "increasing"}, _copied(["block_04"]))
+    r = _analyze(
+        {**claim, "subset": {"dataset": "objects"}, "direction": "increasing"}, _copied(["block_04"])
+    )
     assert r.verdict == INCONCLUSIVE, (r.verdict, r.p_value)
     assert any("zero between-seed variance" in w for w in r.warnings), r.warnings
 
 
 def test_identical_seeds_are_inconclusive_for_ordering_without_levels():
     rng = np.random.default_rng(4)
-    run = {(ds, b): 10 + 3 * k + rng.normal() for k, ds in enumerate(("objects", "mixed", "textures")) for b in BLOCKS}
+    run = {
+        (ds, b): 10 + 3 * k + rng.normal()
+        for k, ds in enumerate(("objects", "mixed", "textures"))
+        for b in BLOCKS
+    }
     rows = [
         {
             "run_key": f"{ds}{s}",
@@ -176,7 +188,12 @@ def test_analyze_returns_when_every_seed_is_exactly_linear(tmp_path):
     slopes = {"block_04": np.array([0.5, 0.6, 0.55, 0.45, 0.52])}
     table = save_table(_trend_table(slopes, noise=0.0), tmp_path / "table.parquet")
     hyp = tmp_path / "h.yaml"
-    claim = {"kind": "trend", "subset": {"dataset": "objects"}, "direction": "increasing", "layers": ["block_04"]}
+    claim = {
+        "kind": "trend",
+        "subset": {"dataset": "objects"},
+        "direction": "increasing",
+        "layers": ["block_04"],
+    }
     hyp.write_text(yaml.safe_dump(_hyp(claim)))
     out = subprocess.run(
         [sys.executable, "-m", "study", "analyze", str(hyp), "--table", str(table)],
@@ -224,7 +241,10 @@ def test_mixed_method_tests_a_declared_margin():
     slope = _analyze({**claim, "method": "slope"}, table)
     mixed = _analyze({**claim, "method": "mixed"}, table)
     assert slope.verdict == REJECTED and "equivalence within +-0.1" in slope.reason
-    assert mixed.verdict == REJECTED and "equivalence within +-0.1" in mixed.reason, (mixed.verdict, mixed.reason)
+    assert mixed.verdict == REJECTED and "equivalence within +-0.1" in mixed.reason, (
+        mixed.verdict,
+        mixed.reason,
+    )
 
 
 # 7. a seed with no rows for the claimed layer is listed as excluded, as compare lists it
@@ -232,18 +252,37 @@ def test_a_seed_missing_the_claimed_layer_is_reported_excluded():
     slopes = {"block_04": np.array([0.5, 0.6, 0.55, 0.45])}
     extra = {(4, e, "block_05"): 1.0 + e for e in EPOCHS}  # seed 4 has rows, none for block_04
     table = _trend_table(slopes, extra=extra)
-    trend = {"kind": "trend", "subset": {"dataset": "objects"}, "direction": "increasing", "layers": ["block_04"]}
+    trend = {
+        "kind": "trend",
+        "subset": {"dataset": "objects"},
+        "direction": "increasing",
+        "layers": ["block_04"],
+    }
     r = _analyze(trend, table)
     assert r.seeds_used == [0, 1, 2, 3] and 4 in r.seeds_excluded, r.seeds_excluded
-    compare = {"kind": "compare", "subset": {"dataset": "objects"}, "a": {"layers": ["block_04"]}, "b": {"layers": ["block_05"]}}
+    compare = {
+        "kind": "compare",
+        "subset": {"dataset": "objects"},
+        "a": {"layers": ["block_04"]},
+        "b": {"layers": ["block_05"]},
+    }
     assert 4 in _analyze(compare, table).seeds_excluded
 
 
 # 8. zero between-seed variance: the same verdict whichever way the constant difference points
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_zero_variance_verdicts_are_symmetric(sign):
-    values = {(s, 8, b): 10.0 + s + (sign if b == "block_04" else 0.0) for s in range(5) for b in ("block_04", "block_05")}
-    claim = {"kind": "compare", "subset": {"dataset": "objects"}, "a": {"layers": ["block_04"]}, "b": {"layers": ["block_05"]}}
+    values = {
+        (s, 8, b): 10.0 + s + (sign if b == "block_04" else 0.0)
+        for s in range(5)
+        for b in ("block_04", "block_05")
+    }
+    claim = {
+        "kind": "compare",
+        "subset": {"dataset": "objects"},
+        "a": {"layers": ["block_04"]},
+        "b": {"layers": ["block_05"]},
+    }
     r = _analyze(claim, _rows(values))
     assert r.verdict == INCONCLUSIVE, (sign, r.verdict, r.reason)
     assert any("zero between-seed variance" in w for w in r.warnings)
@@ -252,7 +291,11 @@ def test_zero_variance_verdicts_are_symmetric(sign):
 
 def test_zero_variance_equivalence_is_symmetric():
     for diff in (0.5, 3.0):  # inside and outside the margin 1
-        values = {(s, 8, b): 10.0 + s + (diff if b == "block_04" else 0.0) for s in range(5) for b in ("block_04", "block_05")}
+        values = {
+            (s, 8, b): 10.0 + s + (diff if b == "block_04" else 0.0)
+            for s in range(5)
+            for b in ("block_04", "block_05")
+        }
         claim = {
             "kind": "equivalence",
             "subset": {"dataset": "objects"},
@@ -296,8 +339,21 @@ def test_the_rejected_rule_is_unchanged_for_one_contrast():
 @pytest.mark.parametrize("n_seeds", [3, 5, 10])
 @pytest.mark.parametrize(
     "label",
-    ["u_shape", "u_shape_loso", "extremum", "trend_slope", "trend_kendall", "trend_mixed", "trend_slope_all12",
-     "trend_kendall_all12", "trend_slope_any12", "compare", "equivalence", "ordering_jt", "ordering_levels"],
+    [
+        "u_shape",
+        "u_shape_loso",
+        "extremum",
+        "trend_slope",
+        "trend_kendall",
+        "trend_mixed",
+        "trend_slope_all12",
+        "trend_kendall_all12",
+        "trend_slope_any12",
+        "compare",
+        "equivalence",
+        "ordering_jt",
+        "ordering_levels",
+    ],
 )
 def test_rejected_rate_at_the_boundary_slow(label, n_seeds):
     sc, rng, reps = scenario(label), np.random.default_rng([30, 3, n_seeds, len(label)]), 2000

@@ -22,7 +22,9 @@ def square_or_fail(x: int) -> int:
     return x * x
 
 
-@pytest.fixture(params=[(name, w) for name in EXECUTORS.names() for w in (1, 2)], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    params=[(name, w) for name in EXECUTORS.names() for w in (1, 2)], ids=lambda p: f"{p[0]}-{p[1]}"
+)
 def executor(request):
     """Every registered executor, built through its registry entry with 1 and with 2 local workers (local:
     in-process and worker processes). One that needs a cluster gets it from the fixture ``<name>_address``

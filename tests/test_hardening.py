@@ -213,14 +213,18 @@ def test_doctor_reports_every_damage_before_repairing_any(tiny_yaml, tmp_path, c
     assert client.get_run(untagged).info.lifecycle_stage == "deleted"
     fixed = lines[next(i for i, x in enumerate(lines) if x.startswith("repair:")) :]
     assert all(
-        "[repaired]" in line for line in fixed if line.startswith(("damaged_run", "running_child", "untagged"))
+        "[repaired]" in line
+        for line in fixed
+        if line.startswith(("damaged_run", "running_child", "untagged"))
     ), fixed
     assert len([x for x in lines[: len(lines) - len(fixed)] if x.startswith("damaged_run")]) == 1
 
 
 def test_doctor_never_shrinks_a_table(tiny_yaml, tmp_path, capsys):
     out = tmp_path / "out"
-    assert main(["run", str(tiny_yaml), "--out", str(out), "--workers", "1", "--no-report", "--no-mlflow"]) == 0
+    assert (
+        main(["run", str(tiny_yaml), "--out", str(out), "--workers", "1", "--no-report", "--no-mlflow"]) == 0
+    )
     table = out / "studies" / "tiny" / "table.parquet"
     before = table.read_bytes()
     key = sorted(p for p in (out / "runs").iterdir() if p.is_dir())[0]

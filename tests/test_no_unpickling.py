@@ -80,7 +80,9 @@ def _problem(call: ast.Call) -> str | None:
     """Why ``call`` may unpickle untrusted bytes, or None."""
     name = _dotted(call.func)
     if len(name) >= 2 and name[-2] in _PICKLE_MODULES and name[-1] in ("load", "loads", "Unpickler"):
-        return f"{'.'.join(name)} runs whatever the file names (use numpy/safetensors or a restricted Unpickler)"
+        return (
+            f"{'.'.join(name)} runs whatever the file names (use numpy/safetensors or a restricted Unpickler)"
+        )
     if name[-2:] in _REFUSED_CALLS:
         return _REFUSED_CALLS[name[-2:]]
     if name[-2:] == ("torch", "load") and _kw(call, "weights_only") is not True:
@@ -121,7 +123,7 @@ def project_files() -> list[Path]:
 
 def test_the_scanner_finds_each_way_in():
     """The scanner itself: every refused form is found, and the safe forms are not."""
-    bad = '''
+    bad = """
 import pickle, torch, numpy as np, pandas as pd
 def a(f): return pickle.load(f, encoding="bytes")
 def b(s): return pickle.loads(s)
@@ -133,10 +135,10 @@ class Loose(pickle.Unpickler):
     pass
 def g(f): return pickle.Unpickler(f).load()
 KW = dict(weights_only=False)
-'''
+"""
     got = scan_source(bad)
     assert sorted({f[2] for f in got}) == ["<text>", "Loose", "a", "b", "c", "d", "e", "f", "g"], got
-    safe = '''
+    safe = """
 import pickle, torch, numpy as np
 class Only(pickle.Unpickler):
     def find_class(self, module, name):
@@ -148,7 +150,7 @@ def c(p):
         return dict(z)
 def d(p): return np.load(p, allow_pickle=False)
 # weights_only=False in a comment is fine
-'''
+"""
     assert scan_source(safe) == []
 
 

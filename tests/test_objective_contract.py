@@ -86,7 +86,9 @@ def test_every_preset_fills_its_sections_and_the_file_wins(kind, preset):
 
 
 def test_unknown_names_and_mismatched_presets_are_one_line():
-    with pytest.raises(StudyError, match=r"design.objective: expected 'supervised', .* or a preset \[") as err:
+    with pytest.raises(
+        StudyError, match=r"design.objective: expected 'supervised', .* or a preset \["
+    ) as err:
         _hyp("no_such_objective")
     assert "\n" not in str(err.value) and all(p in str(err.value) for p in preset_names())
     if len(OBJECTIVES) > 1:

@@ -22,7 +22,11 @@ def test_all_metrics_is_the_union():
     assert set(ALL_METRICS) == set(METRICS) | set(OBSERVABLES)
     assert not set(METRICS) & set(OBSERVABLES)
     assert ALL_METRICS == tuple(sorted(ALL_METRICS))
-    assert list(OBSERVABLES) == ["cosine_anisotropy", "diagonality", "twonn_id"]  # the names before the registry
+    assert list(OBSERVABLES) == [
+        "cosine_anisotropy",
+        "diagonality",
+        "twonn_id",
+    ]  # the names before the registry
 
 
 def test_cosine_anisotropy_closed_forms():

@@ -48,7 +48,18 @@ def wheel(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
     src = _copy_source(tmp / "src")
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp / "dist", src],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            tmp / "dist",
+            src,
+        ],
         capture_output=True,
         text=True,
     )
@@ -61,7 +72,9 @@ def wheel(tmp_path_factory) -> Path:
 def installed(wheel, tmp_path_factory) -> Path:
     """A fresh venv holding the wheel (dependencies from the system site-packages); returns its folder."""
     venv = tmp_path_factory.mktemp("venv") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], check=True
+    )
     # pip comes from the system site-packages and installs into the venv (its sys.prefix)
     inst = subprocess.run(
         [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel],
@@ -101,9 +114,15 @@ def user_folder(tmp_path) -> Path:
 
 
 def test_installed_copy_is_the_one_imported(installed, tmp_path):
-    code = "import study, vitstudy_core, runners, analysis; print(study.__file__); print(vitstudy_core.__file__)"
+    code = (
+        "import study, vitstudy_core, runners, analysis; print(study.__file__); print(vitstudy_core.__file__)"
+    )
     out = subprocess.run(
-        [installed / "bin" / "python", "-c", code], capture_output=True, text=True, cwd=tmp_path, env=_clean_env()
+        [installed / "bin" / "python", "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_clean_env(),
     )
     assert out.returncode == 0, out.stderr
     for line in out.stdout.split():

@@ -85,7 +85,9 @@ def test_hand_edited_seeds_are_flagged(tmp_path, source, capsys):
     assert _status(out) == {"higher": "post hoc"}
     assert "seeds edited from [0, 1, 2] to [0, 1, 2, 3, 4]" in printed
     reg = json.loads((out / STUDY / "registration.json").read_text())
-    assert reg["edits"] == [{"at": reg["edits"][0]["at"], "what": "seeds", "from": [0, 1, 2], "to": [0, 1, 2, 3, 4]}]
+    assert reg["edits"] == [
+        {"at": reg["edits"][0]["at"], "what": "seeds", "from": [0, 1, 2], "to": [0, 1, 2, 3, 4]}
+    ]
 
 
 def test_changed_max_seeds_is_refused_in_one_line(tmp_path, source, capsys):
@@ -175,7 +177,10 @@ def test_registrations_written_before_canonical_hashes_still_count(tmp_path, sou
     assert _run(path, out) == 0
     reg_path = out / STUDY / "registration.json"
     reg = json.loads(reg_path.read_text())
-    (h, entry), claim = next(iter(reg["claims"].items())), parse_hypothesis(yaml.safe_load(open(path)), path).claims[0]
+    (h, entry), claim = (
+        next(iter(reg["claims"].items())),
+        parse_hypothesis(yaml.safe_load(open(path)), path).claims[0],
+    )
     reg["claims"] = {digest(claim.model_dump(mode="json")): entry}
     reg_path.write_text(json.dumps(reg))
     time.sleep(1.1)
@@ -203,6 +208,8 @@ def test_sweep_claims_are_registered(tmp_path, source, edit_claim):
     if edit_claim:
         doc["claims"][1]["level"] = 40.0
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        assert main(["sweep", str(path), "--out", str(out), "--no-mlflow", "--no-report", "--workers", "1"]) == 0
+        assert (
+            main(["sweep", str(path), "--out", str(out), "--no-mlflow", "--no-report", "--workers", "1"]) == 0
+        )
         claims = json.loads((sweep_dir / "verdicts.json").read_text())["claims"]
         assert [c["registration"]["status"] for c in claims] == ["pre-registered", "post hoc"]

@@ -22,6 +22,8 @@ from vitstudy_core.errors import StudyError
 
 ROOT = Path(__file__).parents[1]
 BEHAVIOUR = Path(__file__).parent / "fixtures" / "behaviour"
+
+
 def _images(text: str) -> list[bytes]:
     return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([^"]+)"', text)]
 

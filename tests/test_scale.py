@@ -98,7 +98,10 @@ def test_a_study_on_ray_matches_the_local_executor(tmp_path, postgres_url, ray_a
     os.environ["MLFLOW_TRACKING_URI"] = db
     try:
         on_ray = run_study(
-            hyp, hyp_path, tmp_path / "ray", RunOptions(report=False, placement=Placement("ray", ray_address, leases=db))
+            hyp,
+            hyp_path,
+            tmp_path / "ray",
+            RunOptions(report=False, placement=Placement("ray", ray_address, leases=db)),
         )
     finally:
         del os.environ["MLFLOW_TRACKING_URI"]

@@ -134,6 +134,8 @@ def test_holm_levels_record_the_share_of_claims_that_never_cross():
     got = sequential_holm_levels(np.array([[0.5, 0.5], [0.5, 0.4], [0.6, 0.3]]), [0.05] * 3, fr, seeds=seeds)
     assert got == [(None, pytest.approx(0.05 / 3))] * 3
     # one crosses: the others are left at half each
-    got = sequential_holm_levels(np.array([[1e-9, 1e-9], [0.5, 0.4], [0.6, 0.3]]), [0.05] * 3, fr, seeds=seeds)
+    got = sequential_holm_levels(
+        np.array([[1e-9, 1e-9], [0.5, 0.4], [0.6, 0.3]]), [0.05] * 3, fr, seeds=seeds
+    )
     assert got[0] == (0, pytest.approx(0.05 / 3)) and got[1:] == [(None, pytest.approx(0.025))] * 2
     assert sequential_holm_levels(np.array([[0.5, 0.5]]), [0.05], fr, weighted=False) == [(None, 0.05)]

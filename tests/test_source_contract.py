@@ -73,12 +73,17 @@ def _checkpoints_fixture(tmp_path: Path, trained: Path) -> dict:
 
 def _table_fixture(tmp_path: Path, trained: Path) -> dict:
     lines = [
-        {"epoch": ep, "layers": {layer: {"effective_rank": 1.0 + ep + i} for i, layer in enumerate(layer_names(3))}}
+        {
+            "epoch": ep,
+            "layers": {layer: {"effective_rank": 1.0 + ep + i} for i, layer in enumerate(layer_names(3))},
+        }
         for ep in (1, 2)
     ]
     log = tmp_path / "log.jsonl"
     log.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    return _doc(datasets=[{"name": "objects", "kind": "external"}], source={"kind": "table", "path": str(log)})
+    return _doc(
+        datasets=[{"name": "objects", "kind": "external"}], source={"kind": "table", "path": str(log)}
+    )
 
 
 FIXTURES: dict[str, Callable[[Path, Path], dict]] = {
@@ -151,7 +156,10 @@ def test_fill_leaves_a_finished_run_folder(name, tmp_path, trained):
         rows = folder.read_rows()
         assert isinstance(rows, pd.DataFrame) and list(rows.columns) == list(COLUMNS) and len(rows)
     if name != DEFAULT_SOURCE:
-        assert result["source"]["kind"] == name and result["source"]["fingerprint"] == run["imported"]["fingerprint"]
+        assert (
+            result["source"]["kind"] == name
+            and result["source"]["fingerprint"] == run["imported"]["fingerprint"]
+        )
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,11 @@ def _doc(**sweep) -> dict:
         ({"objective": {"metric": "eed_pct", "claim": "x"}}, "sweep.objective", "either metric"),
         # issue 27: each of these was a traceback, or silently wrong, before
         (
-            {"space": {"texture_reliance": {"low": 0.0, "high": 1.0, "log": True}}, "sampler": "random", "n_trials": 2},
+            {
+                "space": {"texture_reliance": {"low": 0.0, "high": 1.0, "log": True}},
+                "sampler": "random",
+                "n_trials": 2,
+            },
             "sweep.space.texture_reliance",
             "a log range needs low > 0",
         ),
@@ -68,7 +72,11 @@ def _doc(**sweep) -> dict:
             "sweep.space.texture_reliance",
             "give log or step, not both",
         ),
-        ({"space": {"texture_reliance": [0.0, 1.0], "n_classes": [2.5, 4]}}, "sweep.space.n_classes", "integers"),
+        (
+            {"space": {"texture_reliance": [0.0, 1.0], "n_classes": [2.5, 4]}},
+            "sweep.space.n_classes",
+            "integers",
+        ),
         (
             {
                 "space": {"texture_reliance": [0.0, 1.0], "n_classes": {"low": 2.5, "high": 4.7}},
@@ -222,7 +230,11 @@ def test_tiny_sweep_end_to_end(tmp_path):
     assert main(["report", str(sweep_dir)]) == 0
     again = (sweep_dir / "report.md").read_text()
     assert "6 runs (0 reused, 0 failed)." in again and "missing:" not in again.lower(), again
-    assert "## Sweep" in again and "figures/sweep_texture_reliance.png" in again and "figures/claim2_knob" in again
+    assert (
+        "## Sweep" in again
+        and "figures/sweep_texture_reliance.png" in again
+        and "figures/claim2_knob" in again
+    )
     # editing the grid (3 -> 5 levels) and rerunning into the same --out: one line, the journal untouched
     path.write_text(TINY_SWEEP.replace("[0.0, 0.5, 1.0]", "[0.0, 0.25, 0.5, 0.75, 1.0]"))
     assert main(["sweep", str(path), "--out", str(out), "--no-mlflow"]) == 2
@@ -286,7 +298,9 @@ def test_a_sweep_killed_mid_trial_resumes_and_trains_each_run_once(tmp_path):
     parents = client.search_runs([exp.experiment_id], "tags.`study.role` = 'sweep'")
     assert sorted(r.info.status for r in parents) == ["FINISHED", "KILLED"]
     finished = next(r for r in parents if r.info.status == "FINISHED")
-    assert finished.data.tags["spec_hash"] and finished.data.tags["command"].startswith("python -m study sweep")
+    assert finished.data.tags["spec_hash"] and finished.data.tags["command"].startswith(
+        "python -m study sweep"
+    )
     assert finished.data.params["n_runs"] == "4" and finished.data.tags["n_reused"] == "1"
 
 

@@ -73,7 +73,11 @@ def study(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
     outcome = run_study(
-        load_hypothesis(root / "first.yaml"), root / "first.yaml", out, RunOptions(workers=1), log=lambda s: None
+        load_hypothesis(root / "first.yaml"),
+        root / "first.yaml",
+        out,
+        RunOptions(workers=1),
+        log=lambda s: None,
     )
     yield root, out, outcome
     mp.undo()
@@ -133,7 +137,11 @@ def test_second_file_reuses_runs_from_the_store(study):
     shutil.rmtree(out / "runs")  # only the tracking store has them now
     lines: list[str] = []
     second = run_study(
-        load_hypothesis(root / "second.yaml"), root / "second.yaml", out, RunOptions(workers=1), log=lines.append
+        load_hypothesis(root / "second.yaml"),
+        root / "second.yaml",
+        out,
+        RunOptions(workers=1),
+        log=lines.append,
     )
     assert second.trained == [] and sorted(second.reused) == sorted(first.trained)
     assert all(v.startswith("mlflow:") for v in second.reused_from.values())
@@ -187,7 +195,11 @@ def test_missing_or_corrupt_store_artifact_is_one_line(study, capsys):
         open(spectra, "wb").write(original)
     # the store is whole again: the same command reuses everything
     again = run_study(
-        load_hypothesis(root / "second.yaml"), root / "second.yaml", out, RunOptions(workers=1), log=lambda s: None
+        load_hypothesis(root / "second.yaml"),
+        root / "second.yaml",
+        out,
+        RunOptions(workers=1),
+        log=lambda s: None,
     )
     assert again.trained == []
 
@@ -195,10 +207,18 @@ def test_missing_or_corrupt_store_artifact_is_one_line(study, capsys):
 def test_corrupt_local_spectra_is_one_line(study):
     root, out, first = study
     key = first.trained[0]
-    run_study(load_hypothesis(root / "first.yaml"), root / "first.yaml", out, RunOptions(workers=1), log=lambda s: None)
+    run_study(
+        load_hypothesis(root / "first.yaml"),
+        root / "first.yaml",
+        out,
+        RunOptions(workers=1),
+        log=lambda s: None,
+    )
     (out / "runs" / key / "spectra.npz").write_bytes(b"bad")
     with pytest.raises(StudyError, match=rf"key {key}\): artifact spectra.npz is missing or corrupt"):
-        run_study(load_hypothesis(root / "first.yaml"), root / "first.yaml", out, RunOptions(workers=1, track=False))
+        run_study(
+            load_hypothesis(root / "first.yaml"), root / "first.yaml", out, RunOptions(workers=1, track=False)
+        )
     shutil.rmtree(out / "runs" / key)
 
 
@@ -285,7 +305,9 @@ def test_null_tracker_keeps_up_with_tracker():
     for name, sig in real.items():
         assert _shape(sig) == _shape(null[name]) == _shape(proto[name]), name
     assert isinstance(NullTracker(), TrackerProtocol)
-    assert not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for s in null.values() for p in s.parameters.values())
+    assert not any(
+        p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for s in null.values() for p in s.parameters.values()
+    )
 
 
 def test_only_the_tracking_modules_import_mlflow():

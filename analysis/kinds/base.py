@@ -521,7 +521,12 @@ def condition_values(
     df, ep = view.at_epoch(df, epoch, where, f"{fld}.epoch")
     wide = view.wide(df, list(cond.layers), where, f"{fld}.layers")
     values = wide.mean(axis=1, skipna=False)
-    resolved: dict[str, Any] = {"dataset": dataset, "token_set": token_set, "epoch": ep, "layers": list(cond.layers)}
+    resolved: dict[str, Any] = {
+        "dataset": dataset,
+        "token_set": token_set,
+        "epoch": ep,
+        "layers": list(cond.layers),
+    }
     resolved["n_tokens"] = token_counts(df[df.layer.isin(cond.layers)])
     return values, resolved
 

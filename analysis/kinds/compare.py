@@ -73,7 +73,10 @@ def compare_statistics(a: np.ndarray, b: np.ndarray, alternative: Alternative = 
 
 
 def evaluate(
-    table: pd.DataFrame | TableView, claim: CompareClaim, where: str = "claim", excluded: dict[int, str] | None = None
+    table: pd.DataFrame | TableView,
+    claim: CompareClaim,
+    where: str = "claim",
+    excluded: dict[int, str] | None = None,
 ) -> Outcome:
     """Condition ``a`` vs ``b``, paired by seed, t(S-1) (see :func:`compare_statistics`). Effect: mean a - b."""
     view = TableView.of(table)

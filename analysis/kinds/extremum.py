@@ -100,14 +100,19 @@ def extremum_statistics(
 
 
 def evaluate(
-    table: pd.DataFrame | TableView, claim: ExtremumClaim, where: str = "claim", excluded: dict[int, str] | None = None
+    table: pd.DataFrame | TableView,
+    claim: ExtremumClaim,
+    where: str = "claim",
+    excluded: dict[int, str] | None = None,
 ) -> Outcome:
     """``target`` is the highest (lowest) of itself and every competitor: IUT over paired per-seed
     differences (see :func:`extremum_statistics`). Effect: mean target - binding competitor (sign
     flipped for ``lowest``), metric units."""
     view = TableView.of(table)
     excluded = dict(excluded or {})
-    conds: list[tuple[str, Condition]] = [("target", claim.target)] + [(f"competitors[{i}]", c) for i, c in enumerate(claim.competitors)]
+    conds: list[tuple[str, Condition]] = [("target", claim.target)] + [
+        (f"competitors[{i}]", c) for i, c in enumerate(claim.competitors)
+    ]
     arrays, seeds, resolved = paired(view, claim, conds, where, excluded)
     stat = extremum_statistics(
         arrays[0], np.column_stack(arrays[1:]) if seeds else np.empty((0, len(arrays) - 1)), claim.direction
@@ -127,7 +132,13 @@ def evaluate(
     }
     # a declared margin REJECTS when the target is within it of some competitor (Holm across them)
     return paired_outcome(
-        stat, seeds, excluded, details, resolved, estimates=[Estimate.of(t) for t in stat.tests], needs="every"
+        stat,
+        seeds,
+        excluded,
+        details,
+        resolved,
+        estimates=[Estimate.of(t) for t in stat.tests],
+        needs="every",
     )
 
 

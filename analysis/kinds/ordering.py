@@ -123,7 +123,9 @@ def ordering_statistics(
     y = np.asarray(y, dtype=np.float64)
     k = y.shape[1]
     x = np.arange(k, dtype=np.float64) if levels is None else np.asarray(levels, dtype=np.float64)
-    trend = trend_statistics(x, y, direction, "mixed" if (levels is not None and method == "mixed") else "slope")
+    trend = trend_statistics(
+        x, y, direction, "mixed" if (levels is not None and method == "mixed") else "slope"
+    )
     out = OrderingStatistic(**{f: getattr(trend, f) for f in _TREND_FIELDS}, jt=None)
     if levels is None:
         jt = jonckheere_terpstra(y, direction, n_permutations, seed)
@@ -146,7 +148,10 @@ def ordering_statistics(
 
 
 def evaluate(
-    table: pd.DataFrame | TableView, claim: OrderingClaim, where: str = "claim", excluded: dict[int, str] | None = None
+    table: pd.DataFrame | TableView,
+    claim: OrderingClaim,
+    where: str = "claim",
+    excluded: dict[int, str] | None = None,
 ) -> Outcome:
     """Per-seed summaries of the listed datasets follow their listed order (see :func:`ordering_statistics`).
 

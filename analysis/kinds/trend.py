@@ -218,8 +218,9 @@ def _series(
     cube = cube.reindex(index=seeds)
     x = np.asarray(points, dtype=np.float64)
     per_layer = {
-        layer: (cube[layer] if layer in cube.columns.get_level_values(0) else pd.DataFrame(index=cube.index))
-        .reindex(columns=points)
+        layer: (
+            cube[layer] if layer in cube.columns.get_level_values(0) else pd.DataFrame(index=cube.index)
+        ).reindex(columns=points)
         for layer in claim.layers
     }
     if claim.aggregate == "pooled":
@@ -270,7 +271,10 @@ def describe_within_seed(
 
 
 def evaluate(
-    table: pd.DataFrame | TableView, claim: TrendClaim, where: str = "claim", excluded: dict[int, str] | None = None
+    table: pd.DataFrame | TableView,
+    claim: TrendClaim,
+    where: str = "claim",
+    excluded: dict[int, str] | None = None,
 ) -> Outcome:
     """Monotone trend over epochs (or layers) with the seed as the unit (see :func:`trend_statistics`).
 
@@ -499,7 +503,9 @@ def _draw_layers(aggregate: str, boundary: bool) -> Draw:
     return draw
 
 
-def _boundary_layers(aggregate: str) -> Callable[[int, np.random.Generator], tuple[tuple[np.ndarray, ...], float]]:
+def _boundary_layers(
+    aggregate: str,
+) -> Callable[[int, np.random.Generator], tuple[tuple[np.ndarray, ...], float]]:
     draw = _draw_layers(aggregate, True)
     return lambda n_seeds, rng: draw(n_seeds, 0.0, rng)
 

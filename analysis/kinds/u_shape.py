@@ -234,7 +234,10 @@ def u_shape_loso_statistics(early: np.ndarray, candidates: np.ndarray, late: np.
 
 
 def evaluate(
-    table: pd.DataFrame | TableView, claim: UShapeClaim, where: str = "claim", excluded: dict[int, str] | None = None
+    table: pd.DataFrame | TableView,
+    claim: UShapeClaim,
+    where: str = "claim",
+    excluded: dict[int, str] | None = None,
 ) -> Outcome:
     """U-shape over layers: intersection-union test of two per-seed contrasts.
 

@@ -125,7 +125,9 @@ def _indices(
     if split == "probe":
         if probe_size is None or probe_size > n_total:
             raise StudyError(
-                f"probe size {probe_size} exceeds the {n_total} held-out images", str(root), "design.probe.size"
+                f"probe size {probe_size} exceeds the {n_total} held-out images",
+                str(root),
+                "design.probe.size",
             )
         return np.sort(np.random.default_rng(probe_seed).choice(n_total, probe_size, replace=False))
     n = spec.get(f"n_{split}")

@@ -100,7 +100,10 @@ class DinoObjective(ObjectiveSettings):
         """Local crops are made of whole patches."""
         patch = model.patch_size or 16
         if self.local_crop_size is not None and self.local_crop_size % patch:
-            return "local_crop_size", f"expected a multiple of the patch size {patch}, got {self.local_crop_size}"
+            return (
+                "local_crop_size",
+                f"expected a multiple of the patch size {patch}, got {self.local_crop_size}",
+            )
         return None
 
     def local_size(self, image_size: int, patch_size: int) -> int:
