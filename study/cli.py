@@ -110,8 +110,6 @@ def _parser() -> argparse.ArgumentParser:
     # ---- observatory verbs: score spectra / rebuild tables from saved runs (no model needed) -----------
     mt = sub.add_parser("metrics", help="print every eigenvalue metric of a saved spectrum (.npy) as JSON")
     mt.add_argument("spectrum", type=Path, help="a .npy file holding a 1-D vector of eigenvalues")
-    pg = sub.add_parser("plugins", help="list every plug-in registry and what is registered in it")
-    pg.add_argument("--json", action="store_true", help="print a JSON mapping instead of a list")
     tb = sub.add_parser("table", help="rebuild the tidy table from the saved spectra of a hypothesis's runs")
     tb.add_argument("hypothesis", type=Path)
     tb.add_argument("--out", type=Path, default=Path("study_results"), help="the folder `run` wrote to")
@@ -222,6 +220,8 @@ def _add_results_verbs(sub) -> None:
     u = sub.add_parser("ui", help="start the MLflow UI on the study store (127.0.0.1)")
     u.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
     u.add_argument("--port", type=int, default=5000)
+    pg = sub.add_parser("plugins", help="list every plug-in registry and what is registered in it")
+    pg.add_argument("--json", action="store_true", help="print a JSON mapping instead of a list")
     d = sub.add_parser("doctor", help="check an output folder and its MLflow store (and repair)")
     d.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
     d.add_argument("--repair", action="store_true", help="repair what can be repaired")

@@ -110,17 +110,10 @@ def check_runs(out_dir: Path, studies, repair: bool = False) -> list[Finding]:
     return out
 
 
-class _Store:
-    """What ``Tracker.fetch_run`` needs of a tracker (its client and URI), without opening a study."""
-
-    def __init__(self, client, uri: str):
-        self.client, self.uri = client, uri
-
-
 def _restore_from_store(findings: list[Finding], client, uri: str, studies) -> None:
     """Give each ``damaged_run`` with a FINISHED copy in the store a fix that downloads that copy."""
     from study.stages import plan
-    from study.tracking import Tracker
+    from study.tracking_reuse import StoredRuns
 
     specs = {s.key: s for _, hyp in studies for s in plan(hyp)}
     for f in findings:
@@ -131,9 +124,7 @@ def _restore_from_store(findings: list[Finding], client, uri: str, studies) -> N
         if copies and path.name in specs:
             f.what += f" (the store holds a copy: MLflow run {copies[0].info.run_id})"
             f.repairable = True
-            f.fix = lambda r=copies[0], s=specs[path.name], d=path: Tracker.fetch_run(
-                _Store(client, uri), r, s, d
-            )
+            f.fix = lambda r=copies[0], s=specs[path.name], d=path: StoredRuns(client, uri).fetch_run(r, s, d)
 
 
 def _children(client, status: str) -> list:

@@ -208,7 +208,7 @@ def test_doctor_reports_every_damage_before_repairing_any(tiny_yaml, tmp_path, c
         lines.append(line)
 
     assert doctor(out, repair=True, log=log) in (0, 1)
-    assert not lock.exists() and spectra.read_bytes() == intact
+    assert not lock.exists() and spectra.read_bytes() == intact, "\n".join(lines)
     assert client.get_run(ghost.info.run_id).info.status == "KILLED"
     assert client.get_run(untagged).info.lifecycle_stage == "deleted"
     fixed = lines[next(i for i, x in enumerate(lines) if x.startswith("repair:")) :]

@@ -70,7 +70,8 @@ def atomic_write_json(path: str | Path, obj: Any, **dumps: Any) -> Path:
 def atomic_save_npz(path: str | Path, **arrays: np.ndarray) -> Path:
     """Write ``arrays`` to ``path`` as an uncompressed ``.npz``, atomically."""
     with atomic_path(path, suffix=".tmp.npz") as tmp:
-        np.savez(tmp, allow_pickle=True, **arrays)  # allow_pickle: numpy's default, named for the stubs
+        # numpy's stubs read **arrays as its allow_pickle flag (numpy >= 2.1); numpy 1.x has no such flag
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]
     return Path(path)
 
 
