@@ -14,8 +14,9 @@ Findings, and what ``--repair`` does about each:
   so the next run logs its local folder or retrains);
 * ``duplicate``: several FINISHED child runs with one ``run_key`` (all but the newest deleted);
 * ``damaged_run``: a run folder whose ``result.json``, ``spectra.npz``, ``rows.parquet`` or
-  ``scalars.json`` cannot be read (e.g. truncated; ``vitstudy_core.runfolder.RunFolder.damage``): restored from the tracking store's FINISHED copy of its key when there is one (downloaded
-  and checked before anything is replaced), else report only (``run --force`` retrains it);
+  ``scalars.json`` cannot be read (e.g. truncated; ``vitstudy_core.runfolder.RunFolder.damage``):
+  restored from the tracking store's FINISHED copy of its key when there is one (downloaded and checked
+  before anything is replaced), else report only (the next ``run`` retrains that run alone);
 * ``running_child``: a RUNNING child run whose parent is no longer RUNNING (marked KILLED);
 * ``untagged_child``: a child (training) run without its ``run_key`` tag: no study can ever reuse it
   (deleted from the store);

@@ -38,6 +38,31 @@ def _own_store(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
+@pytest.mark.parametrize("name", ["spectra.npz", "scalars.json", "result.json"])
+def test_triage_does_not_trust_a_damaged_finished_folder(tmp_path, name):
+    """Triage reads each ended folder in full: a damaged one goes to the store's copy, else to training."""
+    from types import SimpleNamespace
+
+    from study.schema import load_hypothesis
+    from study.stages import clear_for_training, plan, triage
+    from tests.conftest import write_runs
+    from vitstudy_core.runfolder import RunFolder
+
+    hyp_path, out = write_runs(tmp_path)
+    specs, runs = plan(load_hypothesis(hyp_path)), out / "runs"
+    bad = runs / specs[1].key
+    _truncate(bad / name)
+    assert RunFolder(bad).damage().startswith(name) and RunFolder(runs / specs[0].key).damage() is None
+    stored = {specs[1].key: SimpleNamespace(info=SimpleNamespace(run_id="abc"))}
+    tri = triage(specs, runs, stored)
+    assert list(tri.damaged) == [specs[1].key] and list(tri.stored) == [specs[1].key]
+    assert tri.finished == [specs[0].key, specs[2].key] and tri.todo == []
+    tri = triage(specs, runs, {})
+    assert tri.todo == [specs[1]] and list(tri.damaged) == [specs[1].key]
+    clear_for_training(tri.todo, runs)  # removed, so it trains anew rather than "resuming" a finished run
+    assert not bad.exists() and (runs / specs[0].key).is_dir()
+
+
 def test_run_restores_a_damaged_run_from_the_store(tiny_yaml, tmp_path, capsys):
     out = tmp_path / "out"
     assert _run(tiny_yaml, out) == 0
@@ -83,10 +108,14 @@ def test_a_copied_folder_does_not_write_into_the_original(tiny_yaml, tmp_path, c
     assert len(err.splitlines()) == 1 and "copied or moved" in err and str(a / "mlartifacts") in err, err
     main(["doctor", "--out", str(b)])
     assert "moved_store" in capsys.readouterr().out  # doctor names it too (report only)
-    # what the line says to do: a fresh store for the copy; its runs are reused and logged into it
+    # what the line says to do: a fresh store for the copy; its runs are reused and logged into it. In a
+    # new process, as a user would: MLflow caches this process's engine on the moved-aside file
+    from tests.studyproc import run, study_cmd
+
     (b / "mlflow.db").rename(tmp_path / "mlflow.db.from-a")
     shutil.rmtree(b / "mlartifacts")
-    assert _run(tiny_yaml, b) == 0
+    done = run(study_cmd(tiny_yaml, b))
+    assert done.returncode == 0 and "3 reused, 0 to train" in done.stdout, done.stderr
     assert _snapshot(a) == before  # not one file of the original changed
     assert list((b / "mlartifacts").rglob("spectra.npz")), "the copy's store holds its own artifacts"
 
