@@ -204,7 +204,7 @@ def test_missing_or_corrupt_store_artifact_is_one_line(study, capsys):
     assert again.trained == []
 
 
-def test_corrupt_local_spectra_is_one_line(study):
+def test_corrupt_local_spectra_is_one_line_and_run_retrains_it_alone(study):
     root, out, first = study
     key = first.trained[0]
     run_study(
