@@ -5,14 +5,18 @@ Findings, and what ``--repair`` does about each:
 * ``orphan``: a run folder no study's hypothesis plans (report only: it may belong to a file elsewhere);
 * ``stale_partial``: an unfinished run folder whose lock no live process holds (its lock file is
   deleted; the folder stays and resumes on the next run);
+* ``moved_store``: an experiment whose artifact location lies outside ``<out>/mlartifacts``: the folder
+  was copied or moved, and ``run`` refuses to log into it (report only: move the folder back, or move
+  ``mlflow.db`` and ``mlartifacts`` aside for a fresh store);
 * ``stale_parent``: a RUNNING parent run whose invocation is dead (marked KILLED, with its RUNNING
   children);
 * ``missing_artifacts``: a FINISHED child run lacking an artifact a reuse needs (deleted from the store,
   so the next run logs its local folder or retrains);
 * ``duplicate``: several FINISHED child runs with one ``run_key`` (all but the newest deleted);
-* ``damaged_run``: a finished run folder whose ``result.json`` or ``spectra.npz`` cannot be read (e.g.
-  truncated): restored from the tracking store's FINISHED copy of its key when there is one (downloaded
-  and checked before anything is replaced), else report only (``run --force`` retrains it);
+* ``damaged_run``: a run folder whose ``result.json``, ``spectra.npz``, ``rows.parquet`` or
+  ``scalars.json`` cannot be read (e.g. truncated; ``vitstudy_core.runfolder.RunFolder.damage``):
+  restored from the tracking store's FINISHED copy of its key when there is one (downloaded and checked
+  before anything is replaced), else report only (the next ``run`` retrains that run alone);
 * ``running_child``: a RUNNING child run whose parent is no longer RUNNING (marked KILLED);
 * ``untagged_child``: a child (training) run without its ``run_key`` tag: no study can ever reuse it
   (deleted from the store);
@@ -28,16 +32,16 @@ on a damaged file reports it instead of stopping the others.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from vitstudy_core.errors import StudyError
 from vitstudy_core.locks import is_locked, run_lock_path
-from vitstudy_core.runfolder import RESULT, SPECTRA, RunFolder
+from vitstudy_core.runfolder import RunFolder
 
 
 @dataclass
@@ -67,21 +71,6 @@ def _studies(out_dir: Path) -> list[tuple[Path, object]]:
     return found
 
 
-def _damage(path: Path) -> str | None:
-    """Why a finished-looking run folder cannot be read (every array loaded), or None."""
-    folder = RunFolder(path)
-    try:
-        if folder.file(RESULT).exists():
-            json.loads(folder.file(RESULT).read_text())
-        if folder.file(SPECTRA).exists():
-            with np.load(folder.file(SPECTRA)) as f:
-                for k in f.files:
-                    f[k]
-    except Exception as exc:  # noqa: BLE001 - zip, json, value errors: all mean the file is damaged
-        return f"{type(exc).__name__}: {exc}"[:200]
-    return None
-
-
 def check_runs(out_dir: Path, studies, repair: bool = False) -> list[Finding]:
     """Orphaned run folders, damaged run folders and stale partial runs under ``out_dir/runs``."""
     from study.stages import plan
@@ -92,7 +81,7 @@ def check_runs(out_dir: Path, studies, repair: bool = False) -> list[Finding]:
     for path in sorted(p for p in runs_dir.glob("*") if p.is_dir()) if runs_dir.is_dir() else []:
         if path.name not in planned:
             out.append(Finding("orphan", f"run folder {path} (no study here plans it)", repairable=False))
-        why = _damage(path)
+        why = RunFolder(path).damage()
         if why is not None:
             out.append(Finding("damaged_run", f"run folder {path}: {why}", repairable=False, path=path))
             continue
@@ -148,10 +137,14 @@ def _open_store(out_dir: Path):
 def check_store(out_dir: Path, client) -> list[Finding]:
     """Stale parents, RUNNING children of ended parents, untagged children, child runs missing artifacts,
     and run keys recorded twice in the tracking store."""
-    from study.tracking import close_stale, stale_parents
+    from study.tracking import close_stale, foreign_artifact_locations, stale_parents
     from vitstudy_core.runfolder import REQUIRED
 
     out = []
+    own = not os.environ.get("MLFLOW_TRACKING_URI")  # a store of our own must keep artifacts here
+    for name, loc in foreign_artifact_locations(client, out_dir) if own else []:
+        what = f"experiment {name!r} keeps its artifacts at {loc}, outside this folder (copied or moved)"
+        out.append(Finding("moved_store", what + ": `run` refuses this store", repairable=False))
     for r in stale_parents(client, out_dir):
         out.append(
             Finding(

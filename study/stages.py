@@ -34,7 +34,7 @@ from vitstudy_core.errors import StudyError
 from vitstudy_core.hashing import canonical_json
 from vitstudy_core.io import atomic_write_json, atomic_write_text
 from vitstudy_core.locks import file_lock, run_lock_path
-from vitstudy_core.runfolder import ROWS, SPECTRA, RunFolder
+from vitstudy_core.runfolder import RESULT, ROWS, SPECTRA, RunFolder
 
 if TYPE_CHECKING:
     from study.tracking import TrackerProtocol
@@ -48,13 +48,17 @@ class Triage:
 
     Attributes:
         finished: keys whose run folder here holds a finished run (reused as is).
-        stored: key -> finished MLflow run in the tracking store, absent here (downloaded, then reused).
+        stored: key -> finished MLflow run in the tracking store, absent or damaged here (downloaded, then
+            reused).
         todo: runs to fill (train), in plan order.
+        damaged: key -> why, for each run whose folder says finished but cannot be read
+            (``RunFolder.damage``): it is in ``stored`` when the store holds a copy, else in ``todo``.
     """
 
     finished: list[str] = field(default_factory=list)
     stored: dict[str, object] = field(default_factory=dict)
     todo: list[RunSpec] = field(default_factory=list)
+    damaged: dict[str, str] = field(default_factory=dict)
 
     @property
     def reused_from(self) -> dict[str, str]:
@@ -121,13 +125,21 @@ def triage(
 ) -> Triage:
     """Stage 2: which runs are finished here, finished in the tracking store, or to do. Touches nothing.
 
+    A folder that says finished but cannot be read (a truncated ``spectra.npz``, ...) is not finished: the
+    store's copy replaces it, or, without one, that run alone is retrained (``Triage.damaged``).
+
     Args:
         stored: run key -> finished MLflow run (``Tracker.finished_runs``); ignored with ``force``.
         force: every run is to do.
     """
     out = Triage()
     for spec in specs:
-        if not force and RunFolder(runs_dir / spec.key).is_finished():
+        folder = RunFolder(runs_dir / spec.key)
+        # an ended run's files are read in full once here (a truncated zip passes the finished test)
+        why = folder.damage() if not force and folder.file(RESULT).exists() else None
+        if why is not None:
+            out.damaged[spec.key] = why
+        if not force and why is None and folder.is_finished():
             out.finished.append(spec.key)
         elif not force and spec.key in (stored or {}):
             out.stored[spec.key] = stored[spec.key]
@@ -137,7 +149,8 @@ def triage(
 
 
 def fetch_stored(tri: Triage, specs: list[RunSpec], runs_dir: Path, tracker: TrackerProtocol) -> None:
-    """Stage 2b: download each stored run into its folder (replacing a partial local attempt)."""
+    """Stage 2b: download each stored run into its folder (replacing a partial local attempt or a damaged
+    folder; ``StoredRuns.fetch_run`` checks the copy reads in full)."""
     by_key = {s.key: s for s in specs}
     for key, run in tri.stored.items():
         run_dir = runs_dir / key
@@ -149,8 +162,9 @@ def fetch_stored(tri: Triage, specs: list[RunSpec], runs_dir: Path, tracker: Tra
 def clear_for_training(todo: list[RunSpec], runs_dir: Path, force: bool = False) -> None:
     """Remove what must not be resumed: an ended (failed) attempt, or everything with ``force``.
 
-    A folder without ``result.json`` is an interrupted run: it is kept and resumes. Each run is cleared
-    under its lock; a run another invocation finished since :func:`triage` is kept (unless ``force``).
+    A folder without ``result.json`` is an interrupted run: it is kept and resumes. A finished folder that
+    cannot be read (``RunFolder.damage``) is removed and retrained. Each run is cleared under its lock; a
+    run another invocation finished since :func:`triage` is kept (unless ``force``).
     """
     for spec in todo:
         folder = RunFolder(runs_dir / spec.key)
@@ -158,7 +172,8 @@ def clear_for_training(todo: list[RunSpec], runs_dir: Path, force: bool = False)
             continue
         with file_lock(run_lock_path(runs_dir, spec.key)):
             result = folder.read_result()
-            if force or (result is not None and not folder.is_finished()):
+            ended = result is not None and (not folder.is_finished() or folder.damage() is not None)
+            if force or ended or (result is None and folder.file(RESULT).exists()):
                 shutil.rmtree(folder.path)
 
 
@@ -276,10 +291,18 @@ class Filled:
 
 
 def log_triage(log: Log, heading: str, specs: list[RunSpec], tri: Triage) -> None:
-    """One line of counts under ``heading``, then one per reused run naming where it came from."""
+    """One line of counts under ``heading``, one per damaged run folder saying what replaces it, then one
+    per reused run naming where it came from."""
     reused = tri.reused_from
     log(f"{heading}: {len(specs)} runs planned, {len(reused)} reused, {len(tri.todo)} to train")
     for spec in specs:
+        if spec.key in tri.damaged:
+            fix = (
+                f"restored from MLflow run {tri.stored[spec.key].info.run_id}"
+                if spec.key in tri.stored
+                else "no copy in the tracking store: retraining this run only"
+            )
+            log(f"  damaged run folder {spec.label} (key {spec.key}: {tri.damaged[spec.key]}): {fix}")
         if spec.key in reused:
             src = reused[spec.key]
             where = "runs/ folder" if src == "local" else f"MLflow run {src.split(':', 1)[1]}"
@@ -461,7 +484,8 @@ def run_rows(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
         except Exception as exc:  # noqa: BLE001 - a truncated parquet surfaces as many exception types
             raise StudyError(
                 f"run {spec.label} (key {spec.key}): artifact {ROWS} is corrupt "
-                f"({type(exc).__name__}: {exc}); rerun with --force to import it again",
+                f"({type(exc).__name__}: {exc}); `python -m study run` restores it from the tracking store "
+                "or imports it again",
                 str(folder.file(ROWS)),
             ) from None
         order = {name: i for i, name in enumerate(layers)}
@@ -471,7 +495,8 @@ def run_rows(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
     except Exception as exc:  # noqa: BLE001 - a missing/truncated npz surfaces as many exception types
         raise StudyError(
             f"run {spec.label} (key {spec.key}): artifact {SPECTRA} is missing or corrupt "
-            f"({type(exc).__name__}: {exc}); rerun with --force to retrain it",
+            f"({type(exc).__name__}: {exc}); `python -m study run` restores it from the tracking store "
+            "or retrains this run",
             str(folder.file(SPECTRA)),
         ) from None
     result = folder.read_result() or {}

@@ -29,7 +29,9 @@ A finished child run is found again by its ``run_key`` tag (searched across expe
 hypothesis file that needs the same run reuses it instead of training again (:meth:`Tracker.fetch_run`).
 
 The default store is embedded and local: ``sqlite:///<out>/mlflow.db`` with artifacts under
-``<out>/mlartifacts`` (no server). ``MLFLOW_TRACKING_URI`` overrides it. Telemetry is off.
+``<out>/mlartifacts`` (no server). ``MLFLOW_TRACKING_URI`` overrides it. Telemetry is off. MLflow records
+artifact locations as absolute paths, so a copied or moved output folder's store still points into the
+original: opening it is refused with one line (:func:`refuse_foreign_artifacts`) rather than writing there.
 """
 
 from __future__ import annotations
@@ -73,9 +75,11 @@ __all__ = [
     "active_experiments",
     "close_stale",
     "default_tracking_uri",
+    "foreign_artifact_locations",
     "open_tracker",
     "parent_lock_path",
     "quiet_library_logs",
+    "refuse_foreign_artifacts",
     "sanitize_metric_name",
     "stale_parents",
     "store_lock_path",
@@ -110,6 +114,61 @@ def default_tracking_uri(out_dir: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(out_dir).resolve() / 'mlflow.db'}"
 
 
+def foreign_artifact_locations(client, out_dir: Path, name: str | None = None) -> list[tuple[str, str]]:
+    """(experiment name, artifact location) of each study experiment of the store (``name``: that one
+    alone) whose artifacts live on this host's file system outside ``<out_dir>/mlartifacts``: the output
+    folder was copied or moved.
+
+    MLflow stores each experiment's and each run's artifact location as an absolute URI (a relative
+    ``artifact_location`` is resolved against the working directory when the experiment is created), so a
+    copied ``mlflow.db`` keeps pointing into the original folder. Skipped: remote locations (``s3://``,
+    ...), not this folder's business, and MLflow's own ``Default`` experiment (id 0), which nothing here
+    logs to and whose location is whatever the client that made the store chose (``./mlruns`` of its
+    working directory for stores made before ``mlartifacts`` was the root).
+    """
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    from mlflow.entities import ViewType
+
+    home = (Path(out_dir) / "mlartifacts").resolve()
+    exps = (
+        [client.get_experiment_by_name(name)]
+        if name is not None
+        else client.search_experiments(view_type=ViewType.ALL)
+    )
+    found = []
+    for exp in exps:
+        if exp is None or str(exp.experiment_id) == "0":
+            continue
+        loc = exp.artifact_location or ""
+        parsed = urlparse(loc)
+        if parsed.scheme not in ("", "file"):
+            continue
+        path = Path(url2pathname(parsed.path) if parsed.scheme else loc).resolve()
+        if not path.is_relative_to(home):
+            found.append((exp.name, loc))
+    return found
+
+
+def refuse_foreign_artifacts(client, out_dir: Path, experiment: str) -> None:
+    """Raise a one-line :class:`StudyError` when the experiment this invocation logs to keeps its
+    artifacts outside this output folder (:func:`foreign_artifact_locations`): logging would write into
+    the folder the store was copied from."""
+    foreign = foreign_artifact_locations(client, out_dir, experiment)
+    if not foreign:
+        return
+    name, loc = foreign[0]
+    out = Path(out_dir)
+    raise StudyError(
+        f"this output folder was copied or moved: its tracking store keeps the artifacts of experiment "
+        f"{name!r} at {loc}, so logging here would write into the original; "
+        f"move it back, or give this copy a fresh store (move {out / 'mlflow.db'} and "
+        f"{out / 'mlartifacts'} aside: its run folders are reused and logged again), or pass --no-mlflow",
+        str(out / "mlflow.db"),
+    )
+
+
 class Tracker(RunWriter):
     """Logs one study invocation to MLflow and finds earlier runs by key: the store and the parent run's
     life here, its three roles in parts of their own (writing: ``study.tracking_write.RunWriter``; reading
@@ -142,6 +201,8 @@ class Tracker(RunWriter):
             try:
                 self._create_store()
                 self.client = MlflowClient(self.uri)
+                if not os.environ.get("MLFLOW_TRACKING_URI"):  # a store of our own: it must be this folder's
+                    refuse_foreign_artifacts(self.client, self.out_dir, experiment)
                 self.experiment_id = self._get_or_create_experiment(experiment)
             except StudyError:
                 raise

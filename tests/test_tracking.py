@@ -14,7 +14,7 @@ from study.cli import main
 from study.orchestrate import run_study
 from study.runspecs import plan_runs
 from study.schema import load_hypothesis
-from study.stages import RunOptions
+from study.stages import RunOptions, collect_table
 from study.tracking import sanitize_metric_name
 from vitstudy_core.errors import StudyError
 
@@ -204,7 +204,7 @@ def test_missing_or_corrupt_store_artifact_is_one_line(study, capsys):
     assert again.trained == []
 
 
-def test_corrupt_local_spectra_is_one_line(study):
+def test_corrupt_local_spectra_is_one_line_and_run_retrains_it_alone(study):
     root, out, first = study
     key = first.trained[0]
     run_study(
@@ -215,10 +215,17 @@ def test_corrupt_local_spectra_is_one_line(study):
         log=lambda s: None,
     )
     (out / "runs" / key / "spectra.npz").write_bytes(b"bad")
-    with pytest.raises(StudyError, match=rf"key {key}\): artifact spectra.npz is missing or corrupt"):
-        run_study(
-            load_hypothesis(root / "first.yaml"), root / "first.yaml", out, RunOptions(workers=1, track=False)
-        )
+    hyp = load_hypothesis(root / "first.yaml")
+    specs = plan_runs(hyp)
+    # the table verb reads the folder as it is: one line naming the artifact and what `run` does about it
+    with pytest.raises(StudyError, match=rf"key {key}\): artifact spectra.npz is missing or corrupt") as e:
+        collect_table(specs, out / "runs", hyp.design.layers)
+    assert "\n" not in str(e.value) and "--force" not in str(e.value)
+    # without a store, `run` retrains that run alone (not everything, and no --force needed)
+    lines: list[str] = []
+    again = run_study(hyp, root / "first.yaml", out, RunOptions(workers=1, track=False), log=lines.append)
+    assert again.trained == [key], lines
+    assert any("damaged run folder" in x and "retraining this run only" in x for x in lines), lines
     shutil.rmtree(out / "runs" / key)
 
 

@@ -102,6 +102,31 @@ class RunFolder:
     def has_spectra(self) -> bool:
         return self.file(SPECTRA).is_file()
 
+    def damage(self) -> str | None:
+        """Why this folder's files cannot be read, or None: ``result.json`` (when present) must parse, and
+        each of ``spectra.npz`` (every array read, so a truncated zip is caught), ``rows.parquet`` and
+        ``scalars.json`` that is present must load. One short line (type and message, at most 200
+        characters). A finished run that is damaged is not finished for reuse: the run stage restores it
+        from the tracking store or retrains it; ``python -m study doctor`` reports it."""
+        name = RESULT
+        try:
+            if self.file(RESULT).exists():
+                json.loads(self.file(RESULT).read_text())
+            if self.file(SPECTRA).exists():
+                name = SPECTRA
+                with np.load(self.file(SPECTRA)) as f:
+                    for k in f.files:
+                        f[k]  # noqa: B018 - reading every array is what detects a truncated file
+            if self.file(ROWS).exists():
+                name = ROWS
+                self.read_rows()
+            if self.file(SCALARS).exists():
+                name = SCALARS
+                self.read_scalars()
+        except Exception as exc:  # noqa: BLE001 - zip, json, parquet and value errors all mean damage
+            return f"{name}: {type(exc).__name__}: {exc}"[:200]
+        return None
+
     # ---- readers ----------------------------------------------------------------------------------
     def read_spectra(self) -> dict[str, np.ndarray]:
         """Every spectrum, keyed :func:`spectrum_key`. Raises whatever numpy raises on a bad file."""
