@@ -97,21 +97,31 @@ def test_without_a_store_only_the_damaged_run_retrains(tiny_yaml, tmp_path, caps
     assert _claims(out) == claims  # CPU training is deterministic: the same verdicts
 
 
-def test_a_copied_folder_does_not_write_into_the_original(tiny_yaml, tmp_path, capsys):
+def _copied(tiny_yaml, tmp_path):
+    """A study run into ``a``, copied to ``b``; returns both and a snapshot of ``a``'s files."""
     a, b = tmp_path / "a", tmp_path / "b"
     assert _run(tiny_yaml, a) == 0
     shutil.copytree(a, b)
-    before = _snapshot(a)
+    return a, b, _snapshot(a)
+
+
+def test_a_copied_folder_does_not_write_into_the_original(tiny_yaml, tmp_path, capsys):
+    a, b, before = _copied(tiny_yaml, tmp_path)
     capsys.readouterr()
     assert _run(tiny_yaml, b, "--force") == 2  # refused before anything trains or is logged
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "copied or moved" in err and str(a / "mlartifacts") in err, err
     main(["doctor", "--out", str(b)])
     assert "moved_store" in capsys.readouterr().out  # doctor names it too (report only)
-    # what the line says to do: a fresh store for the copy; its runs are reused and logged into it. In a
+    assert _snapshot(a) == before  # not one file of the original changed
+
+
+def test_a_copied_folder_with_a_fresh_store_reuses_its_runs(tiny_yaml, tmp_path):
+    # what the refusal says to do: a fresh store for the copy; its runs are reused and logged into it. In a
     # new process, as a user would: MLflow caches this process's engine on the moved-aside file
     from tests.studyproc import run, study_cmd
 
+    a, b, before = _copied(tiny_yaml, tmp_path)
     (b / "mlflow.db").rename(tmp_path / "mlflow.db.from-a")
     shutil.rmtree(b / "mlartifacts")
     done = run(study_cmd(tiny_yaml, b))
