@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from runners.datasets import cache
+import runners.datasets.cache as cache
 from runners.datasets.base import DATASETS, DatasetKind, Reader
 from runners.datasets.fingerprints import dataset_fingerprint
 from runners.datasets.folders import resolve_path
