@@ -205,13 +205,13 @@ def run_study(
     check_hypothesis(hyp, str(hyp_path), out_dir)  # what would stop the study later stops it now
     # bad data paths or imports stop the study before anything is written or recorded; on-disk
     # fingerprints are recorded for hosts without the data
-    stages.check_inputs(stages.plan(hyp, data_dir, record=True, log=log), runs_dir, opts.force)
-    registration.check_binding(study_dir, hyp, sequential.as_dict() if sequential else None)
+    planned = stages.plan(hyp, data_dir, record=True, log=log)
+    stages.check_inputs(planned, runs_dir, opts.force)
+    plan = sequential.as_dict() if sequential else None
+    registration.check_binding(study_dir, hyp, plan)
     with open_tracker(opts.track, out_dir, hyp.name, opts.log_model) as tracker:
         # what the study declares is recorded before anything is trained (post hoc is decided here)
-        runs = (stages.plan(hyp, data_dir), runs_dir)
-        plan = sequential.as_dict() if sequential else None
-        reg = registration.register(study_dir, hyp, plan, runs=runs, force=opts.force)
+        reg = registration.register(study_dir, hyp, plan, runs=(planned, runs_dir), force=opts.force)
         looked = _run_looks(hyp, hyp_path, out_dir, tracker, sequential, opts, log, reg)
         status, seq = looked.status, looked.sequential
         for r in looked.results:

@@ -114,9 +114,7 @@ class RunFolder:
                 json.loads(self.file(RESULT).read_text())
             if self.file(SPECTRA).exists():
                 name = SPECTRA
-                with np.load(self.file(SPECTRA)) as f:
-                    for k in f.files:
-                        f[k]  # noqa: B018 - reading every array is what detects a truncated file
+                self.read_spectra()  # reads every array: what detects a truncated zip
             if self.file(ROWS).exists():
                 name = ROWS
                 self.read_rows()
