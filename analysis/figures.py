@@ -13,6 +13,7 @@ import math
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -96,7 +97,7 @@ def summary_bounds(metric: str, summary: str) -> Bounds:
     return lo, hi
 
 
-def _band(ax, x, values: np.ndarray, bounds: Bounds, colour: str, alpha: float = 0.25):
+def _band(ax, x, values: np.ndarray, bounds: Bounds, colour: Any, alpha: float = 0.25):
     """The across-seed mean of ``values`` (S, T) and its 95% t band clipped to ``bounds``; returns the mean."""
     mean, low, high = t_band(values)
     low, high = clip_band(low, high, bounds)
@@ -349,7 +350,7 @@ def _legend(ax, ax2=None) -> None:
         (ax2 or ax).legend(handles, labels, fontsize=7, loc="best")
 
 
-def _seed_points(ax, x: np.ndarray, y: np.ndarray, bounds: Bounds, joined: bool, colour: str, label: str):
+def _seed_points(ax, x: np.ndarray, y: np.ndarray, bounds: Bounds, joined: bool, colour: Any, label: str):
     """Per-seed curves ``y`` (S, T) over ``x`` and their mean with a 95% t band clipped to ``bounds``; as
     points with 95% t error bars, no line, when the points may not be joined."""
     ls = "-" if joined else "none"
@@ -490,26 +491,18 @@ def trials_figure(
         "points": f"; points only: the trials also differ in {', '.join(others)}, so no line joins them",
     }[mode]
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for i, (value, group) in enumerate(groups if mode != "points" else [((), trials)]):
-        obj = group.pivot_table(index="seed", columns=knob, values="objective", aggfunc="mean").sort_index(
-            axis=1
-        )
-        which = ", ".join(f"{k}={v:g}" for k, v in zip(others, np.atleast_1d(value), strict=False))
-        text = f"{label}{f' at {which}' if mode == 'grouped' else ''}: mean of {len(obj)} seeds (95% t CI)"
-        if mode == "points":  # one point per trial x seed, and per trial its seeds' mean: no line
-            ax.plot(trials[knob], trials.objective, "o", color="C0", alpha=0.35, ms=3)
-            x, mean = _trial_means(trials, knob, "objective")
-            ax.plot(x, mean, "D", color="C0", ms=4, ls="none", label=f"{label}: mean over seeds per trial")
-            continue
-        _seed_points(
-            ax,
-            obj.columns.to_numpy(dtype=float),
-            obj.to_numpy(dtype=float),
-            bounds,
-            True,
-            _GROUP_COLOURS[i],
-            text,
-        )
+    if mode == "points":  # one point per trial x seed, and per trial its seeds' mean: no line
+        ax.plot(trials[knob], trials.objective, "o", color="C0", alpha=0.35, ms=3)
+        x, mean = _trial_means(trials, knob, "objective")
+        ax.plot(x, mean, "D", color="C0", ms=4, ls="none", label=f"{label}: mean over seeds per trial")
+    for i, (value, group) in enumerate(groups if mode != "points" else []):
+        obj = group.pivot_table(index="seed", columns=knob, values="objective", aggfunc="mean")
+        obj = obj.sort_index(axis=1)
+        values = value if isinstance(value, tuple) else (value,)
+        at = " at " + ", ".join(f"{k}={v:g}" for k, v in zip(others, values, strict=True)) if others else ""
+        text = f"{label}{at}: mean of {len(obj)} seeds (95% t CI)"
+        x, y = obj.columns.to_numpy(dtype=float), obj.to_numpy(dtype=float)
+        _seed_points(ax, x, y, bounds, True, _GROUP_COLOURS[i], text)
     ax2 = _trials_accuracy(ax, trials, knob, mode == "lines")
     ax.set_xlabel(knob)
     ax.set_ylabel(label)

@@ -508,7 +508,7 @@ def crossing_lines(cross: dict[str, Any] | None, knob: str | None) -> list[str]:
     lo, hi = cross.get("x_range") or (None, None)
     swept = (
         f"the swept range ({knob} {lo:g} to {hi:g})"
-        if lo is not None and math.isfinite(lo) and math.isfinite(hi)
+        if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi)
         else "the swept range"
     )
     mean_curve = cross.get("mean_curve")
