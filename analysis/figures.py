@@ -214,7 +214,14 @@ def epoch_figure(
         ax.set_xlabel("epoch")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.0, 0.5), title="mean (95% t)")
+    axes[0][-1].legend(
+        fontsize=7,
+        ncol=2,
+        loc="center left",
+        bbox_to_anchor=(1.0, 0.5),
+        title="mean (95% t)",
+        title_fontsize=7,
+    )
     plotted = {"datasets": list(datasets), "epochs": sorted(drawn_epochs), "layers": drawn_layers}
     return Figure(name, caption, png=_png(fig), plotted=plotted)
 
