@@ -13,6 +13,7 @@ import math
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -23,12 +24,16 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
+from analysis.observables import metric_range  # noqa: E402
+from analysis.spectral import Bounds  # noqa: E402
 from vitstudy_core.fmt import unit_of  # noqa: E402
+from vitstudy_core.knobs import KNOBS  # noqa: E402
 from vitstudy_core.runfolder import RunFolder  # noqa: E402
 
 _DPI = 90  # enough to read axis labels; keeps a 15-layer study's report well under 1 MB
 _CI = 0.95
 _REGION_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3")
+_GROUP_COLOURS = ("C0", "C1", "C3", "C4", "C5", "C6")  # C2 is the accuracy axis's
 _VERDICT_COLOURS = {"ACCEPTED": "#2e7d32", "REJECTED": "#c62828", "INCONCLUSIVE": "#6d6d6d"}
 
 
@@ -72,6 +77,32 @@ def t_band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         q = np.where(n > 1, stats.t.ppf(0.5 + _CI / 2, np.maximum(n - 1, 1)), 0.0)
         half = np.where(n > 1, q * sd / np.sqrt(np.maximum(n, 1)), 0.0)
     return mean, mean - half, mean + half
+
+
+def clip_band(low: np.ndarray, high: np.ndarray, bounds: Bounds) -> tuple[np.ndarray, np.ndarray]:
+    """A band's (low, high), each (L,), clipped to the range its values can take (``bounds``, None: open):
+    a t interval of a bounded metric over few seeds can reach past its bounds (EED% below 0)."""
+    lo, hi = (-np.inf if bounds[0] is None else bounds[0]), (np.inf if bounds[1] is None else bounds[1])
+    return np.clip(low, lo, hi), np.clip(high, lo, hi)
+
+
+def summary_bounds(metric: str, summary: str) -> Bounds:
+    """The range of a per-seed summary of ``metric`` over layers: the metric's own for ``mean``/``min``,
+    ``[0, high - low]`` for ``range`` (max - min), ``[0, None]`` for ``argmin`` (a layer index)."""
+    lo, hi = metric_range(metric)
+    if summary == "range":
+        return 0.0, (hi - lo if lo is not None and hi is not None else None)
+    if summary == "argmin":
+        return 0.0, None
+    return lo, hi
+
+
+def _band(ax, x, values: np.ndarray, bounds: Bounds, colour: Any, alpha: float = 0.25):
+    """The across-seed mean of ``values`` (S, T) and its 95% t band clipped to ``bounds``; returns the mean."""
+    mean, low, high = t_band(values)
+    low, high = clip_band(low, high, bounds)
+    ax.fill_between(x, low, high, color=colour, alpha=alpha, lw=0)
+    return mean
 
 
 def _epoch_of(table: pd.DataFrame, epoch) -> int | None:
@@ -120,8 +151,7 @@ def profile_figure(
         colour = f"C{i}"
         for _, row in wide.iterrows():
             ax.plot(x, row.to_numpy(), color=colour, alpha=0.35, lw=0.8)
-        mean, low, high = t_band(wide.to_numpy())
-        ax.fill_between(x, low, high, color=colour, alpha=0.25, lw=0)
+        mean = _band(ax, x, wide.to_numpy(), metric_range(metric), colour)
         ax.plot(
             x, mean, color=colour, lw=2, marker="o", ms=3, label=f"{ds} (mean of {len(wide)} seeds, 95% t CI)"
         )
@@ -142,9 +172,14 @@ def epoch_figure(
     epochs: list[int],
     layers: list[str],
 ) -> Figure:
-    """The metric against epoch, one line per layer (the across-seed mean), one panel per dataset."""
+    """The metric against epoch, one panel per dataset, per layer: one thin line per seed and the
+    across-seed mean with its 95% t band (clipped to the metric's range), the seed being the unit the
+    trend is tested over."""
     name = f"epochs_{metric}"
-    caption = f"{metric} against epoch, one line per layer ({token_set} tokens; mean over seeds)"
+    caption = (
+        f"{metric} against epoch, per layer: seeds (thin), mean and 95% t band ({token_set} tokens, "
+        f"epochs {', '.join(map(str, epochs))})"
+    )
     sel = table[
         (table.metric == metric)
         & (table.token_set == token_set)
@@ -159,28 +194,45 @@ def epoch_figure(
     drawn_epochs: set[int] = set()
     drawn_layers: list[str] = []
     for ax, ds in zip(axes[0], datasets, strict=True):
-        mean = sel[sel.dataset == ds].groupby(["layer_index", "layer", "epoch"])["value"].mean().reset_index()
-        order = mean.drop_duplicates("layer").sort_values("layer_index")["layer"].tolist()
+        rows = sel[sel.dataset == ds]
+        order = rows.drop_duplicates("layer").sort_values("layer_index")["layer"].tolist()
         for j, layer in enumerate(order):
-            m = mean[mean.layer == layer].sort_values("epoch")
-            ax.plot(m.epoch, m.value, marker="o", ms=3, lw=1.2, color=cmap(j / max(1, len(order) - 1)),
-                    label=layer)  # fmt: skip
-            drawn_epochs.update(int(e) for e in m.epoch)
+            wide = rows[rows.layer == layer].pivot_table(
+                index="seed", columns="epoch", values="value", aggfunc="mean"
+            )
+            wide = wide.sort_index(axis=1)
+            x = wide.columns.to_numpy(dtype=float)
+            colour = cmap(j / max(1, len(order) - 1))
+            for _, seed_row in wide.iterrows():
+                ax.plot(x, seed_row.to_numpy(), color=colour, alpha=0.3, lw=0.6)
+            mean = _band(ax, x, wide.to_numpy(dtype=float), metric_range(metric), colour, alpha=0.15)
+            ax.plot(x, mean, marker="o", ms=3, lw=1.6, color=colour, label=layer)
+            drawn_epochs.update(int(e) for e in wide.columns)
             if layer not in drawn_layers:
                 drawn_layers.append(layer)
-        ax.set_title(ds, fontsize=9)
+        ax.set_title(f"{ds} ({rows.seed.nunique()} seeds)", fontsize=9)
         ax.set_xlabel("epoch")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, ncol=2, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    axes[0][-1].legend(
+        fontsize=7,
+        ncol=2,
+        loc="center left",
+        bbox_to_anchor=(1.0, 0.5),
+        title="mean (95% t)",
+        title_fontsize=7,
+    )
     plotted = {"datasets": list(datasets), "epochs": sorted(drawn_epochs), "layers": drawn_layers}
     return Figure(name, caption, png=_png(fig), plotted=plotted)
 
 
-def effect_figure(result) -> Figure:
-    """Forest plot of one claim's result (``analysis.verdicts.ClaimResult``): the effect and its 95% CI."""
+def effect_figure(result, unit: str | None = None) -> Figure:
+    """Forest plot of one claim's result (``analysis.verdicts.ClaimResult``): the effect and its 95% CI.
+
+    ``unit``: the effect's unit as its kind states it (`` pp per unit of clutter``); default the metric's."""
     name = "effect"
-    unit = unit_of(result.metric).replace(" pp", " (pp)")
+    unit = unit_of(result.metric) if unit is None else unit
+    unit = f" ({unit.strip()})" if unit.strip() else ""
     caption = f"effect with 95% CI{unit}"
     effect, lo, hi = (float(v) for v in (result.effect, result.ci_low, result.ci_high))
     if math.isnan(effect):
@@ -241,103 +293,231 @@ def covariance_figures(runs_dir: Path, run_keys: list[str], labels: dict, missin
     return [Figure("covariances", caption, missing="every covariances.npz was unreadable (see Missing)")]
 
 
-def knob_figure(result, ylabel: str) -> Figure:
-    """A claim over a swept knob: per-seed points and lines, the seed mean with a 95% t band, and the
-    fitted trend (per-seed OLS lines, their mean and 95% t band); the trials' test accuracy (mean over
-    seeds) on a second axis when the sweep recorded it (``details["accuracy"]``, same layout as the curve).
+def _seed_mean(values: np.ndarray) -> np.ndarray:
+    """(S, T) -> (T,) mean over the finite entries of each column (NaN where none: no empty-slice warning)."""
+    values = np.asarray(values, dtype=np.float64)
+    n = np.isfinite(values).sum(axis=0)
+    total = np.where(np.isfinite(values), values, 0.0).sum(axis=0)
+    return np.where(n > 0, total / np.maximum(n, 1), np.nan)
 
-    Reads ``result.details["curve"] = {"knob", "x": (T,), "per_seed": {seed: (T,)}}``.
+
+def other_knobs(frame: pd.DataFrame | None, knob: str, names: list[str] | None = None) -> list[str]:
+    """The knobs besides ``knob`` that vary in ``frame`` (its columns named as knobs, or ``names``)."""
+    if frame is None:
+        return []
+    names = [k for k in (names if names is not None else KNOBS) if k != knob and k in frame.columns]
+    return [k for k in names if frame[k].nunique(dropna=True) > 1]
+
+
+def balanced(points: pd.DataFrame, knob: str, others: list[str]) -> bool:
+    """Every value of ``knob`` among the design ``points`` (one row per trial: the knobs as columns) meets
+    the same combinations of the ``others`` (a full grid): only then does each value's mean average the
+    same design points, so a line may join the values."""
+    if not others:
+        return True
+    combos = {
+        value: frozenset(map(tuple, rows[others].drop_duplicates().to_numpy().tolist()))
+        for value, rows in points.groupby(knob)
+    }
+    return len(set(combos.values())) == 1
+
+
+def _accuracy_axis(ax, x: np.ndarray, acc: np.ndarray, chance: np.ndarray | None, joined: bool):
+    """The trials' test accuracy (mean over seeds) on a right axis fixed to [0, 1] (never zoomed in on a
+    few points of noise), with each point's chance level (1 / n_classes: it moves with an n_classes
+    knob); points only when the trials may not be joined. Returns the right axis."""
+    ax2 = ax.twinx()
+    style = {"lw": 1.2} if joined else {"ls": "none"}
+    ax2.plot(
+        x, acc, color="C2", marker="s", ms=3, label="test accuracy, mean over seeds (right axis)", **style
+    )
+    if chance is not None and np.isfinite(chance).any():
+        ax2.plot(
+            x,
+            chance,
+            color="dimgrey",
+            ls=":" if joined else "none",
+            marker=None if joined else "_",
+            ms=12,
+            lw=1.2,
+            label="chance, 1 / n_classes (right axis)",
+        )
+    ax2.set_ylim(0.0, 1.0)
+    ax2.set_ylabel("test accuracy", color="C2", fontsize=8)
+    return ax2
+
+
+def _legend(ax, ax2=None) -> None:
+    """One legend for both axes (on the right axis when there is one, so no line hides it)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if ax2 is not None:
+        more = ax2.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    if handles:
+        (ax2 or ax).legend(handles, labels, fontsize=7, loc="best")
+
+
+def _seed_points(ax, x: np.ndarray, y: np.ndarray, bounds: Bounds, joined: bool, colour: Any, label: str):
+    """Per-seed curves ``y`` (S, T) over ``x`` and their mean with a 95% t band clipped to ``bounds``; as
+    points with 95% t error bars, no line, when the points may not be joined."""
+    ls = "-" if joined else "none"
+    for row in y:
+        ax.plot(x, row, color=colour, alpha=0.35, lw=0.8, ls=ls, marker="o", ms=3)
+    mean, low, high = t_band(y)
+    low, high = clip_band(low, high, bounds)
+    if joined:
+        ax.fill_between(x, low, high, color=colour, alpha=0.2, lw=0)
+        ax.plot(x, mean, color=colour, lw=2, marker="o", ms=4, label=label)
+    else:
+        err = np.vstack([mean - low, high - mean])
+        ax.errorbar(x, mean, yerr=err, fmt="D", ms=4, color=colour, capsize=3, label=label)
+
+
+def _joined_caption(joined: bool, others: list[str]) -> str:
+    if not others:
+        return ""
+    if joined:
+        return f"; each value's point averages the same {', '.join(others)} levels (a full grid)"
+    return f"; points only: the trials at different values also differ in {', '.join(others)}"
+
+
+def knob_figure(
+    result,
+    ylabel: str,
+    bounds: Bounds = (None, None),
+    table: pd.DataFrame | None = None,
+    slope_unit: str = "",
+) -> Figure:
+    """A claim over a swept knob: per-seed points and lines, the seed mean with a 95% t band, and the
+    fitted trend (per-seed OLS lines, their mean and 95% t band), bands clipped to ``bounds`` (the range
+    of the plotted values); the trials' test accuracy (mean over seeds) on a right axis fixed to [0, 1],
+    with the chance level, when the sweep recorded it (``details["accuracy"]``: ``x``, ``per_seed``, and
+    ``chance`` per point).
+
+    When another knob varies in ``table`` (the sweep's table) and the values of this one do not all meet
+    the same levels of it, the curve's points are not joined (points with error bars), since a line
+    would join trials that differ in the other knob. ``slope_unit``: the slope's unit (`` pp per unit
+    of clutter``). Reads ``result.details["curve"] = {"knob", "x": (T,), "per_seed": {seed: (T,)}}``.
     """
     curve = (result.details or {}).get("curve") or {}
     knob = curve.get("knob", "knob")
-    name, caption = f"knob_{knob}", f"{ylabel} against {knob}: seeds, mean (95% t band) and fitted trend"
+    others = other_knobs(table, knob)
+    joined = (
+        table is None or knob not in table or balanced(table[[knob, *others]].drop_duplicates(), knob, others)
+    )
+    name = f"knob_{knob}"
+    caption = f"{ylabel} against {knob}: seeds, mean (95% t band) and fitted trend" + _joined_caption(
+        joined, others
+    )
     if not curve.get("per_seed"):
         return Figure(name, caption, missing="no per-seed curve in the claim's result")
     x = np.asarray(curve["x"], float)
     seeds = list(curve["per_seed"])
     y = np.asarray([curve["per_seed"][s] for s in seeds], float)  # (S, T)
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for row in y:
-        ax.plot(x, row, color="C0", alpha=0.35, lw=0.8, marker="o", ms=3)
-    mean, low, high = t_band(y)
-    ax.fill_between(x, low, high, color="C0", alpha=0.2, lw=0)
-    ax.plot(x, mean, color="C0", lw=2, marker="o", ms=4, label=f"mean of {len(seeds)} seeds (95% t CI)")
+    _seed_points(ax, x, y, bounds, joined, "C0", f"mean of {len(seeds)} seeds (95% t CI)")
     fits = np.array([np.polyval(np.polyfit(x, row, 1), x) for row in y]) if len(x) > 1 else y
-    fmean, flow, fhigh = t_band(fits)
-    ax.fill_between(x, flow, fhigh, color="C3", alpha=0.12, lw=0)
+    fmean = _band(ax, x, fits, bounds, "C3", alpha=0.12)
     ax.plot(
         x,
         fmean,
         color="C3",
         lw=1.5,
         ls="--",
-        label=f"fitted trend, slope {result.effect:.3g} ({result.verdict})",
+        label=f"fitted trend, slope {result.effect:.3g}{slope_unit} ({result.verdict})",
     )
     cross = (result.details or {}).get("crossing") or {}
     if cross.get("mean_curve") is not None and np.isfinite(cross["mean_curve"]):  # null once read back
         ax.axhline(cross["level"], color="grey", lw=0.8, ls=":")
         ax.axvline(cross["mean_curve"], color="grey", lw=0.8, ls=":")
     accuracy = (result.details or {}).get("accuracy") or {}
+    ax2 = None
     if accuracy.get("per_seed"):
         acc = np.asarray(list(accuracy["per_seed"].values()), float)
-        ax2 = ax.twinx()
-        ax2.plot(
-            np.asarray(accuracy["x"], float), np.nanmean(acc, axis=0), color="C2", lw=1.2, marker="s", ms=3
-        )
-        ax2.set_ylabel("test accuracy (mean over seeds)", color="C2", fontsize=8)
+        chance = np.asarray(accuracy["chance"], float) if accuracy.get("chance") else None
+        ax2 = _accuracy_axis(ax, np.asarray(accuracy["x"], float), _seed_mean(acc), chance, joined)
     ax.set_xlabel(knob)
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=7, loc="best")
+    _legend(ax, ax2)
     ax.grid(alpha=0.3)
     plotted = {"datasets": [knob], "epochs": [curve.get("epoch", "last")], "layers": [], "x": x.tolist()}
-    return Figure(name, caption, png=_png(fig), plotted=plotted)
+    return Figure(name, caption, png=_png(fig), plotted={**plotted, "joined": joined, "others": others})
 
 
-def trials_figure(trials: pd.DataFrame, knob: str, label: str) -> Figure:
-    """A sweep's objective against one knob: per-seed points and lines, the seed mean with a 95% t band,
-    and each trial's test accuracy (mean over seeds) on a second axis.
+def _trial_means(trials: pd.DataFrame, knob: str, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per trial its ``knob`` value and the mean of ``column`` over its seeds (NaN where none)."""
+    per = trials.groupby("trial").agg(x=(knob, "first"), v=(column, "mean")).sort_values("x")
+    return per.x.to_numpy(dtype=float), per.v.to_numpy(dtype=float)
 
-    ``trials``: one row per trial x seed with columns ``knob``, ``seed``, ``objective``, ``test_acc``.
+
+def _trials_accuracy(ax, trials: pd.DataFrame, knob: str, joined: bool):
+    """The right axis of the sweep figure: per point (per trial when not joined) the seeds' mean test
+    accuracy and the chance level; None when no run recorded an accuracy."""
+    if not trials.test_acc.notna().any():
+        return None
+    has_chance = "chance" in trials and trials.chance.notna().any()
+    if joined:
+        per = trials.groupby(knob).agg(
+            acc=("test_acc", "mean"), **({"chance": ("chance", "mean")} if has_chance else {})
+        )
+        x = per.index.to_numpy(dtype=float)
+        return _accuracy_axis(ax, x, per.acc.to_numpy(), per.chance.to_numpy() if has_chance else None, True)
+    x, acc = _trial_means(trials, knob, "test_acc")
+    chance = _trial_means(trials, knob, "chance")[1] if has_chance else None
+    return _accuracy_axis(ax, x, acc, chance, False)
+
+
+def trials_figure(
+    trials: pd.DataFrame,
+    knob: str,
+    label: str,
+    bounds: Bounds = (None, None),
+    others: list[str] | None = None,
+) -> Figure:
+    """A sweep's objective against one knob: per-seed points and lines, the seed mean with a 95% t band
+    (clipped to ``bounds``, the range of the objective), and each trial's test accuracy (mean over seeds)
+    with its chance level on a right axis fixed to [0, 1].
+
+    ``trials``: one row per trial x seed with columns ``trial``, ``knob``, ``seed``, ``objective``,
+    ``test_acc`` (and ``chance``, 1 / n_classes of the trial, when known). ``others``: the sweep's other
+    knobs. When one of them varies, a line never joins trials that differ in it: one line per
+    combination of their values when each such group has two values of ``knob`` or more (at most 6
+    groups), else points only; the caption says which.
     """
-    name, caption = (
-        f"sweep_{knob}",
-        f"sweep objective ({label}) against {knob}; test accuracy on the right axis",
-    )
+    name = f"sweep_{knob}"
+    caption = f"sweep objective ({label}) against {knob}; test accuracy and chance on the right axis"
     if trials.empty or knob not in trials:
         return Figure(name, caption, missing="no complete trial")
-    obj = trials.pivot_table(index="seed", columns=knob, values="objective", aggfunc="mean").sort_index(
-        axis=1
-    )
-    x = obj.columns.to_numpy(dtype=float)
+    others = other_knobs(trials, knob, others or [])
+    groups = list(trials.groupby(others)) if others else [((), trials)]
+    grouped = bool(others) and len(groups) <= 6 and all(g[knob].nunique() >= 2 for _, g in groups)
+    mode = "lines" if not others else ("grouped" if grouped else "points")
+    caption += {
+        "lines": "",
+        "grouped": f"; one line per value of {', '.join(others)} (trials differing in it are not joined)",
+        "points": f"; points only: the trials also differ in {', '.join(others)}, so no line joins them",
+    }[mode]
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for _, row in obj.iterrows():
-        ax.plot(x, row.to_numpy(), color="C0", alpha=0.35, lw=0.8, marker="o", ms=3)
-    mean, low, high = t_band(obj.to_numpy(dtype=float))
-    ax.fill_between(x, low, high, color="C0", alpha=0.2, lw=0)
-    ax.plot(
-        x, mean, color="C0", lw=2, marker="o", ms=4, label=f"{label}: mean of {len(obj)} seeds (95% t CI)"
-    )
-    if trials.test_acc.notna().any():
-        acc = trials.pivot_table(index="seed", columns=knob, values="test_acc", aggfunc="mean").sort_index(
-            axis=1
-        )
-        ax2 = ax.twinx()
-        ax2.plot(
-            acc.columns.to_numpy(dtype=float),
-            acc.mean(axis=0).to_numpy(),
-            color="C2",
-            marker="s",
-            ms=3,
-            lw=1.2,
-        )
-        ax2.set_ylabel("test accuracy (mean over seeds)", color="C2", fontsize=8)
+    if mode == "points":  # one point per trial x seed, and per trial its seeds' mean: no line
+        ax.plot(trials[knob], trials.objective, "o", color="C0", alpha=0.35, ms=3)
+        x, mean = _trial_means(trials, knob, "objective")
+        ax.plot(x, mean, "D", color="C0", ms=4, ls="none", label=f"{label}: mean over seeds per trial")
+    for i, (value, group) in enumerate(groups if mode != "points" else []):
+        obj = group.pivot_table(index="seed", columns=knob, values="objective", aggfunc="mean")
+        obj = obj.sort_index(axis=1)
+        values = value if isinstance(value, tuple) else (value,)
+        at = " at " + ", ".join(f"{k}={v:g}" for k, v in zip(others, values, strict=True)) if others else ""
+        text = f"{label}{at}: mean of {len(obj)} seeds (95% t CI)"
+        x, y = obj.columns.to_numpy(dtype=float), obj.to_numpy(dtype=float)
+        _seed_points(ax, x, y, bounds, True, _GROUP_COLOURS[i], text)
+    ax2 = _trials_accuracy(ax, trials, knob, mode == "lines")
     ax.set_xlabel(knob)
     ax.set_ylabel(label)
-    ax.legend(fontsize=7, loc="best")
+    _legend(ax, ax2)
     ax.grid(alpha=0.3)
-    return Figure(
-        name, caption, png=_png(fig), plotted={"datasets": [knob], "epochs": ["last"], "x": x.tolist()}
-    )
+    x = np.sort(trials[knob].unique().astype(float))
+    plotted = {"datasets": [knob], "epochs": ["last"], "x": x.tolist(), "mode": mode, "others": others}
+    return Figure(name, caption, png=_png(fig), plotted=plotted)
 
 
 def optuna_figures(optuna_study) -> list[Figure]:

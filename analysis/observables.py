@@ -32,7 +32,7 @@ from typing import Literal
 
 import numpy as np
 
-from analysis.spectral import METRICS
+from analysis.spectral import METRICS, RANGES, Bounds
 from vitstudy_core.registry import Registry
 
 Input = Literal["covariance", "sample"]
@@ -47,10 +47,12 @@ class Observable:
         on: ``"covariance"``: ``fn(cov)`` with ``cov`` the centred ``(D, D)`` float64 covariance;
             ``"sample"``: ``fn(x)`` with ``x`` the ``(m, D)`` seeded token subsample (raw activations).
         fn: the function.
+        bounds: (low, high) of its values (None: unbounded on that side), as :data:`analysis.spectral.RANGES`.
     """
 
     on: Input
     fn: Callable[[np.ndarray], float]
+    bounds: Bounds = (None, None)
 
 
 def _check(name: str, entry: Observable) -> None:
@@ -63,11 +65,12 @@ def _check(name: str, entry: Observable) -> None:
 OBSERVABLES: Registry[Observable] = Registry("observable", check=_check)
 
 
-def register_observable(name: str, on: Input) -> Callable[[Callable], Callable]:
-    """Decorator: add ``fn`` to :data:`OBSERVABLES` under ``name``, computed on ``on``; returns ``fn``."""
+def register_observable(name: str, on: Input, bounds: Bounds = (None, None)) -> Callable[[Callable], Callable]:
+    """Decorator: add ``fn`` to :data:`OBSERVABLES` under ``name``, computed on ``on``, its values in
+    ``bounds``; returns ``fn``."""
 
     def wrap(fn: Callable[[np.ndarray], float]) -> Callable[[np.ndarray], float]:
-        OBSERVABLES.register(name, Observable(on, fn))
+        OBSERVABLES.register(name, Observable(on, fn, bounds))
         return fn
 
     return wrap
@@ -87,7 +90,7 @@ def compute_observables(cov: np.ndarray, sample: np.ndarray) -> dict[str, float]
 TWONN_DISCARD = 0.1  # Facco et al. 2017: drop the largest 10% of ratios, where the Pareto fit is poorest
 
 
-@register_observable("cosine_anisotropy", on="sample")
+@register_observable("cosine_anisotropy", on="sample", bounds=(-1.0, 1.0))
 def cosine_anisotropy(x: np.ndarray) -> float:
     """Mean cosine similarity over all distinct pairs of rows of ``x``, uncentred.
 
@@ -109,7 +112,7 @@ def cosine_anisotropy(x: np.ndarray) -> float:
     return float((total @ total - m) / (m * (m - 1)))
 
 
-@register_observable("diagonality", on="covariance")
+@register_observable("diagonality", on="covariance", bounds=(0.0, 1.0))
 def diagonality(cov: np.ndarray) -> float:
     """Off-diagonal share of the absolute mass of the correlation matrix.
 
@@ -134,7 +137,7 @@ def diagonality(cov: np.ndarray) -> float:
     return float((total - np.trace(r)) / total)
 
 
-@register_observable("twonn_id", on="sample")
+@register_observable("twonn_id", on="sample", bounds=(0.0, None))
 def twonn_id(x: np.ndarray, discard_fraction: float = TWONN_DISCARD) -> float:
     """TwoNN intrinsic dimension (Facco, d'Errico, Rodriguez & Laio, Sci. Rep. 2017).
 
@@ -177,3 +180,12 @@ def twonn_id(x: np.ndarray, discard_fraction: float = TWONN_DISCARD) -> float:
 
 # every name a hypothesis file may use as a metric: eigenvalue metrics and observables (after registration)
 ALL_METRICS: tuple[str, ...] = tuple(sorted(set(METRICS) | set(OBSERVABLES)))
+
+
+def metric_range(name: str) -> Bounds:
+    """(low, high) of a metric's values: an eigenvalue metric's or an observable's declared bounds
+    (None on a side without one; both None for a name registered nowhere)."""
+    if name in RANGES:
+        return RANGES[name]
+    entry = OBSERVABLES.get(name, None)
+    return entry.bounds if entry is not None else (None, None)

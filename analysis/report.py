@@ -87,6 +87,7 @@ class Section:
     subset: str
     findings: list[str]
     figures: list[Figure]
+    unit: str = ""  # the effect's unit suffix (``effect_unit``)
 
 
 def read_study(
@@ -138,16 +139,28 @@ def read_study(
 
 
 def subset_text(claim, result: ClaimResult) -> str:
-    """A claim's slice of the table, led by the datasets it lists in declared order (if it lists any)."""
+    """A claim's slice of the table, led by the datasets it lists in declared order (if it lists any); a
+    claim over epochs shows the epochs it was tested over instead of the ``subset.epoch`` it never reads."""
     listed = list(getattr(claim, "datasets", None) or [])
     head = f"datasets=[{', '.join(listed)}]" if listed else ""
-    sub = ", ".join(f"{k}={v}" for k, v in (result.subset or {}).items() if v is not None)
+    subset = dict(result.subset or {})
+    if claim is not None and not claim.reads_subset_epoch():
+        subset.pop("epoch", None)
+        epochs = [int(e) for e in result.details.get("x") or []]
+        subset["epochs"] = f"[{', '.join(map(str, epochs))}]" if epochs else None
+    sub = ", ".join(f"{k}={v}" for k, v in subset.items() if v is not None)
     return ", ".join(t for t in (head, sub) if t)
+
+
+def effect_unit(claim, result: ClaimResult) -> str:
+    """The unit suffix of a claim's effect as its kind states it (`` pp per unit of clutter`` for a slope);
+    the metric's own unit when the claim's definition is not at hand."""
+    return get_kind(result.kind).effect_unit(claim) if claim is not None else unit_of(result.metric)
 
 
 def findings(claim, result: ClaimResult) -> list[str]:
     """What the claim's test found: the kind's own lines, then the verdict's basis, power, warnings, seeds."""
-    unit = unit_of(result.metric)
+    unit = effect_unit(claim, result)
     lines = list(get_kind(result.kind).explain(claim, result)) if claim is not None else []
     if result.details.get("method_used"):
         lines.insert(0, f"test used: {result.details['method_used']}")
@@ -197,7 +210,8 @@ def build_sections(inp: ReportInput) -> list[Section]:
                 figures += get_kind(result.kind).figures(FigureContext(inp.table, claim, result))
             except Exception as exc:  # noqa: BLE001 - one bad claim must not sink the report
                 figures.append(Figure("profile", "claim figure", missing=f"{type(exc).__name__}: {exc}"))
-        figures.append(effect_figure(result))
+        unit = effect_unit(claim, result)
+        figures.append(effect_figure(result, unit))
         for f in figures:
             f.name = f"claim{i + 1}_{f.name}"
         sections.append(
@@ -207,6 +221,7 @@ def build_sections(inp: ReportInput) -> list[Section]:
                 subset_text(claim, result),
                 findings(claim, result),
                 figures,
+                unit,
             )
         )
     return sections
@@ -273,8 +288,7 @@ def _verdict_cell(r: ClaimResult) -> str:
 def _verdict_rows(sections: list[Section]) -> list[list[str]]:
     rows = []
     for s in sections:
-        r = s.result
-        unit = unit_of(r.metric)
+        r, unit = s.result, s.unit
         rows.append(
             [
                 r.name,

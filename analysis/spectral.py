@@ -44,13 +44,24 @@ from vitstudy_core.registry import Registry
 
 MetricFn = Callable[[np.ndarray], float]
 METRICS: Registry[MetricFn] = Registry("metric")
+# (low, high) a metric's values can take (None: unbounded there, or bounded by D, which a table does not
+# carry): what the report's figures clip their bands to, so an interval never leaves the possible values
+Bounds = tuple[float | None, float | None]
+RANGES: dict[str, Bounds] = {}
 
 _FLATNESS_FLOOR = 1e-12  # relative to the mean eigenvalue: keeps log() finite on rank-deficient spectra
 
 
-def register_metric(name: str) -> Callable[[MetricFn], MetricFn]:
-    """Decorator: add ``fn(eigenvalues) -> float`` to :data:`METRICS` under ``name``."""
-    return METRICS.register(name)
+def register_metric(name: str, bounds: Bounds = (None, None)) -> Callable[[MetricFn], MetricFn]:
+    """Decorator: add ``fn(eigenvalues) -> float`` to :data:`METRICS` under ``name``, with the range of its
+    values ``bounds = (low, high)`` (:data:`RANGES`; None: no bound known without D)."""
+
+    def wrap(fn: MetricFn) -> MetricFn:
+        METRICS.register(name, fn)
+        RANGES[name] = bounds
+        return fn
+
+    return wrap
 
 
 NUMERICAL_ZERO = (
@@ -78,7 +89,7 @@ def _probs(lam: np.ndarray) -> np.ndarray:
     return lam / total
 
 
-@register_metric("spectral_entropy")
+@register_metric("spectral_entropy", bounds=(0.0, None))
 def spectral_entropy(lam: np.ndarray) -> float:
     """H = -sum p_i log p_i in nats, p_i = lam_i / sum(lam); 0 log 0 = 0. Range [0, log D]."""
     p = _probs(lam)
@@ -86,33 +97,33 @@ def spectral_entropy(lam: np.ndarray) -> float:
     return float(-(nz * np.log(nz)).sum()) if np.isfinite(p).all() else float("nan")
 
 
-@register_metric("spectral_entropy_norm")
+@register_metric("spectral_entropy_norm", bounds=(0.0, 1.0))
 def spectral_entropy_norm(lam: np.ndarray) -> float:
     """H / log D. Range [0, 1] (1 = flat spectrum)."""
     d = np.asarray(lam).size
     return spectral_entropy(lam) / np.log(d) if d > 1 else float("nan")
 
 
-@register_metric("effective_rank")
+@register_metric("effective_rank", bounds=(1.0, None))
 def effective_rank(lam: np.ndarray) -> float:
     """exp(H), eigenvalue form. Range [1, D]; a flat rank-k spectrum gives exactly k."""
     return float(np.exp(spectral_entropy(lam)))
 
 
-@register_metric("eed_pct")
+@register_metric("eed_pct", bounds=(0.0, 100.0))
 def eed_pct(lam: np.ndarray) -> float:
     """Effective Encoding Dimension in percent of D: 100 * exp(H) / D. Range (0, 100]."""
     return 100.0 * effective_rank(lam) / np.asarray(lam).size
 
 
-@register_metric("stable_rank")
+@register_metric("stable_rank", bounds=(1.0, None))
 def stable_rank(lam: np.ndarray) -> float:
     """sum(lam) / max(lam) (= ||X||_F^2 / ||X||_2^2 of the centred data). Range [1, D]."""
     lam = _clean(lam)
     return float(lam.sum() / lam.max()) if lam.max() > 0 else float("nan")
 
 
-@register_metric("participation_ratio")
+@register_metric("participation_ratio", bounds=(1.0, None))
 def participation_ratio(lam: np.ndarray) -> float:
     """(sum lam)^2 / sum(lam^2). Range [1, D]."""
     lam = _clean(lam)
@@ -120,7 +131,7 @@ def participation_ratio(lam: np.ndarray) -> float:
     return float(lam.sum() ** 2 / sq) if sq > 0 else float("nan")
 
 
-@register_metric("spectral_flatness")
+@register_metric("spectral_flatness", bounds=(0.0, 1.0))
 def spectral_flatness(lam: np.ndarray) -> float:
     """exp(mean log lam) / mean(lam), eigenvalues floored at 1e-12 * mean. Range (0, 1]."""
     lam = _clean(lam)
@@ -131,21 +142,21 @@ def spectral_flatness(lam: np.ndarray) -> float:
     return float(np.exp(np.log(floored).mean()) / mean)
 
 
-@register_metric("spectral_anisotropy")
+@register_metric("spectral_anisotropy", bounds=(0.0, 1.0))
 def spectral_anisotropy(lam: np.ndarray) -> float:
     """max(lam) / sum(lam): share of variance on the top direction. Range [1/D, 1]."""
     lam = _clean(lam)
     return float(lam.max() / lam.sum()) if lam.sum() > 0 else float("nan")
 
 
-@register_metric("numerical_rank")
+@register_metric("numerical_rank", bounds=(0.0, None))
 def numerical_rank(lam: np.ndarray, tol: float = 1e-6) -> float:
     """#{lam_i > tol * max(lam)}, tol = 1e-6 by default. Range [0, D]."""
     lam = _clean(lam)
     return float((lam > tol * lam.max()).sum()) if lam.max() > 0 else 0.0
 
 
-@register_metric("effective_rank_sv")
+@register_metric("effective_rank_sv", bounds=(1.0, None))
 def effective_rank_sv(lam: np.ndarray) -> float:
     """Roy & Vetterli (2007) / RankMe (Garrido et al. 2023) effective rank, singular-value form.
 
@@ -185,7 +196,7 @@ def _powerlaw_fit(lam: np.ndarray) -> tuple[float, float]:
     return float(-slope), float(max(0.0, min(1.0, r2)))
 
 
-@register_metric("powerlaw_alpha")
+@register_metric("powerlaw_alpha", bounds=(None, None))
 def powerlaw_alpha(lam: np.ndarray) -> float:
     """Power-law decay exponent: ``-slope`` of ``log lam_i`` against ``log i`` (least squares).
 
@@ -196,7 +207,7 @@ def powerlaw_alpha(lam: np.ndarray) -> float:
     return _powerlaw_fit(lam)[0]
 
 
-@register_metric("powerlaw_r2")
+@register_metric("powerlaw_r2", bounds=(0.0, 1.0))
 def powerlaw_r2(lam: np.ndarray) -> float:
     """Coefficient of determination R^2 = 1 - SS_res / SS_tot of the ``powerlaw_alpha`` fit, in [0, 1].
 

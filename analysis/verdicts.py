@@ -38,7 +38,7 @@ from statsmodels.stats.multitest import multipletests
 
 from analysis.inference import bootstrap_ci, power_and_seeds_needed
 from analysis.kinds import get_kind
-from analysis.kinds.base import NotTestable, Outcome, TableView
+from analysis.kinds.base import NotTestable, Outcome, TableView, layer_location
 from analysis.power import seed_floor
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 
@@ -173,7 +173,7 @@ def adjust(pvalues: list[float], method: str) -> list[float]:
 def decide(outcome: Outcome, p_adjusted: float, alpha: float, margin: float | None = None) -> tuple[str, str]:
     """The verdict rule (module docstring) and a one-phrase reason."""
     if outcome.not_testable:
-        return INCONCLUSIVE, f"not testable on this source: {outcome.not_testable}"
+        return INCONCLUSIVE, outcome.not_testable
     n = len(outcome.seeds_used)
     if n < 2:  # every claim is tested across seeds: one seed gives a description, never a verdict
         return INCONCLUSIVE, f"{n} seed{'' if n == 1 else 's'}: a test across seeds needs >= 2"
@@ -193,14 +193,9 @@ def _evaluate_one(view: TableView, claim: Any, where: str, excluded: dict[int, s
     try:
         return get_kind(claim.kind).evaluate(view, claim, where=where, excluded=excluded)
     except NotTestable as exc:
-        nan = float("nan")
+        nan, why = float("nan"), f"{exc.why}: {exc.message}"
         return Outcome(
-            p_value=nan,
-            effect=nan,
-            ci=(nan, nan),
-            seeds_excluded=excluded,
-            warnings=[f"not testable on this source: {exc.message}"],
-            not_testable=exc.message,
+            p_value=nan, effect=nan, ci=(nan, nan), seeds_excluded=excluded, warnings=[why], not_testable=why
         )
 
 
@@ -408,10 +403,11 @@ def format_verdicts(results: list[ClaimResult]) -> str:
     for r in results:
         loc, depth = r.details.get("bottleneck_location"), r.details.get("bottleneck_depth")
         if loc and depth and r.n_seeds >= 2:
+            # in layer names, the CI clipped to the layers observed: never an index no layer has
+            observed = {str(p["layer"]): int(p["layer_index"]) for p in r.details.get("profile") or []}
             lines.append(
-                f"  - {r.name}: bottleneck at layer index {fmt_num(loc['mean_layer_index'], 1)} "
-                f"({fmt_num(loc['ci'][0], 1)}, {fmt_num(loc['ci'][1], 1)}), depth {fmt_num(depth['mean'], 2)} "
-                f"({fmt_num(depth['ci'][0], 2)}, {fmt_num(depth['ci'][1], 2)})"
+                f"  - {r.name}: bottleneck at {layer_location(loc['mean_layer_index'], loc['ci'], observed)}, "
+                f"depth {fmt_num(depth['mean'], 2)} ({fmt_num(depth['ci'][0], 2)}, {fmt_num(depth['ci'][1], 2)})"
             )
         if r.verdict == INCONCLUSIVE and r.n_seeds >= 2 and math.isnan(r.power):
             # no standardised effect (the seeds do not vary): no power to speak of, whatever the sign

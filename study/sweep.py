@@ -413,7 +413,20 @@ def trials_table(optuna_study, hyp: Hypothesis) -> pd.DataFrame:
                     "trial_value": t.value,
                 }
             )
-    return pd.DataFrame(rows)
+    return with_task_size(pd.DataFrame(rows), hyp)
+
+
+def with_task_size(trials: pd.DataFrame, hyp: Hypothesis) -> pd.DataFrame:
+    """``trials`` with each trial's ``chance`` (1 / n_classes: the accuracy of guessing, which moves with an
+    ``n_classes`` knob) and ``n_test`` (test images its accuracy is measured on), where not there yet
+    (a ``trials.csv`` written before they were recorded)."""
+    if trials.empty or {"chance", "n_test"} <= set(trials.columns):
+        return trials
+    base = next(d for d in hyp.design.datasets if d.name == hyp.sweep.dataset)
+    n_classes = (
+        trials["n_classes"] if "n_classes" in trials else pd.Series(float(base.n_classes), trials.index)
+    )
+    return trials.assign(chance=1.0 / n_classes.astype(float), n_test=int(base.n_test))
 
 
 def sweep_table(trials: pd.DataFrame, hyp: Hypothesis, out_dir: Path) -> pd.DataFrame:
@@ -433,9 +446,61 @@ def _sweep_rows(trials: pd.DataFrame, hyp: Hypothesis, out_dir: Path) -> tuple[p
     return (pd.concat(frames, ignore_index=True) if frames else make_table([])), specs
 
 
+CHANCE_LEVEL = 0.05  # one-sided binomial test of a run's test accuracy against chance
+
+
+def learnt(trials: pd.DataFrame) -> pd.Series:
+    """Per row (trial x seed) whether its run learnt the task: its test accuracy is above chance beyond
+    binomial error (one-sided exact binomial test at 5% of ``round(test_acc * n_test)`` correct out of
+    ``n_test`` with success probability ``chance``): 1.0 learnt, 0.0 not, NaN where unknown."""
+    from scipy import stats
+
+    if not {"chance", "n_test"} <= set(trials.columns):
+        return pd.Series(np.nan, index=trials.index)  # a trials.csv from before they were recorded
+    known = trials.test_acc.notna() & trials.chance.notna() & trials.n_test.notna()
+    rows = trials[known]
+    n = rows.n_test.to_numpy(dtype=float)
+    k = np.round(rows.test_acc.to_numpy(dtype=float) * n)
+    p = stats.binom.sf(k - 1, n, rows.chance.to_numpy(dtype=float))  # P(X >= k) at chance
+    out = pd.Series(np.nan, index=trials.index)
+    out[known] = (p < CHANCE_LEVEL).astype(float)
+    return out
+
+
+def learning_lines(trials: pd.DataFrame, knob: str | None = None) -> list[str]:
+    """Warnings about runs that never learnt: every run (the curves describe networks that learnt nothing)
+    or the trials none of whose seeds did (``knob``: name them by its values). None when all is known
+    to be fine or unknown."""
+    above = learnt(trials)
+    known = above.notna()
+    if not known.any():
+        return []
+    n_test = "/".join(str(int(v)) for v in sorted(trials.loc[known, "n_test"].unique()))
+    if not (above[known] == 1).any():
+        return [
+            f"no run learnt the task: all {int(known.sum())} runs' test accuracy is within binomial error of "
+            f"chance (1 / n_classes; one-sided binomial test at 5% on n_test = {n_test}), so every curve "
+            "describes networks that learnt nothing (train longer or on more data before reading them)"
+        ]
+    per_trial = trials[known].assign(up=(above[known] == 1)).groupby("trial").up.any()
+    stuck = per_trial[~per_trial].index.tolist()
+    if not stuck:
+        return []
+    where = ""
+    if knob is not None and knob in trials:
+        values = trials[trials.trial.isin(stuck)][knob].drop_duplicates().sort_values()
+        where = f" (at {knob} = {', '.join(f'{v:g}' for v in values)})"
+    return [
+        f"{len(stuck)} of {len(per_trial)} trials never learnt{where}: every seed's test accuracy is within "
+        f"binomial error of chance (n_test = {n_test}); their points describe networks that learnt nothing"
+    ]
+
+
 def accuracy_warnings(results: list[ClaimResult], claims, trials: pd.DataFrame) -> None:
-    """Put each trial's test accuracy beside a knob claim, and warn when accuracy itself moves with the knob:
-    then an effect over the knob is also an effect of how well the task is learnt."""
+    """Put each trial's test accuracy and chance level beside a knob claim; warn when runs never learnt
+    (:func:`learning_lines`), and when accuracy above chance itself moves with the knob: then an effect
+    over the knob is also an effect of how well the task is learnt. With every run at chance there is
+    nothing learnt to move, and a chance level that moves (an ``n_classes`` knob) is no confound."""
     from analysis.inference import per_seed_slopes, t_test
 
     for claim, r in zip(claims, results, strict=True):
@@ -449,14 +514,26 @@ def accuracy_warnings(results: list[ClaimResult], claims, trials: pd.DataFrame) 
             "x": [float(v) for v in acc.columns],
             "per_seed": {int(s): row.tolist() for s, row in acc.iterrows()},
         }
-        y = acc.dropna().to_numpy(dtype=float)
+        above = trials.test_acc
+        if "chance" in trials and trials.chance.notna().all():
+            chance = trials.groupby(knob).chance.mean().reindex(acc.columns)
+            r.details["accuracy"]["chance"] = chance.tolist()
+            above = trials.test_acc - trials.chance
+        never = learning_lines(trials, knob)
+        r.warnings += never
+        if never and never[0].startswith("no run learnt"):
+            continue
+        excess = trials.assign(above=above).pivot_table(
+            index="seed", columns=knob, values="above", aggfunc="mean"
+        )
+        y = excess.sort_index(axis=1).dropna().to_numpy(dtype=float)
         if y.shape[0] >= 2 and y.shape[1] >= 2:
             t = t_test(per_seed_slopes(acc.columns.to_numpy(dtype=float), y), "two-sided")
             r.details["accuracy"].update(slope=t.mean, ci=list(t.ci), p=t.p)
             if t.p < 0.05:
                 r.warnings.append(
-                    f"test accuracy changes with {knob} (per-seed slope {t.mean:.3g} per unit, 95% CI "
-                    f"{t.ci[0]:.3g} to {t.ci[1]:.3g}, p {t.p:.3g}): {knob} also changes how well the "
+                    f"test accuracy above chance changes with {knob} (per-seed slope {t.mean:.3g} per unit, "
+                    f"95% CI {t.ci[0]:.3g} to {t.ci[1]:.3g}, p {t.p:.3g}): {knob} also changes how well the "
                     "task is learnt, so this effect is not of the knob alone"
                 )
 
@@ -600,21 +677,39 @@ def sweep_report(sweep_dir: Path, hyp: Hypothesis, inp, trials: pd.DataFrame, op
     """The report: the objective against each knob (seeds, mean band, accuracy), optuna's contour and slice
     plots for searches over two knobs or more (when its study is at hand), then each knob claim as in a
     study's report. ``inp``: the ``analysis.report.ReportInput`` of the claims and runs."""
-    from analysis.figures import optuna_figures, trials_figure
+    from analysis.figures import optuna_figures, summary_bounds, trials_figure
     from analysis.report import write_report
 
     obj = hyp.sweep.objective
     label = f"{obj.summary} of {obj.metric}" if obj.metric else f"effect of {obj.claim!r}"
-    preface = [trials_figure(trials, knob, label) for knob in hyp.sweep.space]
+    bounds = summary_bounds(obj.metric, obj.summary) if obj.metric else (None, None)
+    knobs = list(hyp.sweep.space)
+    preface = [trials_figure(trials, knob, label, bounds, knobs) for knob in knobs]
     if len(hyp.sweep.space) >= 2 and optuna_study is not None:
         preface += optuna_figures(optuna_study)
     lines = [
         f"{len(trials.trial.unique()) if len(trials) else 0} complete trials of {hyp.sweep.sampler} sampling over "
         f"{', '.join(hyp.sweep.space)} on dataset {hyp.sweep.dataset}, {len(hyp.design.seeds)} seeds each; "
         f"objective: {label} ({obj.direction})",
+        *_learning_summary(trials),
     ]
     title = f"{hyp.name} (sweep)"
     return write_report(sweep_dir, replace(inp, title=title, preface=preface, preface_lines=lines))[0]
+
+
+def _learning_summary(trials: pd.DataFrame) -> list[str]:
+    """The report's line on how many runs learnt the task (above chance beyond binomial error), and its
+    warnings about those that did not (:func:`learning_lines`)."""
+    above = learnt(trials) if len(trials) else pd.Series(dtype=object)
+    known = above.notna()
+    if not known.any():
+        return []
+    n_up = int((above[known] == 1).sum())
+    head = (
+        f"test accuracy: {n_up} of {int(known.sum())} runs above chance (1 / n_classes) beyond binomial "
+        "error (one-sided binomial test at 5% on the test images)"
+    )
+    return [head, *(f"warning: {w}" for w in learning_lines(trials))]
 
 
 def report_from_folder(sweep_dir: Path, storage: str | None = None) -> Path:
@@ -633,6 +728,7 @@ def report_from_folder(sweep_dir: Path, storage: str | None = None) -> Path:
         trials = pd.read_csv(sweep_dir / "trials.csv")
     except (OSError, ValueError) as exc:
         raise StudyError(f"cannot read trials.csv ({type(exc).__name__}: {exc})", str(sweep_dir)) from None
+    trials = with_task_size(trials, hyp)
     claims = [c for c in hyp.claims if c.knob() is not None]
     inp = read_study(sweep_dir, hyp.name, hyp.description.strip(), claims)
     url = storage_url(hyp, storage)

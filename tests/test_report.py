@@ -109,7 +109,8 @@ def test_ordering_subset_names_its_datasets_in_declared_order():
     assert subset_text(claim, result) == "datasets=[objects, cue_mix, textures], token_set=all, epoch=last"
     hyp = load_hypothesis(ROOT / "hypotheses" / "rank_grows.yaml")
     result = evaluate_claims(hyp, pd.read_parquet(BEHAVIOUR / "table_rank_grows.parquet"))[0]
-    assert subset_text(hyp.claims[0], result) == "dataset=objects, token_set=all, epoch=last"
+    # issue 27: a trend over epochs never reads subset.epoch: it shows the epochs it was tested over
+    assert subset_text(hyp.claims[0], result) == "dataset=objects, token_set=all, epochs=[0, 1, 2, 4, 6, 8]"
 
 
 def _shipped():
@@ -169,7 +170,12 @@ def test_u_shape_section_says_why(tmp_path):
     for contrast in ("early - bottleneck", "late - bottleneck"):
         line = next(x for x in sec.findings if x.startswith(contrast))
         assert "95% CI" in line and "p " in line and all(f"seed {s}:" in line for s in hyp.design.seeds)
-    assert "bottleneck location: layer index" in text and "INCONCLUSIVE: neither" in text
+    # issue 27: the location in layer names (the mean of each seed's lowest layer, its CI within the layers)
+    assert (
+        "bottleneck location (each seed's lowest layer between the shoulders, mean over seeds): block_"
+        in text
+    )
+    assert "INCONCLUSIVE: neither" in text
     assert re.search(r"power \d\.\d\d at the observed effect; 80% power needs \d+ seeds", text)
 
 

@@ -112,6 +112,10 @@ class ClaimBase(Strict):
         """The data-complexity knob this claim runs over (a sweep's claim), or None."""
         return None
 
+    def reads_subset_epoch(self) -> bool:
+        """Whether the claim is tested at ``subset.epoch`` (False: it runs over epochs, e.g. a trend)."""
+        return True
+
     def named(self) -> list[tuple[str, str, object]]:
         """Every (field, what, value) the claim names, with what in {dataset, layer, epoch}: for validation."""
         out: list[tuple[str, str, object]] = [("subset.epoch", "epoch", self.subset.epoch)]
@@ -234,7 +238,8 @@ class Outcome:
         std_effect: standardised effect (mean / sd of the binding test's per-seed values) in the claimed
             direction; the basis of the power and seeds-needed numbers of an inconclusive claim.
         two_sided: the binding test is two-sided (power is computed at alpha / 2 per side).
-        not_testable: non-empty when the table holds nothing to test the claim on (:class:`NotTestable`).
+        not_testable: non-empty when the table holds nothing to test the claim on (:class:`NotTestable`):
+            the verdict's whole reason (``not testable on this source: metric ... is not in the table``).
         estimates: per contrast the estimate a declared margin is tested on (:func:`margin_p`); empty:
             the one-sample t test of ``effect_values``.
         needs: how the contrasts combine (``every`` or ``one``; see :func:`contradiction`).
@@ -340,7 +345,26 @@ def few_seeds_warning(n: int, p: float) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 class NotTestable(StudyError):
     """The table has no rows of the claim's metric: a source that does not measure it (an imported metric
-    log, a metric undefined everywhere). The claim is reported as not testable; the others go on."""
+    log, a metric undefined everywhere). The claim is reported as not testable; the others go on.
+    ``why`` leads the verdict's reason."""
+
+    why = "not testable on this source"
+
+
+class OneLevel(NotTestable):
+    """A claim over a knob whose table holds one value of it (a one-level sweep, or one complete trial):
+    no curve, so no slope to test; reported as not testable, never as a test that found nothing."""
+
+    why = "not testable"
+
+
+def knob_levels_of(df: pd.DataFrame, knob: str, where: str) -> list[float]:
+    """The knob's distinct values in a sweep's rows, ascending; fewer than 2 raise :class:`OneLevel`."""
+    levels = sorted(float(v) for v in df[knob].dropna().unique())
+    if len(levels) < 2:
+        got = f"one level of {knob} ({levels[0]:g})" if levels else f"no level of {knob}"
+        raise OneLevel(f"{got}: a slope needs at least 2", where, "over")
+    return levels
 
 
 class TableView:
@@ -439,7 +463,7 @@ def crossing(x: np.ndarray, y: np.ndarray, level: float) -> dict[str, Any]:
     Returns:
         dict with ``per_seed`` (S,) crossing x (NaN where a curve never reaches the level), ``mean_curve``
         (the crossing of the seed-mean curve, NaN if none), and ``mean``/``ci`` (95% t over the seeds that
-        cross) and ``n_crossing``.
+        cross), ``n_crossing`` and ``x_range`` (the swept [min, max] of x).
     """
     from analysis.inference import t_test
 
@@ -469,21 +493,73 @@ def crossing(x: np.ndarray, y: np.ndarray, level: float) -> dict[str, Any]:
         "mean": float(mean),
         "ci": list(ci),
         "n_crossing": int(len(ok)),
+        "x_range": [float(x.min()), float(x.max())] if len(x) else [float("nan")] * 2,
     }
 
 
 def crossing_lines(cross: dict[str, Any] | None, knob: str | None) -> list[str]:
-    """The report's line for a :func:`crossing` result (none without one)."""
+    """The report's line for a :func:`crossing` result (none without one): where the seed-mean curve and
+    the seeds' curves reach the level, or that they never do within the swept range."""
     if not cross:
         return []
     from vitstudy_core.fmt import fmt_num
 
-    n = len(cross["per_seed"])
-    return [
-        f"the curve reaches {fmt_num(cross['level'])} at {knob} = {fmt_num(cross['mean_curve'], 3)} (seed-mean "
-        f"curve); per seed {fmt_num(cross['mean'], 3)} (95% CI {fmt_num(cross['ci'][0], 3)}, "
-        f"{fmt_num(cross['ci'][1], 3)}) over the {cross['n_crossing']} of {n} seeds whose curve reaches it"
-    ]
+    level, n = fmt_num(cross["level"]), len(cross["per_seed"])
+    lo, hi = cross.get("x_range") or (None, None)
+    swept = (
+        f"the swept range ({knob} {lo:g} to {hi:g})"
+        if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi)
+        else "the swept range"
+    )
+    mean_curve = cross.get("mean_curve")
+    if mean_curve is None or not math.isfinite(mean_curve):
+        head = f"the seed-mean curve never reaches {level} within {swept}"
+    else:
+        head = f"the seed-mean curve reaches {level} at {knob} = {fmt_num(mean_curve, 3)}"
+    k = int(cross.get("n_crossing", 0))
+    if k == 0:
+        return [f"{head}; no seed's curve reaches it"]
+    ci = cross["ci"]
+    where = (
+        f"at {fmt_num(cross['mean'], 3)} (95% CI {fmt_num(ci[0], 3)}, {fmt_num(ci[1], 3)})"
+        if k >= 2
+        else f"at {fmt_num(cross['mean'], 3)} (one seed: no CI)"
+    )
+    return [f"{head}; {k} of {n} seeds' curves reach it, {where}"]
+
+
+def layer_location(
+    mean_index: float, ci: Sequence[float], layers: dict[str, int], within: str = "the observed layers"
+) -> str:
+    """A location along depth (a mean layer index over seeds and its 95% CI) in layer names.
+
+    Args:
+        mean_index: the mean over seeds of a per-seed layer index.
+        ci: its (low, high) interval (NaN: none).
+        layers: the layers it can be at, name -> layer index.
+        within: what ``layers`` are, in words (said when the CI is clipped to them).
+
+    Returns:
+        ``block_05 (95% CI block_03 to block_07)``, or ``between block_05 and block_06 (...)`` for a mean
+        between two layers: the CI's bounds rounded outwards to layers and clipped to the first and last of
+        ``layers`` (said so), never shown as indices no layer has.
+    """
+    from vitstudy_core.fmt import fmt_num
+
+    if not layers or not math.isfinite(mean_index):
+        return f"mean layer index {fmt_num(mean_index, 1)}"
+    order = sorted(layers.items(), key=lambda kv: kv[1])
+    below = [n for n, i in order if i <= mean_index] or [order[0][0]]
+    above = [n for n, i in order if i >= mean_index] or [order[-1][0]]
+    text = below[-1] if below[-1] == above[0] else f"between {below[-1]} and {above[0]}"
+    low, high = (float(v) for v in ci)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return f"{text} (95% CI n/a)"
+    first = ([n for n, i in order if i <= low] or [order[0][0]])[-1]
+    last = ([n for n, i in order if i >= high] or [order[-1][0]])[0]
+    clipped = low < order[0][1] or high > order[-1][1]
+    note = f", clipped to {within}, {order[0][0]}..{order[-1][0]}" if clipped else ""
+    return f"{text} (95% CI {first} to {last}{note})"
 
 
 def summarise_layers(wide: pd.DataFrame, summary: str, order: dict[str, int]) -> pd.Series:
@@ -733,6 +809,13 @@ def _one_test(claim: Any) -> int:
     return 1
 
 
+def metric_unit(claim: Any) -> str:
+    """The unit suffix of an effect in the metric's own units (`` pp`` for a ``*_pct`` metric, else none)."""
+    from vitstudy_core.fmt import unit_of
+
+    return unit_of(claim.metric)
+
+
 @dataclass(frozen=True)
 class ClaimKind:
     """A registered claim kind (see the module docstring).
@@ -757,6 +840,8 @@ class ClaimKind:
         holm_contrasts: ``claim -> k``: the claim's p is Holm-adjusted across k contrasts (a trend over
             ``any`` of k layers), so ``plan`` sizes it at alpha / k and its floor is k * labellings^-S
             (default 1).
+        effect_unit: ``claim -> str``: the unit suffix of the claim's effect as the report prints it
+            (`` pp per unit of clutter`` for a slope over a knob; default the metric's, :func:`metric_unit`).
         example: a valid claim of this kind as a hypothesis file writes it (without ``name``), over a
             design of datasets ``objects``, ``mixed``, ``textures`` and a 12-block ViT: the contract test
             (tests/test_kind_contract.py) evaluates it and draws its figures.
@@ -772,6 +857,7 @@ class ClaimKind:
     labellings_per_seed: Callable[[Any], int] = _t_based
     planning_effect: Callable[[Any], float | None] = _declared_sesoi
     holm_contrasts: Callable[[Any], int] = _one_test
+    effect_unit: Callable[[Any], str] = metric_unit
     example: dict[str, Any] = field(default_factory=dict)
 
 

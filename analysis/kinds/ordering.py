@@ -29,6 +29,7 @@ from analysis.kinds.base import (
     complete_seeds,
     crossing,
     crossing_lines,
+    knob_levels_of,
     knob_rows,
     outcome_from_stats,
     register_kind,
@@ -37,7 +38,7 @@ from analysis.kinds.base import (
     token_counts,
 )
 from analysis.kinds.trend import TrendStatistic, trend_statistics
-from vitstudy_core.fmt import fmt_num, fmt_p
+from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.knobs import Knob
 
 if TYPE_CHECKING:
@@ -226,7 +227,7 @@ def _knob_groups(
     assert knob is not None
     df, _ = knob_rows(view, claim, knob, where)
     view.wide(df, list(claim.layers), where, "layers")  # one-line error for a missing layer
-    levels = sorted(float(v) for v in df[knob].dropna().unique())
+    levels = knob_levels_of(df, knob, where)  # one level: not testable (no slope), never a test
     order = _depth(df)
     per_trial = {}
     for ds, rows in df.groupby("dataset", sort=True):
@@ -269,15 +270,29 @@ def _labellings(claim: OrderingClaim) -> int:
     return math.factorial(len(claim.datasets))
 
 
+def effect_unit(claim: OrderingClaim) -> str:
+    """The unit of the ordering's effect, a per-seed slope of the summary (the metric's units, or a layer
+    index for ``argmin``): per unit of the knob, per unit of ``levels``, or per rank step of the datasets."""
+    base = " layer index" if claim.summary == "argmin" else unit_of(claim.metric)
+    if claim.over is not None:
+        return f"{base} per unit of {claim.over}"
+    return f"{base} {'per unit of level' if claim.levels is not None else 'per rank step'}"
+
+
 def figures(ctx: FigureContext) -> list[Figure]:
     """The metric by layer at the tested epoch for every listed dataset, in order, summarised layers shaded."""
     from analysis.figures import profile_figure
 
     claim = ctx.claim
     if claim.knob() is not None:
-        from analysis.figures import knob_figure
+        from analysis.figures import knob_figure, summary_bounds
 
-        return [knob_figure(ctx.result, f"{claim.summary} of {claim.metric}")]
+        bounds = summary_bounds(claim.metric, claim.summary)
+        return [
+            knob_figure(
+                ctx.result, f"{claim.summary} of {claim.metric}", bounds, ctx.table, effect_unit(claim)
+            )
+        ]
     return [
         profile_figure(
             ctx.table,
@@ -326,6 +341,7 @@ register_kind(
         labellings_per_seed=_labellings,
         figures=figures,
         explain=explain,
+        effect_unit=effect_unit,
         example={
             "kind": "ordering",
             "metric": "eed_pct",

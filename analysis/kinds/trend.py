@@ -45,6 +45,7 @@ from analysis.kinds.base import (
     crossing,
     crossing_lines,
     few_seeds_warning,
+    knob_levels_of,
     knob_rows,
     register_kind,
     std_effect,
@@ -87,6 +88,9 @@ class TrendClaim(ClaimBase):
 
     def knob(self) -> str | None:
         return None if self.over in ("epoch", "layer") else self.over
+
+    def reads_subset_epoch(self) -> bool:
+        return self.over != "epoch"  # over epochs: its epochs are ``epochs`` (default all), not subset.epoch
 
     @model_validator(mode="after")
     def _level_needs_knob(self) -> TrendClaim:
@@ -188,7 +192,7 @@ def _trend_arrays(
     if knob is not None:
         df, _ = knob_rows(view, claim, knob, where)
         view.wide(df, list(claim.layers), where, "layers")  # one-line error for a missing layer
-        levels = sorted(float(v) for v in df[knob].dropna().unique())
+        levels = knob_levels_of(df, knob, where)  # one level: not testable (no slope), never a test
         return _series(df[df.layer.isin(claim.layers)], claim, knob, levels, _seeds(df))
     assert claim.subset.dataset is not None  # required without a knob (the model checks it)
     df = view.slice(claim.metric, claim.subset.dataset, claim.subset.token_set, where)
@@ -546,6 +550,15 @@ _SPACINGS = {
 }
 
 
+def effect_unit(claim: TrendClaim) -> str:
+    """The unit of the trend's effect: a slope in the metric's units per epoch, per layer index or per unit
+    of the knob (`` pp per unit of clutter``); none for Kendall's tau."""
+    if claim.method == "kendall":
+        return ""
+    per = {"epoch": "per epoch", "layer": "per layer index"}.get(claim.over, f"per unit of {claim.over}")
+    return f"{unit_of(claim.metric)} {per}"
+
+
 def _labellings(claim: TrendClaim) -> int:
     return 2 if claim.method == "kendall" else 0
 
@@ -563,8 +576,9 @@ def figures(ctx: FigureContext) -> list[Figure]:
     claim, table = ctx.claim, ctx.table
     if claim.knob() is not None:
         from analysis.figures import knob_figure
+        from analysis.observables import metric_range
 
-        return [knob_figure(ctx.result, claim.metric)]
+        return [knob_figure(ctx.result, claim.metric, metric_range(claim.metric), table, effect_unit(claim))]
     if claim.over == "epoch":
         x = ctx.result.details.get("x") or []
         return [
@@ -597,7 +611,7 @@ def explain(claim: TrendClaim, result: Result) -> list[str]:
         claim.method
     ]
     lines = [f"test: per-seed {what}, {claim.aggregate} over {len(claim.layers)} layer(s), t(S-1)"]
-    unit = unit_of(claim.metric)
+    unit, slope_unit = unit_of(claim.metric), effect_unit(claim)
     lines += crossing_lines(d.get("crossing"), claim.knob())
     over = {"epoch": "epochs", "layer": "layers"}.get(claim.over, claim.over)
     move = "rise" if claim.direction == "increasing" else "fall"
@@ -616,7 +630,7 @@ def explain(claim: TrendClaim, result: Result) -> list[str]:
     for name, s in (d.get("per_series") or {}).items():
         per_seed = ", ".join(f"seed {k}: {fmt_num(v, 3)}" for k, v in (s.get("per_seed") or {}).items())
         lines.append(
-            f"{name}: {fmt_num(s['effect'], 3)}{unit} (95% CI {fmt_num(s['ci'][0], 3)}, {fmt_num(s['ci'][1], 3)}), "
+            f"{name}: {fmt_num(s['effect'], 3)}{slope_unit} (95% CI {fmt_num(s['ci'][0], 3)}, {fmt_num(s['ci'][1], 3)}), "
             f"p {fmt_p(s['p'])}"
             + (" (binding)" if name == d.get("binding") and len(d["per_series"]) > 1 else "")
             + (f"; per seed {per_seed}" if per_seed else "")
@@ -647,6 +661,7 @@ register_kind(
         holm_contrasts=_holm_contrasts,
         figures=figures,
         explain=explain,
+        effect_unit=effect_unit,
         example={
             "kind": "trend",
             "metric": "effective_rank",

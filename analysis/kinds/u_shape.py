@@ -32,6 +32,7 @@ from analysis.kinds.base import (
     complete_seeds,
     contradiction,
     few_seeds_warning,
+    layer_location,
     register_kind,
     select,
     std_effect,
@@ -402,6 +403,17 @@ def figures(ctx: FigureContext) -> list[Figure]:
     ]
 
 
+def _between(claim: UShapeClaim, profile: list[dict[str, Any]]) -> dict[str, int]:
+    """The layers of the mean profile strictly between the early and the late region (name -> index):
+    where a seed's bottleneck can be, so the bounds its location is reported within."""
+    order = {str(p["layer"]): int(p["layer_index"]) for p in profile}
+    early = [order[x] for x in claim.regions.early if x in order]
+    late = [order[x] for x in claim.regions.late if x in order]
+    if not early or not late:
+        return order
+    return {name: i for name, i in order.items() if max(early) < i < min(late)}
+
+
 def explain(claim: UShapeClaim, result: Result) -> list[str]:
     """Each contrast with its per-seed values, CI and p; where the bottleneck sits and how deep it is."""
     d = result.details
@@ -419,11 +431,14 @@ def explain(claim: UShapeClaim, result: Result) -> list[str]:
         )
     loc, depth = d.get("bottleneck_location"), d.get("bottleneck_depth")
     if loc and depth:
+        between = _between(claim, d.get("profile") or [])
+        where = layer_location(
+            loc["mean_layer_index"], loc["ci"], between, "the layers between the shoulders"
+        )
         lines.append(
-            f"bottleneck location: layer index {fmt_num(loc['mean_layer_index'], 1)} (95% CI "
-            f"{fmt_num(loc['ci'][0], 1)}, {fmt_num(loc['ci'][1], 1)}); depth below the shoulders' mean "
-            f"{fmt_num(depth['mean'])}{unit} (95% CI {fmt_num(depth['ci'][0])}, {fmt_num(depth['ci'][1])}); "
-            f"lowest layer of the mean profile: {d.get('observed_minimum_layer')}"
+            f"bottleneck location (each seed's lowest layer between the shoulders, mean over seeds): {where}; "
+            f"depth below the shoulders' mean {fmt_num(depth['mean'])}{unit} (95% CI {fmt_num(depth['ci'][0])}, "
+            f"{fmt_num(depth['ci'][1])}); lowest layer of the mean profile: {d.get('observed_minimum_layer')}"
         )
     if d.get("loso_bottleneck"):
         chosen = ", ".join(f"seed {s}: {layer}" for s, layer in d["loso_bottleneck"].items())
