@@ -374,15 +374,13 @@ def _claims(claims_or_hypothesis: Any) -> tuple[Any, str]:
 def _check_named(claims: Any, table: pd.DataFrame, file: str) -> None:
     """Every dataset and layer a claim names is in the table (claims without a design are checked here
     instead of against one)."""
-    present = {
-        "dataset": set(map(str, table["dataset"].unique())),
-        "layer": set(map(str, table["layer"].unique())),
-    }
+    layers = table.drop_duplicates("layer").sort_values("layer_index")["layer"]
+    present = {"dataset": sorted(map(str, table["dataset"].unique())), "layer": list(map(str, layers))}
     for i, claim in enumerate(claims):
         for fld, what, value in claim.named():
             if what in present and value not in present[what]:
                 raise StudyError(
-                    f"expected a {what} of the table {sorted(present[what])}, got {value!r}",
+                    f"expected a {what} of the table {present[what]}, got {value!r}",
                     file,
                     f"claims[{i}].{fld}",
                 )
