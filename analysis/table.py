@@ -123,12 +123,26 @@ def load_table(path: str | Path) -> pd.DataFrame:
         df = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
     except Exception as exc:  # noqa: BLE001 - any reader failure is a user-facing input error
         raise StudyError(f"cannot read table: {type(exc).__name__}: {exc}", str(path)) from None
-    required = {"dataset", "seed", "epoch", "layer", "token_set", "metric", "value"}
-    missing = sorted(required - set(df.columns))
+    return check_table(df, str(path))
+
+
+REQUIRED = ("dataset", "seed", "epoch", "layer", "token_set", "metric", "value")  # the rest can be derived
+
+
+def check_table(df: pd.DataFrame, where: str = "table") -> pd.DataFrame:
+    """A tidy table from anywhere, checked: the :data:`REQUIRED` columns present (one-line StudyError
+    naming those missing), their dtypes and uniqueness (:func:`_check_columns`), and ``layer_index`` /
+    ``n_tokens`` filled when absent (:func:`complete_columns`).
+
+    Args:
+        df: (N rows) at least the :data:`REQUIRED` columns; others are kept.
+        where: what the error names (a file path, or ``table`` for a DataFrame).
+    """
+    missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
-        raise StudyError(f"missing columns {missing}; expected {COLUMNS}", str(path))
-    _check_columns(df, str(path))
-    return complete_columns(df, str(path))
+        raise StudyError(f"missing columns {sorted(missing)}; expected {COLUMNS}", where)
+    _check_columns(df, where)
+    return complete_columns(df, where)
 
 
 def complete_columns(df: pd.DataFrame, where: str = "table") -> pd.DataFrame:
@@ -182,3 +196,66 @@ def _check_columns(df: pd.DataFrame, file: str) -> None:
     if dup.any():
         row = df.loc[dup, keys].iloc[0].to_dict()
         raise StudyError(f"{int(dup.sum())} duplicated row(s), first {row}", file, "+".join(keys))
+
+
+def seed_profile(
+    table: pd.DataFrame,
+    metric: str,
+    dataset: str | None = None,
+    epoch: int | str = "last",
+    token_set: str = "all",
+    where: str = "table",
+) -> pd.DataFrame:
+    """A metric by layer across seeds: one row per seed, then ``mean``, ``ci_low``, ``ci_high`` (the
+    two-sided 95% t interval of the mean, ``analysis.inference.t_test``, the claims' interval) and ``n``.
+
+    Args:
+        table: a tidy table (:data:`COLUMNS`).
+        dataset: default: the table's only dataset (with several, required).
+        epoch: a checkpoint epoch, or ``last`` (the largest of this slice).
+        where: what errors name (a file or folder).
+
+    Returns:
+        (S + 4, L) frame: index ``seed`` (the S seeds, then the four summary rows), columns the L layers in
+        depth order; NaN where a seed has no value, and the CI where fewer than 2 seeds have one.
+
+    Raises:
+        StudyError: the table has no such metric, dataset, token set or epoch (the error lists what it has).
+    """
+    from analysis.inference import t_test
+
+    sel = _profile_rows(table, metric, dataset, epoch, token_set, where)
+    layers = sel.drop_duplicates("layer").sort_values("layer_index")["layer"].tolist()
+    wide = sel.pivot_table(index="seed", columns="layer", values="value", aggfunc="mean").reindex(
+        columns=layers
+    )
+    summary = {}
+    for layer in layers:
+        x = wide[layer].dropna().to_numpy(dtype=np.float64)
+        t = t_test(x, "two-sided")
+        summary[layer] = [t.mean, t.ci[0], t.ci[1], float(x.size)]
+    rows = pd.DataFrame(summary, index=["mean", "ci_low", "ci_high", "n"], columns=layers)
+    out = pd.concat([wide.astype(float), rows])
+    out.index.name, out.columns.name = "seed", "layer"
+    return out
+
+
+def _profile_rows(
+    table: pd.DataFrame, metric: str, dataset: str | None, epoch: int | str, token_set: str, where: str
+) -> pd.DataFrame:
+    """The rows of one (metric, dataset, epoch, token_set); one-line errors listing what the table has."""
+    datasets = sorted(map(str, table["dataset"].unique()))
+    if dataset is None:
+        if len(datasets) != 1:
+            raise StudyError(f"expected dataset= one of {datasets}", where, "dataset")
+        dataset = datasets[0]
+    for col, value in (("metric", metric), ("dataset", dataset), ("token_set", token_set)):
+        present = sorted(map(str, table[col].unique()))
+        if value not in present:
+            raise StudyError(f"expected one of {present}, got {value!r}", where, col)
+    sel = table[(table.metric == metric) & (table.dataset == dataset) & (table.token_set == token_set)]
+    epochs = sorted(int(x) for x in sel["epoch"].unique())
+    ep = epochs[-1] if epoch == "last" else epoch
+    if ep not in epochs:
+        raise StudyError(f"expected 'last' or one of {epochs}, got {epoch!r}", where, "epoch")
+    return sel[sel.epoch == ep]

@@ -137,22 +137,6 @@ def _add_sequential_options(r) -> None:
     )
 
 
-def _sequential_plan(args, hyp):
-    if not args.until_decided:
-        return None
-    from study.orchestrate import SequentialPlan
-
-    n = len(hyp.design.seeds)
-    max_seeds = args.max_seeds if args.max_seeds is not None else 2 * n
-    if max_seeds < n or args.batch < 1:
-        raise StudyError(
-            f"expected --max-seeds >= the file's {n} seeds and --batch >= 1, got {max_seeds} and {args.batch}",
-            str(args.hypothesis),
-            "--max-seeds",
-        )
-    return SequentialPlan(max_seeds, args.batch, args.spending)
-
-
 # ---- scale out: where runs execute, submitting to a Ray cluster, what is running ------------------------
 def _add_placement(p: argparse.ArgumentParser) -> None:
     from runners.executors import EXECUTORS
@@ -170,14 +154,6 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
         help="run lease store shared by every worker: a database URL (postgresql://...) or a folder "
         "(default: OUT/leases; a sweep with a database --storage uses that database)",
     )
-
-
-def _placement(args: argparse.Namespace):
-    from study.stages import Placement
-
-    if args.cpus_per_run <= 0 or args.gpus_per_run < 0:
-        raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
-    return Placement(args.executor, args.address, args.cpus_per_run, args.gpus_per_run, args.leases)
 
 
 def _add_scale_verbs(sub) -> None:
@@ -231,30 +207,9 @@ def _add_results_verbs(sub) -> None:
 def _results_verbs(args) -> int | None:
     """Run ``report`` / ``ui``; None for any other verb."""
     if args.verb == "report":
-        from analysis.report import read_study, write_report
-        from study.schema import load_hypothesis
+        from study import api
 
-        study_dir = args.study
-        if study_dir.is_file():
-            hyp = load_hypothesis(study_dir)
-            study_dir = args.out / ("sweeps" if hyp.sweep else "studies") / hyp.name
-        if (study_dir / "trials.csv").is_file() and (study_dir / "verdicts.json").is_file():
-            from study.sweep import report_from_folder
-
-            html_path = report_from_folder(study_dir)
-            print(f"report: {html_path}\nsummary: {html_path.with_suffix('.md')}")
-            return 0
-        if not (study_dir / "verdicts.json").is_file():
-            raise StudyError(
-                "expected a study folder with verdicts.json (run the study first)", str(study_dir)
-            )
-        try:  # the study's own copy of its file gives the typed claims; the report goes on without it
-            hyp = load_hypothesis(study_dir / "hypothesis.yaml")
-            title, description, claims = hyp.name, hyp.description.strip(), list(hyp.claims)
-        except StudyError:
-            title, description, claims = study_dir.name, "", None
-        inp = read_study(study_dir, title, description, claims)
-        html_path, md_path = write_report(study_dir, inp)
+        html_path, md_path = api.report(args.study, args.out)
         print(f"report: {html_path}\nsummary: {md_path}")
         return 0
     if args.verb == "ui":
@@ -363,93 +318,75 @@ def _sweep_verb(args: argparse.Namespace, hyp, argv) -> int:
     return 0
 
 
-def _run_options(args: argparse.Namespace, argv: list[str] | None):
-    """``run``'s and ``sweep``'s shared flags as one ``stages.RunOptions`` (``sweep`` has no ``--force``
-    or ``--log-model``)."""
-    from study.stages import RunOptions
+def _command(argv: list[str] | None) -> str:
+    """The command line recorded with a study (MLflow, the report)."""
+    return " ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])])
 
+
+def _run_options(args: argparse.Namespace, argv: list[str] | None):
+    """``sweep``'s flags as ``stages.RunOptions`` (no ``--force`` or ``--log-model``); ``run``'s go to
+    ``study.api.run`` as keyword arguments."""
+    from study.api import _workers
+    from study.stages import Placement, RunOptions
+
+    workers = _workers(args.workers)
+    if args.cpus_per_run <= 0 or args.gpus_per_run < 0:
+        raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
+    placement = Placement(args.executor, args.address, args.cpus_per_run, args.gpus_per_run, args.leases)
     return RunOptions(
-        workers=_workers(args.workers),
-        force=getattr(args, "force", False),
+        workers=workers,
         track=not args.no_mlflow,
-        log_model=getattr(args, "log_model", False),
         report=not args.no_report,
-        command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
-        placement=_placement(args),
+        command=_command(argv),
+        placement=placement,
     )
 
 
-def _workers(value: str) -> int | str:
-    if value == "auto":
-        return value
-    if not value.isdigit() or int(value) < 1:
-        raise StudyError(f"--workers: expected 'auto' or a positive integer, got {value!r}")
-    return int(value)
+def _analyze_verb(args: argparse.Namespace) -> int:
+    from study import api
 
-
-def _validate_verb(args: argparse.Namespace, hyp) -> int:
-    from study.preflight import check_hypothesis
-    from study.runspecs import plan_runs
-
-    check_hypothesis(hyp, str(args.hypothesis), args.out)
-
-    if hyp.sweep is not None:
-        from study.sweep import trial_target
-
-        trials = trial_target(hyp, None, str(args.hypothesis))
-        n = trials * len(hyp.design.seeds)
-        print(
-            f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), a sweep of {trials} trial(s) x "
-            f"{len(hyp.design.seeds)} seeds = {n} run(s)"
-        )
-        return 0
-    print(f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), {len(plan_runs(hyp))} run(s) planned")
-    return 0
-
-
-def _analyze_verb(args: argparse.Namespace, hyp) -> int:
-    from analysis.table import load_table
-    from analysis.verdicts import evaluate_claims, format_verdicts
-    from study import registration
-
-    post_hoc, status, note = registration.for_table(args.table, hyp)  # the registration beside the table
-    results = evaluate_claims(hyp, load_table(args.table), source=str(args.hypothesis), post_hoc=post_hoc)
-    registration.attach(results, status)
+    verdicts = api.analyze(args.hypothesis, args.table)
     if args.json:
-        print(json.dumps([r.to_dict() for r in results], indent=1, default=float))
+        print(json.dumps(verdicts.to_dicts(), indent=1, default=float))
     else:
-        print(format_verdicts(results) + (f"\n{note}" if note else ""))
+        print(str(verdicts) + (f"\n{verdicts.note}" if verdicts.note else ""))
     return 0
 
 
-def _run_verb(args: argparse.Namespace, hyp, argv) -> int:
+def _run_verb(args: argparse.Namespace, argv) -> int:
     from analysis.verdicts import format_verdicts
-    from study.orchestrate import run_study
-    from study.schema import with_data_roots
+    from study import api
 
-    if hyp.sweep is not None:
-        raise StudyError(
-            "this file declares a sweep: run it with `python -m study sweep FILE`",
-            str(args.hypothesis),
-            "sweep",
-        )
-    roots = dict(r.partition("=")[::2] for r in args.data_root)
-    if any(not k or not v for k, v in roots.items()) or len(roots) != len(args.data_root):
-        raise StudyError(f"--data-root: expected NAME=PATH, got {args.data_root}")
-    hyp = with_data_roots(hyp, roots, str(args.hypothesis)) if roots else hyp
-    if args.new_registration is not None:
-        from study.registration import start_new
-
-        start_new(args.out / "studies" / hyp.name, args.new_registration)
-    outcome = run_study(hyp, args.hypothesis, args.out, _run_options(args, argv), _sequential_plan(args, hyp))
+    result = api.run(
+        args.hypothesis,
+        args.out,
+        workers=args.workers,
+        force=args.force,
+        track=not args.no_mlflow,
+        log_model=args.log_model,
+        report=not args.no_report,
+        data_roots=args.data_root,
+        new_registration=args.new_registration,
+        until_decided=args.until_decided,
+        max_seeds=args.max_seeds,
+        batch=args.batch,
+        spending=args.spending,
+        executor=args.executor,
+        address=args.address,
+        cpus_per_run=args.cpus_per_run,
+        gpus_per_run=args.gpus_per_run,
+        leases=args.leases,
+        log=print,
+        command=_command(argv),
+    )
     print()
-    print(format_verdicts(outcome.results))
-    if outcome.sequential:
-        seq = outcome.sequential
+    print(format_verdicts(result.results))
+    if result.sequential:
+        seq = result.sequential
         print(f"\n{len(seq['looks'])} looks; stopped at {seq['stopped_at']} seeds: {seq['stopped_because']}")
-    print(f"\nresults: {outcome.study_dir}/ (table.parquet, verdicts.json, registration.json)")
-    if outcome.report:
-        print(f"report:  {outcome.report}")
+    print(f"\nresults: {result.folder}/ (table.parquet, verdicts.json, registration.json)")
+    if result.report_path:
+        print(f"report:  {result.report_path}")
     if not args.no_mlflow:
         from study.tracking import default_tracking_uri
 
@@ -490,18 +427,26 @@ def _verbs(args: argparse.Namespace, argv: list[str] | None) -> int:
         return plugins_verb(args.json)
     if args.verb == "table":
         return _table_verb(args)
-    if args.verb == "plan":
-        from study.seed_plan import plan_verb
-
-        return plan_verb(args.hypothesis, args.out, args.pilot, args.json)
-    from study.schema import load_hypothesis
-
-    hyp = load_hypothesis(args.hypothesis)
-    verbs = {"validate": _validate_verb, "analyze": _analyze_verb}
-    if args.verb in verbs:
-        return verbs[args.verb](args, hyp)
+    if args.verb in ("plan", "validate", "analyze", "run"):
+        return _api_verbs(args, argv)
     if args.verb == "sweep":
-        return _sweep_verb(args, hyp, argv)
-    if args.verb == "run":
-        return _run_verb(args, hyp, argv)
+        from study.schema import load_hypothesis
+
+        return _sweep_verb(args, load_hypothesis(args.hypothesis), argv)
     return 1
+
+
+def _api_verbs(args: argparse.Namespace, argv: list[str] | None) -> int:
+    """``plan``, ``validate``, ``analyze`` and ``run``: the ``study.api`` function, then its output printed."""
+    from study import api
+
+    if args.verb == "plan":
+        plan = api.plan(args.hypothesis, args.out, args.pilot)
+        print(plan.to_json() if args.json else str(plan))
+        return 0
+    if args.verb == "validate":
+        print(api.validate(args.hypothesis, args.out).message)
+        return 0
+    if args.verb == "analyze":
+        return _analyze_verb(args)
+    return _run_verb(args, argv)

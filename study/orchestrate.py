@@ -251,6 +251,7 @@ def _finish(
         if report:
             report_paths = stages.write_study_report(study_dir, hyp, out, runs_dir, seq)
             log(f"report: {report_paths[0]}")
+    tracker.log_seed_aggregates(list(hyp.claims), out.table)  # the study-level curves in MLflow's views
     summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(out.results)}\n```"
     tracker.log_results(
         [paths["table"], paths["verdicts"], paths["text"], *report_paths], out.results, summary

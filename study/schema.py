@@ -487,18 +487,44 @@ def parse_hypothesis(data: object, file: str = "<hypothesis>") -> Hypothesis:
     try:
         return Hypothesis.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        ctx_err = (err.get("ctx") or {}).get("error")
-        if isinstance(ctx_err, _FieldError):
-            raise StudyError(ctx_err.message, file, ctx_err.field) from None
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (not part of the schema)"
-        elif err["type"] == "missing":
-            msg = "required field is missing"
-        elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict | list):
-            msg = f"{msg}, got {err['input']!r}"
-        raise StudyError(msg, file, _loc(err["loc"])) from None
+        raise _study_error(exc, file) from None
+
+
+def parse_claims(data: object, file: str = "<claims>") -> list:
+    """Validate a list of claim mappings (or one) on their own, without a design: ``study.api.analyze`` on
+    a table from anywhere. Errors name ``claims[i].field`` as in a hypothesis file.
+
+    Returns:
+        The validated claim models (the kinds' settings, ``analysis.kinds``), in order.
+    """
+    from pydantic import TypeAdapter
+
+    items = [data] if isinstance(data, dict) else data
+    if not isinstance(items, list) or not items:
+        raise StudyError(
+            f"expected a claim mapping or a non-empty list of them, got {type(data).__name__}", file
+        )
+    try:
+        return TypeAdapter(list[Claim]).validate_python(items)
+    except ValidationError as exc:
+        err = _study_error(exc, file)
+        raise StudyError(err.message, file, f"claims{err.field}" if err.field else "claims") from None
+
+
+def _study_error(exc: ValidationError, file: str) -> StudyError:
+    """pydantic's first error as the one-line StudyError: file, field, expectation."""
+    err = exc.errors()[0]
+    ctx_err = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_err, _FieldError):
+        return StudyError(ctx_err.message, file, ctx_err.field)
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key (not part of the schema)"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict | list):
+        msg = f"{msg}, got {err['input']!r}"
+    return StudyError(msg, file, _loc(err["loc"]))
 
 
 MAX_FILE_BYTES = 1 << 20  # a hypothesis file is a page of YAML; 1 MiB leaves room for long claim lists

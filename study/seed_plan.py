@@ -32,7 +32,6 @@ from analysis.verdicts import families
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
 from study.stages import plan as plan_runs
-from vitstudy_core.errors import StudyError
 from vitstudy_core.fmt import fmt_num
 
 _NOT_IN_KEY = ("key", "seed", "source")
@@ -238,15 +237,3 @@ def _timed_extract(run: dict) -> float:
     from runners.timing import time_extraction
 
     return time_extraction(run)
-
-
-def plan_verb(hyp_path: Path, out_dir: Path, pilot: Path | None, as_json: bool) -> int:
-    """The ``plan`` verb: print the plan (a table, or JSON)."""
-    from study.schema import load_hypothesis
-
-    hyp = load_hypothesis(hyp_path)
-    if pilot is not None and not Path(pilot).is_file():
-        raise StudyError("file not found (expected a tidy table, .parquet or .csv)", str(pilot), "--pilot")
-    plan = plan_study(hyp, out_dir, pilot, _timed_step, _timed_extract)
-    print(json.dumps(plan, indent=1, default=float) if as_json else format_plan(plan))
-    return 0

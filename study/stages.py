@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pandas as pd
 
@@ -241,6 +241,8 @@ class RunOptions:
         report: write ``report.html``/``report.md`` (off: ``--no-report``).
         command: the command line that started this, recorded in MLflow and the report.
         placement: executor and lease store of the runs.
+        progress: told how many runs each look (or batch) trains and as each ends (a progress bar:
+            ``study.api.run``'s); None: only the log lines (the CLI).
     """
 
     workers: int | str = "auto"
@@ -250,6 +252,20 @@ class RunOptions:
     report: bool = True
     command: str | None = None
     placement: Placement = Placement()
+    progress: Progress | None = None
+
+
+class Progress(Protocol):
+    """Where :func:`fill_runs` reports training progress (``RunOptions.progress``)."""
+
+    def start(self, heading: str, total: int) -> None:
+        """``total`` runs are about to train under ``heading`` (a look's or a batch's triage line)."""
+
+    def advance(self, label: str) -> None:
+        """The run ``label`` ended (finished or failed)."""
+
+    def close(self) -> None:
+        """The look's (or batch's) runs have all ended."""
 
 
 @dataclass
@@ -342,12 +358,21 @@ def fill_runs(
     data = prepare_data(tri.todo, data_dir, log)
     if on_triaged is not None:
         on_triaged(specs, tri)
+    bar = opts.progress if tri.todo else None
+    if bar is not None:
+        bar.start(heading or f"study {hyp.name}", len(tri.todo))
 
     def log_ended(spec: RunSpec, result: dict | None) -> None:  # each run reaches the store as it ends
         ds = data.get(dataset_key(spec.dataset))
         log_run(tracker, spec, runs_dir, layers, ds, again=force, tags=tags_of(spec) if tags_of else None)
+        if bar is not None:
+            bar.advance(spec.label)
 
-    failed = execute(tri.todo, runs_dir, data_dir, opts.workers, log, log_ended, opts.placement, hyp.name)
+    try:
+        failed = execute(tri.todo, runs_dir, data_dir, opts.workers, log, log_ended, opts.placement, hyp.name)
+    finally:
+        if bar is not None:
+            bar.close()
     log_missing(tracker, specs, runs_dir, layers, data, tags_of)
     return Filled(list(specs), tri, failed, data)
 

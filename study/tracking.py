@@ -342,6 +342,8 @@ class TrackerProtocol(Protocol):
 
     def log_artifact(self, path: Path) -> None: ...
 
+    def log_seed_aggregates(self, claims: list, table: pd.DataFrame) -> list[str]: ...
+
     def log_training_run(
         self,
         spec: RunSpec,
@@ -405,6 +407,9 @@ class NullTracker:
 
     def log_artifact(self, path: Path) -> None:
         return None
+
+    def log_seed_aggregates(self, claims: list, table: pd.DataFrame) -> list[str]:
+        return []
 
     def log_training_run(
         self,

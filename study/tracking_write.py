@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from study.tracking_reuse import RUN_ARTIFACTS_OPTIONAL, RUN_ARTIFACTS_REQUIRED
+from vitstudy_core.errors import StudyError
 from vitstudy_core.faults import fault_point
 from vitstudy_core.hashing import digest, file_digest
 
@@ -153,6 +154,53 @@ class RunWriter:
         name = self.client.get_experiment(self.experiment_id).name
         self.client.update_run(self.parent_id, name=f"{name}: {what}"[:250])
 
+    def log_seed_aggregates(self, claims: list, table: pd.DataFrame) -> list[str]:
+        """The across-seed profile of every claimed metric on the parent run, so MLflow's own charts and
+        compare view show the study-level curve: per (metric, token set, dataset) a claim reads, at its
+        epoch, step metrics ``seed_mean/{metric}/{token_set}``, ``seed_ci_low/...`` and ``seed_ci_high/...``
+        (step = layer index; the two-sided 95% t interval across seeds, ``analysis.table.seed_profile``;
+        ``/{dataset}`` appended in a study of several datasets), and the report's profile figure of it as
+        the artifact ``seed_aggregates/{metric}_{token_set}[_{dataset}].png``.
+
+        Returns:
+            The metric names logged (``seed_mean/...`` only).
+        """
+        from mlflow.entities import Metric
+
+        from analysis.figures import profile_figure
+        from analysis.table import seed_profile
+
+        if table is None or table.empty:
+            return []
+        now, metrics, logged = int(time.time() * 1000), [], []
+        several = table["dataset"].nunique() > 1
+        index = table.drop_duplicates("layer").set_index("layer")["layer_index"]
+        for metric, token_set, dataset, epoch in _claimed_slices(claims, table):
+            try:
+                prof = seed_profile(table, metric, dataset, epoch, token_set)
+            except StudyError:  # a slice the table lacks: that claim is not testable; log the rest
+                continue
+            tail = sanitize_metric_name(f"{metric}/{token_set}" + (f"/{dataset}" if several else ""))
+            for layer in prof.columns:
+                for row, prefix in (
+                    ("mean", "seed_mean"),
+                    ("ci_low", "seed_ci_low"),
+                    ("ci_high", "seed_ci_high"),
+                ):
+                    value = float(prof.at[row, layer])
+                    if np.isfinite(value):
+                        metrics.append(Metric(f"{prefix}/{tail}", value, now, int(index[layer])))
+            logged.append(f"seed_mean/{tail}")
+            fig = profile_figure(table, metric, token_set, [dataset], epoch)
+            if fig.png is not None:
+                name = tail.replace("/", "_") + ".png"
+                with tempfile.TemporaryDirectory() as tmp:
+                    (Path(tmp) / name).write_bytes(fig.png)
+                    self.client.log_artifact(self.parent_id, str(Path(tmp) / name), "seed_aggregates")
+        for i in range(0, len(metrics), _BATCH):
+            self.client.log_batch(self.parent_id, metrics=metrics[i : i + _BATCH])
+        return logged
+
     def set_tags(self, run_id: str | None, tags: dict) -> None:
         """Set tags on a run (the parent when ``run_id`` is None); values cut to MLflow's length limit."""
         for k, v in tags.items():
@@ -274,6 +322,20 @@ class RunWriter:
         items = [Param(k, str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i : i + 100])
+
+
+def _claimed_slices(claims: list, table: pd.DataFrame) -> list[tuple[str, str, str, int | str]]:
+    """(metric, token set, dataset, epoch) of every claim, once each: the claim's subset (default token set
+    ``all``, epoch ``last``) over the datasets it names (default: every dataset of the table)."""
+    out: dict[tuple, None] = {}
+    for claim in claims:
+        subset = getattr(claim, "subset", None)
+        token_set = getattr(subset, "token_set", None) or "all"
+        epoch = getattr(subset, "epoch", None) or "last"
+        datasets = claim.datasets_named() or sorted(map(str, table["dataset"].unique()))
+        for ds in datasets:
+            out[(claim.metric, token_set, ds, epoch)] = None
+    return list(out)
 
 
 def _source_tags(source: dict) -> dict[str, str]:

@@ -1,0 +1,175 @@
+"""The Python API (``study.api``): the default flow through it alone gives the CLI's verdicts on the same
+inputs; ``analyze`` names missing columns; the seed aggregates reach the parent MLflow run; the quickstart
+notebook and ``examples/use_from_python.py`` run on a finished study.
+
+One tiny study (the planted run source of ``tests/planted.py``: synthetic run folders, no training) is run
+once through the API (with MLflow) and once through the CLI, and every test here reads those two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import runpy
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import study
+from study.cli import main
+from tests.conftest import REPO
+from tests.planted import DIFF, U, plant, write_planted
+
+NUMBERS = ["effect", "ci_low", "ci_high", "p_value", "p_adjusted"]
+
+
+@pytest.fixture(scope="module")
+def flows(tmp_path_factory):
+    """(hypothesis path, the API's StudyResult, the CLI's study folder, what the API's bar printed)."""
+    root = tmp_path_factory.mktemp("api")
+    with pytest.MonkeyPatch.context() as mp:
+        plant(mp, 0.5)
+        path = write_planted(root, [DIFF, U])
+        assert study.validate(path, root / "api").message == f"ok: {path}: 2 claim(s), 3 run(s) planned"
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):  # tqdm draws on stderr
+            result = study.run(path, root / "api", workers=1, report=False)  # result.report() is tested below
+        assert (
+            main(["run", path, "--out", str(root / "cli"), "--workers", "1", "--no-mlflow", "--no-report"])
+            == 0
+        )
+    return path, result, root / "cli" / "studies" / "tiny", err.getvalue()
+
+
+def test_the_api_flow_gives_the_clis_verdicts(flows, capsys):
+    path, result, cli_dir, bar = flows
+    assert "3/3" in bar  # the progress bar counted the three runs
+    cli = {c["name"]: c for c in json.loads((cli_dir / "verdicts.json").read_text())["claims"]}
+    frame = result.verdicts
+    assert list(frame.index) == ["higher", "dip"] and set(frame.verdict) <= {
+        "ACCEPTED",
+        "REJECTED",
+        "INCONCLUSIVE",
+    }
+    assert frame.at["higher", "verdict"] == "ACCEPTED"  # the planted effect of 0.5 (noise 0.02)
+    for name, claim in cli.items():
+        assert frame.at[name, "verdict"] == claim["verdict"]
+        assert frame.loc[name, NUMBERS].to_numpy(dtype=float) == pytest.approx([claim[k] for k in NUMBERS])
+        assert frame.at[name, "n_seeds"] == claim["n_seeds"] == 3
+    # every number of verdicts.json is a column, nested ones by dotted path
+    assert {"bootstrap_ci_low", "bootstrap_ci_high", "subset.dataset", "registration.status"} <= set(
+        frame.columns
+    )
+    assert "details.contrasts.early.p" in frame.columns
+    # load() reads the same study back from its folder alone
+    loaded = study.load(result.folder.parent.parent)
+    pd.testing.assert_frame_equal(loaded.verdicts, frame)
+    pd.testing.assert_frame_equal(loaded.table, pd.read_parquet(cli_dir / "table.parquet"), check_like=True)
+    # analyze on a DataFrame gives what the CLI's analyze prints for the saved table
+    assert main(["analyze", path, "--table", str(cli_dir / "table.parquet"), "--json"]) == 0
+    printed = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+    mine = study.analyze(path, result.table.drop(columns=["layer_index", "n_tokens"]))  # both derived again
+    for r in mine:
+        assert r.verdict == printed[r.name]["verdict"]
+        assert [getattr(r, k) for k in NUMBERS] == pytest.approx([printed[r.name][k] for k in NUMBERS])
+
+
+def test_analyze_names_every_missing_column(flows):
+    _, result, _, _ = flows
+    with pytest.raises(study.StudyError) as err:
+        study.analyze(DIFF, result.table.drop(columns=["seed", "value"]))
+    assert str(err.value).startswith(
+        "table: missing columns ['seed', 'value']; expected ['run_key', 'dataset'"
+    )
+    with pytest.raises(
+        study.StudyError,
+        match=r"claims\[0\]\.a\.layers: expected a layer of the table \['patch_embed', 'pos_embed'",
+    ):
+        study.analyze({**DIFF, "a": {"layers": ["block_09"]}}, result.table)
+    with pytest.raises(study.StudyError, match=r"<claims>: claims\[0\]\.metric: required field is missing"):
+        study.analyze([{k: v for k, v in DIFF.items() if k != "metric"}], result.table)
+
+
+def test_profile_figure_report_and_html(flows, tmp_path):
+    _, result, _, _ = flows
+    prof = result.profile("diagonality", epoch=2)
+    assert list(prof.index) == [0, 1, 2, "mean", "ci_low", "ci_high", "n"]
+    assert list(prof.columns) == ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "norm"]
+    seeds = prof.loc[[0, 1, 2], "block_02"].to_numpy(dtype=float)
+    half = 4.302652729911275 * seeds.std(ddof=1) / np.sqrt(3)  # t(0.975, 2)
+    assert prof.at["mean", "block_02"] == pytest.approx(seeds.mean())
+    assert prof.at["ci_high", "block_02"] - prof.at["mean", "block_02"] == pytest.approx(half)
+    with pytest.raises(study.StudyError, match="token_set: expected one of \\['all'\\], got 'cls'"):
+        result.profile("diagonality", token_set="cls")
+    fig = result.figure("dip")
+    assert type(fig).__name__ == "Figure" and fig.get_size_inches()[0] > 3
+    assert result.figures("dip")[0].plotted["layers"][:2] == ["patch_embed", "pos_embed"]
+    page = result._repr_html_()
+    assert "#2e7d32" in page and "data:image/png;base64," in page and "higher" in page
+    html_path = result.report(tmp_path / "r")
+    assert html_path.is_file() and (tmp_path / "r" / "report.md").is_file()
+
+
+def test_seed_aggregates_on_the_parent_run(flows):
+    from mlflow.tracking import MlflowClient
+
+    _, result, _, _ = flows
+    client = MlflowClient(f"sqlite:///{result.folder.parent.parent / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny")
+    (parent,) = [
+        r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("study.role") == "study"
+    ]
+    prof = result.profile("diagonality")
+    for prefix, row in (("seed_mean", "mean"), ("seed_ci_low", "ci_low"), ("seed_ci_high", "ci_high")):
+        hist = sorted(
+            client.get_metric_history(parent.info.run_id, f"{prefix}/diagonality/all"), key=lambda m: m.step
+        )
+        assert [m.step for m in hist] == [0, 1, 2, 3, 4, 5]  # step = layer index
+        assert [m.value for m in hist] == pytest.approx(prof.loc[row].to_numpy(dtype=float))
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id, "seed_aggregates")}
+    assert arts == {"seed_aggregates/diagonality_all.png"}
+
+
+def test_quickstart_notebook_runs(flows, monkeypatch):
+    """examples/quickstart.ipynb, every cell, on the finished tiny study (nbclient; fails on a cell error)."""
+    import nbclient  # the test extra (pyproject.toml) installs nbclient, nbformat and ipykernel
+    import nbformat
+
+    _, result, _, _ = flows
+    monkeypatch.setenv("STUDY_FOLDER", str(result.folder))
+    monkeypatch.setenv("PYTHONPATH", f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(REPO / "examples" / "quickstart.ipynb", as_version=4)
+    nbclient.NotebookClient(
+        nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}
+    ).execute()
+    shown = "".join(
+        str(o.get("data", {}).get("text/html", "")) for c in nb.cells for o in c.get("outputs", [])
+    )
+    assert "higher" in shown and "ACCEPTED" in shown
+
+
+def test_use_from_python_example(flows, capsys, tmp_path, monkeypatch):
+    """examples/use_from_python.py (the README's "Use from Python" snippet) runs as written, in a folder
+    whose ``study_results`` is the finished study's output folder."""
+    _, result, _, _ = flows
+    (tmp_path / "study_results").symlink_to(result.folder.parent.parent)
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(REPO / "examples" / "use_from_python.py"))
+    out = capsys.readouterr().out
+    assert "higher" in out and "ACCEPTED" in out and "ci_high" in out
+    assert (tmp_path / "claim.png").stat().st_size > 1000
+
+
+def test_import_study_stays_light():
+    """``import study`` (and so ``python -m study``) loads no pandas or torch: the API is imported on first use."""
+    code = "import sys, study; assert not {'pandas', 'torch', 'study.api'} & set(sys.modules), sorted(sys.modules)"
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    assert study.load.__module__ == "study.api" and "run" in study.__all__
