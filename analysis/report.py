@@ -30,6 +30,7 @@ import pandas as pd
 
 from analysis.figures import Figure, covariance_figures, effect_figure
 from analysis.kinds import FigureContext, get_kind
+from analysis.kinds.versus import controls_figures, explain_controls
 from analysis.verdicts import INCONCLUSIVE, ClaimResult
 from vitstudy_core.errors import StudyError
 from vitstudy_core.faults import fault_point
@@ -149,6 +150,8 @@ def findings(claim, result: ClaimResult) -> list[str]:
     """What the claim's test found: the kind's own lines, then the verdict's basis, power, warnings, seeds."""
     unit = unit_of(result.metric)
     lines = list(get_kind(result.kind).explain(claim, result)) if claim is not None else []
+    if claim is not None and getattr(claim, "controls", None) and result.details.get("controls"):
+        lines += explain_controls(claim, result.details)  # its effect beside each control's
     if result.details.get("method_used"):
         lines.insert(0, f"test used: {result.details['method_used']}")
     # a sequential verdict compares the stage p with the looks' nominal levels: its Holm p is the
@@ -194,7 +197,10 @@ def build_sections(inp: ReportInput) -> list[Section]:
             figures.append(Figure("profile", "claim figure", missing=why))
         else:
             try:
-                figures += get_kind(result.kind).figures(FigureContext(inp.table, claim, result))
+                ctx = FigureContext(_rows_of(inp.table, claim), claim, result)
+                figures += get_kind(result.kind).figures(ctx)
+                if getattr(claim, "controls", None):
+                    figures += controls_figures(ctx)
             except Exception as exc:  # noqa: BLE001 - one bad claim must not sink the report
                 figures.append(Figure("profile", "claim figure", missing=f"{type(exc).__name__}: {exc}"))
         figures.append(effect_figure(result))
@@ -210,6 +216,15 @@ def build_sections(inp: ReportInput) -> list[Section]:
             )
         )
     return sections
+
+
+def _rows_of(table: pd.DataFrame, claim) -> pd.DataFrame:
+    """The rows a claim's figures draw: its condition's, in a table with conditions (claims across
+    conditions select their own)."""
+    condition = claim.subset.condition
+    if condition is None or "condition" not in table.columns:
+        return table
+    return table[table["condition"].astype(str) == condition]
 
 
 def _run_environment(inp: ReportInput) -> dict:

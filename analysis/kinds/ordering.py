@@ -26,6 +26,7 @@ from analysis.kinds.base import (
     Scenario,
     TableView,
     Trial,
+    claim_view,
     complete_seeds,
     crossing,
     crossing_lines,
@@ -89,6 +90,18 @@ class OrderingClaim(ClaimBase):
 
     def knob(self) -> str | None:
         return self.over
+
+    def cross_problem(self) -> str | None:
+        return None
+
+    def seed_effect_text(self) -> str:
+        on = f"the {self.over}" if self.over else ("the levels" if self.levels else "the dataset's rank")
+        return (
+            f"the per-seed slope of the {self.summary} on {on}, signed so that {self.direction} is positive"
+        )
+
+    def adjustable(self) -> bool:
+        return self.method == "slope"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,7 +172,7 @@ def evaluate(
     metric units (layer-index units for ``argmin``) per step. Seeds are matched by seed id across datasets;
     a seed missing in any dataset is excluded.
     """
-    view = TableView.of(table)
+    view = claim_view(table, claim, where)
     excluded = dict(excluded or {})
     groups: list[str]
     levels: list[float] | None
@@ -201,12 +214,14 @@ def evaluate(
         }
         if claim.level is not None and len(seeds):
             details["crossing"] = crossing(np.asarray(levels), y, claim.level)
+    sign = 1.0 if claim.direction == "increasing" else -1.0
     out = outcome_from_stats(
         stat,
         seeds,
         excluded,
         details,
         labellings_per_seed=math.factorial(len(groups)) if levels is None else 0,
+        seed_effects=dict(zip(seeds, map(float, sign * np.asarray(stat.values)), strict=True)),
     )
     out.warnings += token_count_warnings(counts)
     return out

@@ -39,6 +39,7 @@ from analysis.kinds.base import (
     Statistic,
     TableView,
     Trial,
+    claim_view,
     combined_against,
     complete_seeds,
     contradiction,
@@ -87,6 +88,20 @@ class TrendClaim(ClaimBase):
 
     def knob(self) -> str | None:
         return None if self.over in ("epoch", "layer") else self.over
+
+    def cross_problem(self) -> str | None:
+        if self.method != "slope":
+            return "claims across conditions compare per-seed OLS slopes: use method: slope"
+        if len(self.layers) > 1 and self.aggregate != "pooled":
+            return "claims across conditions compare one series per seed: aggregate: pooled, or one layer"
+        return None
+
+    def seed_effect_text(self) -> str:
+        over = {"epoch": "epoch", "layer": "layer index"}.get(self.over, self.over)
+        return f"the per-seed slope per {over}, signed so that {self.direction} is positive"
+
+    def adjustable(self) -> bool:
+        return self.knob() is not None and self.cross_problem() is None
 
     @model_validator(mode="after")
     def _level_needs_knob(self) -> TrendClaim:
@@ -283,7 +298,7 @@ def evaluate(
     (Holm across layers: p = the smallest Holm-adjusted p). Effect: mean per-seed slope, in metric units
     per epoch (per layer index for ``over: layer``), or mean Kendall tau.
     """
-    view = TableView.of(table)
+    view = claim_view(table, claim, where)
     excluded = dict(excluded or {})
     x, series, per_layer = _trend_arrays(view, claim, where)
     seeds = complete_seeds(list(series.values()), excluded)
@@ -317,7 +332,11 @@ def evaluate(
         details["descriptive"] = describe_within_seed(x, series[binding], per_layer, seeds, claim.direction)
     if claim.method != "mixed" and len(names) == 1 and len(seeds) >= 2:
         warnings += _display_mixed(x, series[names[0]].loc[seeds].to_numpy(dtype=np.float64), details)
+    sign = 1.0 if claim.direction == "increasing" else -1.0
+    one_slope = len(names) == 1 and claim.method == "slope"
     return Outcome(
+        seed_effects=dict(zip(seeds, map(float, sign * b.values), strict=True)) if one_slope else {},
+        p_against=agg.p_against,
         p_value=p,
         effect=b.effect,
         ci=(b.ci[0], b.ci[1]),
