@@ -154,6 +154,14 @@ def findings(claim, result: ClaimResult) -> list[str]:
         lines += explain_controls(claim, result.details)  # its effect beside each control's
     if result.details.get("method_used"):
         lines.insert(0, f"test used: {result.details['method_used']}")
+    adj = result.details.get("adjusted")
+    if adj:  # the raw and the adjusted effect side by side (adjust_for)
+        raw, fixed = adj["raw"], adj["adjusted"]
+        lines.append(
+            f"raw effect {fmt_num(raw['effect'])}{unit} (95% CI {fmt_num(raw['ci'][0])}, {fmt_num(raw['ci'][1])}), "
+            f"p {fmt_p(raw['p'])} | at equal {adj['for']}: {fmt_num(fixed['effect'])}{unit} (95% CI "
+            f"{fmt_num(fixed['ci'][0])}, {fmt_num(fixed['ci'][1])}), p {fmt_p(fixed['p'])} (the verdict's test)"
+        )
     # a sequential verdict compares the stage p with the looks' nominal levels: its Holm p is the
     # fixed-sample one of the last look, shown for reference, never "group-sequential-adjusted"
     fixed = result.adjustment.split(", group-sequential")[0]

@@ -278,3 +278,82 @@ def test_welch_matches_scipy():
     assert math.isclose(one.p, stats.ttest_ind(a, b, equal_var=False, alternative="greater").pvalue)
     paired = difference_statistics(a[:4], b[:4], "greater", True)
     assert math.isclose(paired.p, stats.ttest_rel(a[:4], b[:4], alternative="greater").pvalue)
+
+
+# ---- item 4: adjust_for ---------------------------------------------------------------------------------
+BLOCKS = [f"block_{i:02d}" for i in range(1, 13)]
+
+
+def _sweep_table(follows: str, seed: int = 0) -> pd.DataFrame:
+    """A sweep's table over texture_reliance 0..1 (5 trials x 5 seeds x 12 blocks), test accuracy falling
+    with the knob; eed_pct follows ``accuracy`` only, or the ``knob`` at equal accuracy."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in range(5):
+        acc0, drop = rng.normal(0.7, 0.05), rng.normal(0.3, 0.05)
+        for t in np.linspace(0, 1, 5):
+            acc = acc0 - drop * t + rng.normal(0, 0.03)
+            level = 40 * acc if follows == "accuracy" else 40 * acc + 8 * t
+            for i, layer in enumerate(BLOCKS):
+                rows.append({"run_key": f"k{t:g}-{s}", "dataset": f"cue_mix-texture_reliance{t:g}", "seed": s,
+                             "epoch": 8, "layer": layer, "layer_index": i + 2, "token_set": "all", "n_tokens": 64,
+                             "metric": "eed_pct", "value": level + rng.normal(0, 1.0), "texture_reliance": t,
+                             "test_accuracy": acc})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _sweep_hyp(kind: str = "ordering", **claim):
+    import yaml
+
+    doc = yaml.safe_load(open("hypotheses/complexity_sweep.yaml"))
+    base = {"name": "floor", "kind": kind, "metric": "eed_pct", "subset": {"epoch": "last"},
+            "over": "texture_reliance", "layers": BLOCKS}  # fmt: skip
+    base.update({"summary": "mean"} if kind == "ordering" else {"aggregate": "pooled"})
+    doc["claims"] = [{**base, **claim}]
+    return parse_hypothesis(doc, "sweep.yaml")
+
+
+@pytest.mark.parametrize("kind", ["ordering", "trend"])
+def test_adjusted_claim_removes_a_confound_through_accuracy(kind):
+    confounded = _sweep_table("accuracy")
+    raw = evaluate_claims(_sweep_hyp(kind, direction="decreasing"), confounded)[0]
+    assert raw.verdict == ACCEPTED  # the raw slope is all accuracy
+    adj = evaluate_claims(_sweep_hyp(kind, direction="decreasing", adjust_for="test_accuracy"), confounded)[0]
+    assert adj.verdict != ACCEPTED and adj.details["adjusted"]["for"] == "test_accuracy"
+    assert math.isclose(adj.details["adjusted"]["raw"]["p"], raw.p_value)
+    assert adj.details["adjusted"]["adjusted"]["p"] == adj.p_value
+    up = _sweep_hyp(kind, direction="increasing", adjust_for="test_accuracy")
+    rises = evaluate_claims(up, _sweep_table("knob"))[0]
+    assert rises.verdict == ACCEPTED and 4 < rises.effect < 12  # the planted 8 per unit at equal accuracy
+    from analysis.report import findings
+
+    lines = findings(None, adj)
+    assert any("with test_accuracy in the same regression" in x for x in lines)
+    assert any(x.startswith("raw effect") and "at equal test_accuracy" in x for x in lines)
+
+
+def test_adjust_for_a_scalar_the_table_lacks_is_one_line():
+    hyp = _sweep_hyp(direction="decreasing", adjust_for="knn_accuracy")
+    with pytest.raises(StudyError) as err:
+        evaluate_claims(hyp, _sweep_table("accuracy"), source="sweep.yaml")
+    msg = str(err.value)
+    assert "\n" not in msg and "adjust_for" in msg and "'knn_accuracy'" in msg
+    nan = _sweep_table("accuracy").assign(knn_accuracy=np.nan)
+    with pytest.raises(StudyError, match="no run records 'knn_accuracy'"):
+        evaluate_claims(hyp, nan, source="sweep.yaml")
+
+
+def test_run_scalars_come_from_the_run_history(tmp_path):
+    import json
+
+    from study.run_scalars import with_run_scalars
+
+    hyp = _sweep_hyp(direction="decreasing", adjust_for="test_accuracy")
+    table = _sweep_table("accuracy").drop(columns="test_accuracy")
+    for key in table.run_key.unique():
+        (tmp_path / key).mkdir()
+        history = [{"epoch": e, "test_acc": 0.1 * e} for e in range(1, 9)]
+        (tmp_path / key / "result.json").write_text(json.dumps({"history": history}))
+    got = with_run_scalars(table, hyp.claims, tmp_path)
+    assert np.allclose(got.test_accuracy, 0.8) and list(got.columns[:-1]) == list(table.columns)
+    assert with_run_scalars(table, _sweep_hyp(direction="decreasing").claims, tmp_path) is table

@@ -792,6 +792,9 @@ class Scenario:
     ``test(arrays, truth, rng) -> Trial`` (also ``contradicted``, and for a mixed-model trend
     ``fallback``). ``simulate`` is then ``test(*draw(...))``.
 
+    ``reference``: the row shows another test on this null for comparison (bench/calibration.py prints it
+    and does not require its bound).
+
     ``boundary(n_seeds, rng) -> (arrays, truth)``: the least favourable case of the REJECTED rule, a
     claim that is just true (every contrast it needs at 0, the others where they can do most harm);
     its rate of ``contradicted`` is the rule's error rate, at most 2.5% (:data:`REJECT_LEVEL`). None:
@@ -803,6 +806,9 @@ class Scenario:
     draw: Callable[[int, float, np.random.Generator], tuple[tuple[np.ndarray, ...], Any]] | None = None
     test: Callable[[tuple[np.ndarray, ...], Any, np.random.Generator], Trial] | None = None
     boundary: Callable[[int, np.random.Generator], tuple[tuple[np.ndarray, ...], Any]] | None = None
+    # a reference row: a test shown beside a kind's own on the same null, whose level it is not meant to
+    # hold (the unadjusted slope on an adjusted claim's confounded null); its bound is not checked
+    reference: bool = False
 
     def __post_init__(self) -> None:
         if self.simulate is None:

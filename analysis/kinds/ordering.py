@@ -17,6 +17,7 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from analysis.inference import JTTest, identical_rows, jonckheere_terpstra
+from analysis.kinds._adjust import adjusted_outcome, group_covariate
 from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
@@ -178,6 +179,7 @@ def evaluate(
     levels: list[float] | None
     cols: dict[str, pd.Series] = {}
     counts: dict[str, list[int]] = {}
+    rows: dict[str, pd.DataFrame] = {}  # per group its rows at the epoch (the covariate of adjust_for)
     if claim.knob() is not None:
         groups, levels, cols, counts = _knob_groups(view, claim, where)
     else:
@@ -189,6 +191,7 @@ def evaluate(
             wide = view.wide(df, list(claim.layers), where, "layers")
             cols[ds] = summarise_layers(wide, claim.summary, _depth(df))
             counts[ds] = token_counts(df[df.layer.isin(claim.layers)])
+            rows[ds] = df[df.layer.isin(claim.layers)]
     frame = pd.DataFrame(cols)
     seeds = complete_seeds([frame], excluded)
     y = frame.loc[seeds, groups].to_numpy(dtype=np.float64)
@@ -224,7 +227,24 @@ def evaluate(
         seed_effects=dict(zip(seeds, map(float, sign * np.asarray(stat.values)), strict=True)),
     )
     out.warnings += token_count_warnings(counts)
+    if claim.adjust_for is not None:  # the slope at equal covariate decides; the raw one stays beside it
+        x = np.arange(len(groups), dtype=float) if levels is None else np.asarray(levels, float)
+        rows = rows or _knob_rows_by_group(view, claim, where, groups, levels)
+        z = group_covariate({g: rows[g] for g in groups}, claim.adjust_for, where)
+        out = adjusted_outcome(out, claim.adjust_for, x, frame.loc[seeds, groups], z, claim.direction)
     return out
+
+
+def _knob_rows_by_group(
+    view: TableView, claim: OrderingClaim, where: str, groups: list[str], levels: list[float] | None
+) -> dict[str, pd.DataFrame]:
+    """Over a knob: per group label its rows at the claim's epoch in the claimed layers (every trial with
+    that knob value)."""
+    knob = claim.over
+    assert knob is not None and levels is not None
+    df, _ = knob_rows(view, claim, knob, where)
+    df = df[df.layer.isin(claim.layers)]
+    return {g: df[df[knob] == lv] for g, lv in zip(groups, levels, strict=True)}
 
 
 def _depth(df: pd.DataFrame) -> dict[str, int]:

@@ -27,6 +27,13 @@ from analysis.inference import (
     t_p,
     t_test,
 )
+from analysis.kinds._adjust import (
+    adjusted_outcome,
+    adjusted_trial,
+    draw_confounded,
+    group_covariate,
+    raw_trial,
+)
 from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
@@ -334,7 +341,7 @@ def evaluate(
         warnings += _display_mixed(x, series[names[0]].loc[seeds].to_numpy(dtype=np.float64), details)
     sign = 1.0 if claim.direction == "increasing" else -1.0
     one_slope = len(names) == 1 and claim.method == "slope"
-    return Outcome(
+    out = Outcome(
         seed_effects=dict(zip(seeds, map(float, sign * b.values), strict=True)) if one_slope else {},
         p_against=agg.p_against,
         p_value=p,
@@ -351,6 +358,22 @@ def evaluate(
         estimates=[s.estimate for s in stats_by.values()],
         needs=needs,
         holm_contrasts=_holm_contrasts(claim),
+    )
+    if claim.adjust_for is not None:  # the knob's slope at equal covariate decides; raw beside it
+        z = _knob_covariate(view, claim, where, x)
+        out = adjusted_outcome(out, claim.adjust_for, x, series[binding].loc[seeds], z, claim.direction)
+    return out
+
+
+def _knob_covariate(view: TableView, claim: TrendClaim, where: str, x: np.ndarray) -> pd.DataFrame:
+    """(seed x knob value) the claim's covariate (``adjust_for``) at the claim's epoch."""
+    knob, name = claim.knob(), claim.adjust_for
+    assert knob is not None and name is not None  # adjust_for needs a knob (the model checks it)
+    df, _ = knob_rows(view, claim, knob, where)
+    df = df[df.layer.isin(claim.layers)]
+    rows = {float(v): g for v, g in df.groupby(knob)}
+    return group_covariate({v: rows[v] for v in x.tolist() if v in rows}, name, where).reindex(
+        columns=x.tolist()
     )
 
 
@@ -661,6 +684,17 @@ register_kind(
                 for m in ("slope", "mixed")
             },
             **_layer_scenarios(),
+            "trend_adjusted": Scenario(
+                "metric follows accuracy only (accuracy falls with the knob); slope at equal accuracy",
+                draw=draw_confounded,
+                test=adjusted_trial(),
+            ),
+            "trend_adjusted_raw": Scenario(
+                "the same null, unadjusted per-seed slope (reference: confounded by accuracy)",
+                draw=draw_confounded,
+                test=raw_trial,
+                reference=True,
+            ),
         },
         labellings_per_seed=_labellings,
         holm_contrasts=_holm_contrasts,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -117,7 +118,7 @@ class AcrossBase(ClaimBase):
             inner_kinds = [k for k in KINDS if k not in ACROSS_KINDS]
             raise ValueError(f"kind: expected one of {inner_kinds}, got {kind!r}")
         try:
-            return KINDS[kind].model.model_validate(v)
+            return KINDS[str(kind)].model.model_validate(v)
         except ValidationError as exc:
             raise _inner_error(exc) from None
 
@@ -309,7 +310,7 @@ def compare_effects(
             "ci": list(o.ci),
             "p": o.p_value,
             "seed_effect_mean": float(e.mean()) if len(e) else float("nan"),
-            "per_seed": {int(s): float(v) for s, v in e.items()},
+            "per_seed": {int(str(s)): float(v) for s, v in e.items()},
             **({"details": o.details} if with_details else {}),
         }
         for name, o, e in zip(names, outs, (ea, eb), strict=True)
@@ -343,9 +344,9 @@ def evaluate_differs(
     per-seed effect (its ``seed_effect_text``)."""
     view = TableView.of(table)
     names = (claim.a.condition, claim.b.condition)
-    outs = tuple(
-        in_condition(view, claim.claim, n, where, f"{side}.condition", excluded or {})
-        for n, side in zip(names, ("a", "b"), strict=True)
+    outs = (
+        in_condition(view, claim.claim, names[0], where, "a.condition", excluded or {}),
+        in_condition(view, claim.claim, names[1], where, "b.condition", excluded or {}),
     )
     stat, paired, seeds, dropped, sides = compare_effects(claim.claim, outs, names, claim.alternative)
     se, df = _se_df(stat, paired)
@@ -455,7 +456,9 @@ def apply_controls(
     if not claim.controls or out.not_testable:
         return out
     own = claim.subset.condition or "(the claim's condition)"
-    tests, against, ps = {}, [], [out.p_value]
+    tests: dict[str, dict[str, Any]] = {}
+    against: list[float] = []
+    ps = [out.p_value]
     for i, c in enumerate(claim.controls):
         oc = in_condition(view, claim, c, where, f"controls[{i}]", excluded)
         stat, paired, seeds, _, sides = compare_effects(claim, (out, oc), (own, c), "greater", False)
@@ -477,7 +480,7 @@ def apply_controls(
     out.p_value = p
     out.contradicted = contradicted and len(out.seeds_used) >= 2
     if binding:
-        out.std_effect, out.two_sided = tests[claim.controls[binding - 1]]["std_effect"], False
+        out.std_effect, out.two_sided = float(tests[claim.controls[binding - 1]]["std_effect"]), False
     return out
 
 
@@ -617,7 +620,11 @@ SD_DIFF = math.hypot(SD_A, SD_B)  # the per-seed difference's SD: the unit of ``
 Arrays = tuple[np.ndarray, ...]
 
 
-def _draw_values(paired: bool):
+Draw = Callable[[int, float, np.random.Generator], tuple[Arrays, Any]]
+Test = Callable[[Arrays, Any, np.random.Generator], Trial]
+
+
+def _draw_values(paired: bool) -> Draw:
     """(a (S,), b (S,)) per-seed effects with a - b of mean ``effect`` * SD_DIFF (paired: a shared seed
     offset; else independent seeds)."""
 
@@ -632,7 +639,7 @@ def _draw_values(paired: bool):
     return draw
 
 
-def _test_values(paired: bool, alternative: Alternative):
+def _test_values(paired: bool, alternative: Alternative) -> Test:
     def test(arrays: Arrays, truth: float, rng: np.random.Generator) -> Trial:
         st = difference_statistics(arrays[0], arrays[1], alternative, paired)
         return {"p": st.p, "covered": bool(st.ci[0] <= truth <= st.ci[1]), "warned": False,
@@ -672,7 +679,7 @@ def _test_u(arrays: Arrays, truth: float, rng: np.random.Generator) -> Trial:
             "contradicted": bool(st.contradicted)}  # fmt: skip
 
 
-def _draw_holds(boundary: bool):
+def _draw_holds(boundary: bool) -> Draw:
     """Profiles in two conditions: a step-down (the u_shape null: late contrast 0) in a and a clear U in
     b (the IUT's least favourable null: one condition at its boundary, the other true); at ``effect`` > 0
     both are U's of that depth. REJECTED boundary: a step-down in both."""
@@ -696,7 +703,7 @@ def _test_holds(arrays: Arrays, truth: Any, rng: np.random.Generator) -> Trial:
     return {"p": p, "covered": None, "warned": False, "contradicted": contradiction(against, "every")}
 
 
-def _draw_controls(boundary: bool):
+def _draw_controls(boundary: bool) -> Draw:
     """Own condition: a U of depth 20 (clearly true); control: the same U (the exceeds null), sharing
     each seed's offset. At ``effect`` > 0 the own dip is deeper by ``effect`` * 3. REJECTED boundary:
     the own claim just true (a step-down) and the control's depth equal to it."""
@@ -722,7 +729,7 @@ def _test_controls(arrays: Arrays, truth: Any, rng: np.random.Generator) -> Tria
     return {"p": p, "covered": None, "warned": False, "contradicted": contradiction(against, "every")}
 
 
-def _boundary(draw):
+def _boundary(draw: Draw) -> Callable[[int, np.random.Generator], tuple[Arrays, Any]]:
     return lambda n_seeds, rng: draw(n_seeds, 0.0, rng)
 
 
