@@ -357,3 +357,38 @@ def test_run_scalars_come_from_the_run_history(tmp_path):
     got = with_run_scalars(table, hyp.claims, tmp_path)
     assert np.allclose(got.test_accuracy, 0.8) and list(got.columns[:-1]) == list(table.columns)
     assert with_run_scalars(table, _sweep_hyp(direction="decreasing").claims, tmp_path) is table
+
+
+# ---- item 6: the claims written for the shipped files with conditions ----------------------------------------
+def _fixture_claims(name: str) -> list[dict]:
+    import yaml
+
+    return yaml.safe_load(open(f"tests/fixtures/conditions/{name}"))
+
+
+def test_the_controls_claims(table):
+    design = {**DESIGN, "datasets": [{"name": "objects"}]}
+    hyp = parse_hypothesis(
+        {"name": "controls", "design": design, "claims": _fixture_claims("claims_controls.yaml")}
+    )
+    results = evaluate_claims(hyp, table[table.dataset == "objects"])
+    assert [r.verdict for r in results] == [ACCEPTED, ACCEPTED, ACCEPTED]
+    assert set(results[0].details["controls"]) == {"untrained", "shuffled"}
+
+
+def test_the_paper_claims():
+    rng = np.random.default_rng(3)
+    datasets = ("cifar100", "tiny_imagenet", "ucmerced")  # the dip shrinks to none on ucmerced
+    cells = {}
+    for objective in ("dino_paper", "supervised"):
+        trained = simulate_study_table(n_seeds=5, datasets=datasets, epochs=(0, 8), metrics=("eed_pct",),
+                                       token_sets=("all",), seed=len(cells))  # fmt: skip
+        cells[f"objective={objective},untrained=false"] = trained
+        cells[f"objective={objective},untrained=true"] = _flat(trained, rng)
+    table = pd.concat([t.assign(condition=c) for c, t in cells.items()], ignore_index=True)
+    design = {"datasets": [{"name": d} for d in datasets], "seeds": [0, 1, 2, 3, 4], "checkpoints": [0, 8]}
+    hyp = parse_hypothesis(
+        {"name": "ib", "design": design, "claims": _fixture_claims("claims_inductive_bottleneck.yaml")}
+    )
+    verdicts = [r.verdict for r in evaluate_claims(hyp, table)]
+    assert verdicts == [ACCEPTED, ACCEPTED, ACCEPTED, ACCEPTED], verdicts

@@ -197,11 +197,3 @@ def adjusted_trial(
                 "contradicted": bool(st.contradicted)}  # fmt: skip
 
     return test
-
-
-def raw_trial(arrays: tuple[np.ndarray, ...], truth: Any, rng: np.random.Generator) -> Trial:
-    """The unadjusted per-seed slope test on the same data (a reference: its null is not the claim's)."""
-    from analysis.kinds.trend import trend_statistics
-
-    st = trend_statistics(KNOB, arrays[0], "decreasing", "slope")
-    return {"p": st.p, "covered": None, "warned": False, "contradicted": bool(st.contradicted)}

@@ -28,11 +28,11 @@ from analysis.inference import (
     t_test,
 )
 from analysis.kinds._adjust import (
+    KNOB,
     adjusted_outcome,
     adjusted_trial,
     draw_confounded,
     group_covariate,
-    raw_trial,
 )
 from analysis.kinds.base import (
     ClaimBase,
@@ -578,6 +578,12 @@ def _layer_scenarios() -> dict[str, Scenario]:
     return out
 
 
+def _raw_trial(arrays: tuple[np.ndarray, ...], truth: Any, rng: np.random.Generator) -> Trial:
+    """The unadjusted per-seed slope test on an adjusted claim's confounded null (a reference row)."""
+    st = trend_statistics(KNOB, arrays[0], "decreasing", "slope")
+    return {"p": st.p, "covered": None, "warned": False, "contradicted": bool(st.contradicted)}
+
+
 _SPACINGS = {
     "paper": (
         PAPER_EPOCHS,
@@ -692,7 +698,7 @@ register_kind(
             "trend_adjusted_raw": Scenario(
                 "the same null, unadjusted per-seed slope (reference: confounded by accuracy)",
                 draw=draw_confounded,
-                test=raw_trial,
+                test=_raw_trial,
                 reference=True,
             ),
         },
