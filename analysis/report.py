@@ -30,6 +30,7 @@ import pandas as pd
 
 from analysis.figures import Figure, covariance_figures, effect_figure
 from analysis.kinds import FigureContext, get_kind
+from analysis.kinds.versus import controls_figures, explain_controls
 from analysis.verdicts import INCONCLUSIVE, ClaimResult
 from vitstudy_core.errors import StudyError
 from vitstudy_core.faults import fault_point
@@ -162,8 +163,18 @@ def findings(claim, result: ClaimResult) -> list[str]:
     """What the claim's test found: the kind's own lines, then the verdict's basis, power, warnings, seeds."""
     unit = effect_unit(claim, result)
     lines = list(get_kind(result.kind).explain(claim, result)) if claim is not None else []
+    if claim is not None and getattr(claim, "controls", None) and result.details.get("controls"):
+        lines += explain_controls(claim, result.details)  # its effect beside each control's
     if result.details.get("method_used"):
         lines.insert(0, f"test used: {result.details['method_used']}")
+    adj = result.details.get("adjusted")
+    if adj:  # the raw and the adjusted effect side by side (adjust_for)
+        raw, fixed = adj["raw"], adj["adjusted"]
+        lines.append(
+            f"raw effect {fmt_num(raw['effect'])}{unit} (95% CI {fmt_num(raw['ci'][0])}, {fmt_num(raw['ci'][1])}), "
+            f"p {fmt_p(raw['p'])} | at equal {adj['for']}: {fmt_num(fixed['effect'])}{unit} (95% CI "
+            f"{fmt_num(fixed['ci'][0])}, {fmt_num(fixed['ci'][1])}), p {fmt_p(fixed['p'])} (the verdict's test)"
+        )
     # a sequential verdict compares the stage p with the looks' nominal levels: its Holm p is the
     # fixed-sample one of the last look, shown for reference, never "group-sequential-adjusted"
     fixed = result.adjustment.split(", group-sequential")[0]
@@ -207,7 +218,10 @@ def build_sections(inp: ReportInput) -> list[Section]:
             figures.append(Figure("profile", "claim figure", missing=why))
         else:
             try:
-                figures += get_kind(result.kind).figures(FigureContext(inp.table, claim, result))
+                ctx = FigureContext(_rows_of(inp.table, claim), claim, result)
+                figures += get_kind(result.kind).figures(ctx)
+                if getattr(claim, "controls", None):
+                    figures += controls_figures(ctx)
             except Exception as exc:  # noqa: BLE001 - one bad claim must not sink the report
                 figures.append(Figure("profile", "claim figure", missing=f"{type(exc).__name__}: {exc}"))
         unit = effect_unit(claim, result)
@@ -225,6 +239,15 @@ def build_sections(inp: ReportInput) -> list[Section]:
             )
         )
     return sections
+
+
+def _rows_of(table: pd.DataFrame, claim) -> pd.DataFrame:
+    """The rows a claim's figures draw: its condition's, in a table with conditions (claims across
+    conditions select their own)."""
+    condition = claim.subset.condition
+    if condition is None or "condition" not in table.columns:
+        return table
+    return table[table["condition"].astype(str) == condition]
 
 
 def _run_environment(inp: ReportInput) -> dict:

@@ -39,6 +39,7 @@ from statsmodels.stats.multitest import multipletests
 from analysis.inference import bootstrap_ci, power_and_seeds_needed
 from analysis.kinds import get_kind
 from analysis.kinds.base import NotTestable, Outcome, TableView, layer_location
+from analysis.kinds.versus import apply_controls
 from analysis.power import seed_floor
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 
@@ -191,7 +192,8 @@ def decide(outcome: Outcome, p_adjusted: float, alpha: float, margin: float | No
 def _evaluate_one(view: TableView, claim: Any, where: str, excluded: dict[int, str]) -> Outcome:
     """The claim's kind evaluates it; a metric the table lacks makes it not testable instead of an error."""
     try:
-        return get_kind(claim.kind).evaluate(view, claim, where=where, excluded=excluded)
+        out = get_kind(claim.kind).evaluate(view, claim, where=where, excluded=excluded)
+        return apply_controls(view, claim, out, where, excluded) if claim.controls else out
     except NotTestable as exc:
         nan, why = float("nan"), f"{exc.why}: {exc.message}"
         return Outcome(
@@ -287,7 +289,8 @@ def _result(claim: Any, o: Outcome, p_adjusted: float, adjustment: str) -> Claim
         name=claim.name,
         kind=claim.kind,
         metric=claim.metric,
-        subset=claim.subset.model_dump(),
+        # a claim without a condition reports its subset as before conditions existed
+        subset=claim.subset.model_dump(exclude={"condition"} if claim.subset.condition is None else None),
         alpha=claim.alpha,
         verdict=verdict,
         effect=o.effect,

@@ -27,6 +27,7 @@ import pandas as pd
 from analysis.verdicts import INCONCLUSIVE, ClaimResult, decide_sequential, families, format_verdicts
 from study import registration, stages
 from study.preflight import check_hypothesis
+from study.run_scalars import with_run_scalars
 from study.schema import Hypothesis
 from study.tracking import TrackerProtocol, open_tracker
 from vitstudy_core.errors import StudyError
@@ -115,6 +116,8 @@ def _train_look(
     new = [s for s in specs if s.key not in done]
     filled = stages.fill_runs(new, out_dir, hyp, tracker, opts, log, on_triaged=on_triaged)
     collected = stages.collect_table(specs, out_dir / "runs", hyp.design.layers, filled.failed)
+    # per-run scalars a claim adjusts for (adjust_for) become columns; no such claim: today's table
+    collected.table = with_run_scalars(collected.table, hyp.claims, out_dir / "runs")
     done.update(s.key for s in specs)
     return stages.Filled(specs, filled.tri, filled.failed, filled.data), collected
 

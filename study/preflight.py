@@ -221,13 +221,25 @@ def synthetic_sweep_table(hyp: Hypothesis, seed: int = 0) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def _with_scalars(table: pd.DataFrame, hyp: Hypothesis, seed: int = 0) -> pd.DataFrame:
+    """A synthetic table with seeded noise in a column per per-run scalar the claims adjust for."""
+    from study.run_scalars import scalars_named
+
+    rng = np.random.default_rng(seed)
+    runs = table.run_key.unique()
+    noise = {
+        n: dict(zip(runs, rng.uniform(0.2, 0.8, len(runs)), strict=True)) for n in scalars_named(hyp.claims)
+    }
+    return table.assign(**{n: table.run_key.map(v) for n, v in noise.items()}) if noise else table
+
+
 def _check_claims(hyp: Hypothesis, file: str) -> None:
     """Each claim on the synthetic table it will meet (a sweep's, for a claim over a knob), in file order;
     an error names the claim by its index in the file."""
     from analysis.verdicts import evaluate_claims
 
-    plain = synthetic_table(hyp)
-    swept = synthetic_sweep_table(hyp) if hyp.sweep is not None else None
+    plain = _with_scalars(synthetic_table(hyp), hyp)
+    swept = _with_scalars(synthetic_sweep_table(hyp), hyp) if hyp.sweep is not None else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fits on noise warn (singular covariances, ...): nothing to tell
         if swept is None:

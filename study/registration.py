@@ -47,7 +47,23 @@ REGISTRATION = "registration.json"
 PRE, POST_HOC = "pre-registered", "post hoc"
 
 
-_CONDITION_KEYS = {"dataset", "token_set", "epoch", "layers"}
+_CONDITION_KEYS = {"dataset", "token_set", "epoch", "layers", "condition"}
+# fields added with conditions (issue 23), left out of a claim's dump at their defaults so that a claim
+# registered before they existed keeps its hash (and its registration)
+_NEW_DEFAULTS = {"condition": None, "controls": [], "adjust_for": None}
+
+
+def _dump(claim) -> dict:
+    """The claim's ``model_dump`` (JSON mode) without the fields of :data:`_NEW_DEFAULTS` at their default."""
+
+    def strip(obj):
+        if isinstance(obj, list):
+            return [strip(v) for v in obj]
+        if not isinstance(obj, dict):
+            return obj
+        return {k: strip(v) for k, v in obj.items() if not (k in _NEW_DEFAULTS and v == _NEW_DEFAULTS[k])}
+
+    return strip(claim.model_dump(mode="json"))
 
 
 def _canonical(obj):
@@ -68,18 +84,19 @@ def _canonical(obj):
 
 def claim_hash(claim) -> str:
     """sha256 of the claim's canonical form (every field, defaults filled in, region layers as sets)."""
-    return digest(_canonical(claim.model_dump(mode="json")))
+    return digest(_canonical(_dump(claim)))
 
 
-def _legacy_hash(claim) -> str:
-    """The hash registrations written before region layers were sets used (still recognised)."""
-    return digest(claim.model_dump(mode="json"))
+def _legacy_hashes(claim) -> list[str]:
+    """The hashes registrations written before region layers were sets used (still recognised): of the
+    plain dump without the conditions' fields at their defaults (as they were written), and with them."""
+    return [digest(_dump(claim)), digest(claim.model_dump(mode="json"))]
 
 
 def _registered(data: dict, claim) -> tuple[str, dict | None]:
-    """(the claim's hash, its registration entry or None), under its hash or its legacy hash."""
+    """(the claim's hash, its registration entry or None), under its hash or a legacy hash."""
     claims, h = data.get("claims", {}), claim_hash(claim)
-    return h, claims.get(h) or claims.get(_legacy_hash(claim))
+    return h, claims.get(h) or next((claims[k] for k in _legacy_hashes(claim) if k in claims), None)
 
 
 def design_hash(design) -> str:
@@ -222,7 +239,7 @@ def register(
         if entry is not None:
             claims.setdefault(h, entry)  # a legacy hash moves to the canonical one, with its first time
             continue
-        claims[h] = {"name": claim.name, **_stamp(now), "claim": claim.model_dump(mode="json")}
+        claims[h] = {"name": claim.name, **_stamp(now), "claim": _dump(claim)}
         late = data_existed or (runs is not None and _earliest_finish(claim, *runs) is not None)
         if late and not fresh:
             _mark_post_hoc(data, claim, now, f"registered {_iso(now)}, after some of its runs had finished")

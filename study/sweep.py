@@ -40,6 +40,7 @@ from analysis.verdicts import ClaimResult, format_verdicts
 from runners.datasets.procedural import ProceduralDataset
 from study import registration, stages
 from study.preflight import check_hypothesis
+from study.run_scalars import with_run_scalars
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
 from study.tracking import TrackerProtocol, open_tracker
@@ -443,7 +444,9 @@ def _sweep_rows(trials: pd.DataFrame, hyp: Hypothesis, out_dir: Path) -> tuple[p
         got = stages.collect_table(point.specs, out_dir / "runs", hyp.design.layers)
         frames.append(got.table.assign(**point.params))
         specs += point.specs
-    return (pd.concat(frames, ignore_index=True) if frames else make_table([])), specs
+    table = pd.concat(frames, ignore_index=True) if frames else make_table([])
+    # per-run scalars the knob claims adjust for (adjust_for: test_accuracy): columns of the table
+    return with_run_scalars(table, hyp.claims, out_dir / "runs"), specs
 
 
 CHANCE_LEVEL = 0.05  # one-sided binomial test of a run's test accuracy against chance

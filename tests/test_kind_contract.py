@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis.figures import Figure
@@ -28,17 +29,49 @@ DESIGN = {
 }
 
 
-@pytest.fixture(scope="module")
-def table():
+# the conditions the cross-condition kinds' examples name (analysis.kinds.versus)
+CONDITIONS = ("trained", "untrained")
+
+
+def _plain_table():
     return simulate_study_table(
         n_seeds=5, datasets=("objects", "mixed", "textures"), epochs=(0, 2, 4), seed=3
     )
 
 
+@pytest.fixture(scope="module")
+def plain_table():
+    return _plain_table()
+
+
+@pytest.fixture(scope="module")
+def conditions_table(plain_table):
+    """The same study in two conditions: as simulated, and with extra noise (another condition's runs)."""
+    noisy = plain_table.assign(
+        value=plain_table.value + np.random.default_rng(4).normal(0, 1.0, len(plain_table))
+    )
+    return pd.concat([t.assign(condition=c) for c, t in zip(CONDITIONS, (plain_table, noisy), strict=True)])
+
+
+def _names_conditions(kind: str) -> bool:
+    return "condition" in str(KINDS[kind].example)
+
+
+@pytest.fixture
+def table(request, plain_table, conditions_table):
+    """The table a kind's example is tested on: with conditions when the example names some."""
+    return conditions_table if _names_conditions(request.node.callspec.params["kind"]) else plain_table
+
+
 def _claim(kind: str, **override):
+    from study.schema import Design
+
+    design = dict(DESIGN)
+    if _names_conditions(kind) and "conditions" in Design.model_fields:  # a design with conditions
+        design["conditions"] = [{"name": "trained"}, {"name": "untrained", "untrained": True}]
     doc = {
         "name": "t",
-        "design": DESIGN,
+        "design": design,
         "claims": [{"name": f"{kind} example", **KINDS[kind].example, **override}],
     }
     return parse_hypothesis(doc)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from statsmodels.stats.weightstats import ttost_paired
 
-from analysis.calibration import CALIBRATION_KINDS, simulate_claim_study
+from analysis.calibration import CALIBRATION_KINDS, scenario, simulate_claim_study
 from analysis.inference import jonckheere_terpstra, jt_statistic, power_and_seeds_needed, tost
 from analysis.kinds import KINDS
 from analysis.kinds.u_shape import loso_bottleneck
@@ -89,8 +89,12 @@ def table():
     )
 
 
+# kinds across conditions need a table with a condition column: tested in tests/test_across.py
+ACROSS = {"differs", "exceeds", "holds_in_all"}
+
+
 def test_registry_covers_every_kind():
-    assert set(KINDS) == set(CLAIM_KINDS) == set(CLAIMS)
+    assert set(KINDS) == set(CLAIM_KINDS) == set(CLAIMS) | ACROSS
 
 
 @pytest.mark.parametrize("kind", list(CLAIMS))
@@ -306,7 +310,9 @@ def test_cli_analyze_derives_missing_layer_index_and_n_tokens(tmp_path, table, c
     assert len(err.splitlines()) == 1 and "layer_index" in err and "head" in err and "odd.csv" in err
 
 
-@pytest.mark.parametrize("label", [k for k in CALIBRATION_KINDS if not k.startswith("trend_mixed")])
+@pytest.mark.parametrize(
+    "label", [k for k in CALIBRATION_KINDS if not k.startswith("trend_mixed") and not scenario(k).reference]
+)
 def test_calibration_smoke(label):
     # 300 seeded null studies at S = 5: type-I within alpha + 3 MC SE (the full 1000-rep bound is the bench)
     rng = np.random.default_rng(sum(map(ord, label)))

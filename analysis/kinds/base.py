@@ -19,6 +19,7 @@ module asks which kind a claim is. This module never imports torch.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypedDict
@@ -41,12 +42,31 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------------------------------------------
 # The claim model's base
 # --------------------------------------------------------------------------------------------------
+# Per-run scalars a claim can be adjusted for (``adjust_for``): name -> the key of the run's training
+# history (``result.json``) that records it, per epoch. ``study.run_scalars`` puts them in the table as a
+# column of that name (the value at each row's epoch); a table given to ``analyze --table`` carries it.
+RUN_SCALARS = {
+    "test_accuracy": "test_acc",
+    "train_accuracy": "train_acc",
+    "knn_accuracy": "knn_acc",
+    "train_loss": "loss",
+}
+
+# A condition's name (docs: CONDITIONS.md item 2): ``trained``, ``objective=dino,labels=shuffled``
+CONDITION_NAME = r"^[A-Za-z0-9_.=,-]+$"
+
+
 class Subset(Strict):
-    """Which slice of the tidy table a claim is tested on."""
+    """Which slice of the tidy table a claim is tested on.
+
+    ``condition``: in a design with conditions (the table has a ``condition`` column), the condition the
+    claim is tested in; required when the table holds more than one, refused when it holds none.
+    """
 
     dataset: str | None = None  # required by u_shape and trend; the default for conditions otherwise
     token_set: TokenSet = "all"
     epoch: int | Literal["last"] = "last"
+    condition: str | None = Field(None, pattern=CONDITION_NAME)
 
 
 class Condition(Strict):
@@ -59,6 +79,7 @@ class Condition(Strict):
     token_set: TokenSet | None = None
     epoch: int | Literal["last"] | None = None
     layers: list[str] = Field(min_length=1)
+    condition: str | None = Field(None, pattern=CONDITION_NAME)  # default: the claim's subset.condition
 
 
 class ClaimBase(Strict):
@@ -76,6 +97,27 @@ class ClaimBase(Strict):
     sesoi: float | None = Field(None, gt=0)
     # Exploratory claims (confirmatory: false) are adjusted among themselves: holm (default) or bh (FDR).
     adjust: Literal["holm", "bh", "none"] = "holm"
+    # conditions the claim's per-seed effect must also exceed (analysis.kinds.across.apply_controls)
+    controls: list[str] = Field(default_factory=list)
+    # a per-run scalar (RUN_SCALARS) held fixed in each seed's regression on the knob (adjusted claims)
+    adjust_for: str | None = None
+
+    @field_validator("controls")
+    @classmethod
+    def _control_names(cls, v: list[str]) -> list[str]:
+        bad = [c for c in v if not re.match(CONDITION_NAME, c)]
+        if bad:
+            raise ValueError(f"condition names match {CONDITION_NAME}, got {bad[0]!r}")
+        if len(set(v)) != len(v):
+            raise ValueError("controls must be distinct")
+        return v
+
+    @field_validator("adjust_for")
+    @classmethod
+    def _known_scalar(cls, v: str | None) -> str | None:
+        if v is not None and v not in RUN_SCALARS:
+            raise ValueError(f"expected a per-run scalar the runs record {sorted(RUN_SCALARS)}, got {v!r}")
+        return v
 
     @field_validator("metric")
     @classmethod
@@ -102,7 +144,39 @@ class ClaimBase(Strict):
         for cond in getattr(self, "competitors", None) or []:
             if cond.dataset is None and self.subset.dataset is None:
                 raise ValueError("competitors[].dataset or subset.dataset is required")
+        if self.controls:
+            problem = self.cross_problem()
+            if problem:
+                raise ValueError(f"controls: {problem}")
+            if self.subset.condition in self.controls:
+                raise ValueError(f"controls: {self.subset.condition!r} is the claim's own condition")
+        if self.adjust_for is not None and not self.adjustable():
+            raise ValueError(
+                "adjust_for is for a claim over a knob or across datasets (a trend over a swept knob, or an "
+                "ordering) with method: slope and one series"
+            )
         return self
+
+    def cross_problem(self) -> str | None:
+        """Why this claim's per-seed effect cannot be compared across conditions (None: it can).
+
+        A kind that can overrides this and :meth:`seed_effect`."""
+        return f"a {self.kind} claim has no per-seed effect to compare across conditions"
+
+    def seed_effect(self, outcome: Outcome) -> pd.Series:
+        """Per seed (index: seed id) the claim's effect signed so that positive is the claimed direction,
+        from its :class:`Outcome` (what ``differs``, ``exceeds`` and ``controls`` compare)."""
+        if not outcome.seed_effects:
+            raise StudyError(self.cross_problem() or "no per-seed effect to compare", "claim")
+        return pd.Series(outcome.seed_effects, dtype=np.float64).sort_index()
+
+    def seed_effect_text(self) -> str:
+        """What :meth:`seed_effect` is, in words (for the report)."""
+        return "the per-seed effect"
+
+    def adjustable(self) -> bool:
+        """Whether ``adjust_for`` applies (a per-seed slope on a knob or on dataset levels)."""
+        return False
 
     def requires_dataset(self) -> bool:
         """Whether ``subset.dataset`` must be given (the kind reads one dataset)."""
@@ -137,6 +211,21 @@ class ClaimBase(Strict):
     def datasets_named(self) -> list[str]:
         """The datasets the claim reads, sorted."""
         return sorted({str(v) for _, what, v in self.named() if what == "dataset"})
+
+    def conditions_named(self) -> list[tuple[str, str]]:
+        """Every (field, condition name) the claim reads: for validation against the design's conditions."""
+        out: list[tuple[str, str]] = []
+        if self.subset.condition is not None:
+            out.append(("subset.condition", self.subset.condition))
+        for fld in ("a", "b", "target"):
+            cond = getattr(self, fld, None)
+            if isinstance(cond, Condition) and cond.condition is not None:
+                out.append((f"{fld}.condition", cond.condition))
+        for i, cond in enumerate(getattr(self, "competitors", None) or []):
+            if cond.condition is not None:
+                out.append((f"competitors[{i}].condition", cond.condition))
+        out += [(f"controls[{i}]", c) for i, c in enumerate(self.controls)]
+        return out
 
 
 def _named_condition(fld: str, cond: Condition) -> list[tuple[str, str, object]]:
@@ -245,6 +334,11 @@ class Outcome:
         needs: how the contrasts combine (``every`` or ``one``; see :func:`contradiction`).
         holm_contrasts: the binding p is Holm-adjusted across this many contrasts (a trend over ``any``
             of k layers: k), so it cannot go below k * labellings^-S and its power is at alpha / k.
+        seed_effects: per seed the effect, positive in the claimed direction, that claims across
+            conditions compare (:meth:`ClaimBase.seed_effect`); empty where the kind has none.
+        p_against: the p of the claim's opposite that ``contradicted`` compares with
+            :data:`REJECT_LEVEL` (:func:`combined_against`; NaN where the kind records none), so claims
+            built on this one (``holds_in_all``, ``controls``) can combine it with others.
     """
 
     p_value: float
@@ -263,6 +357,10 @@ class Outcome:
     estimates: list[Estimate] = field(default_factory=list)
     needs: Needs = "every"
     holm_contrasts: int = 1
+    p_against: float = float("nan")
+    # per seed the effect signed so that positive is the claimed direction (ClaimBase.seed_effect); empty
+    # where the kind has none that is independent across seeds
+    seed_effects: dict[int, float] = field(default_factory=dict)
 
     def margin_p(self, margin: float) -> float:
         """p of "the effect lies within +-margin" (:func:`margin_p`; NaN when it cannot be tested)."""
@@ -372,11 +470,30 @@ class TableView:
 
     Every lookup of a value the table lacks raises a one-line StudyError naming the claim field; a metric it
     lacks raises :class:`NotTestable` (the claim cannot be tested on this table, which is no input error).
+
+    A table with a ``condition`` column (a design with conditions) holding more than one condition is
+    read one condition at a time: :meth:`in_condition` gives the view of one (built once, cached), and
+    slicing the whole table's view instead is a one-line error asking the claim to name one. A table with
+    one condition reads as today's.
     """
 
-    def __init__(self, table: pd.DataFrame) -> None:
+    def __init__(
+        self, table: pd.DataFrame, condition: str | None = None, root: TableView | None = None
+    ) -> None:
         self.table = table
-        self._groups = {k: g for k, g in table.groupby(["metric", "dataset", "token_set"], sort=False)}
+        self.condition = condition
+        self.root: TableView = root or self
+        has = "condition" in table.columns
+        self.conditions: list[str] = sorted(map(str, table["condition"].unique())) if has else []
+        self.has_conditions = has if root is None else True
+        self._views: dict[str, TableView] = {}
+        # several conditions in one view: slices must come from one condition's view
+        self._mixed = len(self.conditions) > 1
+        self._groups = (
+            {}
+            if self._mixed
+            else {k: g for k, g in table.groupby(["metric", "dataset", "token_set"], sort=False)}
+        )
         self._present = {
             col: sorted(map(str, table[col].unique())) for col in ("metric", "dataset", "token_set")
         }
@@ -386,8 +503,40 @@ class TableView:
         """``table`` itself if it is a view, else a view of it."""
         return table if isinstance(table, TableView) else cls(table)
 
+    def in_condition(self, name: str | None, where: str, fld: str) -> TableView:
+        """The view of condition ``name`` (None: this view, which must then hold at most one condition
+        when it is sliced); a name the table lacks, or any name when it has no conditions, is one line."""
+        if name is None:
+            return self
+        root = self.root
+        if not root.has_conditions:
+            raise StudyError(
+                f"condition {name!r} is named, but the design has no conditions (the table has no "
+                "condition column)",
+                where,
+                fld,
+            )
+        if name not in root.conditions:
+            raise StudyError(f"condition {name!r} is not in the table (it has {root.conditions})", where, fld)
+        if len(root.conditions) == 1:
+            return root
+        if name not in root._views:
+            rows = root.table[root.table["condition"].astype(str) == name]
+            root._views[name] = TableView(rows, name, root)
+        return root._views[name]
+
+    def check_one_condition(self, where: str, fld: str) -> None:
+        """One-line error when this view mixes conditions (the claim must name one in ``fld``)."""
+        if self._mixed:
+            raise StudyError(
+                f"the table holds conditions {self.conditions}: name the one this claim is tested in",
+                where,
+                fld,
+            )
+
     def slice(self, metric: str, dataset: str, token_set: str, where: str, fld: str = "") -> pd.DataFrame:
         """Rows of one (metric, dataset, token_set); ``fld`` prefixes the field named in errors."""
+        self.check_one_condition(where, "subset.condition")
         for col, value, name in (
             ("metric", metric, "metric"),
             ("dataset", dataset, f"{fld}dataset" if fld else "subset.dataset"),
@@ -436,6 +585,7 @@ def knob_rows(view: TableView, claim: Any, knob: str, where: str) -> tuple[pd.Da
 
     The table must carry the knob as a column (a sweep's table: one value per trial dataset).
     """
+    view.check_one_condition(where, "subset.condition")
     table = view.table
     if knob not in table.columns:
         raise StudyError(
@@ -576,6 +726,12 @@ def summarise_layers(wide: pd.DataFrame, summary: str, order: dict[str, int]) ->
     return out.where(wide.notna().all(axis=1))
 
 
+def claim_view(table: pd.DataFrame | TableView, claim: Any, where: str) -> TableView:
+    """The view a claim reads: the table's, or its condition's (``subset.condition``) in a design with
+    conditions. Every kind's ``evaluate`` starts here."""
+    return TableView.of(table).in_condition(claim.subset.condition, where, "subset.condition")
+
+
 def select(table: pd.DataFrame | TableView, claim: Any, where: str) -> tuple[pd.DataFrame, int]:
     """The claim's slice of the table (subset dataset, token set, metric, epoch) and the epoch used."""
     view = TableView.of(table)
@@ -593,6 +749,9 @@ def condition_values(
     dataset = cond.dataset or claim.subset.dataset
     token_set = cond.token_set or claim.subset.token_set
     epoch = cond.epoch if cond.epoch is not None else claim.subset.epoch
+    if cond.condition is not None:  # an operand in another condition than the claim's
+        view = view.in_condition(cond.condition, where, f"{fld}.condition")
+    view.check_one_condition(where, f"{fld}.condition or subset.condition")
     df = view.slice(claim.metric, dataset, token_set, where, f"{fld}.")
     df, ep = view.at_epoch(df, epoch, where, f"{fld}.epoch")
     wide = view.wide(df, list(cond.layers), where, f"{fld}.layers")
@@ -603,6 +762,8 @@ def condition_values(
         "epoch": ep,
         "layers": list(cond.layers),
     }
+    if view.condition is not None:
+        resolved["condition"] = view.condition
     resolved["n_tokens"] = token_counts(df[df.layer.isin(cond.layers)])
     return values, resolved
 
@@ -660,6 +821,8 @@ def outcome_from_stats(
     stat: Statistic, seeds: list[int], excluded: dict[int, str], details: dict[str, Any], **extra: Any
 ) -> Outcome:
     """An Outcome from an array core's :class:`Statistic`; ``extra`` sets further Outcome fields."""
+    needs = extra.get("needs", "every")
+    extra.setdefault("p_against", combined_against(stat.p_against, needs) if stat.p_against else float("nan"))
     return Outcome(
         p_value=stat.p,
         effect=stat.effect,
@@ -705,6 +868,9 @@ class Scenario:
     ``test(arrays, truth, rng) -> Trial`` (also ``contradicted``, and for a mixed-model trend
     ``fallback``). ``simulate`` is then ``test(*draw(...))``.
 
+    ``reference``: the row shows another test on this null for comparison (bench/calibration.py prints it
+    and does not require its bound).
+
     ``boundary(n_seeds, rng) -> (arrays, truth)``: the least favourable case of the REJECTED rule, a
     claim that is just true (every contrast it needs at 0, the others where they can do most harm);
     its rate of ``contradicted`` is the rule's error rate, at most 2.5% (:data:`REJECT_LEVEL`). None:
@@ -716,6 +882,9 @@ class Scenario:
     draw: Callable[[int, float, np.random.Generator], tuple[tuple[np.ndarray, ...], Any]] | None = None
     test: Callable[[tuple[np.ndarray, ...], Any, np.random.Generator], Trial] | None = None
     boundary: Callable[[int, np.random.Generator], tuple[tuple[np.ndarray, ...], Any]] | None = None
+    # a reference row: a test shown beside a kind's own on the same null, whose level it is not meant to
+    # hold (the unadjusted slope on an adjusted claim's confounded null); its bound is not checked
+    reference: bool = False
 
     def __post_init__(self) -> None:
         if self.simulate is None:
@@ -775,7 +944,8 @@ def describe_condition(cond: dict[str, Any]) -> str:
     """A resolved condition (``condition_values``) in words: ``dataset/token_set/epoch N: layers``."""
     layers = cond["layers"]
     where = layers[0] if len(layers) == 1 else f"mean of {', '.join(layers)}"
-    return f"{cond['dataset']}/{cond['token_set']}/epoch {cond['epoch']}: {where}"
+    head = f"{cond['condition']}/" if cond.get("condition") else ""
+    return f"{head}{cond['dataset']}/{cond['token_set']}/epoch {cond['epoch']}: {where}"
 
 
 def per_seed_text(values: dict[Any, float] | None, digits: int = 2) -> str:

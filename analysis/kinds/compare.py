@@ -20,6 +20,7 @@ from analysis.kinds.base import (
     Statistic,
     TableView,
     Trial,
+    claim_view,
     condition_figures,
     contradiction,
     describe_condition,
@@ -40,6 +41,12 @@ class CompareClaim(ClaimBase):
     b: Condition
     alternative: Literal["greater", "less", "two-sided"] = "greater"
     margin: float | None = Field(None, gt=0)
+
+    def cross_problem(self) -> str | None:
+        return None
+
+    def seed_effect_text(self) -> str:
+        return "a - b per seed" + (", signed so that less is positive" if self.alternative == "less" else "")
 
 
 def compare_statistics(a: np.ndarray, b: np.ndarray, alternative: Alternative = "greater") -> Statistic:
@@ -79,7 +86,7 @@ def evaluate(
     excluded: dict[int, str] | None = None,
 ) -> Outcome:
     """Condition ``a`` vs ``b``, paired by seed, t(S-1) (see :func:`compare_statistics`). Effect: mean a - b."""
-    view = TableView.of(table)
+    view = claim_view(table, claim, where)
     excluded = dict(excluded or {})
     (a, b), seeds, resolved = paired(view, claim, [("a", claim.a), ("b", claim.b)], where, excluded)
     stat = compare_statistics(a, b, claim.alternative)
@@ -87,8 +94,15 @@ def evaluate(
         "conditions": resolved,
         "per_seed_diff": dict(zip(seeds, map(float, stat.values), strict=True)),
     }
+    sign = -1.0 if claim.alternative == "less" else 1.0
     return paired_outcome(
-        stat, seeds, excluded, details, resolved, two_sided=claim.alternative == "two-sided"
+        stat,
+        seeds,
+        excluded,
+        details,
+        resolved,
+        two_sided=claim.alternative == "two-sided",
+        seed_effects=dict(zip(seeds, map(float, sign * stat.values), strict=True)),
     )
 
 

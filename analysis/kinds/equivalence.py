@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from analysis.inference import tost
+from analysis.inference import t_p, tost
 from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
@@ -24,6 +24,7 @@ from analysis.kinds.base import (
     Statistic,
     TableView,
     Trial,
+    claim_view,
     condition_figures,
     describe_condition,
     few_seeds_warning,
@@ -66,8 +67,26 @@ def equivalence_statistics(a: np.ndarray, b: np.ndarray, margin: float) -> Stati
         warnings.append(f"identical per-seed differences {where} the margin: equivalence cannot be tested")
     # outside the margin is shown only with between-seed variation (a point CI is no evidence either way)
     contradicted = r.outside and not math.isnan(r.p)
+    # the p of "outside the margin" (one side at a time: its CI lying outside is this below 2.5%), for
+    # claims that combine this one's REJECTED rule with others (holds_in_all)
+    se = sd / math.sqrt(d.size) if d.size >= 2 and math.isfinite(sd) else float("nan")
+    against = (
+        min(
+            t_p((r.mean - margin) / se, d.size - 1, "greater"),
+            t_p((r.mean + margin) / se, d.size - 1, "less"),
+        )
+        if not math.isnan(r.p) and se > 0
+        else float("nan")
+    )
     return Statistic(
-        p=r.p, effect=r.mean, ci=r.ci, contradicted=contradicted, std_effect=std, values=d, warnings=warnings
+        p=r.p,
+        effect=r.mean,
+        ci=r.ci,
+        contradicted=contradicted,
+        std_effect=std,
+        values=d,
+        warnings=warnings,
+        p_against=[against],
     )
 
 
@@ -78,7 +97,7 @@ def evaluate(
     excluded: dict[int, str] | None = None,
 ) -> Outcome:
     """TOST of ``a - b`` within +-margin (see :func:`equivalence_statistics`). Effect: mean a - b."""
-    view = TableView.of(table)
+    view = claim_view(table, claim, where)
     excluded = dict(excluded or {})
     (a, b), seeds, resolved = paired(view, claim, [("a", claim.a), ("b", claim.b)], where, excluded)
     stat = equivalence_statistics(a, b, claim.margin)

@@ -26,6 +26,7 @@ from analysis.kinds.base import (
     Statistic,
     TableView,
     Trial,
+    claim_view,
     condition_figures,
     contradiction,
     describe_condition,
@@ -49,6 +50,14 @@ class ExtremumClaim(ClaimBase):
     target: Condition
     competitors: list[Condition] = Field(min_length=1)
     margin: float | None = Field(None, gt=0)
+
+    def cross_problem(self) -> str | None:
+        return None
+
+    def seed_effect_text(self) -> str:
+        return (
+            f"per seed the target minus the competitors' mean (signed so that {self.direction} is positive)"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,7 +117,7 @@ def evaluate(
     """``target`` is the highest (lowest) of itself and every competitor: IUT over paired per-seed
     differences (see :func:`extremum_statistics`). Effect: mean target - binding competitor (sign
     flipped for ``lowest``), metric units."""
-    view = TableView.of(table)
+    view = claim_view(table, claim, where)
     excluded = dict(excluded or {})
     conds: list[tuple[str, Condition]] = [("target", claim.target)] + [
         (f"competitors[{i}]", c) for i, c in enumerate(claim.competitors)
@@ -139,7 +148,19 @@ def evaluate(
         resolved,
         estimates=[Estimate.of(t) for t in stat.tests],
         needs="every",
+        seed_effects=_closest_margin(arrays, seeds, claim.direction),
     )
+
+
+def _closest_margin(arrays: list[np.ndarray], seeds: list[int], direction: str) -> dict[int, float]:
+    """Per seed the target minus the competitors' mean (sign flipped for ``lowest``). A mean, not the
+    closest competitor: a minimum over noisy differences is lower the noisier a condition's seeds, so
+    equal true margins would differ across conditions of unequal noise."""
+    if not seeds:
+        return {}
+    sign = 1.0 if direction == "highest" else -1.0
+    d = sign * (arrays[0][:, None] - np.column_stack(arrays[1:]))
+    return dict(zip(seeds, map(float, d.mean(axis=1)), strict=True))
 
 
 def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:

@@ -17,6 +17,7 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from analysis.inference import JTTest, identical_rows, jonckheere_terpstra
+from analysis.kinds._adjust import adjusted_outcome, group_covariate
 from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
@@ -26,6 +27,7 @@ from analysis.kinds.base import (
     Scenario,
     TableView,
     Trial,
+    claim_view,
     complete_seeds,
     crossing,
     crossing_lines,
@@ -90,6 +92,18 @@ class OrderingClaim(ClaimBase):
 
     def knob(self) -> str | None:
         return self.over
+
+    def cross_problem(self) -> str | None:
+        return None
+
+    def seed_effect_text(self) -> str:
+        on = f"the {self.over}" if self.over else ("the levels" if self.levels else "the dataset's rank")
+        return (
+            f"the per-seed slope of the {self.summary} on {on}, signed so that {self.direction} is positive"
+        )
+
+    def adjustable(self) -> bool:
+        return self.method == "slope"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,12 +174,13 @@ def evaluate(
     metric units (layer-index units for ``argmin``) per step. Seeds are matched by seed id across datasets;
     a seed missing in any dataset is excluded.
     """
-    view = TableView.of(table)
+    view = claim_view(table, claim, where)
     excluded = dict(excluded or {})
     groups: list[str]
     levels: list[float] | None
     cols: dict[str, pd.Series] = {}
     counts: dict[str, list[int]] = {}
+    rows: dict[str, pd.DataFrame] = {}  # per group its rows at the epoch (the covariate of adjust_for)
     if claim.knob() is not None:
         groups, levels, cols, counts = _knob_groups(view, claim, where)
     else:
@@ -177,6 +192,7 @@ def evaluate(
             wide = view.wide(df, list(claim.layers), where, "layers")
             cols[ds] = summarise_layers(wide, claim.summary, _depth(df))
             counts[ds] = token_counts(df[df.layer.isin(claim.layers)])
+            rows[ds] = df[df.layer.isin(claim.layers)]
     frame = pd.DataFrame(cols)
     seeds = complete_seeds([frame], excluded)
     y = frame.loc[seeds, groups].to_numpy(dtype=np.float64)
@@ -202,15 +218,34 @@ def evaluate(
         }
         if claim.level is not None and len(seeds):
             details["crossing"] = crossing(np.asarray(levels), y, claim.level)
+    sign = 1.0 if claim.direction == "increasing" else -1.0
     out = outcome_from_stats(
         stat,
         seeds,
         excluded,
         details,
         labellings_per_seed=math.factorial(len(groups)) if levels is None else 0,
+        seed_effects=dict(zip(seeds, map(float, sign * np.asarray(stat.values)), strict=True)),
     )
     out.warnings += token_count_warnings(counts)
+    if claim.adjust_for is not None:  # the slope at equal covariate decides; the raw one stays beside it
+        x = np.arange(len(groups), dtype=float) if levels is None else np.asarray(levels, float)
+        rows = rows or _knob_rows_by_group(view, claim, where, groups, levels)
+        z = group_covariate({g: rows[g] for g in groups}, claim.adjust_for, where)
+        out = adjusted_outcome(out, claim.adjust_for, x, frame.loc[seeds, groups], z, claim.direction)
     return out
+
+
+def _knob_rows_by_group(
+    view: TableView, claim: OrderingClaim, where: str, groups: list[str], levels: list[float] | None
+) -> dict[str, pd.DataFrame]:
+    """Over a knob: per group label its rows at the claim's epoch in the claimed layers (every trial with
+    that knob value)."""
+    knob = claim.over
+    assert knob is not None and levels is not None
+    df, _ = knob_rows(view, claim, knob, where)
+    df = df[df.layer.isin(claim.layers)]
+    return {g: df[df[knob] == lv] for g, lv in zip(groups, levels, strict=True)}
 
 
 def _depth(df: pd.DataFrame) -> dict[str, int]:

@@ -27,6 +27,13 @@ from analysis.inference import (
     t_p,
     t_test,
 )
+from analysis.kinds._adjust import (
+    KNOB,
+    adjusted_outcome,
+    adjusted_trial,
+    draw_confounded,
+    group_covariate,
+)
 from analysis.kinds.base import (
     ClaimBase,
     ClaimKind,
@@ -39,6 +46,7 @@ from analysis.kinds.base import (
     Statistic,
     TableView,
     Trial,
+    claim_view,
     combined_against,
     complete_seeds,
     contradiction,
@@ -91,6 +99,20 @@ class TrendClaim(ClaimBase):
 
     def reads_subset_epoch(self) -> bool:
         return self.over != "epoch"  # over epochs: its epochs are ``epochs`` (default all), not subset.epoch
+
+    def cross_problem(self) -> str | None:
+        if self.method != "slope":
+            return "claims across conditions compare per-seed OLS slopes: use method: slope"
+        if len(self.layers) > 1 and self.aggregate != "pooled":
+            return "claims across conditions compare one series per seed: aggregate: pooled, or one layer"
+        return None
+
+    def seed_effect_text(self) -> str:
+        over = {"epoch": "epoch", "layer": "layer index"}.get(self.over, self.over)
+        return f"the per-seed slope per {over}, signed so that {self.direction} is positive"
+
+    def adjustable(self) -> bool:
+        return self.knob() is not None and self.cross_problem() is None
 
     @model_validator(mode="after")
     def _level_needs_knob(self) -> TrendClaim:
@@ -287,7 +309,7 @@ def evaluate(
     (Holm across layers: p = the smallest Holm-adjusted p). Effect: mean per-seed slope, in metric units
     per epoch (per layer index for ``over: layer``), or mean Kendall tau.
     """
-    view = TableView.of(table)
+    view = claim_view(table, claim, where)
     excluded = dict(excluded or {})
     x, series, per_layer = _trend_arrays(view, claim, where)
     seeds = complete_seeds(list(series.values()), excluded)
@@ -321,7 +343,11 @@ def evaluate(
         details["descriptive"] = describe_within_seed(x, series[binding], per_layer, seeds, claim.direction)
     if claim.method != "mixed" and len(names) == 1 and len(seeds) >= 2:
         warnings += _display_mixed(x, series[names[0]].loc[seeds].to_numpy(dtype=np.float64), details)
-    return Outcome(
+    sign = 1.0 if claim.direction == "increasing" else -1.0
+    one_slope = len(names) == 1 and claim.method == "slope"
+    out = Outcome(
+        seed_effects=dict(zip(seeds, map(float, sign * b.values), strict=True)) if one_slope else {},
+        p_against=agg.p_against,
         p_value=p,
         effect=b.effect,
         ci=(b.ci[0], b.ci[1]),
@@ -336,6 +362,22 @@ def evaluate(
         estimates=[s.estimate for s in stats_by.values()],
         needs=needs,
         holm_contrasts=_holm_contrasts(claim),
+    )
+    if claim.adjust_for is not None:  # the knob's slope at equal covariate decides; raw beside it
+        z = _knob_covariate(view, claim, where, x)
+        out = adjusted_outcome(out, claim.adjust_for, x, series[binding].loc[seeds], z, claim.direction)
+    return out
+
+
+def _knob_covariate(view: TableView, claim: TrendClaim, where: str, x: np.ndarray) -> pd.DataFrame:
+    """(seed x knob value) the claim's covariate (``adjust_for``) at the claim's epoch."""
+    knob, name = claim.knob(), claim.adjust_for
+    assert knob is not None and name is not None  # adjust_for needs a knob (the model checks it)
+    df, _ = knob_rows(view, claim, knob, where)
+    df = df[df.layer.isin(claim.layers)]
+    rows = {float(v): g for v, g in df.groupby(knob)}
+    return group_covariate({v: rows[v] for v in x.tolist() if v in rows}, name, where).reindex(
+        columns=x.tolist()
     )
 
 
@@ -540,6 +582,12 @@ def _layer_scenarios() -> dict[str, Scenario]:
     return out
 
 
+def _raw_trial(arrays: tuple[np.ndarray, ...], truth: Any, rng: np.random.Generator) -> Trial:
+    """The unadjusted per-seed slope test on an adjusted claim's confounded null (a reference row)."""
+    st = trend_statistics(KNOB, arrays[0], "decreasing", "slope")
+    return {"p": st.p, "covered": None, "warned": False, "contradicted": bool(st.contradicted)}
+
+
 _SPACINGS = {
     "paper": (
         PAPER_EPOCHS,
@@ -656,6 +704,17 @@ register_kind(
                 for m in ("slope", "mixed")
             },
             **_layer_scenarios(),
+            "trend_adjusted": Scenario(
+                "metric follows accuracy only (accuracy falls with the knob); slope at equal accuracy",
+                draw=draw_confounded,
+                test=adjusted_trial(),
+            ),
+            "trend_adjusted_raw": Scenario(
+                "the same null, unadjusted per-seed slope (reference: confounded by accuracy)",
+                draw=draw_confounded,
+                test=_raw_trial,
+                reference=True,
+            ),
         },
         labellings_per_seed=_labellings,
         holm_contrasts=_holm_contrasts,

@@ -29,6 +29,8 @@ from analysis.kinds.base import (
     Strict,
     TableView,
     Trial,
+    claim_view,
+    combined_against,
     complete_seeds,
     contradiction,
     few_seeds_warning,
@@ -73,6 +75,17 @@ class UShapeClaim(ClaimBase):
     kind: Literal["u_shape"]
     needs_subset_dataset: ClassVar[bool] = True
     regions: Regions
+
+    def cross_problem(self) -> str | None:
+        if self.regions.bottleneck == "leave_one_seed_out":
+            return (
+                "a leave-one-seed-out bottleneck makes each seed's contrasts depend on the other seeds: "
+                "declare the bottleneck's layers to compare the dip across conditions"
+            )
+        return None
+
+    def seed_effect_text(self) -> str:
+        return "the bottleneck depth: the shoulders' mean minus the bottleneck, per seed (a deeper dip is larger)"
 
     def named(self) -> list[tuple[str, str, object]]:
         out = super().named()
@@ -136,6 +149,13 @@ def u_shape_statistics(early: np.ndarray, bottleneck: np.ndarray, late: np.ndarr
         std_effect=std_effect(bt),
         warnings=warnings,
     )
+
+
+def dip_depth(early: np.ndarray, bottleneck: np.ndarray, late: np.ndarray) -> np.ndarray:
+    """Per seed the bottleneck depth: the shoulders' mean minus the bottleneck, (S,) from (S,) region
+    means (metric units; > 0 where the bottleneck sits below the shoulders). What claims across
+    conditions compare: a linear contrast, so its mean is the true depth whatever the seed noise."""
+    return (np.asarray(early, float) + np.asarray(late, float)) / 2 - np.asarray(bottleneck, float)
 
 
 def loso_bottleneck(profiles: np.ndarray) -> np.ndarray:
@@ -256,7 +276,7 @@ def evaluate(
     bottleneck location (per-seed argmin layer index between the shoulders) and depth (mean of the two
     shoulders minus the bottleneck), each with a 95% t CI.
     """
-    view = TableView.of(table)
+    view = claim_view(table, claim, where)
     df, epoch = select(view, claim, where)
     regions = claim.regions
     order, between, bott_layers = _layers(df, regions, where)
@@ -276,9 +296,12 @@ def evaluate(
     else:
         bottleneck = wide[bott_layers].mean(axis=1).to_numpy()
         stat = u_shape_statistics(early, bottleneck, late)
-    details = _details(df, epoch, wide, stat, seeds, order, between, (early + late) / 2 - bottleneck)
+    details = _details(df, epoch, wide, stat, seeds, order, between, dip_depth(early, bottleneck, late))
+    seed_effects = {}
     if chosen is not None:
         details["loso_bottleneck"] = chosen
+    else:  # linear in the data, so equal dips give equal means whatever each condition's seed noise
+        seed_effects = dict(zip(seeds, map(float, dip_depth(early, bottleneck, late)), strict=True))
     return Outcome(
         p_value=stat.p,
         effect=stat.effect,
@@ -291,6 +314,8 @@ def evaluate(
         effect_values=np.asarray(stat.values, float).tolist(),
         std_effect=stat.std_effect,
         labellings_per_seed=_labellings(claim),
+        p_against=combined_against(stat.p_against, "every") if stat.p_against else float("nan"),
+        seed_effects=seed_effects,
     )
 
 
