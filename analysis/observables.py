@@ -65,7 +65,9 @@ def _check(name: str, entry: Observable) -> None:
 OBSERVABLES: Registry[Observable] = Registry("observable", check=_check)
 
 
-def register_observable(name: str, on: Input, bounds: Bounds = (None, None)) -> Callable[[Callable], Callable]:
+def register_observable(
+    name: str, on: Input, bounds: Bounds = (None, None)
+) -> Callable[[Callable], Callable]:
     """Decorator: add ``fn`` to :data:`OBSERVABLES` under ``name``, computed on ``on``, its values in
     ``bounds``; returns ``fn``."""
 
