@@ -312,9 +312,15 @@ def test_shipped_sweep_validates_and_its_claims_run_on_a_sweep_table():
     assert set(hyp.sweep.space["texture_reliance"]) >= {0.0, 1.0}
     # every block rises with the knob by the same amount: the floor rises, the dip (range) does not shrink
     table = _sweep_table(8.0, layers=[f"block_{i:02d}" for i in range(1, 13)])
-    floor, dip = evaluate_claims(hyp, table)
+    # the adjusted claim reads each run's test accuracy: here noise unrelated to the metric (one per run)
+    runs = table.run_key.unique()
+    accuracy = dict(zip(runs, np.random.default_rng(1).uniform(0.3, 0.6, len(runs)), strict=True))
+    table["test_accuracy"] = table.run_key.map(accuracy)
+    floor, dip, adjusted = evaluate_claims(hyp, table)
     assert floor.verdict == "ACCEPTED" and floor.details["curve"]["knob"] == "texture_reliance"
     assert dip.verdict != "ACCEPTED"
+    # accuracy does not explain the slope, so the floor still rises at equal accuracy
+    assert adjusted.details["adjusted"]["for"] == "test_accuracy" and adjusted.verdict == "ACCEPTED"
 
 
 def _begun(tmp_path, text: str = TINY_SWEEP):
