@@ -116,6 +116,8 @@ def read_study(
     if claims is None:
         missing.append("hypothesis.yaml unreadable; claim figures not shown")
         claims = [None] * len(results)
+    for claim, result in zip(claims, results, strict=False):
+        result.unit = effect_unit(claim, result)  # verdicts.json does not keep it (ClaimResult.unit)
     table = None
     try:
         table = pd.read_parquet(study_dir / "table.parquet")

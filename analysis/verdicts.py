@@ -90,6 +90,9 @@ class ClaimResult:
     registration: dict[str, Any] = field(default_factory=dict)
     # {spending, max_seeds, looks: [{look, seeds, fraction, p, nominal, alpha_spent}], decided_at_look}
     sequential: dict[str, Any] = field(default_factory=dict)
+    # the effect's unit suffix as its kind states it (" pp per unit of clutter"); for the text table only,
+    # so not in ``to_dict`` (verdicts.json keeps its keys); empty: the metric's own unit
+    unit: str = field(default="", compare=False)
 
     @property
     def post_hoc(self) -> bool:
@@ -99,6 +102,7 @@ class ClaimResult:
     def to_dict(self) -> dict[str, Any]:
         """The result as JSON-safe data (NaN -> null, seed keys as strings)."""
         d = asdict(self)
+        del d["unit"]
         d["seeds_excluded"] = {str(k): v for k, v in self.seeds_excluded.items()}
         for key in ("registration", "sequential"):  # only where a study recorded them
             if not d[key]:
@@ -310,6 +314,7 @@ def _result(claim: Any, o: Outcome, p_adjusted: float, adjustment: str) -> Claim
         reason=reason,
         power=power,
         seeds_needed=needed,
+        unit=get_kind(claim.kind).effect_unit(claim),
     )
 
 
@@ -391,7 +396,7 @@ def format_verdicts(results: list[ClaimResult]) -> str:
     """A plain-text verdict table (one line per claim) followed by warnings and exclusions."""
     rows = [("claim", "verdict", "effect (95% CI)", "p (Holm)", "seeds")]
     for r in results:
-        unit = unit_of(r.metric)
+        unit = r.unit or unit_of(r.metric)
         rows.append(
             (
                 r.name,

@@ -321,6 +321,11 @@ def test_shipped_sweep_validates_and_its_claims_run_on_a_sweep_table():
     assert dip.verdict != "ACCEPTED"
     # accuracy does not explain the slope, so the floor still rises at equal accuracy
     assert adjusted.details["adjusted"]["for"] == "test_accuracy" and adjusted.verdict == "ACCEPTED"
+    # the text table (terminal, verdicts.txt, MLflow) gives a slope's unit as the report does
+    from analysis.verdicts import format_verdicts
+
+    table_text = format_verdicts([floor, dip])
+    assert table_text.count(" pp per unit of texture_reliance (") == 2, table_text
 
 
 def _begun(tmp_path, text: str = TINY_SWEEP):
