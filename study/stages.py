@@ -86,13 +86,15 @@ def plan(
     Args:
         data_dir: the output folder's ``data/``: on-disk datasets are keyed by the fingerprint recorded
             there when their folder is not on this host (``table`` on an analysis host).
-        record: record each on-disk dataset's fingerprint there (``run``, with the data present), and
-            ``log`` a line when a folder's content changed since it was recorded (its runs get new keys).
+        record: key each on-disk dataset by its folder's own fingerprint (``run``, with the data present;
+            :func:`record_fingerprints` writes them there once the inputs are checked), and ``log`` a line
+            when a folder's content changed since it was recorded (its runs get new keys).
     """
     from runners.datasets import fingerprint_record_key, recorded_fingerprints
 
     before = recorded_fingerprints(data_dir) if record and data_dir is not None else {}
-    specs = plan_runs(hyp, data_dir, record=record)
+    # with record, the folders' own fingerprints, written nowhere yet: bad data must leave no file behind
+    specs = plan_runs(hyp, None if record else data_dir, record=record)
     for s in {s.dataset["name"]: s for s in specs if "path" in s.dataset}.values():
         old = before.get(fingerprint_record_key(s.dataset), {}).get("fingerprint")
         if old and old != s.dataset["fingerprint"] and log is not None:
@@ -101,6 +103,15 @@ def plan(
                 f"(fingerprint {old} -> {s.dataset['fingerprint']}): its runs get new keys"
             )
     return specs
+
+
+def record_fingerprints(specs: list[RunSpec], data_dir: Path) -> None:
+    """Stage 1c: record each on-disk dataset's fingerprint in ``data_dir/fingerprints.json`` (after
+    :func:`check_inputs`: a refused study writes nothing), for hosts without the data."""
+    from runners.datasets import resolve_fingerprint
+
+    for dataset in {dataset_key(s.dataset): s.dataset for s in specs if "path" in s.dataset}.values():
+        resolve_fingerprint(dataset, data_dir, record=True)
 
 
 def check_inputs(specs: list[RunSpec], runs_dir: Path, force: bool = False) -> None:
