@@ -44,12 +44,29 @@ def check_hypothesis(hyp: Hypothesis, file: str, out_dir: Path | None = None) ->
 
 
 def patch_size(hyp: Hypothesis) -> int | None:
-    """The model's patch size: the preset's or the file's, else the one in a timm name (``..._patch16_...``)."""
+    """The model's patch size: the preset's or the file's, else the one timm builds the named model with.
+
+    timm is asked (the model built on the meta device: no memory, no weights) because a name need not
+    carry its patch size (``flexivit_small`` is patch 16); should timm fail to build it, the size in a
+    name like ``..._patch16_...`` is used (the failure itself is the model check's business).
+    """
     model = hyp.design.model.resolved()
     if model.get("patch_size"):
         return int(model["patch_size"])
-    found = re.search(r"patch(\d+)", model["name"])
-    return int(found.group(1)) if found else None
+    try:
+        import timm
+        import torch
+
+        from runners.models import TimmModel
+
+        spec = TimmModel.model_validate(model)
+        with torch.device("meta"):
+            built = timm.create_model(spec.name, pretrained=False, **spec.timm_kwargs())
+        side = built.patch_embed.patch_size
+        return int(side[0] if isinstance(side, tuple | list) else side)
+    except Exception:  # noqa: BLE001 - any failure to build falls back to the name
+        found = re.search(r"patch(\d+)", model["name"])
+        return int(found.group(1)) if found else None
 
 
 def _check_patch(hyp: Hypothesis, file: str) -> None:
