@@ -21,6 +21,7 @@ import itertools
 import os
 import re
 import shutil
+import stat
 import warnings
 from pathlib import Path
 
@@ -36,11 +37,51 @@ MEMORY_FRACTION = 0.8  # leave room for the model, the optimiser and the other p
 
 def check_hypothesis(hyp: Hypothesis, file: str, out_dir: Path | None = None) -> None:
     """Raise a one-line StudyError for the first thing ``run`` would refuse. Writes nothing."""
+    if out_dir is not None:
+        check_output_folder(Path(out_dir))
     _check_model(hyp, file)
     for i, ds in enumerate(hyp.design.datasets):
         _check_sizes(hyp, i, ds, file, out_dir)
     _check_patch(hyp, file)
     _check_claims(hyp, file)
+
+
+def check_output_folder(out_dir: Path, option: str = "--out") -> None:
+    """The output folder can be a folder: it is one or can be made one (no file in its place or above it)
+    and no name in its path is longer than the file system allows. Writes nothing.
+
+    Raises:
+        StudyError: one line naming the path and what is wrong with it.
+    """
+    path = Path(os.path.abspath(out_dir))
+    limit = 255  # NAME_MAX of the deepest folder that exists (the one the new names are made in)
+    for part in [*reversed(path.parents), path]:
+        if len(os.fsencode(part.name)) > limit:
+            raise StudyError(
+                f"a folder name of {len(os.fsencode(part.name))} bytes ({part.name[:24]}...) is longer than "
+                f"the file system's limit of {limit} bytes",
+                str(out_dir),
+                option,
+            )
+        if _is_folder(part, out_dir, option, path):  # below a missing folder: its parent's limit holds
+            try:
+                limit = os.pathconf(part, "PC_NAME_MAX")
+            except (OSError, ValueError):
+                pass
+
+
+def _is_folder(part: Path, out_dir: Path, option: str, path: Path) -> bool:
+    """Whether ``part`` (``path`` or a folder above it) exists as a folder; a StudyError if it is a file."""
+    try:
+        st = part.stat()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise StudyError(f"cannot use it ({exc.strerror}: {part})", str(out_dir), option) from None
+    if not stat.S_ISDIR(st.st_mode):
+        what = "the output folder" if part == path else f"a folder above it ({part})"
+        raise StudyError(f"expected a folder, but {what} is a file", str(out_dir), option)
+    return True
 
 
 def patch_size(hyp: Hypothesis) -> int | None:

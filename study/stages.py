@@ -34,7 +34,7 @@ from vitstudy_core.errors import StudyError
 from vitstudy_core.hashing import canonical_json
 from vitstudy_core.io import atomic_write_json, atomic_write_text
 from vitstudy_core.locks import file_lock, run_lock_path
-from vitstudy_core.runfolder import RESULT, ROWS, SPECTRA, RunFolder
+from vitstudy_core.runfolder import RESULT, ROWS, SCALARS, SPECTRA, RunFolder
 
 if TYPE_CHECKING:
     from study.tracking import TrackerProtocol
@@ -521,14 +521,16 @@ def run_rows(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
             str(folder.file("result.json")),
             "n_tokens",
         )
+    try:
+        scalars = folder.read_scalars()
+    except Exception as exc:  # noqa: BLE001 - truncated JSON, a non-number value: the file is damaged
+        raise StudyError(
+            f"run {spec.label} (key {spec.key}): artifact {SCALARS} is corrupt ({type(exc).__name__}: "
+            f"{exc}); `python -m study run` restores it from the tracking store or retrains this run",
+            str(folder.file(SCALARS)),
+        ) from None
     rows = rows_from_spectra(
-        spec.key,
-        spec.dataset["name"],
-        spec.seed,
-        spectra,
-        layers,
-        result.get("n_tokens"),
-        scalars=folder.read_scalars(),
+        spec.key, spec.dataset["name"], spec.seed, spectra, layers, result.get("n_tokens"), scalars=scalars
     )
     return pd.DataFrame(rows)
 
