@@ -108,10 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="print the verdicts as JSON")
 
     # ---- observatory verbs: score spectra / rebuild tables from saved runs (no model needed) -----------
-    mt = sub.add_parser(
-        "metrics",
-        help="print every eigenvalue metric of a saved spectrum (.npy) as JSON (null: undefined for it)",
-    )
+    mt = sub.add_parser("metrics", help="eigenvalue metrics of a spectrum (.npy) as JSON (null: undefined)")
     mt.add_argument("spectrum", type=Path, help="a .npy file holding a 1-D vector of eigenvalues")
     tb = sub.add_parser("table", help="rebuild the tidy table from the saved spectra of a hypothesis's runs")
     tb.add_argument("hypothesis", type=Path)
