@@ -69,14 +69,26 @@ NUMERICAL_ZERO = (
 )
 
 
+SAFE_EXPONENT = 500  # |log2 max(lam)| beyond this: sums of squares over any D could overflow or underflow
+
+
 def _clean(lam: np.ndarray) -> np.ndarray:
     """float64 copy with round-off removed: values <= 1e-11 * max(lam) (negatives included) become 0.
 
     Without this, metrics that weigh small eigenvalues up (``effective_rank_sv`` through sqrt,
     ``powerlaw_alpha`` through log) would depend on the eigensolver's noise on rank-deficient spectra.
+    Every metric here is scale-invariant, so a spectrum whose largest value lies beyond 2^±500 (where
+    ``sum lam`` or ``sum lam^2`` would overflow to inf or underflow to 0: ``[1e308] * 3`` would read as
+    entropy 0) is scaled by a power of two first; a power of two scales exactly, and spectra in range
+    are left as they are, bit for bit.
     """
     lam = np.asarray(lam, dtype=np.float64).ravel().copy()
     top = lam.max() if lam.size else 0.0
+    if np.isfinite(top) and top > 0:
+        exponent = int(np.frexp(top)[1])
+        if abs(exponent) > SAFE_EXPONENT:
+            lam = np.ldexp(lam, -exponent)  # exact: the largest value becomes [0.5, 1)
+            top = lam.max()
     lam[lam <= NUMERICAL_ZERO * max(top, 0.0)] = 0.0
     return lam
 
@@ -219,6 +231,13 @@ def powerlaw_r2(lam: np.ndarray) -> float:
 def compute_metrics(lam: np.ndarray, names: list[str] | None = None) -> dict[str, float]:
     """All (or the named) registered metrics of one spectrum ``lam: (D,)``."""
     return {name: METRICS[name](lam) for name in (names or METRICS)}
+
+
+def metrics_json(lam: np.ndarray) -> dict[str, float | None]:
+    """:func:`compute_metrics` of ``lam: (D,)`` for JSON: a metric undefined for this spectrum (NaN or
+    inf, e.g. ``powerlaw_alpha`` with fewer than 3 positive eigenvalues in its range) is None (``null``),
+    never the ``NaN`` / ``Infinity`` tokens that JSON does not have."""
+    return {k: float(v) if np.isfinite(v) else None for k, v in compute_metrics(lam).items()}
 
 
 ROUNDOFF = 1e-12  # negatives down to -ROUNDOFF * max|lam| are eigh round-off (clipped), not bad input

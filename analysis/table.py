@@ -103,8 +103,14 @@ def make_table(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
 
 
 def save_table(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write atomically (temp file, then rename); ``.csv`` writes CSV, anything else Parquet."""
+    """Write atomically (temp file, then rename); ``.csv`` writes CSV, anything else Parquet.
+
+    Raises:
+        StudyError: ``path`` is a folder (the rename would fail after the table was written).
+    """
     path = Path(path)
+    if path.is_dir():
+        raise StudyError("is a folder; expected the table's file path (.parquet or .csv)", str(path))
     with atomic_path(path) as tmp:
         if path.suffix == ".csv":
             df.to_csv(tmp, index=False)
@@ -176,11 +182,12 @@ def complete_columns(df: pd.DataFrame, where: str = "table") -> pd.DataFrame:
 def _check_columns(df: pd.DataFrame, file: str) -> None:
     """Dtypes, finiteness and uniqueness of a loaded tidy table; one-line StudyError naming the column.
 
-    ``seed``/``epoch``: integers; ``value``: real numbers (NaN allowed: a metric undefined for a
-    spectrum; +-inf not); ``dataset``/``layer``/``token_set``/``metric``: non-empty text; no two rows
-    share (dataset, seed, epoch, layer, token_set, metric).
+    ``seed``/``epoch`` (and ``layer_index`` when given: the claims order layers by it): integers;
+    ``value``: real numbers (NaN allowed: a metric undefined for a spectrum; +-inf not);
+    ``dataset``/``layer``/``token_set``/``metric``: non-empty text; no two rows share (dataset, seed,
+    epoch, layer, token_set, metric).
     """
-    for col in ("seed", "epoch"):
+    for col in ("seed", "epoch", *(["layer_index"] if "layer_index" in df.columns else [])):
         v = pd.to_numeric(df[col], errors="coerce")
         if v.isna().any() or not np.isfinite(v).all() or (v != np.round(v)).any():
             raise StudyError("expected integers in every row", file, col)

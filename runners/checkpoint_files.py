@@ -150,10 +150,22 @@ def load_checkpoint(path: Path, mmap: bool = False) -> object:
         StudyError: the file cannot be read, or it holds an object of another class (named in the message;
             it was not built, nothing in the file ran).
     """
+    import warnings
+
     import torch
 
+    if _is_torchscript(path):  # torch.load would warn, then refuse it under weights_only
+        raise StudyError(
+            "a TorchScript archive (torch.jit.save), not a state dict; nothing in it was run (re-save the "
+            "model's state_dict() with torch.save, or as .safetensors)",
+            str(path),
+        )
     try:
-        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+        with torch.serialization.safe_globals(list(SAFE_GLOBALS)), warnings.catch_warnings():
+            # the file is refused above or loaded as weights: torch's hint to call torch.jit.load is no news
+            warnings.filterwarnings(
+                "ignore", message=".*looks like a TorchScript archive", category=UserWarning
+            )
             try:
                 return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
             except RuntimeError:
@@ -166,6 +178,17 @@ def load_checkpoint(path: Path, mmap: bool = False) -> object:
             "containers only (re-save the state dict alone, or as .safetensors)",
             str(path),
         ) from None
+
+
+def _is_torchscript(path: Path) -> bool:
+    """Whether ``path`` is a TorchScript archive: a zip with a ``constants.pkl`` record (torch's own test)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(name.rpartition("/")[2] == "constants.pkl" for name in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
 
 
 def _load_failure(path: Path, exc: Exception) -> str:

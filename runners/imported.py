@@ -167,14 +167,39 @@ def _number(value: object, file: str, where: str) -> float:
     return float(value)
 
 
+def _integer(value: object, name: str, file: str, where: str) -> int:
+    """A table cell that must be a whole number (``seed``, ``epoch``, ``n_tokens``): an int, an integral
+    float (a CSV column with gaps is read as floats) or a numeral; else one line naming the cell."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise StudyError(f"expected an integer {name!r}, got {value!r}", file, where)
+
+
 def _jsonl_cells(path: Path, seed_field: str) -> list[tuple[str, int | None, int, str, str, object]]:
     """(where, seed or None, epoch, file layer, file metric, value) of every cell of a JSON-lines log."""
     file, cells = str(path), []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            where = f"line {n}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise StudyError(
+                    f"not UTF-8 text (byte {raw[exc.start]:#04x} at position {exc.start + 1} of the line); JSON lines are UTF-8",
+                    file,
+                    where,
+                ) from None
             if not line.strip():
                 continue
-            where = f"line {n}"
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -221,13 +246,13 @@ def _tidy_cells(path: Path, token_set: str) -> list[tuple[str, int | None, int, 
         cells.append(
             (
                 where,
-                None if seed is None or pd.isna(seed) else int(seed),
-                int(row["epoch"]),
+                None if seed is None or pd.isna(seed) else _integer(seed, "seed", file, where),
+                _integer(row["epoch"], "epoch", file, where),
                 str(row["layer"]),
                 str(row["metric"]),
                 row["value"].item() if isinstance(row["value"], np.generic) else row["value"],
                 str(tset) if tset is not None and not pd.isna(tset) else token_set,
-                -1 if n_tok is None or pd.isna(n_tok) else int(n_tok),
+                -1 if n_tok is None or pd.isna(n_tok) else _integer(n_tok, "n_tokens", file, where),
                 row.get("dataset"),
             )
         )

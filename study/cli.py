@@ -108,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="print the verdicts as JSON")
 
     # ---- observatory verbs: score spectra / rebuild tables from saved runs (no model needed) -----------
-    mt = sub.add_parser("metrics", help="print every eigenvalue metric of a saved spectrum (.npy) as JSON")
+    mt = sub.add_parser("metrics", help="eigenvalue metrics of a spectrum (.npy) as JSON (null: undefined)")
     mt.add_argument("spectrum", type=Path, help="a .npy file holding a 1-D vector of eigenvalues")
     tb = sub.add_parser("table", help="rebuild the tidy table from the saved spectra of a hypothesis's runs")
     tb.add_argument("hypothesis", type=Path)
@@ -258,10 +258,9 @@ def _serve(cmd: list[str]) -> int:
 
 
 def _metrics_verb(path: Path) -> int:
-    from analysis.spectral import compute_metrics, load_spectrum
+    from analysis.spectral import load_spectrum, metrics_json
 
-    values = compute_metrics(load_spectrum(path))
-    print(json.dumps({k: (float(v) if v == v else None) for k, v in values.items()}, indent=1))
+    print(json.dumps(metrics_json(load_spectrum(path)), indent=1, allow_nan=False))
     return 0
 
 

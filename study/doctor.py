@@ -131,7 +131,21 @@ def _open_store(out_dir: Path):
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         return None, uri
     quiet_library_logs()
-    return MlflowClient(uri), uri
+    try:  # a damaged database fails here, in one line, not in the middle of the report
+        client = MlflowClient(uri)
+        client.search_experiments(max_results=1)
+    except Exception as exc:  # noqa: BLE001 - sqlite, SQLAlchemy and MLflow errors all mean unreadable
+        raise StudyError(
+            f"cannot read the tracking store ({type(exc).__name__}: {_first_words(exc)}); "
+            "move it aside and `run` starts a fresh one (the run folders are kept and reused)",
+            uri,
+        ) from None
+    return client, uri
+
+
+def _first_words(exc: Exception) -> str:
+    """An exception's message without SQLAlchemy's statement and link (``[SQL: ...]``, background)."""
+    return " ".join(str(exc).split("[SQL:")[0].split())[:200]
 
 
 def check_store(out_dir: Path, client) -> list[Finding]:

@@ -212,6 +212,7 @@ def run_study(
     stages.check_inputs(planned, runs_dir, opts.force)
     plan = sequential.as_dict() if sequential else None
     registration.check_binding(study_dir, hyp, plan)
+    stages.record_fingerprints(planned, data_dir)
     with open_tracker(opts.track, out_dir, hyp.name, opts.log_model) as tracker:
         # what the study declares is recorded before anything is trained (post hoc is decided here)
         reg = registration.register(study_dir, hyp, plan, runs=(planned, runs_dir), force=opts.force)

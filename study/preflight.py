@@ -21,6 +21,7 @@ import itertools
 import os
 import re
 import shutil
+import stat
 import warnings
 from pathlib import Path
 
@@ -36,6 +37,8 @@ MEMORY_FRACTION = 0.8  # leave room for the model, the optimiser and the other p
 
 def check_hypothesis(hyp: Hypothesis, file: str, out_dir: Path | None = None) -> None:
     """Raise a one-line StudyError for the first thing ``run`` would refuse. Writes nothing."""
+    if out_dir is not None:
+        check_output_folder(Path(out_dir))
     _check_model(hyp, file)
     for i, ds in enumerate(hyp.design.datasets):
         _check_sizes(hyp, i, ds, file, out_dir)
@@ -43,13 +46,68 @@ def check_hypothesis(hyp: Hypothesis, file: str, out_dir: Path | None = None) ->
     _check_claims(hyp, file)
 
 
+def check_output_folder(out_dir: Path, option: str = "--out") -> None:
+    """The output folder can be a folder: it is one or can be made one (no file in its place or above it)
+    and no name in its path is longer than the file system allows. Writes nothing.
+
+    Raises:
+        StudyError: one line naming the path and what is wrong with it.
+    """
+    path = Path(os.path.abspath(out_dir))
+    limit = 255  # NAME_MAX of the deepest folder that exists (the one the new names are made in)
+    for part in [*reversed(path.parents), path]:
+        if len(os.fsencode(part.name)) > limit:
+            raise StudyError(
+                f"a folder name of {len(os.fsencode(part.name))} bytes ({part.name[:24]}...) is longer than "
+                f"the file system's limit of {limit} bytes",
+                str(out_dir),
+                option,
+            )
+        if _is_folder(part, out_dir, option, path):  # below a missing folder: its parent's limit holds
+            try:
+                limit = os.pathconf(part, "PC_NAME_MAX")
+            except (OSError, ValueError):
+                pass
+
+
+def _is_folder(part: Path, out_dir: Path, option: str, path: Path) -> bool:
+    """Whether ``part`` (``path`` or a folder above it) exists as a folder; a StudyError if it is a file."""
+    try:
+        st = part.stat()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise StudyError(f"cannot use it ({exc.strerror}: {part})", str(out_dir), option) from None
+    if not stat.S_ISDIR(st.st_mode):
+        what = "the output folder" if part == path else f"a folder above it ({part})"
+        raise StudyError(f"expected a folder, but {what} is a file", str(out_dir), option)
+    return True
+
+
 def patch_size(hyp: Hypothesis) -> int | None:
-    """The model's patch size: the preset's or the file's, else the one in a timm name (``..._patch16_...``)."""
+    """The model's patch size: the preset's or the file's, else the one timm builds the named model with.
+
+    timm is asked (the model built on the meta device: no memory, no weights) because a name need not
+    carry its patch size (``flexivit_small`` is patch 16); should timm fail to build it, the size in a
+    name like ``..._patch16_...`` is used (the failure itself is the model check's business).
+    """
     model = hyp.design.model.resolved()
     if model.get("patch_size"):
         return int(model["patch_size"])
-    found = re.search(r"patch(\d+)", model["name"])
-    return int(found.group(1)) if found else None
+    try:
+        import timm
+        import torch
+
+        from runners.models import TimmModel
+
+        spec = TimmModel.model_validate(model)
+        with torch.device("meta"):
+            built = timm.create_model(spec.name, pretrained=False, **spec.timm_kwargs())
+        side = built.patch_embed.patch_size
+        return int(side[0] if isinstance(side, tuple | list) else side)
+    except Exception:  # noqa: BLE001 - any failure to build falls back to the name
+        found = re.search(r"patch(\d+)", model["name"])
+        return int(found.group(1)) if found else None
 
 
 def _check_patch(hyp: Hypothesis, file: str) -> None:

@@ -359,8 +359,11 @@ class Sweep(Strict):
         return size
 
 
+NAME_MAX = 128  # the study's name is a folder name (studies/<name>, <name>.lock) and an MLflow experiment's
+
+
 class Hypothesis(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", max_length=NAME_MAX)
     description: str = ""
     design: Design
     claims: list[Claim] = Field(min_length=1)

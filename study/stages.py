@@ -34,7 +34,7 @@ from vitstudy_core.errors import StudyError
 from vitstudy_core.hashing import canonical_json
 from vitstudy_core.io import atomic_write_json, atomic_write_text
 from vitstudy_core.locks import file_lock, run_lock_path
-from vitstudy_core.runfolder import RESULT, ROWS, SPECTRA, RunFolder
+from vitstudy_core.runfolder import RESULT, ROWS, SCALARS, SPECTRA, RunFolder
 
 if TYPE_CHECKING:
     from study.tracking import TrackerProtocol
@@ -86,13 +86,15 @@ def plan(
     Args:
         data_dir: the output folder's ``data/``: on-disk datasets are keyed by the fingerprint recorded
             there when their folder is not on this host (``table`` on an analysis host).
-        record: record each on-disk dataset's fingerprint there (``run``, with the data present), and
-            ``log`` a line when a folder's content changed since it was recorded (its runs get new keys).
+        record: key each on-disk dataset by its folder's own fingerprint (``run``, with the data present;
+            :func:`record_fingerprints` writes them there once the inputs are checked), and ``log`` a line
+            when a folder's content changed since it was recorded (its runs get new keys).
     """
     from runners.datasets import fingerprint_record_key, recorded_fingerprints
 
     before = recorded_fingerprints(data_dir) if record and data_dir is not None else {}
-    specs = plan_runs(hyp, data_dir, record=record)
+    # with record, the folders' own fingerprints, written nowhere yet: bad data must leave no file behind
+    specs = plan_runs(hyp, None if record else data_dir, record=record)
     for s in {s.dataset["name"]: s for s in specs if "path" in s.dataset}.values():
         old = before.get(fingerprint_record_key(s.dataset), {}).get("fingerprint")
         if old and old != s.dataset["fingerprint"] and log is not None:
@@ -101,6 +103,15 @@ def plan(
                 f"(fingerprint {old} -> {s.dataset['fingerprint']}): its runs get new keys"
             )
     return specs
+
+
+def record_fingerprints(specs: list[RunSpec], data_dir: Path) -> None:
+    """Stage 1c: record each on-disk dataset's fingerprint in ``data_dir/fingerprints.json`` (after
+    :func:`check_inputs`: a refused study writes nothing), for hosts without the data."""
+    from runners.datasets import resolve_fingerprint
+
+    for dataset in {dataset_key(s.dataset): s.dataset for s in specs if "path" in s.dataset}.values():
+        resolve_fingerprint(dataset, data_dir, record=True)
 
 
 def check_inputs(specs: list[RunSpec], runs_dir: Path, force: bool = False) -> None:
@@ -535,14 +546,16 @@ def run_rows(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
             str(folder.file("result.json")),
             "n_tokens",
         )
+    try:
+        scalars = folder.read_scalars()
+    except Exception as exc:  # noqa: BLE001 - truncated JSON, a non-number value: the file is damaged
+        raise StudyError(
+            f"run {spec.label} (key {spec.key}): artifact {SCALARS} is corrupt ({type(exc).__name__}: "
+            f"{exc}); `python -m study run` restores it from the tracking store or retrains this run",
+            str(folder.file(SCALARS)),
+        ) from None
     rows = rows_from_spectra(
-        spec.key,
-        spec.dataset["name"],
-        spec.seed,
-        spectra,
-        layers,
-        result.get("n_tokens"),
-        scalars=folder.read_scalars(),
+        spec.key, spec.dataset["name"], spec.seed, spectra, layers, result.get("n_tokens"), scalars=scalars
     )
     return pd.DataFrame(rows)
 

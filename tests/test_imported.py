@@ -436,3 +436,35 @@ def test_schema_rejects_bad_sources(change, field):
     with pytest.raises(StudyError) as err:
         parse_hypothesis(doc, "f.yaml")
     assert f"f.yaml: {field}" in str(err.value)
+
+
+def test_log_that_is_not_utf8(tmp_path, capsys):
+    log = _tgo_log(tmp_path / "log.jsonl")
+    log.write_bytes(log.read_bytes().replace(b"Layer_00_PosEmbed", b"Layer_00_Pos\xffEmbed", 1))
+    _fails(capsys, _log_doc(log), tmp_path, f"{log}: line 1:", "not UTF-8 text (byte 0xff")
+
+
+@pytest.mark.parametrize(
+    "column, bad, says",
+    [
+        ("epoch", "", "expected an integer 'epoch', got nan"),
+        ("seed", "abc", "expected an integer 'seed', got 'abc'"),
+    ],
+)
+def test_tidy_log_with_a_cell_that_is_no_integer(tmp_path, capsys, column, bad, says):
+    """A CSV's epoch left empty (NaN) or a seed written as text: one line naming the file's line."""
+    rows = [
+        {"seed": 0, "epoch": e, "layer": f"block_0{i}", "metric": "effective_rank", "value": 1.0 + e}
+        for e in (1, 2)
+        for i in (1, 2, 3)
+    ]
+    frame = pd.DataFrame(rows).astype({column: object})
+    frame.loc[3, column] = bad
+    frame.to_csv(tmp_path / "log.csv", index=False)
+    design = {**DESIGN, "datasets": [{"name": "objects", "kind": "external"}], "seeds": [0]}
+    design.pop("checkpoints")
+    doc = {
+        "name": "csv",
+        "design": {**design, "source": {"kind": "table", "path": str(tmp_path / "log.csv")}},
+    }
+    _fails(capsys, {**doc, "claims": [TREND]}, tmp_path, f"{tmp_path / 'log.csv'}: line 5:", says)

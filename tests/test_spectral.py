@@ -183,3 +183,51 @@ def test_load_spectrum_rejects_bad_files(tmp_path):
         with pytest.raises(StudyError) as err:
             load_spectrum(tmp_path / name)
         assert name in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("scale", [1e300, 1e-300, 2.0**600])
+def test_metrics_do_not_overflow_at_extreme_scales(scale):
+    """Every metric is scale-invariant: a spectrum near the float64 limits gives the metrics of its shape
+    (before: sum lam^2 overflowed and [1e308] * 3 read as entropy 0, effective rank 1), warning nothing."""
+    import warnings
+
+    lam = np.geomspace(1.0, 1e-3, D)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compute_metrics(lam * scale)
+    want = compute_metrics(lam)
+    assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_in_range_spectra_are_not_rescaled():
+    """Spectra of ordinary magnitude give the same bits as before (the run tables' snapshots hold)."""
+    from analysis.spectral import _clean
+
+    lam = np.random.default_rng(0).gamma(0.5, 1e3, D)
+    np.testing.assert_array_equal(_clean(lam), np.where(lam <= 1e-11 * lam.max(), 0.0, lam))
+
+
+def test_metrics_cli_on_huge_values_is_valid_json(tmp_path, capsys):
+    """`metrics` on [1e308] * 3: the flat spectrum's values, strict JSON (null where undefined), no
+    warning lines."""
+    import json
+    import warnings
+
+    from study.cli import main
+
+    path = tmp_path / "big.npy"
+    np.save(path, np.array([1e308] * 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["metrics", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+
+    def refuse(token):
+        raise AssertionError(f"{token} is not JSON")
+
+    values = json.loads(out, parse_constant=refuse)
+    assert values["spectral_entropy"] == pytest.approx(np.log(3))
+    assert values["effective_rank"] == pytest.approx(3.0) and values["stable_rank"] == pytest.approx(3.0)
+    assert values["participation_ratio"] == pytest.approx(3.0)
+    assert values["powerlaw_alpha"] is None  # 2 points in its fit range: undefined, so null

@@ -127,9 +127,14 @@ class RunFolder:
 
     # ---- readers ----------------------------------------------------------------------------------
     def read_spectra(self) -> dict[str, np.ndarray]:
-        """Every spectrum, keyed :func:`spectrum_key`. Raises whatever numpy raises on a bad file."""
+        """Every spectrum, keyed :func:`spectrum_key`. Raises whatever numpy raises on a bad file, and
+        ValueError on an array that is not real numbers (strings, objects, booleans: no spectrum)."""
         with np.load(self.file(SPECTRA)) as f:
-            return {k: f[k] for k in f.files}
+            spectra = {k: f[k] for k in f.files}
+        for k, v in spectra.items():
+            if v.dtype.kind not in "iuf":
+                raise ValueError(f"array {k!r} holds {v.dtype} values, not eigenvalues (real numbers)")
+        return spectra
 
     def read_scalars(self) -> dict[str, float]:
         """Observables ``{"{epoch}/{layer}/{token_set}/{name}": value}`` (null -> NaN); {} without the file."""

@@ -1,12 +1,15 @@
 """The decoded cache: images of an on-disk split decoded once into a ``.npy`` file and memory-mapped.
 
-Every image is converted to RGB, its shorter side resized to ``image_size`` (bicubic) and centre-cropped
+Every image is converted to RGB (:func:`to_rgb`: 16-bit greyscale scaled to 8 bits, palettes and CMYK
+through PIL, alpha dropped as torchvision's loader drops it), its shorter side resized to ``image_size`` (bicubic) and centre-cropped
 to a square (:func:`square`). A split is decoded by a pool of threads straight into a ``.npy`` file in
 the data cache (:func:`write_images`), and read back as a copy-on-write memory map of it
 (:func:`read_cache`): ImageNet-100 at 224 px (~18.5 GiB) never has to fit in RAM, and batches index the
 map. The file is written under a temporary name and renamed when complete, so an interrupted decode never
 leaves a cache that is reused. Which file holds which split is :mod:`runners.datasets.disk`'s business.
-PIL is imported when an image is decoded, not before.
+Before anything is written, :func:`check_images` opens every image a split will decode (header, PIL's
+decompression-bomb limit, pixel mode; a PNG's chunks, a JPEG's end marker): a bad file is refused by
+name before the decode, not in the middle of it. PIL is imported when an image is read, not before.
 """
 
 from __future__ import annotations
@@ -21,13 +24,60 @@ import numpy as np
 from vitstudy_core.io import atomic_path
 
 _CHUNK = 1024  # images submitted to the decoding pool at once: bounds the pool's queue, not the speed
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")  # PNG/TIFF/PGM 16-bit greyscale open as these
+
+
+class UnreadableImage(Exception):
+    """An image file that cannot be read or decoded: ``path`` and the ``reason`` in a few words."""
+
+    def __init__(self, path: str | Path, reason: str):
+        super().__init__(str(path), reason)  # both in args: the exception crosses a process pool
+        self.path, self.reason = str(path), reason
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception in a few words, without the path an OSError repeats."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def to_rgb(img):
+    """A PIL image of any mode -> an RGB PIL image of its true colours at 8 bits.
+
+    PIL's own ``convert("RGB")`` clips 16-bit greyscale (mode ``I;16`` / ``I``) at 255, so an image of
+    values 0..65535 comes out white: those are scaled by 255/65535 instead. A palette with transparency
+    goes through RGBA (PIL warns otherwise); alpha is dropped, as torchvision's ``pil_loader`` drops it.
+
+    Raises:
+        ValueError: floating-point pixels (mode ``F``: no 8-bit scale), or mode ``I`` values outside
+            0..65535 (32-bit integers).
+    """
+    from PIL import Image
+
+    if img.mode in _SIXTEEN_BIT:
+        values = np.asarray(img)
+        if values.size and (values.min() < 0 or values.max() > 65535):
+            raise ValueError(
+                f"mode {img.mode} pixel values outside 0..65535 (32-bit integers): no 8-bit scale"
+            )
+        return Image.fromarray(np.rint(values / 257.0).astype(np.uint8), "L").convert("RGB")
+    if img.mode == "F":
+        raise ValueError("floating-point pixels (mode F): no 8-bit scale; save it as 8- or 16-bit")
+    if img.mode in ("P", "PA") and "transparency" in img.info:
+        img = img.convert("RGBA")
+    return img.convert("RGB")
 
 
 def square(img, size: int) -> np.ndarray:
-    """PIL image -> uint8 (size, size, 3): RGB, shorter side to ``size`` (bicubic), centre crop."""
+    """PIL image -> uint8 (size, size, 3): RGB (:func:`to_rgb`), shorter side to ``size`` (bicubic),
+    centre crop."""
     from PIL import Image
 
-    img = img.convert("RGB")
+    img = to_rgb(img)
     w, h = img.size
     if (w, h) != (size, size):
         scale = size / min(w, h)
@@ -38,12 +88,80 @@ def square(img, size: int) -> np.ndarray:
     return np.asarray(img, dtype=np.uint8)
 
 
-def decode_file(path: str | Path, size: int) -> np.ndarray:
-    """An image file -> uint8 (size, size, 3), as :func:`square`."""
+def _unreadable_errors() -> tuple[type[BaseException], ...]:
+    """What PIL raises on a file that is no (complete) image: OSError (truncated, unidentified, ELOOP, a
+    broken link), SyntaxError and ValueError (broken chunks, bad modes), the decompression-bomb error."""
+    import struct
+    import zlib
+
     from PIL import Image
 
-    with Image.open(path) as img:
-        return square(img, size)
+    return (
+        OSError,
+        SyntaxError,
+        ValueError,
+        EOFError,
+        struct.error,
+        zlib.error,
+        Image.DecompressionBombError,
+    )
+
+
+def decode_file(path: str | Path, size: int) -> np.ndarray:
+    """An image file -> uint8 (size, size, 3), as :func:`square`.
+
+    Raises:
+        UnreadableImage: the file cannot be opened or decoded (naming it).
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            return square(img, size)
+    except _unreadable_errors() as exc:
+        raise UnreadableImage(path, _reason(exc)) from None
+
+
+def check_image(path: str | Path) -> str | None:
+    """Why an image file cannot be decoded, in a few words; None when it can (as far as is cheap to tell).
+
+    Reads the header (format, size against PIL's decompression-bomb limit, pixel mode); a PNG is verified
+    whole (its chunks' CRCs: truncation and corruption); a JPEG whose last bytes are not its end marker
+    (truncated, or trailing data after it) is decoded to tell which. Other formats are checked by their
+    header only; what is wrong inside them is found when they are decoded (the error names the file).
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            if img.mode == "F":
+                return "floating-point pixels (mode F): no 8-bit scale; save it as 8- or 16-bit"
+            if img.format == "PNG":
+                img.verify()
+            elif img.format == "JPEG" and not _ends_with_eoi(path):
+                img.load()
+    except _unreadable_errors() as exc:
+        return _reason(exc)
+    return None
+
+
+def _ends_with_eoi(path: str | Path) -> bool:
+    """Whether a JPEG file ends with its end-of-image marker ``FF D9`` (padding bytes after it allowed)."""
+    with open(path, "rb") as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - 64))
+        return f.read().rstrip(b"\x00\r\n ").endswith(b"\xff\xd9")
+
+
+def check_images(paths: Sequence[str | Path], workers: int | None = None) -> tuple[str, str] | None:
+    """``(path, reason)`` of the first of ``paths`` (in order) :func:`check_image` refuses; None if none.
+
+    Files are checked by a pool of threads (opening a file waits on the disk, not on the GIL).
+    """
+    with ThreadPoolExecutor(workers or default_workers()) as ex:
+        for p, why in zip(paths, ex.map(check_image, paths), strict=True):
+            if why is not None:
+                return str(p), why
+    return None
 
 
 def _pwrite(fd: int, arr: np.ndarray, offset: int) -> None:

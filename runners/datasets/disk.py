@@ -61,14 +61,30 @@ def layout_error(spec: dict, root: Path, what: str) -> StudyError:
 
 
 def check_folder(spec: dict) -> None:
-    """Fail early (before anything is written) when the folder is unset or missing.
+    """Fail early (before anything is written) on data the decode would refuse, with one line naming it.
 
-    The full layout check happens when the data are read; this catches the common cases first: an unset
-    ``${VAR}`` and a folder that does not exist.
+    The folder is set and exists, its layout is the publisher's (the reader's checks: class folders, no
+    empty class), and every image file of the training subset (``n_train``) and of the whole held-out
+    split (the probe is drawn from it) opens as an image (:func:`cache.check_images`: header, size limit,
+    pixel mode, a PNG's chunks, a JPEG's end marker; no pixel is decoded). Its cost is one read of each
+    file's header (a PNG: the file), by a pool of threads.
     """
     root = resolve_path(spec["path"], strict=True, name=spec["name"])
     if not root.is_dir():
         raise layout_error(spec, root, "folder not found")
+    splits, _ = DATASETS.get(spec["kind"]).read(spec, root)
+    for split, (items, labels) in splits.items():
+        if isinstance(items, np.ndarray):  # decoded arrays (CIFAR-100): nothing to open
+            continue
+        idx = _indices(spec, split, len(labels), root, None, None) if split == "train" else range(len(labels))
+        bad = cache.check_images([items[i] for i in idx])
+        if bad is not None:
+            raise unreadable_error(spec, *bad)
+
+
+def unreadable_error(spec: dict, path: str, reason: str) -> StudyError:
+    """One line: ``<image file>: dataset <name>: unreadable image (<reason>)``."""
+    return StudyError(f"unreadable image ({reason})", path, f"dataset {spec['name']}")
 
 
 def count_classes(spec: dict) -> int:
@@ -203,7 +219,9 @@ def load_disk_split(
         )
     try:
         cache.write_images(path, items, size, workers)
-    except OSError as exc:  # PIL: truncated or not an image
+    except cache.UnreadableImage as exc:  # what the early check cannot see (e.g. a truncated TIFF)
+        raise unreadable_error(spec, exc.path, exc.reason) from None
+    except OSError as exc:
         raise layout_error(spec, root, f"unreadable image ({exc})") from None
     cache.write_labels(labels_path, labels[idx])
     return cache.read_cache(path, labels_path, size)

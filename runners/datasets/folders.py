@@ -33,8 +33,12 @@ IMAGE_EXTENSIONS = (
 def resolve_path(raw: str, strict: bool = True, name: str | None = None) -> Path | None:
     """Expand ``${VAR}``/``$VAR`` and ``~`` in a dataset path.
 
+    A path that exists as written is taken as written: a folder whose name holds ``$`` (given through
+    ``--data-root``, or a path resolved once already) is a folder, not a variable to expand.
     Returns None (``strict=False``) or raises StudyError (``strict=True``) if a variable is unset.
     """
+    if "$" in raw and os.path.exists(raw):
+        return Path(raw)
     expanded = os.path.expanduser(os.path.expandvars(raw))
     if "$" in expanded:
         if not strict:
@@ -49,11 +53,21 @@ def resolve_path(raw: str, strict: bool = True, name: str | None = None) -> Path
     return Path(expanded)
 
 
+def is_dir(entry: os.DirEntry) -> bool:
+    """``entry.is_dir()`` (links followed); False for a link that cannot be followed (a loop: ELOOP), so
+    that it is listed as a file and the image check names it."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
 def walk(top: str | Path) -> list[tuple[str, list[str]]]:
     """``(folder, sorted file names)`` of every folder under ``top``, in ``sorted(os.walk(top))`` order.
 
     Symbolic links to folders are followed (as ``os.walk(followlinks=True)``), except a link back to a
-    folder above it (a cycle); names starting with ``.`` are skipped. A broken link counts as a file.
+    folder above it (a cycle); names starting with ``.`` are skipped. A broken link, or one that cannot be
+    followed (a link to itself), counts as a file.
     """
     out: list[tuple[str, list[str]]] = []
 
@@ -62,10 +76,10 @@ def walk(top: str | Path) -> list[tuple[str, list[str]]]:
             entries = list(os.scandir(folder))
         except OSError:  # unreadable: skipped, as os.walk does
             return
-        files = sorted(e.name for e in entries if not e.name.startswith(".") and not e.is_dir())
+        files = sorted(e.name for e in entries if not e.name.startswith(".") and not is_dir(e))
         out.append((folder, files))
         for e in entries:
-            if not e.name.startswith(".") and e.is_dir():
+            if not e.name.startswith(".") and is_dir(e):
                 real = os.path.realpath(e.path)
                 if real not in above:
                     visit(e.path, above | {real})
@@ -94,8 +108,9 @@ def list_image_folder(directory: str | Path, classes: Sequence[str]) -> list[tup
 
 
 def is_image(p: Path) -> bool:
-    """A file with one of :data:`IMAGE_EXTENSIONS` (any case)."""
-    return p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
+    """A name with one of :data:`IMAGE_EXTENSIONS` (any case) that is not a folder: a broken link or a link
+    to itself is kept, so that the image check refuses it by name instead of the data shrinking silently."""
+    return p.suffix.lower() in IMAGE_EXTENSIONS and not p.is_dir()
 
 
 def unzip(pairs: list[tuple[Path, int]]) -> tuple[list[Path], np.ndarray]:

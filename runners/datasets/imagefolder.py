@@ -18,7 +18,7 @@ from pydantic import Field
 
 from runners.datasets.base import DATASETS
 from runners.datasets.disk import DiskDataset, count_classes, layout_error, on_disk_kind
-from runners.datasets.folders import list_image_folder, unzip
+from runners.datasets.folders import is_dir, list_image_folder, unzip
 
 LAYOUT = "<train_dir>/<class>/<image> and <test_dir>/<class>/<image>"
 
@@ -43,7 +43,7 @@ def read(spec: dict, root: Path) -> tuple[dict, list[str]]:
         if not d.is_dir():
             raise layout_error(spec, root, f"missing {d.name}/")
     # torchvision's find_classes, hidden folders skipped (is_dir() follows links: linked classes count)
-    found = sorted(e.name for e in os.scandir(dirs["train"]) if e.is_dir() and not e.name.startswith("."))
+    found = sorted(e.name for e in os.scandir(dirs["train"]) if is_dir(e) and not e.name.startswith("."))
     classes = list(spec.get("classes") or found)
     absent = [c for c in classes if c not in found]
     if absent or len(classes) < 2:
@@ -55,6 +55,12 @@ def read(spec: dict, root: Path) -> tuple[dict, list[str]]:
         pairs = list_image_folder(d, classes)
         if not pairs:
             raise layout_error(spec, root, f"no images under {d.name}/<class>/")
+        # torchvision's make_dataset refuses a class folder without an image; a class with no folder
+        # under the held-out split contributes nothing there (its label stays that of train/)
+        have = {y for _, y in pairs}
+        empty = [c for i, c in enumerate(classes) if i not in have and (split == "train" or (d / c).is_dir())]
+        if empty:
+            raise layout_error(spec, root, f"class folder {d.name}/{empty[0]} holds no image")
         splits[split] = unzip(pairs)
     return splits, classes
 

@@ -33,6 +33,9 @@ def read(spec: dict, root: Path) -> tuple[dict, list[str]]:
         raise layout_error(spec, root, f"found {len(wnids)} class folders with images/ under train/")
     index = {w: i for i, w in enumerate(wnids)}
     tr = [(p, index[w]) for w in wnids for p in sorted((train / w / "images").iterdir()) if is_image(p)]
+    empty = sorted(set(wnids) - {wnids[y] for _, y in tr})
+    if empty:
+        raise layout_error(spec, root, f"train/{empty[0]}/images holds no image")
     te = []
     for line_no, line in enumerate(ann.read_text().splitlines(), 1):
         parts = line.split("\t")
