@@ -295,16 +295,24 @@ def run(
         )
     out = Path(out)
     hyp = _with_roots(hyp, file, data_roots)
-    if new_registration is not None:
-        from study.registration import start_new
-
-        start_new(out / "studies" / hyp.name, new_registration)
+    if new_registration is not None and not new_registration.strip():
+        raise StudyError("--new-registration: expected a reason (recorded with the new registration)")
     workers = _workers(workers)
     if cpus_per_run <= 0 or gpus_per_run < 0:
         raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
     placement = stages.Placement(executor, address, cpus_per_run, gpus_per_run, leases)
     bar = _Bar() if progress and log is None else None
-    opts = stages.RunOptions(workers, force, track, log_model, report, command, placement, progress=bar)
+    opts = stages.RunOptions(
+        workers,
+        force,
+        track,
+        log_model,
+        report,
+        command,
+        placement,
+        progress=bar,
+        new_registration=new_registration,
+    )
     seq = _sequential(hyp, file, until_decided, max_seeds, batch, spending)
     hyp_path = _as_file(hypothesis, hyp, path, out)
     emit = log or (bar.write if bar is not None else print)

@@ -211,6 +211,8 @@ def run_study(
     planned = stages.plan(hyp, data_dir, record=True, log=log)
     stages.check_inputs(planned, runs_dir, opts.force)
     plan = sequential.as_dict() if sequential else None
+    if opts.new_registration is not None:  # only now: every input check above has passed
+        registration.start_new(study_dir, opts.new_registration)
     registration.check_binding(study_dir, hyp, plan)
     stages.record_fingerprints(planned, data_dir)
     with open_tracker(opts.track, out_dir, hyp.name, opts.log_model) as tracker:

@@ -254,6 +254,8 @@ class RunOptions:
         placement: executor and lease store of the runs.
         progress: told how many runs each look (or batch) trains and as each ends (a progress bar:
             ``study.api.run``'s); None: only the log lines (the CLI).
+        new_registration: start the study's registration afresh for this reason (``--new-registration``),
+            once every input check has passed (a refused run leaves the registration as it was).
     """
 
     workers: int | str = "auto"
@@ -264,6 +266,7 @@ class RunOptions:
     command: str | None = None
     placement: Placement = Placement()
     progress: Progress | None = None
+    new_registration: str | None = None
 
 
 class Progress(Protocol):

@@ -156,3 +156,13 @@ def test_torchscript_and_legacy_checkpoints_load_without_warnings(tmp_path):
             assert torch.equal(
                 load_checkpoint(tmp_path / "legacy.pt", mmap=mmap)["model"]["w"], torch.ones(2)
             )
+
+
+def test_a_refused_run_with_a_new_registration_writes_nothing(tmp_path, capsys):
+    """``--new-registration`` starts the new registration only once the inputs are checked: a refused run
+    leaves no registration.json (nor any other file) behind."""
+    path = tmp_path / "h.yaml"
+    path.write_text(TINY_HYPOTHESIS.replace("image_size: 8", "image_size: 15"))
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--new-registration", "regions revised"]) == 2
+    assert "patch size 4" in _one_line(capsys) and not out.exists()
