@@ -21,7 +21,8 @@ twonn_id          TwoNN intrinsic dimension (Facco et al. 2017) of the fixed see
 ================  ===================================================================  ===============
 
 ``ALL_METRICS`` lists every name a hypothesis file may use: the eigenvalue metrics of
-``analysis.spectral.METRICS`` plus ``OBSERVABLES``.
+``analysis.spectral.METRICS``, ``OBSERVABLES`` and the token-count metrics of
+``analysis.spectral.TOKEN_METRICS`` (measured at extraction, stored like observables).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Literal
 
 import numpy as np
 
-from analysis.spectral import METRICS
+from analysis.spectral import METRICS, TOKEN_METRICS
 from vitstudy_core.registry import Registry
 
 Input = Literal["covariance", "sample"]
@@ -176,4 +177,4 @@ def twonn_id(x: np.ndarray, discard_fraction: float = TWONN_DISCARD) -> float:
 
 
 # every name a hypothesis file may use as a metric: eigenvalue metrics and observables (after registration)
-ALL_METRICS: tuple[str, ...] = tuple(sorted(set(METRICS) | set(OBSERVABLES)))
+ALL_METRICS: tuple[str, ...] = tuple(sorted(set(METRICS) | set(OBSERVABLES) | set(TOKEN_METRICS)))

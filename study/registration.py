@@ -66,14 +66,24 @@ def _canonical(obj):
     return out
 
 
+# fields added after claims were first registered: at their defaults they stay out of the hash, so a
+# claim written before them keeps its registration
+_LATER_DEFAULTS = {"uncertainty": "seeds", "match_tokens": None}
+
+
+def _without_later_defaults(d: dict) -> dict:
+    return {k: v for k, v in d.items() if not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
+
+
 def claim_hash(claim) -> str:
-    """sha256 of the claim's canonical form (every field, defaults filled in, region layers as sets)."""
-    return digest(_canonical(claim.model_dump(mode="json")))
+    """sha256 of the claim's canonical form (every field, defaults filled in, region layers as sets;
+    fields added later left out at their defaults)."""
+    return digest(_canonical(_without_later_defaults(claim.model_dump(mode="json"))))
 
 
 def _legacy_hash(claim) -> str:
     """The hash registrations written before region layers were sets used (still recognised)."""
-    return digest(claim.model_dump(mode="json"))
+    return digest(_without_later_defaults(claim.model_dump(mode="json")))
 
 
 def _registered(data: dict, claim) -> tuple[str, dict | None]:
@@ -83,7 +93,10 @@ def _registered(data: dict, claim) -> tuple[str, dict | None]:
 
 
 def design_hash(design) -> str:
-    return digest(design.model_dump(mode="json"))
+    d = design.model_dump(mode="json")
+    if not d.get("probe", {}).get("blocks"):  # probe blocks off: the hash designs had before blocks existed
+        d["probe"] = {k: v for k, v in d["probe"].items() if k != "blocks"}
+    return digest(d)
 
 
 def _stamp(now: float) -> dict:

@@ -83,6 +83,20 @@ class ProbeSpec(Strict):
     # float32 covariance matrices of token set `all` per layer, saved to covariances.npz for heatmaps:
     # first and last checkpoint by default (2 x layers x D^2 x 4 bytes: ~3 MB at D = 64, 15 points)
     covariance_epochs: Literal["first_last", "none"] | list[int] = "first_last"
+    # K >= 2: extraction also keeps token sums over K contiguous blocks of probe images (blocks.npz), so a
+    # claim with `uncertainty: seeds+probe` can resample the probe without a second pass; 0: off (opt-in:
+    # K x D^2 float64 per point and checkpoint, 12 MB at D = 64 and 426 MB at ViT-S for K = 16)
+    blocks: int = Field(0, ge=0, le=256)
+
+    @model_validator(mode="after")
+    def _enough_images(self) -> ProbeSpec:
+        if self.blocks == 1:
+            raise ValueError("expected 0 (off) or at least 2 blocks, got 1")
+        if self.blocks and self.size < 2 * self.blocks:
+            raise ValueError(
+                f"a probe of {self.size} images is too small for {self.blocks} blocks (needs >= 2 images per block)"
+            )
+        return self
 
 
 # --------------------------------------------------------------------------------------------------

@@ -76,6 +76,12 @@ class ClaimBase(Strict):
     sesoi: float | None = Field(None, gt=0)
     # Exploratory claims (confirmatory: false) are adjusted among themselves: holm (default) or bh (FDR).
     adjust: Literal["holm", "bh", "none"] = "holm"
+    # seeds: the t interval over seeds (the probe set held fixed); seeds+probe: also resample the probe's
+    # image blocks jointly with the seeds (analysis.probe; needs design.probe.blocks)
+    uncertainty: Literal["seeds", "seeds+probe"] = "seeds"
+    # test at a matched token count: the larger populations subsampled to the smaller (analysis.probe);
+    # None: the hypothesis file's `match_tokens` (default false)
+    match_tokens: bool | None = None
 
     @field_validator("metric")
     @classmethod
