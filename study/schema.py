@@ -379,6 +379,47 @@ class Hypothesis(Strict):
     design: Design
     claims: list[Claim] = Field(min_length=1)
     sweep: Sweep | None = None
+    # every claim at a matched token count unless it sets its own match_tokens (analysis.probe)
+    match_tokens: bool = False
+
+    @model_validator(mode="after")
+    def _check_probe_needs(self) -> Hypothesis:
+        """``uncertainty: seeds+probe`` needs probe blocks and a covariance metric; matching needs spectra."""
+        from analysis.probe import resamplable
+
+        log = self.design.source is not None and self.design.source.kind == "table"
+        for i, claim in enumerate(self.claims):
+            match = claim.match_tokens if claim.match_tokens is not None else self.match_tokens
+            if match and log:
+                raise _FieldError(
+                    f"claims[{i}].match_tokens",
+                    "matching token counts needs spectra; a metric log (table source) has none",
+                )
+            if claim.uncertainty != "seeds+probe":
+                continue
+            if match:
+                raise _FieldError(
+                    f"claims[{i}].uncertainty",
+                    "seeds+probe resamples the full populations' block sums; it cannot be combined with "
+                    "match_tokens (give one claim each)",
+                )
+            if log:
+                raise _FieldError(
+                    f"claims[{i}].uncertainty",
+                    "seeds+probe resamples the probe's covariances; a metric log has none",
+                )
+            if self.design.probe.blocks < 2:
+                raise _FieldError(
+                    f"claims[{i}].uncertainty",
+                    "seeds+probe needs design.probe.blocks >= 2 (e.g. 16): the probe's image blocks are resampled",
+                )
+            if not resamplable(claim.metric):
+                raise _FieldError(
+                    f"claims[{i}].uncertainty",
+                    f"seeds+probe recomputes the metric from resampled covariances; {claim.metric!r} is "
+                    "measured on a token subsample",
+                )
+        return self
 
     @model_validator(mode="after")
     def _check_sweep(self) -> Hypothesis:
