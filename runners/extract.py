@@ -606,3 +606,12 @@ def save_probe(run_dir: Path, epoch: int, sp: Spectra) -> None:
             arrays.update({f"{key}/{k}": sums[k] for k in ("n", "s", "u", "w")})
             arrays[f"{key}/qtril"] = sums["q"][:, low[0], low[1]]  # symmetric: the lower triangle only
         folder.merge_npz(BLOCKS, epoch, arrays)
+
+
+def save_measurements(run_dir: Path, epoch: int, sp: Spectra, snapshot: bool) -> None:
+    """One checkpoint's files beside its spectra: observables, smaller-probe spectra and block sums, and
+    (``snapshot``) the covariance snapshot."""
+    save_observables(run_dir, epoch, sp)
+    save_probe(run_dir, epoch, sp)
+    if snapshot:
+        save_covariances(run_dir, epoch, sp)
