@@ -87,6 +87,11 @@ class ProbeData:
         return bool(self.folders) and all(self.read(name, d, s) for d, s in self.folders)
 
 
+def _rows(df: pd.DataFrame) -> list[Any]:
+    """The rows of a frame as named tuples (typed Any: pandas types their fields as any scalar)."""
+    return list(df.itertuples())
+
+
 def metric_of(metric: str, lam: np.ndarray, values: dict[str, float]) -> float:
     """One metric of a smaller probe: an eigenvalue metric of ``lam``, else its stored value."""
     return float(METRICS[metric](lam)) if metric in METRICS else float(values.get(metric, float("nan")))
@@ -104,9 +109,11 @@ def table_at(table: pd.DataFrame, probe: ProbeData, metric: str, label: str) -> 
     a row without that label is dropped. Other metrics' rows are left out."""
     rows = table[table.metric == metric]
     vals, ns, keep = [], [], []
-    for r in rows.itertuples():
+    for r in _rows(rows):
         got = _label_value(
-            probe.read(PROBE, r.dataset, r.seed), f"{r.epoch}/{r.layer}/{r.token_set}/{label}", metric
+            probe.read(PROBE, str(r.dataset), int(r.seed)),
+            f"{r.epoch}/{r.layer}/{r.token_set}/{label}",
+            metric,
         )
         keep.append(got is not None and math.isfinite(got[0]))
         vals.append(got[0] if got else np.nan)
@@ -167,14 +174,14 @@ def matched_table(table: pd.DataFrame, claim: Any, probe: ProbeData, where: str)
         )
     vals = rows.value.to_numpy(dtype=np.float64).copy()
     ns = rows.n_tokens.to_numpy().copy()
-    for i, r in enumerate(rows.itertuples()):
-        if r.n_tokens <= target:
+    for i, r in enumerate(_rows(rows)):
+        if int(r.n_tokens) <= target:
             continue
-        f = probe.read(PROBE, r.dataset, r.seed)
+        f = probe.read(PROBE, str(r.dataset), int(r.seed))
         for label in (MATCHED, *LABELS):
             got = _label_value(f, f"{r.epoch}/{r.layer}/{r.token_set}/{label}", claim.metric)
             if got is not None and got[1] == target:
-                vals[i], ns[i] = got
+                vals[i], ns[i] = got[0], got[1]
                 break
         else:
             raise StudyError(
@@ -219,8 +226,8 @@ def _block_sums(probe: ProbeData, rows: pd.DataFrame, where: str) -> dict[str, n
     """Stacked per-block sums of every row's covariance: ``n`` (C, K), ``s``/``u`` (C, K, D), ``q``
     (C, K, D, D), ``w`` (C, K), in the rows' order."""
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("n", "s", "q", "u", "w")}
-    for r in rows.itertuples():
-        f = probe.read(BLOCKS, r.dataset, r.seed)
+    for r in _rows(rows):
+        f = probe.read(BLOCKS, str(r.dataset), int(r.seed))
         key = f"{r.epoch}/{r.layer}/{r.token_set}"
         if f"{key}/qtril" not in f:
             raise StudyError(

@@ -28,7 +28,7 @@ group-sequential boundary (``analysis.sequential``) instead of ``alpha``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -228,7 +228,8 @@ def _probe_outcome(
         )
         return o
     table, matched = view.table, None
-    if match:
+    assert probe is not None or not match  # a table alone returned above
+    if match and probe is not None:
         table, matched = matched_table(view.table, claim, probe, where)
     o = _evaluate_one(TableView.of(table) if match else view, claim, where, excluded)
     if probe is None or o.not_testable:
@@ -263,7 +264,12 @@ def _summary_text(o: Outcome) -> str:
 
 
 def _with_matched(
-    warning: str, table: pd.DataFrame, claim: Any, probe: ProbeData, where: str, evaluate
+    warning: str,
+    table: pd.DataFrame,
+    claim: Any,
+    probe: ProbeData,
+    where: str,
+    evaluate: Callable[[pd.DataFrame], Outcome],
 ) -> str:
     """An unequal-token-count warning with what the comparison at a matched count gives, where the runs
     allow it (else the warning says why not)."""
