@@ -21,7 +21,8 @@ twonn_id          TwoNN intrinsic dimension (Facco et al. 2017) of the fixed see
 ================  ===================================================================  ===============
 
 ``ALL_METRICS`` lists every name a hypothesis file may use: the eigenvalue metrics of
-``analysis.spectral.METRICS`` plus ``OBSERVABLES``.
+``analysis.spectral.METRICS``, ``OBSERVABLES`` and the token-count metrics of
+``analysis.spectral.TOKEN_METRICS`` (measured at extraction, stored like observables).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Literal
 
 import numpy as np
 
-from analysis.spectral import METRICS, RANGES, Bounds
+from analysis.spectral import METRICS, RANGES, TOKEN_METRICS, Bounds
 from vitstudy_core.registry import Registry
 
 Input = Literal["covariance", "sample"]
@@ -181,7 +182,7 @@ def twonn_id(x: np.ndarray, discard_fraction: float = TWONN_DISCARD) -> float:
 
 
 # every name a hypothesis file may use as a metric: eigenvalue metrics and observables (after registration)
-ALL_METRICS: tuple[str, ...] = tuple(sorted(set(METRICS) | set(OBSERVABLES)))
+ALL_METRICS: tuple[str, ...] = tuple(sorted(set(METRICS) | set(OBSERVABLES) | set(TOKEN_METRICS)))
 
 
 def metric_range(name: str) -> Bounds:

@@ -161,6 +161,22 @@ def effect_unit(claim, result: ClaimResult) -> str:
     return get_kind(result.kind).effect_unit(claim) if claim is not None else unit_of(result.metric)
 
 
+def probe_size_lines(result: ClaimResult) -> list[str]:
+    """The probe-size sensitivity of a claim's effect (``details.probe_sizes``): one line per probe size,
+    N/4, N/2 and N images, with the tokens behind the subset's token set."""
+    rows = result.details.get("probe_sizes") or []
+    if not rows:
+        return []
+    out = [f"probe-size sensitivity of the effect ({result.metric}):"]
+    for r in rows:
+        n = "/".join(map(str, r["n_tokens"])) or "?"
+        out.append(
+            f"  {r['probe']:>3} images ({n} tokens): effect {fmt_num(r['effect'])} "
+            f"(95% CI {fmt_num(r['ci'][0])}, {fmt_num(r['ci'][1])}), p {fmt_p(r['p'])}"
+        )
+    return out
+
+
 def findings(claim, result: ClaimResult) -> list[str]:
     """What the claim's test found: the kind's own lines, then the verdict's basis, power, warnings, seeds."""
     unit = effect_unit(claim, result)
@@ -190,7 +206,17 @@ def findings(claim, result: ClaimResult) -> list[str]:
         f"bootstrap {fmt_num(result.bootstrap_ci[0])}, {fmt_num(result.bootstrap_ci[1])}); p {fmt_p(result.p_value)}, "
         f"{adjusted}; {result.n_seeds} seeds ({', '.join(map(str, result.seeds_used))})"
     )
+    joint = result.details.get("seeds_probe")
+    if joint:
+        lo, hi = joint["interval"]
+        plo, phi = joint["percentile"]
+        lines.append(
+            f"seed x probe 95% interval {fmt_num(lo)}, {fmt_num(hi)} (probe SD {fmt_num(joint['sd_probe'])} over "
+            f"{joint['replicates']} resamples of {joint['blocks']} image blocks; multibootstrap percentile "
+            f"{fmt_num(plo)}, {fmt_num(phi)})"
+        )
     lines.append(f"{result.verdict}: {result.reason}")
+    lines += probe_size_lines(result)
     if result.sequential:
         seq = result.sequential
         lines += [

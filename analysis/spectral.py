@@ -34,7 +34,7 @@ numbers; it lives under its own name, ``effective_rank_sv``, and is never mixed 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -272,3 +272,92 @@ def load_spectrum(path: str | Path) -> np.ndarray:
     if lam.min() < -ROUNDOFF * np.abs(lam).max():
         raise StudyError(f"negative value {lam.min():.6g} ({expect})", str(path))
     return lam
+
+
+# --------------------------------------------------------------------------------------------------
+# Token-count metrics: bias-corrected estimators that need more than the eigenvalues
+# --------------------------------------------------------------------------------------------------
+TokenMetricFn = Callable[[Mapping[str, np.ndarray]], float]
+TOKEN_METRICS: Registry[TokenMetricFn] = Registry("token-count metric")
+
+
+def register_token_metric(name: str) -> Callable[[TokenMetricFn], TokenMetricFn]:
+    """Decorator: add ``fn(sums) -> float`` to :data:`TOKEN_METRICS` under ``name``.
+
+    ``sums`` are one covariance's streamed token sums of shifted activations ``y = x - k`` (any constant
+    shift ``k``): ``n`` (tokens), ``s = sum y`` (D,), ``q = sum y y^T`` (D, D), ``u = sum y |y|^2`` (D,)
+    and ``w = sum |y|^4`` (); ``runners.extract`` accumulates them beside the Gram and stores each
+    metric's value in ``scalars.json`` like an observable.
+    """
+    if name in METRICS:
+        raise ValueError(f"token-count metric {name!r}: the name is an eigenvalue metric's")
+    return TOKEN_METRICS.register(name)
+
+
+def quartic_sums(sums: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """The seven quartic index sums of Chun et al. (2026) from streamed token sums (see
+    :func:`register_token_metric`), in their pattern names over rows ``i, j, l, m`` of ``Y: (n, D)``.
+
+    ``ijji = |Y^T Y|_F^2``, ``iiii = sum_i |y_i|^4``, ``ijjj = s . u``, ``ijjl = s^T Y^T Y s``,
+    ``iijj = tr(Y^T Y)^2``, ``iijl = tr(Y^T Y) |s|^2``, ``ijlm = |s|^4``: each a sum over all (not distinct)
+    row indices and all column pairs, as the package's ``_gett_all(...)[0]`` before its 1/(PQ)^2 scale.
+    """
+    q = np.asarray(sums["q"], dtype=np.float64)
+    s = np.asarray(sums["s"], dtype=np.float64)
+    tr, ss = float(np.trace(q)), float(s @ s)
+    return {
+        "ijji": float((q * q).sum()),
+        "iiii": float(sums["w"]),
+        "ijjj": float(s @ np.asarray(sums["u"], dtype=np.float64)),
+        "ijjl": float(s @ q @ s),
+        "iijj": tr * tr,
+        "iijl": tr * ss,
+        "ijlm": ss * ss,
+    }
+
+
+@register_token_metric("participation_ratio_bc")
+def participation_ratio_bc(sums: Mapping[str, np.ndarray]) -> float:
+    """Bias-corrected participation ratio: Chun, Canatar, Chung & Lee (ICLR 2026), row-corrected form.
+
+    ``(tr C)^2 / tr(C^2)`` of the population covariance, numerator and denominator each estimated without
+    bias from ``n`` tokens by U-statistics over distinct token indices (their ``gamma_row``: every
+    dimension observed, tokens a finite sample; the package's ``participation_ratio(..., return_all=True)
+    ["row"]``, computed here from streamed sums instead of the ``(n, D)`` matrix, so it is shift invariant
+    and needs no second pass). The naive ``participation_ratio`` reads low by about ``1/PR + 1/n`` in its
+    inverse. Range: any real (an unbiased ratio can leave [1, D] at small n); NaN with n < 4 or a zero
+    denominator.
+    """
+    p = float(sums["n"])
+    if p < 4:
+        return float("nan")
+    t = quartic_sums(sums)
+    f1, f2, f3 = p / (p - 2), 2.0 / (p - 2), 1.0 / ((p - 1) * (p - 2))
+    a = (
+        t["iijj"]
+        - (2.0 / (p - 1)) * t["iijl"]
+        + (1.0 / (p - 2)) * (4.0 * t["ijjj"] - p * t["iiii"])
+        + f3 * (t["ijlm"] - 4.0 * t["ijjl"] + 2.0 * t["ijji"] - t["iijj"])
+    )
+    b = (
+        t["ijji"]
+        - f1 * t["iiii"]
+        + f2 * (2.0 * t["ijjj"] - t["ijjl"])
+        + f3 * (t["iijj"] - 2.0 * t["iijl"] + t["ijlm"])
+    )
+    return float(a / b) if b != 0 else float("nan")
+
+
+def sums_of(x: np.ndarray, shift: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The streamed token sums of :func:`register_token_metric` of ``x: (n, D)`` in one go (for tests and
+    simulations): shift ``k`` defaults to the first row."""
+    x = np.asarray(x, dtype=np.float64)
+    y = x - (x[0] if shift is None else shift)
+    sq = (y * y).sum(1)
+    return {
+        "n": np.asarray(float(len(y))),
+        "s": y.sum(0),
+        "q": y.T @ y,
+        "u": y.T @ sq,
+        "w": np.asarray(float((sq * sq).sum())),
+    }

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.observables import OBSERVABLES
-from analysis.spectral import METRICS
+from analysis.spectral import METRICS, TOKEN_METRICS
 from vitstudy_core.errors import StudyError
 from vitstudy_core.faults import fault_point
 from vitstudy_core.io import atomic_path
@@ -57,9 +57,9 @@ def rows_from_spectra(
         scalars: observables keyed ``"{epoch}/{layer}/{token_set}/{observable}"`` (``vitstudy_core.runfolder.RunFolder.read_scalars``).
     """
     order = {name: i for i, name in enumerate(layers)}
-    wanted = list(metrics) if metrics is not None else [*METRICS, *OBSERVABLES]
+    wanted = list(metrics) if metrics is not None else [*METRICS, *OBSERVABLES, *TOKEN_METRICS]
     names = [m for m in wanted if m in METRICS]
-    obs = set(wanted) & set(OBSERVABLES)
+    obs = set(wanted) & (set(OBSERVABLES) | set(TOKEN_METRICS))  # both stored in scalars.json
     rows = []
 
     def add(key: str, metric: str, value: float) -> None:

@@ -28,7 +28,7 @@ group-sequential boundary (``analysis.sequential``) instead of ``alpha``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,6 +41,8 @@ from analysis.kinds import get_kind
 from analysis.kinds.base import NotTestable, Outcome, TableView, layer_location
 from analysis.kinds.versus import apply_controls
 from analysis.power import seed_floor
+from analysis.probe import ProbeData, claim_rows, excludes_zero, matched_table, multibootstrap, sensitivity
+from vitstudy_core.errors import StudyError
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 
 if TYPE_CHECKING:
@@ -205,6 +207,106 @@ def _evaluate_one(view: TableView, claim: Any, where: str, excluded: dict[int, s
         )
 
 
+def _probe_outcome(
+    view: TableView,
+    claim: Any,
+    where: str,
+    excluded: dict[int, str],
+    probe: ProbeData | None,
+    study_match: bool,
+) -> Outcome:
+    """A claim's outcome, at a matched token count if it asks, with the probe's numbers in its details
+    (``analysis.probe``): the effect at N/4, N/2 and N probe images, the matched comparison behind an
+    unequal-count warning, and the seed x probe intervals of ``uncertainty: seeds+probe``."""
+    match = claim.match_tokens if claim.match_tokens is not None else study_match
+    if (match or claim.uncertainty != "seeds") and probe is None:
+        # a table alone (python -m study analyze, the preflight): tested over seeds, never ACCEPTED
+        o = _evaluate_one(view, claim, where, excluded)
+        what = "match_tokens" if match else "uncertainty: seeds+probe"
+        o.details["probe_unavailable"] = what
+        o.warnings.append(
+            f"{what} needs the runs' probe files; a table alone has none: tested over seeds only"
+        )
+        return o
+    table, matched = view.table, None
+    assert probe is not None or not match  # a table alone returned above
+    if match and probe is not None:
+        table, matched = matched_table(view.table, claim, probe, where)
+    o = _evaluate_one(TableView.of(table) if match else view, claim, where, excluded)
+    if probe is None or o.not_testable:
+        return o
+    kind = get_kind(claim.kind)
+
+    def evaluate(rows: pd.DataFrame) -> Outcome:
+        return kind.evaluate(TableView(rows), claim, where=where, excluded={})
+
+    if match:
+        plain = _evaluate_one(view, claim, where, dict(excluded))
+        o.details["matched_tokens"] = {"n_tokens": matched, "unmatched": _summary(plain)}
+        o.warnings.append(
+            f"tested at a matched token count of {matched} (seeded subsample of the larger populations); "
+            f"unmatched: {_summary_text(plain)}"
+        )
+    else:
+        o.warnings = [_with_matched(w, view.table, claim, probe, where, evaluate) for w in o.warnings]
+    # the probe sizes are the unmatched populations' (the N row is the claim's own table unmatched)
+    o.details["probe_sizes"] = sensitivity(view.table, claim, probe, evaluate)
+    if claim.uncertainty == "seeds+probe" and math.isfinite(o.effect):
+        o.details["seeds_probe"] = multibootstrap(table, claim, probe, evaluate, o.effect, o.ci, where)
+    return o
+
+
+def _summary(o: Outcome) -> dict[str, Any]:
+    return {"effect": o.effect, "ci": list(o.ci), "p": o.p_value}
+
+
+def _summary_text(o: Outcome) -> str:
+    return f"effect {fmt_num(o.effect, 3)} (95% CI {fmt_num(o.ci[0], 3)}, {fmt_num(o.ci[1], 3)}), p {fmt_p(o.p_value)}"
+
+
+def _with_matched(
+    warning: str,
+    table: pd.DataFrame,
+    claim: Any,
+    probe: ProbeData,
+    where: str,
+    evaluate: Callable[[pd.DataFrame], Outcome],
+) -> str:
+    """An unequal-token-count warning with what the comparison at a matched count gives, where the runs
+    allow it (else the warning says why not)."""
+    if "different token counts" not in warning:
+        return warning
+    try:
+        matched, n = matched_table(table, claim, probe, where)
+        o = evaluate(claim_rows(matched, claim))
+    except StudyError as exc:
+        return f"{warning}; no matched comparison: {exc.message}"
+    return f"{warning}; at a matched count of {n} tokens: {_summary_text(o)} (match_tokens: true tests it)"
+
+
+def _seeds_probe_rule(claim: Any, o: Outcome, verdict: str, reason: str) -> tuple[str, str]:
+    """``uncertainty: seeds+probe``: ACCEPTED also needs the seed x probe interval on the claimed side of 0
+    (for an equivalence: inside +-margin); otherwise INCONCLUSIVE. REJECTED is the seeds rule's."""
+    if verdict == ACCEPTED and o.details.get("probe_unavailable"):
+        return INCONCLUSIVE, f"{reason} over seeds, but {o.details['probe_unavailable']} could not be applied"
+    joint = o.details.get("seeds_probe")
+    if verdict != ACCEPTED or not joint:
+        return verdict, reason
+    lo, hi = joint["interval"]
+    margin = getattr(claim, "margin", None)
+    ok = (
+        (-margin < lo and hi < margin)
+        if claim.kind == "equivalence" and margin
+        else excludes_zero((lo, hi), o.effect)
+    )
+    if ok:
+        return verdict, f"{reason}; the seed x probe 95% interval ({fmt_num(lo, 3)}, {fmt_num(hi, 3)}) agrees"
+    return INCONCLUSIVE, (
+        f"{reason} over seeds, but the seed x probe 95% interval ({fmt_num(lo, 3)}, {fmt_num(hi, 3)}) does not: "
+        "the effect is not shown beyond this probe set"
+    )
+
+
 def families(hyp: Claims, post_hoc: set[str] | None = None) -> dict[str, list[int]]:
     """Claim indices per multiplicity family: ``confirmatory`` and ``exploratory/<adjust>``.
 
@@ -223,6 +325,7 @@ def evaluate_claims(
     source: str = "hypothesis",
     failed: dict[str, dict[int, str]] | None = None,
     post_hoc: set[str] | None = None,
+    probe: ProbeData | None = None,
 ) -> list[ClaimResult]:
     """Test every claim of a hypothesis on a tidy table, adjust for multiplicity, apply the verdict rule.
 
@@ -235,10 +338,16 @@ def evaluate_claims(
         source: the hypothesis file name, for error messages.
         failed: per dataset, the seeds whose runs failed (seed -> reason); reported as excluded.
         post_hoc: names of claims registered after their data existed: adjusted as exploratory.
+        probe: the runs' probe files (``analysis.probe``): each claim then also gets its probe-size
+            sensitivity (``details.probe_sizes``), a matched-count note on an unequal-count warning,
+            ``match_tokens`` and ``uncertainty: seeds+probe``; None (a table alone): none of these.
     """
     view = TableView.of(table)
+    study_match = bool(getattr(hyp, "match_tokens", False))
     outcomes = [
-        _evaluate_one(view, claim, f"{source}: claims[{i}]", _failed_seeds(claim, failed))
+        _probe_outcome(
+            view, claim, f"{source}: claims[{i}]", _failed_seeds(claim, failed), probe, study_match
+        )
         for i, claim in enumerate(hyp.claims)
     ]
     adjusted: dict[int, float] = {}
@@ -288,6 +397,7 @@ def _result(claim: Any, o: Outcome, p_adjusted: float, adjustment: str) -> Claim
     """A claim's result from its outcome and adjusted p: the verdict rule, and power when INCONCLUSIVE."""
     margin = get_kind(claim.kind).rejection_margin(claim)
     verdict, reason = decide(o, p_adjusted, claim.alpha, margin)
+    verdict, reason = _seeds_probe_rule(claim, o, verdict, reason)
     power, needed = _power(o, claim.alpha) if verdict == INCONCLUSIVE else (float("nan"), None)
     return ClaimResult(
         name=claim.name,

@@ -168,7 +168,9 @@ def phase_streaming(args: argparse.Namespace) -> dict:
             torch.cuda.synchronize()
 
     t_plain = t_stream = 0.0
-    observer = SpectralObserver(model, args.images, observables=False)
+    observer = SpectralObserver(
+        model, args.images, observables=False, blocks=args.blocks, probe_sizes=not args.no_probe_sizes
+    )
     with PeakRSS() as mem:
         for i in range(0, args.images, args.batch_size):
             batch = images[i : i + args.batch_size]
@@ -251,7 +253,18 @@ def main() -> None:
     ap.add_argument("--offset", type=float, default=60.0, help="added to pos_embed: large activation means")
     ap.add_argument("--naive", choices=["per-layer", "one-pass"], default="per-layer")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    ap.add_argument(
+        "--embed-dim", type=int, default=0, help="width D (0: ViT-Small's 384; heads D // 64 or 4)"
+    )
+    ap.add_argument("--blocks", type=int, default=0, help="also keep K image-block sums (probe.blocks)")
+    ap.add_argument("--no-probe-sizes", action="store_true", help="extraction as before probe sizes existed")
+    ap.add_argument("--extract-only", action="store_true", help="skip the naive comparison")
     args = ap.parse_args()
+    if args.embed_dim:
+        args.arch = {
+            "embed_dim": args.embed_dim,
+            "num_heads": max(1, args.embed_dim // 64) if args.embed_dim >= 64 else 1,
+        }
     tokens = (args.img_size // args.patch_size) ** 2 + 1
     args.images = args.images or -(-100_000 // tokens)
     print(
@@ -267,6 +280,9 @@ def main() -> None:
     t_plain, t_stream, ours = stream["t_plain"], stream["t_stream"], stream["eig"]
     print(f"plain forward:        {t_plain:8.2f} s")
     print(f"streaming extraction: {t_stream:8.2f} s  (45 spectra; peak +{stream['peak'] / 2**20:.0f} MiB)")
+    if args.extract_only:
+        print(f"overhead={t_stream / t_plain:.3f} t_stream={t_stream:.3f} t_plain={t_plain:.3f}")
+        return
     naive = _in_child(phase_naive, args)
     t_naive, ref = naive["t_naive"], naive["eig"]
     print(f"naive ({args.naive}):     {t_naive:8.2f} s  (peak +{naive['peak'] / 2**20:.0f} MiB)")

@@ -148,7 +148,7 @@ def import_checkpoints(
         The ``result.json`` content (``failed`` on a non-finite activation).
     """
     from runners.datasets import load_split
-    from runners.extract import extract_spectra, save_covariances, save_observables, snapshot_epochs
+    from runners.extract import extract_spectra, save_measurements, snapshot_epochs
     from runners.inputs import to_tensor
     from runners.train import environment, pick_device
 
@@ -169,7 +169,9 @@ def import_checkpoints(
         model.load_state_dict(sd)
         model.to(device)
         try:
-            sp = extract_spectra(model, xpr, probe["batch_size"], epoch=epoch, covariances=epoch in snaps)
+            sp = extract_spectra(
+                model, xpr, probe["batch_size"], epoch, epoch in snaps, blocks=probe.get("blocks", 0)
+            )
         except RunFailedError as exc:
             result = {"status": "failed", "failed_epoch": epoch, "error": str(exc), "run": run, "history": []}
             folder.write_result(result)
@@ -177,9 +179,7 @@ def import_checkpoints(
         for (layer, tset), lam in sp.eigenvalues.items():
             spectra[spectrum_key(epoch, layer, tset)] = lam
             n_tokens[f"{layer}/{tset}"] = sp.n_tokens[(layer, tset)]
-        save_observables(run_dir, epoch, sp)
-        if epoch in snaps:
-            save_covariances(run_dir, epoch, sp)
+        save_measurements(run_dir, epoch, sp, epoch in snaps)
         files[str(epoch)] = {"file": path.name, "state_dict_key": key, "prefix_removed": prefix}
         if progress is not None:
             progress(

@@ -39,9 +39,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from analysis.observables import compute_observables
+from analysis.observables import OBSERVABLES, compute_observables
+from analysis.spectral import TOKEN_METRICS
 from vitstudy_core.errors import RunFailedError
-from vitstudy_core.runfolder import RunFolder
+from vitstudy_core.runfolder import BLOCKS, PROBE, RunFolder
 
 SUBSAMPLE = 1024  # tokens per (point, token set) for cosine anisotropy / TwoNN: O(m^2) distances stay cheap
 SUBSAMPLE_SEED = 0  # fixed: every checkpoint and run that shares a probe set sees the same token positions
@@ -95,6 +96,10 @@ class _Moments:
     s: torch.Tensor | None = None  # (D,) float64
     rows: list[torch.Tensor] | None = None  # block rows of the lower triangle of q, float64
     blocks: list[tuple[int, int]] | None = None
+    # fourth-order sums for the bias-corrected participation ratio (analysis.spectral.TOKEN_METRICS):
+    # u = sum y |y|^2 (D,) and w = sum |y|^4 (scalar); O(n D) per batch against the Gram's O(n D^2)
+    u: torch.Tensor | None = None
+    w: torch.Tensor | None = None
 
     def add(self, x: torch.Tensor, work: _Workspace | None = None) -> None:
         """x: (n_tokens, D) in any float dtype; ``work``: a shared buffer (else a fresh one)."""
@@ -103,9 +108,14 @@ class _Moments:
             self.blocks = gram_blocks(d, x.device)
             self.s = torch.zeros(d, dtype=torch.float64, device=x.device)
             self.rows = [torch.zeros(b - a, b, dtype=torch.float64, device=x.device) for a, b in self.blocks]
+            self.u = torch.zeros(d, dtype=torch.float64, device=x.device)
+            self.w = torch.zeros((), dtype=torch.float64, device=x.device)
         y = (work or _Workspace()).get(n_rows, d, x.device)
         torch.sub(x, self.shift, out=y)  # float64: one pass, no float32 rounding of the shifted values
         self.s += y.sum(0)
+        sq = torch.linalg.vector_norm(y, dim=1).square_()
+        self.u.addmv_(y.T, sq)
+        self.w += sq.square().sum()
         for (a, b), row in zip(self.blocks, self.rows, strict=True):
             row.addmm_(y[:, a:b].T, y[:, :b])  # in place, no temporary
         self.n += n_rows
@@ -121,8 +131,36 @@ class _Moments:
 
     def minus(self, other: _Moments) -> _Moments:
         """Moments of the tokens in ``self`` but not in ``other`` (same shift): exact in float64."""
+        if other.rows is None:  # nothing added to ``other`` yet
+            return self.copy()
         rows = [r - o for r, o in zip(self.rows, other.rows, strict=True)]
-        return _Moments(self.shift, self.n - other.n, self.s - other.s, rows, self.blocks)
+        u, w = self.u - other.u, self.w - other.w
+        return _Moments(self.shift, self.n - other.n, self.s - other.s, rows, self.blocks, u, w)
+
+    @classmethod
+    def of_sample(cls, x: np.ndarray) -> _Moments:
+        """The sums of a gathered ``(m, D)`` float64 sample (shift: its first row), on the CPU."""
+        t = torch.from_numpy(np.ascontiguousarray(x))
+        mom = cls(shift=t[0].clone())
+        mom.add(t)
+        return mom
+
+    def copy(self) -> _Moments:
+        """An independent copy (a snapshot of the running sums at an image boundary)."""
+        if self.rows is None:
+            return _Moments(self.shift)
+        rows = [r.clone() for r in self.rows]
+        return _Moments(self.shift, self.n, self.s.clone(), rows, self.blocks, self.u.clone(), self.w.clone())
+
+    def sums(self) -> dict[str, np.ndarray]:
+        """The raw shifted sums as float64 numpy: ``n`` (), ``s`` (D,), ``q`` (D, D), ``u`` (D,), ``w`` ()."""
+        return {
+            "n": np.asarray(self.n, dtype=np.float64),
+            "s": self.s.cpu().numpy(),
+            "q": self.full_q().cpu().numpy(),
+            "u": self.u.cpu().numpy(),
+            "w": np.asarray(self.w.item(), dtype=np.float64),
+        }
 
     def covariance(self) -> np.ndarray:
         """(D, D) float64 numpy: ``(Q - s s^T / n) / (n - 1)``, symmetrised."""
@@ -156,6 +194,13 @@ class Spectra:
         scalars: ``(layer, token_set, observable) -> value`` for ``analysis.observables.OBSERVABLES``.
         covariances: ``layer -> (D, D)`` float32 covariance of token set ``all`` (only if requested).
         n_subsample: ``(layer, token_set) -> tokens in the observables' subsample``.
+        probe_sizes: ``(layer, token_set, label) -> (eigenvalues (D,), n_tokens, {metric: value})`` of
+            the same covariance on a smaller probe (:func:`probe_labels`): the first 1/4 and 1/2 of the
+            probe images (``images_1_4``, ``images_1_2``) and a seeded subsample of as many tokens as
+            there are probe images (``tokens_matched``, only where the token set has more); the values are
+            the covariance observables and token-count metrics.
+        blocks: ``(layer, token_set) -> {"n": (K,), "s": (K, D), "q": (K, D, D), "u": (K, D), "w": (K,)}``
+            shifted sums over K contiguous blocks of probe images (only with ``blocks``).
     """
 
     eigenvalues: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
@@ -163,6 +208,23 @@ class Spectra:
     scalars: dict[tuple[str, str, str], float] = field(default_factory=dict)
     covariances: dict[str, np.ndarray] = field(default_factory=dict)
     n_subsample: dict[tuple[str, str], int] = field(default_factory=dict)
+    probe_sizes: dict[tuple[str, str, str], tuple[np.ndarray, int, dict[str, float]]] = field(
+        default_factory=dict
+    )
+    blocks: dict[tuple[str, str], dict[str, np.ndarray]] = field(default_factory=dict)
+
+
+FRACTIONS = {"images_1_4": 4, "images_1_2": 2}  # label -> the probe is cut after n_images // this images
+MATCHED = "tokens_matched"
+MATCH_SEED = 1  # the matched token subsample's seed (fixed, like SUBSAMPLE_SEED, but a stream of its own)
+
+
+def cuts(n_images: int, blocks: int) -> list[int]:
+    """Image indices after which the running sums are snapshot: the probe fractions of :data:`FRACTIONS`
+    and the ``blocks`` block edges ``round(n_images * k / blocks)``, k = 1..blocks-1 (sorted, unique)."""
+    edges = {n_images // d for d in FRACTIONS.values()}
+    edges |= {round(n_images * k / blocks) for k in range(1, blocks)} if blocks > 1 else set()
+    return sorted(e for e in edges if 0 < e < n_images)
 
 
 def observation_points(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
@@ -240,6 +302,9 @@ class SpectralObserver:
         subsample: at most this many tokens per (point, token set) for cosine anisotropy and TwoNN.
         subsample_seed: seed of the subsample positions.
         observables: compute ``analysis.observables`` (off: eigenvalues only).
+        blocks: K >= 2: also keep the sums of K contiguous blocks of probe images (``Spectra.blocks``), from
+            which any resample of blocks gives its covariance without a second pass (0: off).
+        probe_sizes: also measure the smaller-probe spectra of ``Spectra.probe_sizes`` (on by default).
     """
 
     def __init__(
@@ -251,8 +316,15 @@ class SpectralObserver:
         subsample: int = SUBSAMPLE,
         subsample_seed: int = SUBSAMPLE_SEED,
         observables: bool = True,
+        blocks: int = 0,
+        probe_sizes: bool = True,
     ):
         self.model, self.epoch, self.covariances = model, epoch, covariances
+        self.n_images, self.n_blocks, self.with_sizes = n_images, blocks, probe_sizes
+        self.cuts = cuts(n_images, blocks) if (probe_sizes or blocks > 1) else []
+        self.snapshots: dict[tuple[str, str], dict[int, _Moments]] = {}  # (point, set) -> cut -> sums
+        self.matcher = _Subsampler(n_images, n_images, MATCH_SEED) if probe_sizes else None
+        self.matched: dict[tuple[str, str], _Moments] = {}
         self.device = next(model.parameters()).device
         self.n_prefix = int(getattr(model, "num_prefix_tokens", 1))
         self.has_cls = bool(getattr(model, "cls_token", None) is not None)
@@ -269,25 +341,42 @@ class SpectralObserver:
         if (name, "all") not in self.moments:  # one shift per point, shared by its token sets
             self.moments[(name, "all")] = _Moments(shift=flat.to(torch.float64).mean(0))
         mom = self.moments[(name, "all")]
-        mom.add(flat, self.work)
+        prefixed = name != "patch_embed" and self.n_prefix > 0
+        # the batch is added in segments split at the cut images, so the sums can be snapshot there
+        first, b = self.first_image, x.shape[0]
+        edges = [first] + [c for c in self.cuts if first < c < first + b] + [first + b]
+        for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+            self._add(name, x[lo - first : hi - first], mom, prefixed)
+            if hi in self.cuts:
+                for key, m in self.moments.items():
+                    if key[0] == name:
+                        self.snapshots.setdefault(key, {})[hi] = m.copy()
         # a NaN/Inf activation makes the float64 running sum non-finite: one (D,) check, not a full pass
         if not torch.isfinite(mom.s).all():
             raise RunFailedError(
                 f"non-finite activation at layer {name} (checkpoint epoch {self.epoch})", self.epoch
             )
-        prefixed = name != "patch_embed" and self.n_prefix > 0
+        if self.matcher is not None:  # a seeded subsample of as many tokens as images, per token set
+            self.matcher.add((name, "all"), x, first)
+            if prefixed:
+                self.matcher.add((name, "patch"), x[:, self.n_prefix :], first)
+        if self.sampler is not None:
+            self.sampler.add((name, "all"), x, first)
+            if prefixed:
+                self.sampler.add((name, "patch"), x[:, self.n_prefix :], first)
+                if self.has_cls:
+                    self.sampler.add((name, "cls"), x[:, :1], first)
+
+    def _add(self, name: str, x: torch.Tensor, mom: _Moments, prefixed: bool) -> None:
+        """Add images ``x: (B, T, D)`` to the point's running sums (all tokens, prefix, class token)."""
+        d = x.shape[-1]
+        mom.add(x.reshape(-1, d), self.work)
         if prefixed:
             # prefix tokens (class token, plus any register tokens) are subtracted from `all` for `patch`
             pre = x[:, : self.n_prefix].reshape(-1, d)
             self.moments.setdefault((name, "prefix"), _Moments(shift=mom.shift)).add(pre, self.work)
             if self.has_cls and self.n_prefix > 1:
                 self.moments.setdefault((name, "cls"), _Moments(shift=mom.shift)).add(x[:, 0], self.work)
-        if self.sampler is not None:
-            self.sampler.add((name, "all"), x, self.first_image)
-            if prefixed:
-                self.sampler.add((name, "patch"), x[:, self.n_prefix :], self.first_image)
-                if self.has_cls:
-                    self.sampler.add((name, "cls"), x[:, :1], self.first_image)
 
     def __enter__(self) -> SpectralObserver:
         for name, module, kind in observation_points(self.model):
@@ -319,29 +408,29 @@ class SpectralObserver:
             self.model.forward_features(batch)
         self.first_image += batch.shape[0]
 
+    def _sets(self, name: str, get) -> dict[str, _Moments]:
+        """Token set -> sums of one point, from ``get(key)`` of the accumulated ``all``/``prefix``/``cls``."""
+        full = get((name, "all"))
+        if (name, "prefix") not in self.moments:
+            return {"all": full, "patch": full}  # patch_embed has no prefix token: all tokens are patches
+        sets = {"all": full, "patch": full.minus(get((name, "prefix")))}
+        if self.has_cls:
+            sets["cls"] = get((name, "cls")) if (name, "cls") in self.moments else get((name, "prefix"))
+        return sets
+
     def result(self) -> Spectra:
-        """Covariances -> eigenvalues (and observables) of every (point, token set) seen so far."""
+        """Covariances -> eigenvalues (and observables, smaller-probe spectra, block sums) of every
+        (point, token set) seen so far."""
         out = Spectra()
         for name, _, _ in observation_points(self.model):
-            full = self.moments[(name, "all")]
-            sets = {"all": full}
-            if (name, "prefix") in self.moments:
-                sets["patch"] = full.minus(self.moments[(name, "prefix")])
-                if self.has_cls:
-                    sets["cls"] = self.moments.get((name, "cls"), self.moments[(name, "prefix")])
-            else:
-                sets["patch"] = full  # patch_embed has no prefix token: all tokens are patches
-            for tset, mom in sets.items():
-                cov, floor = mom.covariance(), mom.roundoff()
-                dead = np.diag(cov) <= floor  # variance at round-off level: a constant dimension
-                cov[dead, :] = 0.0
-                cov[:, dead] = 0.0
-                lam = eigenvalues(cov)
-                lam[lam <= floor] = 0.0
+            for tset, mom in self._sets(name, self.moments.__getitem__).items():
+                cov, lam = _spectrum(mom)
                 out.eigenvalues[(name, tset)] = lam
                 out.n_tokens[(name, tset)] = mom.n
                 if self.covariances and tset == "all":
                     out.covariances[name] = cov.astype(np.float32)
+                for metric, value in token_metrics(mom.sums(), lam).items():
+                    out.scalars[(name, tset, metric)] = value
                 if self.sampler is None:
                     continue
                 key = (name, tset) if (name, tset) in self.sampler.parts else (name, "all")
@@ -349,7 +438,69 @@ class SpectralObserver:
                 out.n_subsample[(name, tset)] = int(sample.shape[0])
                 for obs, value in compute_observables(cov, sample).items():
                     out.scalars[(name, tset, obs)] = value
+            if self.with_sizes:
+                self._probe_sizes(name, out)
+            if self.n_blocks > 1:
+                self._blocks(name, out)
         return out
+
+    def _probe_sizes(self, name: str, out: Spectra) -> None:
+        """``Spectra.probe_sizes`` of one point: the probe's first 1/4 and 1/2, and the matched subsample."""
+        for label, div in FRACTIONS.items():
+            cut = self.n_images // div
+            if cut < 2:
+                continue
+            for tset, mom in self._sets(name, lambda key, cut=cut: self.snapshots[key][cut]).items():
+                out.probe_sizes[(name, tset, label)] = _summary(mom)
+        for tset in ("all", "patch"):
+            key = (name, tset) if (name, tset) in self.matcher.parts else (name, "all")
+            sample = self.matcher.get(key).astype(np.float64)
+            if out.n_tokens[(name, tset)] > len(sample) >= 2:
+                out.probe_sizes[(name, tset, MATCHED)] = _summary(_Moments.of_sample(sample))
+
+    def _blocks(self, name: str, out: Spectra) -> None:
+        """``Spectra.blocks`` of one point: block k's sums are the snapshots' differences at its edges."""
+        edges = [round(self.n_images * k / self.n_blocks) for k in range(1, self.n_blocks)]
+        empty = {key: _Moments(shift=m.shift) for key, m in self.moments.items() if key[0] == name}
+        at = [lambda key: empty[key]] + [lambda key, c=c: self.snapshots[key][c] for c in edges]
+        at.append(self.moments.__getitem__)
+        per_block = [
+            {
+                t: m.minus(prev)
+                for (t, m), prev in zip(
+                    self._sets(name, hi).items(), self._sets(name, lo).values(), strict=True
+                )
+            }
+            for lo, hi in zip(at[:-1], at[1:], strict=True)
+        ]
+        for tset in per_block[0]:
+            sums = [blk[tset].sums() for blk in per_block]
+            out.blocks[(name, tset)] = {k: np.stack([sm[k] for sm in sums]) for k in sums[0]}
+
+
+def token_metrics(sums: dict[str, np.ndarray], lam: np.ndarray) -> dict[str, float]:
+    """Every ``analysis.spectral.TOKEN_METRICS`` entry of one covariance's streamed sums; NaN where its
+    spectrum ``lam`` is all zero (no variance above round-off, like every eigenvalue metric there)."""
+    return {name: fn(sums) if lam.any() else float("nan") for name, fn in TOKEN_METRICS.items()}
+
+
+def _spectrum(mom: _Moments) -> tuple[np.ndarray, np.ndarray]:
+    """(covariance (D, D), eigenvalues (D,)) of a token set's sums, round-off dimensions and eigenvalues
+    set to 0 (see the module docstring)."""
+    cov, floor = mom.covariance(), mom.roundoff()
+    dead = np.diag(cov) <= floor  # variance at round-off level: a constant dimension
+    cov[dead, :] = 0.0
+    cov[:, dead] = 0.0
+    lam = eigenvalues(cov)
+    lam[lam <= floor] = 0.0
+    return cov, lam
+
+
+def _summary(mom: _Moments) -> tuple[np.ndarray, int, dict[str, float]]:
+    """(eigenvalues, tokens, covariance observables and token-count metrics) of one smaller probe."""
+    cov, lam = _spectrum(mom)
+    values = {n: e.fn(cov) for n, e in OBSERVABLES.items() if e.on == "covariance"}
+    return lam, mom.n, {**values, **token_metrics(mom.sums(), lam)}
 
 
 def extract_spectra(
@@ -361,6 +512,8 @@ def extract_spectra(
     subsample: int = SUBSAMPLE,
     subsample_seed: int = SUBSAMPLE_SEED,
     observables: bool = True,
+    blocks: int = 0,
+    probe_sizes: bool = True,
 ) -> Spectra:
     """Covariance spectra and observables at every observation point and token set over a probe set.
 
@@ -373,12 +526,22 @@ def extract_spectra(
         subsample: at most this many tokens per (point, token set) for cosine anisotropy and TwoNN.
         subsample_seed: seed of the subsample positions.
         observables: compute ``analysis.observables`` (off: eigenvalues only, e.g. for benchmarks).
+        blocks: K >= 2: also the sums of K contiguous blocks of probe images (``Spectra.blocks``).
+        probe_sizes: also the smaller-probe spectra (``Spectra.probe_sizes``).
 
     Raises:
         RunFailedError: an activation is NaN or Inf (names the layer and checkpoint).
     """
     observer = SpectralObserver(
-        model, images.shape[0], epoch, covariances, subsample, subsample_seed, observables
+        model,
+        images.shape[0],
+        epoch,
+        covariances,
+        subsample,
+        subsample_seed,
+        observables,
+        blocks,
+        probe_sizes,
     )
     with observer:
         for i in range(0, images.shape[0], batch_size):
@@ -420,3 +583,35 @@ def save_covariances(run_dir: Path, epoch: int, sp: Spectra) -> None:
     Keys ``"{epoch}/{layer}"``, values ``(D, D)`` float32 (centred covariance, as in the module docstring).
     """
     RunFolder(run_dir).merge_covariances(epoch, sp.covariances)
+
+
+def save_probe(run_dir: Path, epoch: int, sp: Spectra) -> None:
+    """Merge one checkpoint's smaller-probe spectra into ``probe.npz`` and, if measured, its block sums
+    into ``blocks.npz`` (``vitstudy_core.runfolder``: keys and shapes there)."""
+    folder = RunFolder(run_dir)
+    if sp.probe_sizes:
+        arrays: dict[str, np.ndarray] = {}
+        for (layer, tset, label), (lam, n, values) in sp.probe_sizes.items():
+            key = f"{int(epoch)}/{layer}/{tset}/{label}"
+            arrays[f"{key}/lam"] = lam
+            arrays[f"{key}/n"] = np.asarray(n, dtype=np.int64)
+            arrays.update({f"{key}/m/{m}": np.asarray(v, dtype=np.float64) for m, v in values.items()})
+        folder.merge_npz(PROBE, epoch, arrays)
+    if sp.blocks:
+        arrays = {}
+        for (layer, tset), sums in sp.blocks.items():
+            key = f"{int(epoch)}/{layer}/{tset}"
+            d = sums["s"].shape[1]
+            low = np.tril_indices(d)
+            arrays.update({f"{key}/{k}": sums[k] for k in ("n", "s", "u", "w")})
+            arrays[f"{key}/qtril"] = sums["q"][:, low[0], low[1]]  # symmetric: the lower triangle only
+        folder.merge_npz(BLOCKS, epoch, arrays)
+
+
+def save_measurements(run_dir: Path, epoch: int, sp: Spectra, snapshot: bool) -> None:
+    """One checkpoint's files beside its spectra: observables, smaller-probe spectra and block sums, and
+    (``snapshot``) the covariance snapshot."""
+    save_observables(run_dir, epoch, sp)
+    save_probe(run_dir, epoch, sp)
+    if snapshot:
+        save_covariances(run_dir, epoch, sp)

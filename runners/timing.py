@@ -76,7 +76,7 @@ def time_extraction(run: dict, seed: int = 0) -> float:
     images = np.random.default_rng(seed).integers(0, 256, (probe["size"], size, size, 3), dtype=np.uint8)
     x = to_tensor(images)
     t0 = time.perf_counter()
-    extract_spectra(model, x, probe["batch_size"], epoch=0)
+    extract_spectra(model, x, probe["batch_size"], epoch=0, blocks=probe.get("blocks", 0))
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - t0

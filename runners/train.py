@@ -38,7 +38,7 @@ import torch
 
 from runners.datasets import load_split, num_classes
 from runners.executors import adopt_thread_budget
-from runners.extract import extract_spectra, save_covariances, save_observables, snapshot_epochs
+from runners.extract import extract_spectra, save_covariances, save_observables, save_probe, snapshot_epochs
 from runners.inputs import to_tensor
 from runners.leases import check_lease
 from runners.objectives import Trainer, TrainerSetup, TrainingSpec, build_trainer
@@ -229,7 +229,14 @@ class _Run:
         """Spectra (and observables, covariance snapshots) of the measured network at ``epoch``."""
         t0, probe = time.perf_counter(), self.run["probe"]
         snap = epoch in snapshot_epochs(probe.get("covariance_epochs", "none"), self.run["checkpoints"])
-        sp = extract_spectra(self.model, self.xpr, probe["batch_size"], epoch=epoch, covariances=snap)
+        sp = extract_spectra(
+            self.model,
+            self.xpr,
+            probe["batch_size"],
+            epoch=epoch,
+            covariances=snap,
+            blocks=probe.get("blocks", 0),
+        )
         fault_point("extract")
         for (layer, tset), lam in sp.eigenvalues.items():
             self.done.spectra[spectrum_key(epoch, layer, tset)] = lam
@@ -237,6 +244,7 @@ class _Run:
         # observables and covariance snapshots go straight to run_dir (read-merge-write, atomic), so they
         # survive a resume without joining resume.pt; re-measuring an epoch overwrites the same keys
         save_observables(self.folder.path, epoch, sp)
+        save_probe(self.folder.path, epoch, sp)
         if snap:
             save_covariances(self.folder.path, epoch, sp)
         self._say(f"spectra at epoch {epoch} ({time.perf_counter() - t0:.1f}s)")

@@ -155,7 +155,11 @@ def _run_looks(
         merged.specs = filled.specs  # the outputs list the last look's plan
         status = registration.claim_status(reg, hyp_k, filled.specs, out_dir / "runs")
         post_hoc = {n for n, st in status.items() if st["status"] == registration.POST_HOC}
-        looks.append(stages.evaluate(hyp_k, collected.table, str(hyp_path), collected.failed_seeds, post_hoc))
+        looks.append(
+            stages.evaluate(
+                hyp_k, collected.table, str(hyp_path), collected.failed_seeds, post_hoc, out_dir / "runs"
+            )
+        )
         seeds_at.append(len(seeds))
         if plan is None:
             return _Looked(merged, collected, looks[-1], status, None)

@@ -50,7 +50,13 @@ PRE, POST_HOC = "pre-registered", "post hoc"
 _CONDITION_KEYS = {"dataset", "token_set", "epoch", "layers", "condition"}
 # fields added with conditions (issue 23), left out of a claim's dump at their defaults so that a claim
 # registered before they existed keeps its hash (and its registration)
-_NEW_DEFAULTS = {"condition": None, "controls": [], "adjust_for": None}
+_NEW_DEFAULTS = {
+    "condition": None,
+    "controls": [],
+    "adjust_for": None,
+    "uncertainty": "seeds",
+    "match_tokens": None,
+}
 
 
 def _dump(claim) -> dict:
@@ -100,7 +106,10 @@ def _registered(data: dict, claim) -> tuple[str, dict | None]:
 
 
 def design_hash(design) -> str:
-    return digest(design.model_dump(mode="json"))
+    d = design.model_dump(mode="json")
+    if not d.get("probe", {}).get("blocks"):  # probe blocks off: the hash designs had before blocks existed
+        d["probe"] = {k: v for k, v in d["probe"].items() if k != "blocks"}
+    return digest(d)
 
 
 def _stamp(now: float) -> dict:

@@ -61,6 +61,9 @@ def run_key(payload: dict) -> str:
     payload["dataset"] = {
         k: v for k, v in payload["dataset"].items() if k not in ("name", "path") and v is not None
     }
+    # probe blocks off (0, the default) keeps the keys runs had before blocks existed
+    if "probe" in payload:
+        payload["probe"] = {k: v for k, v in payload["probe"].items() if not (k == "blocks" and not v)}
     # torch.compile changes speed, not the result (beyond float rounding on GPU)
     payload["training"] = {k: v for k, v in payload["training"].items() if k != "compile"}
     if payload.get("source", "train") == "train":

@@ -83,6 +83,20 @@ class ProbeSpec(Strict):
     # float32 covariance matrices of token set `all` per layer, saved to covariances.npz for heatmaps:
     # first and last checkpoint by default (2 x layers x D^2 x 4 bytes: ~3 MB at D = 64, 15 points)
     covariance_epochs: Literal["first_last", "none"] | list[int] = "first_last"
+    # K >= 2: extraction also keeps token sums over K contiguous blocks of probe images (blocks.npz), so a
+    # claim with `uncertainty: seeds+probe` can resample the probe without a second pass; 0: off (opt-in:
+    # K x D^2 float64 per point and checkpoint, 12 MB at D = 64 and 426 MB at ViT-S for K = 16)
+    blocks: int = Field(0, ge=0, le=256)
+
+    @model_validator(mode="after")
+    def _enough_images(self) -> ProbeSpec:
+        if self.blocks == 1:
+            raise ValueError("expected 0 (off) or at least 2 blocks, got 1")
+        if self.blocks and self.size < 2 * self.blocks:
+            raise ValueError(
+                f"a probe of {self.size} images is too small for {self.blocks} blocks (needs >= 2 images per block)"
+            )
+        return self
 
 
 # --------------------------------------------------------------------------------------------------
@@ -368,6 +382,47 @@ class Hypothesis(Strict):
     design: Design
     claims: list[Claim] = Field(min_length=1)
     sweep: Sweep | None = None
+    # every claim at a matched token count unless it sets its own match_tokens (analysis.probe)
+    match_tokens: bool = False
+
+    @model_validator(mode="after")
+    def _check_probe_needs(self) -> Hypothesis:
+        """``uncertainty: seeds+probe`` needs probe blocks and a covariance metric; matching needs spectra."""
+        from analysis.probe import resamplable
+
+        log = self.design.source is not None and self.design.source.kind == "table"
+        for i, claim in enumerate(self.claims):
+            match = claim.match_tokens if claim.match_tokens is not None else self.match_tokens
+            if match and log:
+                raise _FieldError(
+                    f"claims[{i}].match_tokens",
+                    "matching token counts needs spectra; a metric log (table source) has none",
+                )
+            if claim.uncertainty != "seeds+probe":
+                continue
+            if match:
+                raise _FieldError(
+                    f"claims[{i}].uncertainty",
+                    "seeds+probe resamples the full populations' block sums; it cannot be combined with "
+                    "match_tokens (give one claim each)",
+                )
+            if log:
+                raise _FieldError(
+                    f"claims[{i}].uncertainty",
+                    "seeds+probe resamples the probe's covariances; a metric log has none",
+                )
+            if self.design.probe.blocks < 2:
+                raise _FieldError(
+                    f"claims[{i}].uncertainty",
+                    "seeds+probe needs design.probe.blocks >= 2 (e.g. 16): the probe's image blocks are resampled",
+                )
+            if not resamplable(claim.metric):
+                raise _FieldError(
+                    f"claims[{i}].uncertainty",
+                    f"seeds+probe recomputes the metric from resampled covariances; {claim.metric!r} is "
+                    "measured on a token subsample",
+                )
+        return self
 
     @model_validator(mode="after")
     def _check_sweep(self) -> Hypothesis:

@@ -15,12 +15,13 @@ from analysis.observables import (
     register_observable,
     twonn_id,
 )
-from analysis.spectral import METRICS
+from analysis.spectral import METRICS, TOKEN_METRICS
 
 
 def test_all_metrics_is_the_union():
-    assert set(ALL_METRICS) == set(METRICS) | set(OBSERVABLES)
+    assert set(ALL_METRICS) == set(METRICS) | set(OBSERVABLES) | set(TOKEN_METRICS)
     assert not set(METRICS) & set(OBSERVABLES)
+    assert not (set(METRICS) | set(OBSERVABLES)) & set(TOKEN_METRICS)
     assert ALL_METRICS == tuple(sorted(ALL_METRICS))
     assert list(OBSERVABLES) == [
         "cosine_anisotropy",

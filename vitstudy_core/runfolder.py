@@ -16,6 +16,14 @@ report, tracking, reuse). Files:
 * ``scalars.json`` (optional): activation observables, ``{"values": {"{epoch}/{layer}/{token_set}/{name}":
   value | null}, ...}``.
 * ``covariances.npz`` (optional): float32 ``(D, D)`` covariance snapshots keyed ``"{epoch}/{layer}"``.
+* ``probe.npz`` (optional; every run measured since probe resampling): spectra of the same covariances on
+  smaller probes, keys ``"{epoch}/{layer}/{token_set}/{label}/lam"`` ``(D,)`` float64, ``.../n`` (tokens)
+  and ``.../m/{metric}`` (covariance observables, token-count metrics); labels ``images_1_4``,
+  ``images_1_2`` (the probe's first quarter and half of the images) and ``tokens_matched`` (a seeded
+  subsample of as many tokens as probe images).
+* ``blocks.npz`` (optional, ``probe.blocks: K``): shifted token sums over K contiguous blocks of probe
+  images, keys ``"{epoch}/{layer}/{token_set}/{n|s|u|w|qtril}"``: ``(K,)``, ``(K, D)``, ``(K, D)``,
+  ``(K,)`` and the lower triangle of ``sum y y^T`` ``(K, D (D + 1) / 2)`` (``numpy.tril_indices`` order).
 * ``checkpoints/epoch_NNN.pt`` (optional): weights at checkpoint epochs; ``resume.pt`` while a run is
   in progress.
 
@@ -38,9 +46,10 @@ if TYPE_CHECKING:
 
 RESULT, SPECTRA, SCALARS, COVARIANCES = "result.json", "spectra.npz", "scalars.json", "covariances.npz"
 ROWS = "rows.parquet"
+PROBE, BLOCKS = "probe.npz", "blocks.npz"
 REQUIRED = (SPECTRA, RESULT)  # what a finished run must hold (and what a copy of it must carry)
 MEASUREMENTS = (SPECTRA, ROWS)  # a finished run holds one of them: spectra, or imported rows
-OPTIONAL = (COVARIANCES, SCALARS, ROWS)
+OPTIONAL = (COVARIANCES, SCALARS, ROWS, PROBE, BLOCKS)
 
 
 def spectrum_key(epoch: int, layer: str, token_set: str) -> str:
@@ -152,6 +161,14 @@ class RunFolder:
         with np.load(path) as f:
             return {(int(k.split("/")[0]), k.split("/")[1]): f[k] for k in f.files}
 
+    def read_npz(self, name: str) -> dict[str, np.ndarray]:
+        """Every array of ``probe.npz`` or ``blocks.npz`` by key; {} without the file."""
+        path = self.file(name)
+        if not path.exists():
+            return {}
+        with np.load(path) as f:
+            return {k: f[k] for k in f.files}
+
     def read_rows(self) -> pd.DataFrame:
         """The imported tidy rows (``rows.parquet``) as a pandas DataFrame; raises what pandas raises."""
         import pandas as pd
@@ -186,6 +203,12 @@ class RunFolder:
             {k: float(v) if np.isfinite(v) else None for k, v in values.items()}
         )
         atomic_write_json(path, data, indent=1, sort_keys=True)
+
+    def merge_npz(self, name: str, epoch: int, arrays: dict[str, np.ndarray]) -> None:
+        """Replace one epoch's keys (``"{epoch}/..."``) of ``probe.npz``/``blocks.npz`` (read, merge, atomic
+        write): re-measuring an epoch overwrites it."""
+        kept = {k: v for k, v in self.read_npz(name).items() if not k.startswith(f"{int(epoch)}/")}
+        atomic_save_npz(self.file(name), **kept, **arrays)
 
     def merge_covariances(self, epoch: int, covariances: dict[str, np.ndarray]) -> None:
         """Add one epoch's ``layer -> (D, D)`` snapshots to ``covariances.npz`` (read, merge, atomic write)."""

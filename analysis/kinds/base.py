@@ -119,6 +119,13 @@ class ClaimBase(Strict):
             raise ValueError(f"expected a per-run scalar the runs record {sorted(RUN_SCALARS)}, got {v!r}")
         return v
 
+    # seeds: the t interval over seeds (the probe set held fixed); seeds+probe: also resample the probe's
+    # image blocks jointly with the seeds (analysis.probe; needs design.probe.blocks)
+    uncertainty: Literal["seeds", "seeds+probe"] = "seeds"
+    # test at a matched token count: the larger populations subsampled to the smaller (analysis.probe);
+    # None: the hypothesis file's `match_tokens` (default false)
+    match_tokens: bool | None = None
+
     @field_validator("metric")
     @classmethod
     def _known_metric(cls, v: str) -> str:
