@@ -57,9 +57,23 @@ def test_mlflow_records(finished_study):
     assert len(parents) == 1 and len(children) == 3
     assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
     child = children[0]
-    assert "eed_pct/block_02/all" in child.data.metrics and "train/loss" in child.data.metrics
-    hist = client.get_metric_history(child.info.run_id, "eed_pct/block_02/all")
+    # {metric}/{token_set}/{layer}: the metrics tab shows each metric's layers in one section (issue 27)
+    assert "eed_pct/all/block_02" in child.data.metrics and "train/loss" in child.data.metrics
+    assert not any(name.endswith("/all") for name in child.data.metrics)
+    hist = client.get_metric_history(child.info.run_id, "eed_pct/all/block_02")
     assert sorted(m.step for m in hist) == [0, 2]
+    # each child run spans its own training, not the moment it was logged (issue 27)
+    for c in children:
+        result = json.loads((out / "runs" / c.data.tags["run_key"] / "result.json").read_text())
+        assert result["started_at"] < result["finished_at"]
+        assert (c.info.start_time, c.info.end_time) == (
+            int(result["started_at"] * 1000),
+            int(result["finished_at"] * 1000),
+        )
+    spans = sorted((c.info.start_time, c.info.end_time) for c in children)
+    assert all(a[1] <= b[0] for a, b in zip(spans[:-1], spans[1:], strict=True)), (
+        spans
+    )  # --workers 1: one after another
     arts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert {"tiny.yaml", "table.parquet", "verdicts.json"} <= arts
 
