@@ -333,6 +333,7 @@ def _ask(optuna_study, hyp: Hypothesis, n: int, data_dir: Path) -> list[TrialPoi
         trial = optuna_study.ask(dists)
         trial.set_user_attr(OWNER, owner)
         point = trial_point(hyp, trial.number, dict(trial.params), data_dir)
+        trial.set_user_attr("run_keys", [s.key for s in point.specs])  # doctor finds a killed trial's runs
         point.trial = trial
         points.append(point)
     return points
