@@ -19,7 +19,8 @@ Files in ``run_dir`` (every write atomic: temp file, then rename):
   a file that needs more is removed and the run starts over.
 * ``checkpoints/epoch_NNN.pt``: the measured network's weights and the run spec, at each checkpoint epoch.
 * ``spectra.npz``: eigenvalues, key ``"{epoch}/{layer}/{token_set}"``; ``result.json``: spec, history,
-  token counts, environment (seed offsets, package versions, git commit and dirty flag). ``result.json`` is
+  token counts, environment (seed offsets, package versions, git commit and dirty flag), ``started_at`` (when
+  its first attempt began, kept across resumes) and ``finished_at``. ``result.json`` is
   written last: its presence marks a finished run.
 """
 
@@ -132,12 +133,14 @@ class _Done:
         spectra: eigenvalues (D,) per ``"{epoch}/{layer}/{token_set}"``.
         n_tokens: tokens per ``"{layer}/{token_set}"``.
         epoch: the last complete epoch (0: none).
+        started_at: when training began (unix seconds; kept across resumes; None: not begun).
     """
 
     history: list[dict] = field(default_factory=list)
     spectra: dict[str, np.ndarray] = field(default_factory=dict)
     n_tokens: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
+    started_at: float | None = None
 
 
 def _load_resume(
@@ -168,7 +171,8 @@ def _load_resume(
     if state.get("cuda_rng") is not None and device.type == "cuda":
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     spectra = {k: v.numpy() for k, v in state["spectra"].items()}
-    return _Done(state["history"], spectra, state["n_tokens"], state["epoch"])
+    # a resume.pt from before started_at was kept has none: the run's start is then this attempt's
+    return _Done(state["history"], spectra, state["n_tokens"], state["epoch"], state.get("started_at"))
 
 
 def _save_resume(
@@ -181,6 +185,7 @@ def _save_resume(
     state.update(torch_rng=torch.get_rng_state(), cuda_rng=cuda_rng)
     spectra = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in done.spectra.items()}
     state.update(history=done.history, spectra=spectra, n_tokens=done.n_tokens, epoch=done.epoch)
+    state.update(started_at=done.started_at)
     _atomic_torch_save(state, path)
 
 
@@ -221,6 +226,8 @@ class _Run:
         self.done = _load_resume(self.resume_path, self.objective, self.data_gen, self.device, self._say)
         if self.done.epoch:
             self._say(f"resuming after epoch {self.done.epoch}")
+        if self.done.started_at is None:
+            self.done.started_at = time.time()
 
     def _say(self, msg: str) -> None:
         self.log(f"[{self.label}] {msg}")
@@ -283,7 +290,7 @@ class _Run:
 
     def fail(self, msg: str, epoch: int) -> dict:
         result = {"status": "failed", "failed_epoch": epoch, "error": msg, "run": self.run}
-        result["history"] = self.done.history
+        result.update(history=self.done.history, started_at=self.done.started_at, failed_at=time.time())
         self.folder.write_result(result)
         self._say(f"FAILED at epoch {epoch}: {msg}")
         return result
@@ -299,6 +306,7 @@ class _Run:
             "n_tokens": self.done.n_tokens,
             "device": self.device.type,
             "environment": environment(),
+            "started_at": self.done.started_at,  # seconds since the epoch: when training began
             "finished_at": time.time(),  # seconds since the epoch: when the data existed (pre-registration)
         }
         self.folder.write_result(result)

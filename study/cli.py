@@ -6,7 +6,7 @@
     python -m study plan hypotheses/u_shape.yaml [--pilot TABLE] [--json]   # seeds and run-hours needed
     python -m study analyze hypotheses/u_shape.yaml --table study_results/studies/u_shape/table.parquet [--json]
     python -m study report study_results/studies/u_shape   (or the hypothesis file) [--out study_results]
-    python -m study ui [--out study_results] [--port 5000]
+    python -m study ui [--out study_results] [--port 5000] [--study NAME] [--no-browser]
     python -m study metrics SPECTRUM.npy      # every eigenvalue metric of a saved spectrum, as JSON
     python -m study table hypotheses/u_shape.yaml --out study_results [--to PATH]   # rebuild the tidy table
     python -m study sweep hypotheses/complexity_sweep.yaml [--n-trials N] [--storage URL] [--workers N]
@@ -196,6 +196,8 @@ def _add_results_verbs(sub) -> None:
     u = sub.add_parser("ui", help="start the MLflow UI on the study store (127.0.0.1)")
     u.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
     u.add_argument("--port", type=int, default=5000)
+    u.add_argument("--study", help="open this study's runs (default: the study logged last)")
+    u.add_argument("--no-browser", action="store_true", help="print the address only, open no browser")
     pg = sub.add_parser("plugins", help="list every plug-in registry and what is registered in it")
     pg.add_argument("--json", action="store_true", help="print a JSON mapping instead of a list")
     d = sub.add_parser("doctor", help="check an output folder and its MLflow store (and repair)")
@@ -213,15 +215,7 @@ def _results_verbs(args) -> int | None:
         print(f"report: {html_path}\nsummary: {md_path}")
         return 0
     if args.verb == "ui":
-        from study.tracking import default_tracking_uri
-
-        uri = default_tracking_uri(args.out)
-        if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-            raise StudyError("no MLflow store here (run a study first)", uri.removeprefix("sqlite:///"))
-        cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri]
-        cmd += ["--host", "127.0.0.1", "--port", str(args.port)]
-        print("starting: mlflow " + " ".join(cmd[3:]), flush=True)
-        return _serve(cmd)
+        return _ui_verb(args)
     if args.verb == "doctor":
         from study.doctor import doctor
 
@@ -229,14 +223,37 @@ def _results_verbs(args) -> int | None:
     return None
 
 
-def _serve(cmd: list[str]) -> int:
+def _ui_verb(args) -> int:
+    """Start the MLflow server on the study store; print (and open) the study's runs table once it is up."""
+    from study.tracking_ui import announce_when_up, ui_plan
+
+    plan = ui_plan(args.out, args.port, args.study)
+    print("starting: mlflow " + " ".join(plan.cmd[3:]), flush=True)
+    for name, url in plan.experiments:
+        print(f"runs of {name}: {url}", flush=True)
+    return _serve(
+        plan.cmd,
+        env=plan.env,
+        on_start=lambda alive: announce_when_up(plan, alive, not args.no_browser, _flushed_print),
+    )
+
+
+def _flushed_print(line: str) -> None:
+    print(line, flush=True)
+
+
+def _serve(cmd: list[str], env: dict[str, str] | None = None, on_start=None) -> int:
     """Run the MLflow server in its own process group; SIGTERM/SIGINT here stop the whole group (the
-    server and its workers), so none outlives this process."""
+    server and its workers), so none outlives this process. ``env``: variables added for the server;
+    ``on_start(alive)``: called in a thread once it is started (``alive()``: the server still runs)."""
     import os
     import signal
     import subprocess
+    import threading
 
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    proc = subprocess.Popen(cmd, start_new_session=True, env={**os.environ, **(env or {})})
+    if on_start is not None:
+        threading.Thread(target=on_start, args=(lambda: proc.poll() is None,), daemon=True).start()
 
     def forward(signum, frame) -> None:
         try:

@@ -2,7 +2,8 @@
 
 Findings, and what ``--repair`` does about each:
 
-* ``orphan``: a run folder no study's hypothesis plans (report only: it may belong to a file elsewhere);
+* ``orphan``: a run folder that no study's hypothesis plans and no sweep's trial needs (report only: it
+  may belong to a file elsewhere);
 * ``stale_partial``: an unfinished run folder whose lock no live process holds (its lock file is
   deleted; the folder stays and resumes on the next run);
 * ``moved_store``: an experiment whose artifact location lies outside ``<out>/mlartifacts``: the folder
@@ -18,6 +19,9 @@ Findings, and what ``--repair`` does about each:
   restored from the tracking store's FINISHED copy of its key when there is one (downloaded and checked
   before anything is replaced), else report only (the next ``run`` retrains that run alone);
 * ``running_child``: a RUNNING child run whose parent is no longer RUNNING (marked KILLED);
+* ``missing_child``: a finished run folder of a study or a sweep's trial that the tracking store holds no
+  FINISHED child run of (e.g. its invocation was killed while logging it; report only: the next ``run``
+  of its study, or ``sweep`` that runs its trial, logs it);
 * ``untagged_child``: a child (training) run without its ``run_key`` tag: no study can ever reuse it
   (deleted from the store);
 * ``table_mismatch``: a study's ``table.parquet`` that differs from the table rebuilt from its runs
@@ -71,16 +75,83 @@ def _studies(out_dir: Path) -> list[tuple[Path, object]]:
     return found
 
 
-def check_runs(out_dir: Path, studies, repair: bool = False) -> list[Finding]:
-    """Orphaned run folders, damaged run folders and stale partial runs under ``out_dir/runs``."""
+def _sweeps(out_dir: Path) -> list[tuple[Path, object | None]]:
+    """(sweep folder, its Hypothesis or None) for every folder under ``sweeps/``: a sweep killed before
+    its first outputs has its journal but no ``hypothesis.yaml`` yet."""
+    from study.schema import load_hypothesis
+
+    found = []
+    for sweep_dir in sorted(p for p in (out_dir / "sweeps").glob("*") if p.is_dir()):
+        try:
+            found.append((sweep_dir, load_hypothesis(sweep_dir / "hypothesis.yaml")))
+        except StudyError:
+            found.append((sweep_dir, None))
+    return found
+
+
+def _sweep_trials(sweep_dir: Path, hyp) -> list:
+    """The trials of a sweep's optuna study (the file's ``sweep.storage``, else the folder's journal)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if hyp is not None and hyp.sweep.storage:
+        storage = optuna.storages.get_storage(hyp.sweep.storage)
+    else:
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        if not (sweep_dir / "journal.log").is_file():
+            raise FileNotFoundError(sweep_dir / "journal.log")
+        storage = JournalStorage(JournalFileBackend(str(sweep_dir / "journal.log")))
+    return optuna.load_study(study_name=sweep_dir.name, storage=storage).trials
+
+
+def _trial_runs(out_dir: Path, sweep_dir: Path, hyp) -> dict[str, object | None]:
+    """Run key -> RunSpec (None where the sweep's file is not at hand) of every trial a sweep asked: each
+    trial's ``run_keys`` (recorded when it is asked) or, with the file, its knob values' runs; from
+    ``trials.csv`` when the optuna study cannot be read."""
+    from study.sweep import trial_point
+
+    try:
+        trials = [
+            (t.number, t.params, t.user_attrs.get("run_keys") or []) for t in _sweep_trials(sweep_dir, hyp)
+        ]
+    except Exception:  # noqa: BLE001 - an unreadable journal: the trial table still names the runs
+        try:
+            table = pd.read_csv(sweep_dir / "trials.csv")
+            return {str(k): None for k in table.run_key.dropna()}
+        except (OSError, ValueError, AttributeError):
+            return {}
+    found: dict[str, object | None] = {}
+    for number, params, keys in trials:
+        found.update({str(k): None for k in keys})
+        if hyp is not None and params:
+            found.update({s.key: s for s in trial_point(hyp, number, params, out_dir / "data").specs})
+    return found
+
+
+def planned_runs(out_dir: Path, studies, sweeps=()) -> dict[str, object | None]:
+    """Run key -> RunSpec (None: known by key only) of every run the studies plan and the sweeps' trials
+    need (``sweeps``: :func:`_sweeps`)."""
     from study.stages import plan
 
+    planned: dict[str, object | None] = {}
+    for sweep_dir, hyp in sweeps:
+        planned.update(_trial_runs(out_dir, sweep_dir, hyp))
+    planned.update({s.key: s for _, hyp in studies for s in plan(hyp)})
+    return planned
+
+
+def check_runs(out_dir: Path, studies, repair: bool = False, planned: dict | None = None) -> list[Finding]:
+    """Orphaned run folders, damaged run folders and stale partial runs under ``out_dir/runs``
+    (``planned``: :func:`planned_runs`, by default the studies' runs alone)."""
     runs_dir = out_dir / "runs"
-    planned = {s.key: s for _, hyp in studies for s in plan(hyp)}
+    planned = planned if planned is not None else planned_runs(out_dir, studies)
     out = []
     for path in sorted(p for p in runs_dir.glob("*") if p.is_dir()) if runs_dir.is_dir() else []:
         if path.name not in planned:
-            out.append(Finding("orphan", f"run folder {path} (no study here plans it)", repairable=False))
+            what = f"run folder {path} (no study here plans it, no sweep's trial needs it)"
+            out.append(Finding("orphan", what, repairable=False))
         why = RunFolder(path).damage()
         if why is not None:
             out.append(Finding("damaged_run", f"run folder {path}: {why}", repairable=False, path=path))
@@ -99,21 +170,33 @@ def check_runs(out_dir: Path, studies, repair: bool = False) -> list[Finding]:
     return out
 
 
-def _restore_from_store(findings: list[Finding], client, uri: str, studies) -> None:
-    """Give each ``damaged_run`` with a FINISHED copy in the store a fix that downloads that copy."""
-    from study.stages import plan
+def _restore_from_store(findings: list[Finding], client, uri: str, specs: dict) -> None:
+    """Give each ``damaged_run`` with a FINISHED copy in the store a fix that downloads that copy
+    (``specs``: :func:`planned_runs`)."""
     from study.tracking_reuse import StoredRuns
 
-    specs = {s.key: s for _, hyp in studies for s in plan(hyp)}
     for f in findings:
         if f.kind != "damaged_run":
             continue
         path = f.path
         copies = [r for r in _children(client, "FINISHED") if r.data.tags.get("run_key") == path.name]
-        if copies and path.name in specs:
+        if copies and specs.get(path.name) is not None:
             f.what += f" (the store holds a copy: MLflow run {copies[0].info.run_id})"
             f.repairable = True
             f.fix = lambda r=copies[0], s=specs[path.name], d=path: StoredRuns(client, uri).fetch_run(r, s, d)
+
+
+def check_logged(out_dir: Path, client, planned: dict) -> list[Finding]:
+    """Finished run folders of planned runs whose key has no FINISHED child run in the store."""
+    stored = {r.data.tags.get("run_key") for r in _children(client, "FINISHED")}
+    out = []
+    for key, spec in sorted(planned.items()):
+        folder = RunFolder(out_dir / "runs" / key)
+        if key not in stored and folder.path.is_dir() and folder.is_finished():
+            name = f"run {spec.label} (key {key})" if spec is not None else f"run {key}"
+            what = f"{name} finished here, but the tracking store has no finished child run of it"
+            out.append(Finding("missing_child", what, repairable=False, path=folder.path))
+    return out
 
 
 def _children(client, status: str) -> list:
@@ -163,7 +246,8 @@ def check_store(out_dir: Path, client) -> list[Finding]:
         out.append(
             Finding(
                 "stale_parent",
-                f"MLflow run {r.info.run_id} RUNNING, its invocation is dead",
+                f"{r.data.tags.get('study.role', 'study')} parent run {r.info.run_id} (experiment "
+                f"{client.get_experiment(r.info.experiment_id).name!r}) RUNNING, its invocation is dead",
                 fix=lambda: close_stale(client, out_dir),
             )
         )
@@ -273,11 +357,13 @@ def doctor(out_dir: Path, repair: bool = False, log=print) -> int:
     if not out_dir.is_dir():
         raise StudyError("expected the output folder of `python -m study run`", str(out_dir), "--out")
     studies = _studies(out_dir)
-    findings = check_runs(out_dir, studies)
+    planned = planned_runs(out_dir, studies, _sweeps(out_dir))
+    findings = check_runs(out_dir, studies, planned=planned)
     client, uri = _open_store(out_dir)
     if client is not None:
         findings += check_store(out_dir, client)
-        _restore_from_store(findings, client, uri, studies)
+        findings += check_logged(out_dir, client, planned)
+        _restore_from_store(findings, client, uri, planned)
     findings += check_tables(out_dir, studies)
     for f in findings:
         log(f.line())

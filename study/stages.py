@@ -350,6 +350,7 @@ def fill_runs(
     heading: str | None = None,
     tags_of: Callable[[RunSpec], dict] | None = None,
     on_triaged: Callable[[list[RunSpec], Triage], None] | None = None,
+    on_ended: Callable[[RunSpec, dict | None], None] | None = None,
 ) -> Filled:
     """Stages 2-4b for ``run`` and ``sweep`` alike: triage, fetch stored runs, clear ended attempts, prepare
     the data, execute; each run is logged to the tracker as it ends (so a kill loses none that finished),
@@ -362,6 +363,7 @@ def fill_runs(
         heading: the triage line's lead (default ``study <name>``).
         tags_of: further child-run tags of a run (a sweep's trial number and knob values).
         on_triaged: called with ``(specs, triage)`` before anything trains (the parent run's params).
+        on_ended: called with ``(spec, result)`` as each run ends, once it is logged (a sweep's trial ends).
     """
     runs_dir, data_dir, force = Path(out_dir) / "runs", Path(out_dir) / "data", opts.force
     layers = hyp.design.layers
@@ -381,6 +383,8 @@ def fill_runs(
         log_run(tracker, spec, runs_dir, layers, ds, again=force, tags=tags_of(spec) if tags_of else None)
         if bar is not None:
             bar.advance(spec.label)
+        if on_ended is not None:
+            on_ended(spec, result)
 
     try:
         failed = execute(tri.todo, runs_dir, data_dir, opts.workers, log, log_ended, opts.placement, hyp.name)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -101,6 +102,9 @@ class _GridSampler(optuna.samplers.GridSampler):
         return None
 
 
+TPE_STARTUP = 10  # TPE's start-up trials (optuna's default): sampled at random, so asked as one batch
+
+
 def _sampler(hyp: Hypothesis):
     sw = hyp.sweep
     if sw.sampler == "grid":
@@ -109,7 +113,7 @@ def _sampler(hyp: Hypothesis):
         return optuna.samplers.QMCSampler(seed=sw.seed)
     if sw.sampler == "random":
         return optuna.samplers.RandomSampler(seed=sw.seed)
-    return optuna.samplers.TPESampler(seed=sw.seed)
+    return optuna.samplers.TPESampler(n_startup_trials=TPE_STARTUP, seed=sw.seed)
 
 
 def storage_url(hyp: Hypothesis, override: str | None = None) -> str | None:
@@ -146,17 +150,29 @@ def open_optuna_study(hyp: Hypothesis, out_dir: Path, storage: str | None, file:
         else:
             backend = _database_storage(storage)
         direction = hyp.sweep.objective.direction
-        return optuna.create_study(
+        study = optuna.create_study(
             study_name=hyp.name,
             storage=backend,
             sampler=_sampler(hyp),
             direction=direction,
             load_if_exists=True,
         )
+        if study.metric_names != [objective_name(hyp)]:  # optuna-dashboard's name for the objective
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names([objective_name(hyp)])
+        return study
     except Exception as exc:  # noqa: BLE001 - any storage failure is a user-facing input error
         raise StudyError(
             f"cannot open the optuna storage {storage!r} ({type(exc).__name__}: {exc})", file, where
         ) from None
+
+
+def objective_name(hyp: Hypothesis) -> str:
+    """The objective's name in optuna's study (what optuna-dashboard shows in place of "Objective 0"):
+    ``"min of eed_pct"``, or ``"effect of 'claim name'"`` for a claim objective."""
+    obj = hyp.sweep.objective
+    return f"{obj.summary} of {obj.metric}" if obj.metric else f"effect of {obj.claim!r}"
 
 
 IDENTITY = "study.sweep"  # optuna study user attribute: what the sweep's trials were asked and run under
@@ -318,18 +334,22 @@ def _ask(optuna_study, hyp: Hypothesis, n: int, data_dir: Path) -> list[TrialPoi
         trial = optuna_study.ask(dists)
         trial.set_user_attr(OWNER, owner)
         point = trial_point(hyp, trial.number, dict(trial.params), data_dir)
+        trial.set_user_attr("run_keys", [s.key for s in point.specs])  # doctor finds a killed trial's runs
         point.trial = trial
         points.append(point)
     return points
 
 
-def _batch_size(hyp: Hypothesis, remaining: int, workers: int | str) -> int:
-    """All remaining trials for samplers that do not learn from results; for TPE, enough trials to keep
-    every worker busy (their runs execute together)."""
+def _batch_size(hyp: Hypothesis, remaining: int, workers: int | str, asked: int = 0) -> int:
+    """All remaining trials for samplers that do not learn from results. For TPE: its start-up trials
+    that are still to be asked (``asked``: the trials complete or running), all together, since TPE samples
+    them at random without looking at results; after them, enough trials to keep every worker busy (their
+    runs execute together)."""
     if hyp.sweep.sampler != "tpe":
         return remaining
     cores = (os.cpu_count() or 1) if workers == "auto" else int(workers)
-    return max(1, min(remaining, -(-cores // len(hyp.design.seeds))))
+    busy = -(-cores // len(hyp.design.seeds))
+    return max(1, min(remaining, max(busy, TPE_STARTUP - asked)))
 
 
 def _counts(optuna_study) -> tuple[int, int]:
@@ -356,13 +376,27 @@ def _run_batch(
     filled: stages.Filled,
 ) -> int:
     """Fill the runs of a batch of trials together (``stages.fill_runs``: each run reaches MLflow as it ends,
-    tagged with its trial), collect each trial's table and tell the trial its value. ``filled`` gathers
-    the batches' runs. Returns how many of the batch's trials completed."""
-    from optuna.trial import TrialState
-
+    tagged with its trial); each trial is told its value as soon as its own runs have ended, so optuna
+    records when it completed, not when the batch did. ``filled`` gathers the batches' runs. Returns how
+    many of the batch's trials completed."""
     runs_dir = out_dir / "runs"
     specs = list({s.key: s for p in points for s in p.specs}.values())
     trial_of = {s.key: p for p in reversed(points) for s in p.specs}
+    waiting = {p.number: {s.key for s in p.specs} for p in points}  # each trial's runs still to end
+    told: dict[int, bool] = {}
+
+    def run_ended(key: str, failed: dict[str, str] | None = None) -> None:
+        for p in points:
+            if key in waiting[p.number]:
+                waiting[p.number].discard(key)
+                if not waiting[p.number] and p.number not in told:
+                    told[p.number] = _tell_trial(p, hyp, runs_dir, log, failed)
+
+    def triaged(_specs, tri: stages.Triage) -> None:  # runs reused or finished before: nothing to wait for
+        todo = {s.key for s in tri.todo}
+        for key in {s.key for s in specs} - todo:
+            run_ended(key)
+
     got_batch = stages.fill_runs(
         specs,
         out_dir,
@@ -372,26 +406,44 @@ def _run_batch(
         log,
         heading=f"trials {[p.number for p in points]}",
         tags_of=lambda spec: _trial_tags(hyp, trial_of[spec.key]),
+        on_triaged=triaged,
+        on_ended=lambda spec, result: run_ended(spec.key),
     )
     filled.merge(got_batch)
-    base, complete = hyp.sweep.dataset, 0
-    for p in points:
-        got = stages.collect_table(p.specs, runs_dir, hyp.design.layers, got_batch.failed)
-        per_seed = seed_objective(hyp, got.table, base) if len(got.table) else pd.Series(dtype=float)
-        finite = per_seed[np.isfinite(per_seed.to_numpy(dtype=float))]
-        p.trial.set_user_attr("run_keys", [s.key for s in p.specs])
-        p.trial.set_user_attr("objective_per_seed", {str(k): float(v) for k, v in per_seed.items()})
-        p.trial.set_user_attr(
-            "test_acc_per_seed", {str(s.seed): last_test_accuracy(runs_dir, s) for s in p.specs}
-        )
-        if finite.empty:
-            p.trial.study.tell(p.trial, state=TrialState.FAIL)
-            log(f"trial {p.number} {p.params}: FAILED (no seed finished)")
-        else:
-            p.trial.study.tell(p.trial, float(finite.mean()))
-            complete += 1
-            log(f"trial {p.number} {p.params}: objective {finite.mean():.4g} over {len(finite)} seeds")
-    return complete
+    for p in points:  # a trial none of whose runs reached its end here (a run that raised)
+        if p.number not in told:
+            told[p.number] = _tell_trial(p, hyp, runs_dir, log, got_batch.failed)
+    return sum(told.values())
+
+
+def _tell_trial(p: TrialPoint, hyp: Hypothesis, runs_dir: Path, log: Log, failed: dict | None) -> bool:
+    """Collect one trial's table and tell the trial its objective (FAIL when no seed gives one); its user
+    attributes: run keys, per-seed objective and test accuracy, and the span of its runs' own training
+    (``runs_started_at``/``runs_finished_at``, unix seconds). True when the trial completed."""
+    from optuna.trial import TrialState
+
+    got = stages.collect_table(p.specs, runs_dir, hyp.design.layers, failed)
+    per_seed = seed_objective(hyp, got.table, hyp.sweep.dataset) if len(got.table) else pd.Series(dtype=float)
+    finite = per_seed[np.isfinite(per_seed.to_numpy(dtype=float))]
+    p.trial.set_user_attr("run_keys", [s.key for s in p.specs])
+    p.trial.set_user_attr("objective_per_seed", {str(k): float(v) for k, v in per_seed.items()})
+    p.trial.set_user_attr(
+        "test_acc_per_seed", {str(s.seed): last_test_accuracy(runs_dir, s) for s in p.specs}
+    )
+    results = [RunFolder(runs_dir / s.key).read_result() or {} for s in p.specs]
+    starts = [r["started_at"] for r in results if isinstance(r.get("started_at"), (int, float))]
+    ends = [r["finished_at"] for r in results if isinstance(r.get("finished_at"), (int, float))]
+    if starts:  # a run from before ``started_at`` was kept has none
+        p.trial.set_user_attr("runs_started_at", min(starts))
+    if ends:
+        p.trial.set_user_attr("runs_finished_at", max(ends))
+    if finite.empty:
+        p.trial.study.tell(p.trial, state=TrialState.FAIL)
+        log(f"trial {p.number} {p.params}: FAILED (no seed finished)")
+        return False
+    p.trial.study.tell(p.trial, float(finite.mean()))
+    log(f"trial {p.number} {p.params}: objective {finite.mean():.4g} over {len(finite)} seeds")
+    return True
 
 
 def trials_table(optuna_study, hyp: Hypothesis) -> pd.DataFrame:
@@ -619,7 +671,7 @@ def _optimize(optuna_study, hyp, out_dir, target, tracker, opts, log, filled) ->
         if done + running >= target:
             return
         t0 = time.perf_counter()
-        n = _batch_size(hyp, target - done - running, opts.workers)
+        n = _batch_size(hyp, target - done - running, opts.workers, done + running)
         points = _ask(optuna_study, hyp, n, out_dir / "data")
         if not _run_batch(points, hyp, out_dir, tracker, opts, log, filled):
             log("no trial of this batch completed (see the failed runs above): stopping the sweep here")

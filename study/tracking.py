@@ -17,7 +17,7 @@ Layout, chosen to read naturally in the MLflow UI:
   its description (``mlflow.note.content``) is the verdict table;
 * a nested **child run** per trained (or imported) model: its spec as params; tags ``run_key``,
   ``git_commit``, ``git_dirty``, ``spec_hash`` (sha256 of the run spec); ``train/*`` metrics per epoch and spectral
-  metrics named ``{metric}/{layer}/{token_set}`` with step = epoch (names reduced to the characters
+  metrics named ``{metric}/{token_set}/{layer}`` with step = epoch (names reduced to the characters
   MLflow allows); artifacts ``spectra.npz`` (the eigenvalues), ``result.json`` and, when recorded,
   ``covariances.npz``; the dataset through ``log_inputs`` (a numpy dataset whose digest is the dataset
   spec hash and whose source carries the spec). Model weights only with ``log_model=True``. An imported

@@ -35,6 +35,15 @@ def sanitize_metric_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name)
 
 
+def metric_name(metric: str, layer: str, token_set: str) -> str:
+    """A child run's name for one spectral metric: ``{metric}/{token_set}/{layer}`` (``eed_pct/all/block_05``),
+    so MLflow's metrics tab, which puts charts whose names agree up to the last ``/`` in one section,
+    shows each metric's layers together (one section per metric and token set, not per metric and layer). Stores written before this order
+    (``{metric}/{layer}/{token_set}``) still restore: a run is restored from its artifacts, never from its
+    metric names."""
+    return sanitize_metric_name(f"{metric}/{token_set}/{layer}")
+
+
 def _flatten(prefix: str, obj, out: dict) -> dict:
     if isinstance(obj, dict):
         for k, v in obj.items():
@@ -253,14 +262,15 @@ class RunWriter:
             tags.update({f"env.{k}": str(v) for k, v in result["environment"].items()})
         if result.get("source"):  # an imported run: where it came from and how it was read
             tags.update(_source_tags(result["source"]))
-        run = self.client.create_run(self.experiment_id, run_name=spec.label, tags=tags)
+        start, end = run_times(result)
+        run = self.client.create_run(self.experiment_id, start_time=start, run_name=spec.label, tags=tags)
         rid = run.info.run_id
         try:
             self._fill_training_run(rid, spec, result, rows, run_dir, data)
         except BaseException:
             self.client.set_terminated(rid, "FAILED")  # never a child left RUNNING by an error here
             raise
-        self.client.set_terminated(rid, status)
+        self.client.set_terminated(rid, status, end_time=end)
         return rid
 
     def _fill_training_run(self, rid: str, spec, result: dict, rows: pd.DataFrame, run_dir, data) -> None:
@@ -279,7 +289,7 @@ class RunWriter:
                     metrics.append(Metric(sanitize_metric_name(f"train/{k}"), float(v), now, int(h["epoch"])))
         for r in rows.itertuples(index=False):
             if pd.notna(r.value):
-                name = sanitize_metric_name(f"{r.metric}/{r.layer}/{r.token_set}")
+                name = metric_name(r.metric, r.layer, r.token_set)
                 metrics.append(Metric(name, float(r.value), now, int(r.epoch)))
         for i in range(0, len(metrics), _BATCH):
             self.client.log_batch(rid, metrics=metrics[i : i + _BATCH])
@@ -336,6 +346,17 @@ def _claimed_slices(claims: list, table: pd.DataFrame) -> list[tuple[str, str, s
         for ds in datasets:
             out[(claim.metric, token_set, ds, epoch)] = None
     return list(out)
+
+
+def run_times(result: dict) -> tuple[int | None, int | None]:
+    """A child run's start and end (ms since the epoch) from its training run's own times (``result.json``'s
+    ``started_at`` and ``finished_at`` or ``failed_at``, unix seconds), so MLflow shows how long it trained,
+    not how long logging took. (None, None) where they are missing or out of order (an imported run, a
+    run from before they were kept): MLflow then takes the logging times."""
+    start, end = result.get("started_at"), result.get("finished_at") or result.get("failed_at")
+    if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end < start:
+        return None, None
+    return int(start * 1000), int(end * 1000)
 
 
 def _source_tags(source: dict) -> dict[str, str]:

@@ -250,7 +250,8 @@ RULES: list[Rule] = [
         ),
     ),
     Rule(
-        r'^pip install -e "\.\[ray\]"$', Mapped(("tests/test_docs.py::test_extras_named_in_the_docs_exist",))
+        r'^pip install -e "\.\[(?:ray|dashboard)\]"$',
+        Mapped(("tests/test_docs.py::test_extras_named_in_the_docs_exist",)),
     ),
     # ---- run at test size by other tests
     Rule(r"^python -m study run hypotheses/u_shape\.yaml$", Mapped(E2E)),

@@ -57,9 +57,23 @@ def test_mlflow_records(finished_study):
     assert len(parents) == 1 and len(children) == 3
     assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
     child = children[0]
-    assert "eed_pct/block_02/all" in child.data.metrics and "train/loss" in child.data.metrics
-    hist = client.get_metric_history(child.info.run_id, "eed_pct/block_02/all")
+    # {metric}/{token_set}/{layer}: the metrics tab shows each metric's layers in one section (issue 27)
+    assert "eed_pct/all/block_02" in child.data.metrics and "train/loss" in child.data.metrics
+    assert not any(name.endswith("/all") for name in child.data.metrics)
+    hist = client.get_metric_history(child.info.run_id, "eed_pct/all/block_02")
     assert sorted(m.step for m in hist) == [0, 2]
+    # each child run spans its own training, not the moment it was logged (issue 27)
+    for c in children:
+        result = json.loads((out / "runs" / c.data.tags["run_key"] / "result.json").read_text())
+        assert result["started_at"] < result["finished_at"]
+        assert (c.info.start_time, c.info.end_time) == (
+            int(result["started_at"] * 1000),
+            int(result["finished_at"] * 1000),
+        )
+    spans = sorted((c.info.start_time, c.info.end_time) for c in children)
+    assert all(a[1] <= b[0] for a, b in zip(spans[:-1], spans[1:], strict=True)), (
+        spans
+    )  # --workers 1: one after another
     arts = {a.path for a in client.list_artifacts(parents[0].info.run_id)}
     assert {"tiny.yaml", "table.parquet", "verdicts.json"} <= arts
 
@@ -118,3 +132,46 @@ def test_interrupted_run_resumes_to_identical_result(tmp_path):
         assert sorted(fa.files) == sorted(fb.files)
         for k in fa.files:
             np.testing.assert_array_equal(fa[k], fb[k])
+
+
+def test_ui_prints_the_runs_table_address_and_starts_a_lean_server(finished_study, capsys, monkeypatch):
+    """``study ui`` (issue 27): the address of each study's runs table (MLflow 3.17 opens an experiment
+    on its GenAI overview otherwise), the study logged last first; one worker, no job consumers, no
+    telemetry (tests/test_ui.py has the rest)."""
+    from mlflow.tracking import MlflowClient
+
+    from study.tracking import open_tracker
+
+    _, out = finished_study
+    study_id = MlflowClient(f"sqlite:///{out / 'mlflow.db'}").get_experiment_by_name("tiny").experiment_id
+    with open_tracker(True, out, "tiny_sweep.sweep", role="sweep") as t:  # a sweep logged after the study
+        sweep_id = t.experiment_id
+    calls = []
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setattr("study.cli._serve", lambda cmd, **kw: calls.append((cmd, kw)) or 0)
+    capsys.readouterr()
+    assert main(["ui", "--out", str(out), "--port", "5077", "--no-browser"]) == 0
+    said = capsys.readouterr().out.splitlines()
+    runs = "http://127.0.0.1:5077/#/experiments/{}/runs?workflowType=machine_learning"
+    # every study of the store, the one logged last first
+    assert said[1:] == [
+        f"runs of tiny_sweep.sweep: {runs.format(sweep_id)}",
+        f"runs of tiny: {runs.format(study_id)}",
+    ]
+    cmd, kw = calls[0]
+    assert cmd[cmd.index("--workers") + 1] == "1" and said[0] == "starting: mlflow " + " ".join(cmd[3:])
+    assert kw["env"] == {
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "DO_NOT_TRACK": "true",
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    }
+    # it opens the study logged last, or --study's (a sweep by its hypothesis name too)
+    from study.tracking_ui import ui_plan
+
+    assert ui_plan(out, 5077).url == runs.format(sweep_id)
+    assert ui_plan(out, 5077, "tiny").url == runs.format(study_id)
+    assert ui_plan(out, 5077, "tiny_sweep").url == runs.format(sweep_id)
+    # an unknown study is one line, and no server
+    assert main(["ui", "--out", str(out), "--study", "nope"]) == 2 and len(calls) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'nope'" in err and "tiny_sweep.sweep, tiny" in err, err

@@ -90,7 +90,7 @@ def test_cli_report_and_ui(tmp_path, capsys, monkeypatch):
 
     calls = []
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setattr("study.cli._serve", lambda cmd: calls.append(cmd) or 0)  # never start a server
+    monkeypatch.setattr("study.cli._serve", lambda cmd, **kw: calls.append(cmd) or 0)  # never start a server
     assert main(["ui", "--out", str(tmp_path / "empty")]) == 2 and calls == []  # no store yet
     (tmp_path / "out" / "mlflow.db").write_bytes(b"")
     assert main(["ui", "--out", str(tmp_path / "out"), "--port", "5077"]) == 0

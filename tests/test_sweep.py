@@ -186,7 +186,7 @@ def test_crossing_interpolates_per_seed_and_on_the_mean():
     )
 
 
-def test_tiny_sweep_end_to_end(tmp_path):
+def test_tiny_sweep_end_to_end(tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
     path = tmp_path / "s.yaml"
@@ -243,6 +243,23 @@ def test_tiny_sweep_end_to_end(tmp_path):
     t0 = time.perf_counter()
     assert main(["sweep", str(path), "--out", str(out), "--no-mlflow", "--no-report"]) == 0
     assert pd.read_csv(sweep_dir / "trials.csv").equals(trials) and time.perf_counter() - t0 < 60
+    # doctor on the healthy sweep folder: nothing found (its trials' runs are no orphans; issue 27)
+    capsys.readouterr()
+    assert main(["doctor", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "orphan" not in said and "doctor: 0 finding(s)" in said, said
+    # a sweep parent left RUNNING by a dead invocation, and a child run gone from the store: both named
+    import socket
+
+    stale = client.create_run(
+        exp.experiment_id, tags={"study.role": "sweep", "study.host": socket.gethostname()}
+    )
+    client.delete_run(children[0].info.run_id)
+    assert main(["doctor", "--out", str(out)]) == 1
+    said = capsys.readouterr().out
+    assert f"sweep parent run {stale.info.run_id}" in said and "orphan" not in said, said
+    (missing,) = [line for line in said.splitlines() if line.startswith("missing_child")]
+    assert children[0].data.tags["run_key"] in missing and "[report only]" in missing, said
 
 
 def test_a_sweep_killed_mid_trial_resumes_and_trains_each_run_once(tmp_path):
@@ -274,6 +291,12 @@ def test_a_sweep_killed_mid_trial_resumes_and_trains_each_run_once(tmp_path):
     first.wait(timeout=120)
     first.stdout.close()
     assert first.returncode == -signal.SIGKILL
+    # doctor on the killed sweep's folder: its parent is stale, its trial's runs are no orphans (issue 27)
+    done = subprocess.run(
+        [sys.executable, "-m", "study", "doctor", "--out", str(out)], capture_output=True, text=True, env=env
+    )
+    assert "sweep parent run" in done.stdout and "stale_parent" in done.stdout, done.stdout
+    assert "orphan" not in done.stdout, done.stdout
     second = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "left running by a process that is gone" in second.stdout

@@ -113,8 +113,8 @@ def test_mlflow_layout(study):
     assert parent.data.tags["verdict.0"].endswith(": u") and len(parent.data.tags["spec_hash"]) == 64
     child = children[0]
     assert all(c.data.tags["mlflow.parentRunId"] == parent.info.run_id for c in children)
-    assert "eed_pct/block_02/all" in child.data.metrics and "train/loss" in child.data.metrics
-    assert sorted(m.step for m in client.get_metric_history(child.info.run_id, "eed_pct/block_02/all")) == [
+    assert "eed_pct/all/block_02" in child.data.metrics and "train/loss" in child.data.metrics
+    assert sorted(m.step for m in client.get_metric_history(child.info.run_id, "eed_pct/all/block_02")) == [
         0,
         1,
     ]
@@ -267,7 +267,39 @@ def test_log_model_is_opt_in(study, tmp_path):
     assert "model" not in {a.path for a in client.list_artifacts(ids[False])}
     assert [a.path for a in client.list_artifacts(ids[True], "model")] == ["model/epoch_002.pt"]
     assert client.get_run(ids[True]).data.tags["model_weights"] == "logged"
-    assert "eed_/block_01/all" in client.get_run(ids[True]).data.metrics  # sanitised name
+    assert "eed_/all/block_01" in client.get_run(ids[True]).data.metrics  # sanitised name
+
+
+def test_a_store_with_the_old_metric_names_still_restores(study, tmp_path, monkeypatch):
+    """A child run logged with the names of the previous version, ``{metric}/{layer}/{token_set}``
+    (issue 27 turned them to ``{metric}/{token_set}/{layer}``), is restored from the store file for file,
+    and ``doctor`` finds nothing wrong with it."""
+    from study.doctor import check_store
+    from study.tracking import Tracker
+    from study.tracking_reuse import StoredRuns
+    from study.tracking_write import sanitize_metric_name
+
+    root, out, first = study
+    spec = plan_runs(load_hypothesis(root / "first.yaml"))[0]
+    folder = out / "runs" / spec.key
+    result = json.loads((folder / "result.json").read_text())
+    rows = collect_table([spec], out / "runs", load_hypothesis(root / "first.yaml").design.layers).table
+    old = lambda metric, layer, token_set: sanitize_metric_name(f"{metric}/{layer}/{token_set}")  # noqa: E731
+    monkeypatch.setattr("study.tracking_write.metric_name", old)
+    with Tracker(out, "old_metric_names") as tracker:
+        rid = tracker.log_training_run(spec, result, rows, run_dir=folder)
+    monkeypatch.undo()
+    client = _client(out)
+    try:
+        run = client.get_run(rid)
+        assert "eed_pct/block_02/all" in run.data.metrics and "eed_pct/all/block_02" not in run.data.metrics
+        StoredRuns(client, "store").fetch_run(run, spec, tmp_path / "restored")
+        for name in ("result.json", "spectra.npz"):
+            assert (tmp_path / "restored" / name).read_bytes() == (folder / name).read_bytes(), name
+        kinds = {f.kind for f in check_store(out, client) if rid in f.what}
+        assert kinds <= {"duplicate"}, kinds  # a second finished copy of its key, nothing about its names
+    finally:
+        client.delete_run(rid)  # the module's store as it was
 
 
 def test_shipped_files_over_one_design_share_run_keys():
