@@ -91,10 +91,12 @@ def _worker_init(parent: int) -> None:
 
 
 def _stop_pool(pool: ProcessPoolExecutor, futures: dict[Future, int], workers: int) -> int:
-    """Cancel every queued job and terminate every worker process; how many jobs were running."""
+    """Terminate every worker process, so no queued job starts; how many jobs were running.
+
+    The pool then sees its workers gone and fails every job left (``BrokenProcessPool``); cancelling
+    them first instead would race its own clean-up (Python 3.11 then raises in its manager thread).
+    """
     running = min(workers, sum(f.running() for f in futures))
-    for fut in futures:
-        fut.cancel()
     procs = list((getattr(pool, "_processes", None) or {}).values())  # no public way to stop a worker
     for proc in procs:
         if proc.is_alive():
@@ -104,7 +106,7 @@ def _stop_pool(pool: ProcessPoolExecutor, futures: dict[Future, int], workers: i
         if proc.is_alive():
             proc.kill()
             proc.join(5)
-    pool.shutdown(wait=True, cancel_futures=True)
+    pool.shutdown(wait=True)
     return running
 
 

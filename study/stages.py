@@ -412,7 +412,7 @@ def execute(
             spec = todo[i]
             fault = machine_fault(exc) if exc is not None else None
             if fault is not None:  # the machine's, not the run's: stop rather than test on fewer seeds
-                raise stopped_while_filling(fault, spec.label, spec.key)
+                raise stopped_while_filling(fault, spec.label, spec.key, str(runs_dir / spec.key))
             if exc is not None:
                 failed[spec.key] = f"{type(exc).__name__}: {exc}"
                 log(f"[{spec.label}] FAILED: {failed[spec.key]}")

@@ -82,6 +82,8 @@ def _stopped(fault: MachineError) -> MachineError:
     )
 
 
-def stopped_while_filling(fault: MachineError, label: str, key: str) -> MachineError:
-    """The :class:`MachineError` that stops a study when filling run ``label`` met ``fault``."""
-    return _stopped(type(fault)(f"{fault.message}, while filling run {label} (key {key})", fault.file))
+def stopped_while_filling(fault: MachineError, label: str, key: str, run_dir: str) -> MachineError:
+    """The :class:`MachineError` that stops a study when filling run ``label`` met ``fault`` (named by
+    the file refused, or by the run's folder when the error does not say which file)."""
+    message = f"{fault.message}, while filling run {label} (key {key})"
+    return _stopped(type(fault)(message, fault.file or run_dir))
