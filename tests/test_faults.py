@@ -12,7 +12,6 @@ default suite; the rest are ``slow``.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
