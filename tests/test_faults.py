@@ -12,6 +12,7 @@ default suite; the rest are ``slow``.
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,7 +48,9 @@ def _kill_and_rerun(baseline, tmp_path, fault: str, report: bool = False, worker
     if after is not None:
         after(first, proc.pid)
     # a kill ends the invocation; an exception inside a run fails that run and the study goes on
-    assert first.returncode != 0 or "injected fault" in first.stdout, f"the fault {fault} never fired"
+    assert first.returncode != 0 or "injected fault" in first.stdout, (
+        f"the fault {fault} never fired, or the study went on past it (exit 0)"
+    )
     again = run(study_cmd(hyp, out, report=report, workers=workers))
     assert again.returncode == 0, again.stderr
     assert "Traceback" not in again.stderr
@@ -178,3 +181,36 @@ def test_fault_env_is_checked(monkeypatch):
         fault_point("table.write")
     fault_point("extract")  # another point never fires
     assert "table.write" in POINTS
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_sweep_then_rerun(tmp_path):
+    # the same through `sweep`: one line, 130, the sweep's parent KILLED; the rerun finishes every trial
+    from mlflow.tracking import MlflowClient
+
+    from tests.conftest import TINY_SWEEP
+
+    hyp, out = tmp_path / "sweep.yaml", tmp_path / "out"
+    hyp.write_text(TINY_SWEEP)
+    cmd = [
+        sys.executable,
+        "-m",
+        "study",
+        "sweep",
+        str(hyp),
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--no-report",
+    ]
+    first = run(cmd, fault="train.epoch@2:sigint")
+    _one_line(first, 130, "interrupted (SIGINT): stopped 1 running run(s)")
+    again = run(cmd)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("tiny_sweep.sweep")
+    parents = client.search_runs([exp.experiment_id], "tags.`study.role` = 'sweep'")
+    assert sorted(r.info.status for r in parents) == ["FINISHED", "KILLED"]
+    assert store_state(out)["visible"] == store_state(out)["finished"]
+    assert set(store_state(out)["finished"].values()) == {1}

@@ -239,3 +239,36 @@ def test_a_full_disk_stops_the_study_instead_of_dropping_the_seed(monkeypatch, t
     outcome = _run_planted(monkeypatch, tmp_path, _FullDisk(disk_full=False))
     assert list(outcome.failed.values()) == ["failed at epoch 1: loss is NaN"]
     assert (outcome.study_dir / "verdicts.json").exists() and len(outcome.table.seed.unique()) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: every run has one thread anyway")
+def test_a_resumed_run_is_bitwise_the_undisturbed_one_whatever_else_is_pending(tmp_path):
+    # undisturbed: seeds 0 and 1 side by side (two workers); resumed: seed 0's finished folder copied into a
+    # fresh output folder, so seed 1 trains alone (in-process). Same key, same thread count, same bits.
+    import shutil
+
+    import numpy as np
+
+    from study.runspecs import plan_runs
+    from study.schema import load_hypothesis
+    from tests.conftest import TINY_HYPOTHESIS
+    from tests.studyproc import run
+
+    hyp = tmp_path / "tiny.yaml"
+    hyp.write_text(TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0, 1]"))
+    keys = [s.key for s in plan_runs(load_hypothesis(hyp))]
+
+    def study(out: Path) -> None:
+        cmd = [sys.executable, "-m", "study", "run", str(hyp), "--out", str(out), "--workers", "auto"]
+        done = run([*cmd, "--no-mlflow", "--no-report"])
+        assert done.returncode == 0, done.stderr
+
+    study(tmp_path / "a")
+    shutil.copytree(tmp_path / "a" / "runs" / keys[0], tmp_path / "b" / "runs" / keys[0])
+    study(tmp_path / "b")
+    with np.load(tmp_path / "a" / "runs" / keys[1] / "spectra.npz") as a:
+        with np.load(tmp_path / "b" / "runs" / keys[1] / "spectra.npz") as b:
+            assert sorted(a.files) == sorted(b.files)
+            for k in a.files:
+                assert a[k].tobytes() == b[k].tobytes(), k
