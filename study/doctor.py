@@ -15,7 +15,7 @@ Findings, and what ``--repair`` does about each:
 * ``duplicate``: several FINISHED child runs with one ``run_key`` (all but the newest deleted);
 * ``superseded_child``: a KILLED child run (an invocation stopped while logging it) whose ``run_key``
   has a FINISHED child: a partial copy of that run (deleted, as ``run`` deletes it once it logs the
-  FINISHED one: ``study.tracking_write.RunWriter.retire_superseded``);
+  FINISHED one: ``study.tracking_write.RunWriter._retire_superseded``);
 * ``damaged_run``: a run folder whose ``result.json``, ``spectra.npz``, ``rows.parquet`` or
   ``scalars.json`` cannot be read (e.g. truncated; ``vitstudy_core.runfolder.RunFolder.damage``):
   restored from the tracking store's FINISHED copy of its key when there is one (downloaded and checked

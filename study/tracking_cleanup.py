@@ -1,7 +1,7 @@
 """Cleaning stale runs from the MLflow store: parent runs left RUNNING by an invocation that died (killed,
 out of memory), with their RUNNING children (``study.tracking``'s clean-up role; ``doctor --repair``).
 A stale child whose run key the store holds FINISHED is a partial copy of that run: deleted, not kept
-beside it (``study.tracking_write.RunWriter.retire_superseded``)."""
+beside it (``study.tracking_write.RunWriter._retire_superseded``)."""
 
 from __future__ import annotations
 

@@ -219,10 +219,10 @@ class RunWriter:
             raise
         self.client.set_terminated(rid, status)
         if status == "FINISHED":
-            self.retire_superseded(spec.key, rid)
+            self._retire_superseded(spec.key, rid)
         return rid
 
-    def retire_superseded(self, key: str, keep: str) -> list[str]:
+    def _retire_superseded(self, key: str, keep: str) -> list[str]:
         """Delete the KILLED child runs of ``key`` now that ``keep`` (FINISHED) holds the run; their ids.
 
         A KILLED child is an attempt to *log* the run that an invocation did not finish (killed,

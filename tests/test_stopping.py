@@ -272,3 +272,34 @@ def test_a_resumed_run_is_bitwise_the_undisturbed_one_whatever_else_is_pending(t
             assert sorted(a.files) == sorted(b.files)
             for k in a.files:
                 assert a[k].tobytes() == b[k].tobytes(), k
+
+
+def test_a_killed_partial_child_is_retired_once_its_run_is_logged_finished(tmp_path, monkeypatch):
+    # an invocation died while logging seed 0: its child run was left, then marked KILLED (close_stale);
+    # the next run logs the FINISHED child, and the partial one is no longer shown beside it
+    import json
+
+    from study.doctor import doctor
+    from study.orchestrate import run_study
+    from study.schema import load_hypothesis
+    from study.stages import RunOptions
+    from study.tracking import Tracker, training_runs
+    from tests.conftest import BEHAVIOUR, write_runs
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    hyp, out = write_runs(tmp_path)  # finished run folders: nothing trains
+    key = json.loads((BEHAVIOUR / "tiny_keys.json").read_text())["0"]
+    with Tracker(out, "tiny") as t:
+        tags = {"run_key": key, "study.role": "training", "mlflow.parentRunId": t.parent_id}
+        stale = t.client.create_run(t.experiment_id, tags=tags).info.run_id
+        t.client.set_terminated(stale, "KILLED")
+    run_study(load_hypothesis(hyp), hyp, out, RunOptions(workers=1, report=False), log=lambda s: None)
+    client = t.client
+    assert client.get_run(stale).info.lifecycle_stage == "deleted"
+    assert [r.data.tags["run_key"] for r in training_runs(client, "KILLED")] == []
+    assert sum(r.data.tags["run_key"] == key for r in training_runs(client)) == 1
+    client.restore_run(stale)  # one left behind (an older version): doctor finds it and agrees
+    lines: list[str] = []
+    assert doctor(out, repair=True, log=lines.append) == 0
+    assert any(line.startswith("superseded_child") and "[repaired]" in line for line in lines), lines
+    assert client.get_run(stale).info.lifecycle_stage == "deleted"
