@@ -3,8 +3,9 @@
     PYTHONPATH=. python bench/executor.py [--runs 3] [--workers 2] [--epochs 4] [--n-train 4000]
     PYTHONPATH=. python bench/executor.py --hypothesis hypotheses/u_shape.yaml   # the default study's runs
 
-* ``fixed`` (the baseline): every run keeps one thread, so a run left alone at the end leaves cores idle;
-* ``tail`` (the default): the runs of the last, partial wave get the idle workers' threads from their
+* ``fixed`` (the default): every run keeps one thread, so a run left alone at the end leaves cores idle,
+  and its numbers do not depend on which other runs are pending;
+* ``tail`` (opt-in, ``ProcessExecutor(share_tail=True)``): the runs of the last, partial wave get the idle workers' threads from their
   start (chosen by job index, so the numbers do not depend on timing);
 * ``rebalanced`` (opt-in, ``ProcessExecutor(rebalance=True)``): the runs still going also get the cores
   of workers that finish later, adopted at each epoch.
@@ -29,7 +30,7 @@ from study.stages import plan, prepare_data
 
 VARIANTS = {  # ProcessExecutor settings of each variant
     "fixed": {"share_tail": False},
-    "tail": {},
+    "tail": {"share_tail": True},
     "rebalanced": {"rebalance": True},
 }
 

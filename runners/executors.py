@@ -9,22 +9,34 @@ adding an executor is one class and one ``EXECUTORS.register(NAME, ExecutorKind(
 
 An executor takes a picklable job function and a list of job argument tuples and yields
 ``(index, result, error)`` as jobs finish. ``InlineExecutor`` runs in this process (tests, GPU);
-``ProcessExecutor`` runs jobs in spawned worker processes, each with a number of torch threads (on 2 CPU
-cores, two 1-thread processes nearly double throughput on small images); the jobs of the last, partial
-wave get the idle workers' threads from their start. With ``rebalance=True`` the cores of workers that
-finish also go to the jobs still running: each job reads its thread budget from a small file
-(``THREADS_FILE_ENV`` names it) that the executor rewrites, and a training run adopts it at the start of
-each epoch (:func:`adopt_thread_budget`). That is off by default because it makes a run's thread count,
-and so its float rounding, depend on timing.
+``ProcessExecutor`` runs jobs in spawned worker processes (on 2 CPU cores, two 1-thread processes nearly
+double throughput on small images).
+
+A run's torch thread count is fixed by the host and ``--workers`` alone (:func:`run_threads`: the cores
+divided by the workers asked for; ``auto`` is one worker per core, so one thread), never by how many
+runs are still to do: float reductions differ with the thread count, so a run resumed beside other
+pending runs, or alone, gives the same numbers bit for bit as one trained in an undisturbed study. Two
+opt-ins trade that for speed: ``share_tail=True`` gives the jobs of the last, partial wave the idle
+workers' threads from their start, and ``rebalance=True`` also gives the jobs still running the cores of
+workers that finish (each job reads its budget from a small file, ``THREADS_FILE_ENV``, that the executor
+rewrites, adopted at each epoch: :func:`adopt_thread_budget`).
+
+Stopping: Ctrl-C or SIGTERM in the calling process (a ``KeyboardInterrupt`` there) stops the workers at
+once (terminated: a run resumes from its last complete epoch) and starts no queued job; the executor's
+``stopped`` then says how many jobs were running. Workers ignore SIGINT (the caller decides, for all of
+them) and exit on their own when the calling process is gone (a ``kill -9`` of it leaves none behind).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -42,12 +54,60 @@ class Executor(Protocol):
         ...
 
 
+def run_threads(workers: int | str, cores: int, cuda: bool = False) -> int | None:
+    """The torch thread count of every local run: ``cores // workers`` (``auto``: one worker per core, so 1),
+    whatever else is pending; None on a GPU with ``auto`` (one in-process worker keeps torch's default:
+    the CPU threads do not enter the GPU's arithmetic).
+
+    Args:
+        workers: ``--workers`` (``auto`` or a positive integer), as asked, not as many as there are jobs.
+        cores: the host's CPU cores.
+        cuda: this host trains on a GPU.
+    """
+    if workers == "auto":
+        return None if cuda else 1
+    return max(1, cores // max(1, int(workers)))
+
+
 def _call_with_threads(threads: int, budget_file: str, fn: Callable, *job) -> object:
     import torch
 
     os.environ[THREADS_FILE_ENV] = budget_file
     torch.set_num_threads(threads)
     return fn(*job)
+
+
+def _worker_init(parent: int) -> None:
+    """In each worker process: ignore SIGINT (the calling process stops every worker at once), and exit
+    when the calling process is gone (killed with SIGKILL, it cannot stop its workers itself)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="study-parent-watch", daemon=True).start()
+
+
+def _stop_pool(pool: ProcessPoolExecutor, futures: dict[Future, int], workers: int) -> int:
+    """Terminate every worker process, so no queued job starts; how many jobs were running.
+
+    The pool then sees its workers gone and fails every job left (``BrokenProcessPool``); cancelling
+    them first instead would race its own clean-up (Python 3.11 then raises in its manager thread).
+    """
+    running = min(workers, sum(f.running() for f in futures))
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # no public way to stop a worker
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+    pool.shutdown(wait=True)
+    return running
 
 
 def adopt_thread_budget() -> int | None:
@@ -68,54 +128,85 @@ def adopt_thread_budget() -> int | None:
 
 
 class InlineExecutor:
-    """Runs jobs one after another in the calling process."""
+    """Runs jobs one after another in the calling process, each with ``threads`` torch threads (None: as
+    the process has them); the process's thread count is restored after each job."""
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads
+        self.stopped = 0
 
     def map_jobs(self, fn, jobs):
         for i, job in enumerate(jobs):
             try:
-                yield i, fn(*job), None
+                yield i, self._call(fn, job), None
+            except KeyboardInterrupt:
+                self.stopped = 1
+                raise
             except Exception as exc:  # noqa: BLE001 - reported per job, the study goes on
                 yield i, None, exc
 
+    def _call(self, fn: Callable, job: tuple) -> object:
+        if self.threads is None:
+            return fn(*job)
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            return fn(*job)
+        finally:
+            torch.set_num_threads(before)
+
 
 class ProcessExecutor:
-    """Runs jobs in ``workers`` spawned processes with ``threads`` torch threads each.
+    """Runs jobs in ``workers`` spawned processes with ``threads`` torch threads each (see the module
+    docstring: the thread count does not depend on how many jobs there are).
 
-    The jobs of the last, partial wave get the idle workers' threads from their start: a deterministic
-    choice (by job index), so a study gives the same numbers every time. ``rebalance=True`` also gives a
-    job the cores of workers that finish while it runs (its budget is adopted at each epoch): faster, but a
-    run's thread count then depends on timing, and float reductions differ with the thread count, so its
-    results are no longer reproducible bit for bit. Off by default. ``share_tail=False`` keeps every job
-    at ``threads`` (the baseline that ``bench/executor.py`` compares against).
+    ``share_tail=True`` gives the jobs of the last, partial wave the idle workers' threads from their start
+    (by job index: the same every time for the same jobs, but a job's thread count then depends on which
+    other jobs are pending, so a resumed run may differ bit for bit); ``rebalance=True`` also gives a job
+    the cores of workers that finish while it runs (adopted at each epoch: its thread count then depends on
+    timing). Both off by default; ``bench/executor.py`` measures what they buy.
     """
 
-    def __init__(self, workers: int, threads: int = 1, rebalance: bool = False, share_tail: bool = True):
+    def __init__(self, workers: int, threads: int = 1, rebalance: bool = False, share_tail: bool = False):
         self.workers, self.threads, self.rebalance, self.share_tail = workers, threads, rebalance, share_tail
+        self.stopped = 0
 
     def map_jobs(self, fn, jobs):
         ctx = mp.get_context("spawn")  # fork after torch has started threads can deadlock
         n = len(jobs)
         tail = n % self.workers if self.share_tail else 0  # the last, partial wave gets the idle threads too
         cores = self.workers * self.threads
-        with (
-            tempfile.TemporaryDirectory(prefix="study-threads-") as tmp,
-            ProcessPoolExecutor(self.workers, mp_context=ctx) as pool,
-        ):
-            budget = [Path(tmp) / f"job{i}" for i in range(n)]
-            futures = {}
-            for i, job in enumerate(jobs):
-                threads = max(1, cores // tail) if tail and i >= n - tail else self.threads
-                budget[i].write_text(str(threads))
-                futures[pool.submit(_call_with_threads, threads, str(budget[i]), fn, *job)] = i
-            pending = set(futures.values())
-            for fut in as_completed(futures):
-                i = futures[fut]
-                pending.discard(i)
-                if self.rebalance and 0 < len(pending) < self.workers:  # nothing waits: share the cores
-                    for j in pending:
-                        budget[j].write_text(str(max(1, cores // len(pending))))
-                exc = fut.exception()
-                yield i, (None if exc else fut.result()), exc
+        with tempfile.TemporaryDirectory(prefix="study-threads-") as tmp:
+            pool = ProcessPoolExecutor(
+                self.workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),)
+            )
+            futures: dict[Future, int] = {}
+            ended = False
+            try:
+                budget = [Path(tmp) / f"job{i}" for i in range(n)]
+                for i, job in enumerate(jobs):
+                    threads = max(1, cores // tail) if tail and i >= n - tail else self.threads
+                    budget[i].write_text(str(threads))
+                    futures[pool.submit(_call_with_threads, threads, str(budget[i]), fn, *job)] = i
+                pending = set(futures.values())
+                for fut in as_completed(futures):
+                    i = futures[fut]
+                    pending.discard(i)
+                    if self.rebalance and 0 < len(pending) < self.workers:  # nothing waits: share the cores
+                        for j in pending:
+                            budget[j].write_text(str(max(1, cores // len(pending))))
+                    exc = fut.exception()
+                    yield i, (None if exc else fut.result()), exc
+                ended = True
+            finally:
+                # interrupted (KeyboardInterrupt here), or closed early by the caller (GeneratorExit): no
+                # queued job starts and no worker goes on training
+                if ended:
+                    pool.shutdown(wait=True)
+                else:
+                    self.stopped = _stop_pool(pool, futures, self.workers)
 
 
 def _ray_call(fn: Callable, *job) -> object:
@@ -209,15 +300,17 @@ class ExecutorKind:
 
 
 def _local(opts: ExecutorOptions) -> Executor:
-    """``workers='auto'`` is one in-process worker on a GPU; on CPU one process per core, 1 thread each."""
+    """``workers='auto'`` is one in-process worker on a GPU; on CPU one process per core, 1 thread each.
+    Every run's thread count is :func:`run_threads` (the workers asked for, not as many as there are jobs)."""
     cores = os.cpu_count() or 1
+    threads = run_threads(opts.workers, cores, opts.cuda)
     workers = opts.workers
     if workers == "auto":
         workers = 1 if opts.cuda else min(opts.n_jobs, cores)
-    workers = max(1, int(workers))
-    if workers == 1 or opts.n_jobs <= 1:
-        return InlineExecutor()
-    return ProcessExecutor(workers, threads=max(1, cores // workers))
+    workers = max(1, min(int(workers), max(1, opts.n_jobs)))
+    if workers == 1:
+        return InlineExecutor(threads)
+    return ProcessExecutor(workers, threads=threads or max(1, cores // workers))
 
 
 def _ray(opts: ExecutorOptions) -> Executor:

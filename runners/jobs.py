@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from runners.sources import get_source
+from vitstudy_core.errors import machine_fault
 from vitstudy_core.io import remove_temporaries
 from vitstudy_core.locks import file_lock, run_lock_path
 from vitstudy_core.runfolder import RunFolder
@@ -41,11 +42,19 @@ def execute_claimed_run(run: dict, run_dir: str, data_dir: str, leases: str, stu
     being filled by another worker is not filled again, so the job is safe to retry or to run twice."""
     from runners.leases import fill_once, open_lease_store
 
-    return fill_once(
-        open_lease_store(leases),
-        run,
-        run_dir,
-        lambda: execute_run(run, run_dir, data_dir),
-        log=_progress,
-        study=study,
-    )
+    try:
+        return fill_once(
+            open_lease_store(leases),
+            run,
+            run_dir,
+            lambda: execute_run(run, run_dir, data_dir),
+            log=_progress,
+            study=study,
+        )
+    except Exception as exc:
+        # a full disk or a lost store is the machine's state, not this run's failure: said as one here,
+        # where the whole chain of exceptions is still known (a worker process sends only the last one)
+        fault = machine_fault(exc)
+        if fault is None or fault is exc:
+            raise
+        raise fault from exc

@@ -68,8 +68,12 @@ class Lease:
     study: str = ""
 
     def live(self, now: float | None = None) -> bool:
-        """True while a worker holds it (``running`` and not expired)."""
-        return self.state == "running" and self.lease_expires > (time.time() if now is None else now)
+        """True while a worker holds it (``running``, not expired, and its owner not known to be dead)."""
+        return (
+            self.state == "running"
+            and self.lease_expires > (time.time() if now is None else now)
+            and not owner_gone(self.owner)
+        )
 
 
 class LeaseStore(Protocol):
@@ -117,6 +121,25 @@ def check_lease() -> None:
 def new_owner() -> str:
     """A name for one attempt at one run: host, process and a nonce (a Ray worker process runs many)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def owner_gone(owner: str) -> bool:
+    """True when ``owner`` (:func:`new_owner`) was a process on this host that no longer exists: its lease
+    is free at once instead of after the lease time (a killed or interrupted study's rerun does not wait).
+
+    Another host's owner, or a process that exists (or whose id was reused), is never called gone: the
+    lease then lives out its time, as before.
+    """
+    host, _, pid = owner.rpartition(":")[0].rpartition(":")  # host:pid:nonce
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False
+    return False
 
 
 def lease_ttl() -> float:
@@ -168,8 +191,26 @@ class SqlLeaseStore:
             with self.engine.begin() as conn:
                 conn.execute(sa.insert(t).values(run_key=run_key, attempts=1, study=study, **values))
         except sa.exc.IntegrityError:  # the row exists and another owner holds it live
-            return False
+            return self._take_from_dead(run_key, values)
         return True
+
+    def _take_from_dead(self, run_key: str, values: dict) -> bool:
+        """Take a lease whose holder was a process on this host that is gone (:func:`owner_gone`); the
+        update names that holder, so of two takers one wins."""
+        import sqlalchemy as sa
+
+        t = self.table
+        with self.engine.connect() as conn:
+            holder = conn.execute(sa.select(t.c.owner).where(t.c.run_key == run_key)).scalar()
+        if not holder or not owner_gone(holder):
+            return False
+        with self.engine.begin() as conn:
+            hit = conn.execute(
+                sa.update(t)
+                .where(t.c.run_key == run_key, t.c.owner == holder, t.c.state == "running")
+                .values(attempts=t.c.attempts + 1, **values)
+            ).rowcount
+        return bool(hit)
 
     def renew(self, run_key: str, owner: str, ttl: float) -> bool:
         import sqlalchemy as sa

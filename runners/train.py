@@ -58,9 +58,21 @@ def pick_device() -> torch.device:
 
 
 def _atomic_torch_save(obj: dict, path: Path) -> None:
+    """``torch.save`` through a Python file, atomically (``vitstudy_core.io.atomic_path``).
+
+    Given a path, torch's C++ writer reports a full disk as ``RuntimeError: unexpected pos``, with no
+    errno; through a file object the ``OSError`` (ENOSPC, EDQUOT, ...) is raised in Python first, and is
+    re-raised here, so a full disk reads as one (``vitstudy_core.errors.machine_fault``).
+    """
     with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
-        fault_point("checkpoint.write")
+        try:
+            with open(tmp, "wb") as fh:
+                torch.save(obj, fh)
+        except RuntimeError as exc:
+            if isinstance(exc.__context__, OSError):
+                raise exc.__context__ from None
+            raise
+        fault_point("checkpoint.write", path)
 
 
 def environment() -> dict:

@@ -16,7 +16,8 @@
     python -m study doctor [--out study_results] [--repair]   # check the output folder and its store
 
 Bad input prints one line (file, field, what was expected) to stderr and exits with status 2; so does a
-write that fails (disk full, read-only folder), naming the path.
+write that fails (disk full, read-only folder) or a lost tracking store, naming the path. Ctrl-C or
+SIGTERM prints one line and exits with status 130 or 143 (128 + the signal); rerunning resumes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import json
 import sys
 from pathlib import Path
 
-from vitstudy_core.errors import StudyError
+from vitstudy_core.errors import Interrupted, StudyError
 from vitstudy_core.io import WRITE_ERRNOS
 
 
@@ -424,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
     except StudyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (study.stopping): one line, 128 + the signal
+        stop = exc if isinstance(exc, Interrupted) else Interrupted()
+        print(stop.line(), file=sys.stderr)
+        return stop.exit_code
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
             raise

@@ -14,6 +14,9 @@ Findings, and what ``--repair`` does about each:
 * ``missing_artifacts``: a FINISHED child run lacking an artifact a reuse needs (deleted from the store,
   so the next run logs its local folder or retrains);
 * ``duplicate``: several FINISHED child runs with one ``run_key`` (all but the newest deleted);
+* ``superseded_child``: a KILLED child run (an invocation stopped while logging it) whose ``run_key``
+  has a FINISHED child: a partial copy of that run (deleted, as ``run`` deletes it once it logs the
+  FINISHED one: ``study.tracking_write.RunWriter._retire_superseded``);
 * ``damaged_run``: a run folder whose ``result.json``, ``spectra.npz``, ``rows.parquet`` or
   ``scalars.json`` cannot be read (e.g. truncated; ``vitstudy_core.runfolder.RunFolder.damage``):
   restored from the tracking store's FINISHED copy of its key when there is one (downloaded and checked
@@ -262,12 +265,21 @@ def check_store(out_dir: Path, client) -> list[Finding]:
                 )
             )
     seen: dict[str, str] = {}
+    finished = {}  # run key -> its newest FINISHED child
+    for r in _children(client, "FINISHED"):
+        finished.setdefault(r.data.tags.get("run_key"), r.info.run_id)
     for status in ("FINISHED", "RUNNING", "FAILED", "KILLED"):
         for r in _children(client, status):  # newest first: the first of a key is kept
             key, rid = r.data.tags.get("run_key"), r.info.run_id
             if not key:
                 what = f"MLflow run {rid} ({status}) has no run_key tag: no study can reuse it"
                 out.append(Finding("untagged_child", what, fix=lambda rid=rid: client.delete_run(rid)))
+                continue
+            if status == "KILLED" and key in finished:
+                what = (
+                    f"MLflow run {rid} (KILLED) is a partial copy of run key {key}, held by {finished[key]}"
+                )
+                out.append(Finding("superseded_child", what, fix=lambda rid=rid: client.delete_run(rid)))
                 continue
             if status != "FINISHED":
                 continue

@@ -29,7 +29,8 @@ from study import registration, stages
 from study.preflight import check_hypothesis
 from study.run_scalars import with_run_scalars
 from study.schema import Hypothesis
-from study.tracking import TrackerProtocol, open_tracker
+from study.stopping import stopping_cleanly
+from study.tracking import TrackerProtocol, open_tracker, store_path
 from vitstudy_core.errors import StudyError
 from vitstudy_core.io import remove_temporaries
 from vitstudy_core.locks import file_lock
@@ -207,6 +208,13 @@ def run_study(
         log: where progress lines go.
     """
     out_dir, opts = Path(out_dir), opts or stages.RunOptions()
+    # Ctrl-C / SIGTERM stop the workers and mark the parent KILLED; a full disk stops the study (exit 2)
+    with stopping_cleanly(store_path(out_dir) if opts.track else None):
+        return _run_study(hyp, hyp_path, out_dir, opts, sequential, log)
+
+
+def _run_study(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sequential, log) -> StudyOutcome:
+    """:func:`run_study` inside :func:`study.stopping.stopping_cleanly`."""
     runs_dir, data_dir, study_dir = out_dir / "runs", out_dir / "data", out_dir / "studies" / hyp.name
     seed_schedule(hyp.design.seeds, sequential)  # a bad plan stops the study before anything is written
     check_hypothesis(hyp, str(hyp_path), out_dir)  # what would stop the study later stops it now

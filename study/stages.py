@@ -18,6 +18,7 @@ up alike. :func:`write_outputs` writes both's result folders. The ``table`` verb
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +31,8 @@ from analysis.table import make_table, rows_from_spectra, save_table
 from analysis.verdicts import ClaimResult, evaluate_claims, format_verdicts
 from study.runspecs import RunSpec, plan_runs
 from study.schema import Hypothesis
-from vitstudy_core.errors import StudyError
+from study.stopping import stopped_while_filling
+from vitstudy_core.errors import Interrupted, StudyError, machine_fault
 from vitstudy_core.hashing import canonical_json
 from vitstudy_core.io import atomic_write_json, atomic_write_text
 from vitstudy_core.locks import file_lock, run_lock_path
@@ -416,7 +418,12 @@ def execute(
         study: the name the runs are announced under in the lease store (``python -m study status``).
 
     Returns:
-        key -> reason, for every run that failed.
+        key -> reason, for every run that failed on its own (a NaN loss, an error of its own).
+
+    Raises:
+        MachineError: a run's folder or store could not be written (disk full, read-only, ...): the
+            workers are stopped and the study stops, rather than test its claims on fewer seeds.
+        Interrupted: Ctrl-C or SIGTERM: the workers are stopped and no queued run starts.
     """
     if not todo:  # torch is imported only when something runs: a cached rerun stays quick
         return {}
@@ -442,18 +449,29 @@ def execute(
     jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir), leases, study) for s in todo]
     failed: dict[str, str] = {}
     t0 = time.perf_counter()
-    for i, result, exc in executor.map_jobs(execute_claimed_run, jobs):
-        spec = todo[i]
-        if exc is not None:
-            failed[spec.key] = f"{type(exc).__name__}: {exc}"
-            log(f"[{spec.label}] FAILED: {failed[spec.key]}")
-        else:
-            if result["status"] != "finished":
-                failed[spec.key] = f"failed at epoch {result.get('failed_epoch')}: {result.get('error')}"
-            by = "" if result.get("claim", {}).get("filled", True) else " by another worker"
-            log(f"[{spec.label}] {result['status']}{by} ({time.perf_counter() - t0:.0f}s since start)")
-        if on_result:
-            on_result(spec, result)
+    ended = executor.map_jobs(execute_claimed_run, jobs)
+    try:
+        for i, result, exc in ended:
+            spec = todo[i]
+            fault = machine_fault(exc) if exc is not None else None
+            if fault is not None:  # the machine's, not the run's: stop rather than test on fewer seeds
+                raise stopped_while_filling(fault, spec.label, spec.key, str(runs_dir / spec.key))
+            if exc is not None:
+                failed[spec.key] = f"{type(exc).__name__}: {exc}"
+                log(f"[{spec.label}] FAILED: {failed[spec.key]}")
+            else:
+                if result["status"] != "finished":
+                    failed[spec.key] = f"failed at epoch {result.get('failed_epoch')}: {result.get('error')}"
+                by = "" if result.get("claim", {}).get("filled", True) else " by another worker"
+                log(f"[{spec.label}] {result['status']}{by} ({time.perf_counter() - t0:.0f}s since start)")
+            if on_result:
+                on_result(spec, result)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (study.stopping): no queued run starts
+        ended.close()
+        signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+        raise Interrupted(signum, getattr(executor, "stopped", 0)) from None
+    finally:
+        ended.close()  # stopped early (an error here, a full disk): the workers are stopped too
     return failed
 
 

@@ -44,7 +44,8 @@ from study.preflight import check_hypothesis
 from study.run_scalars import with_run_scalars
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
-from study.tracking import TrackerProtocol, open_tracker
+from study.stopping import stopping_cleanly
+from study.tracking import TrackerProtocol, open_tracker, store_path
 from vitstudy_core.errors import StudyError
 from vitstudy_core.hashing import file_digest
 from vitstudy_core.knobs import INTEGER_KNOBS
@@ -617,6 +618,13 @@ def run_sweep(
     once. ``sweep``: the number of trials and the optuna storage.
     """
     out_dir, opts, sweep = Path(out_dir), opts or stages.RunOptions(), sweep or SweepOptions()
+    # Ctrl-C / SIGTERM stop the workers and mark the parent KILLED; a full disk stops the sweep (exit 2)
+    with stopping_cleanly(store_path(out_dir) if opts.track else None):
+        return _run_sweep(hyp, hyp_path, out_dir, opts, sweep, log)
+
+
+def _run_sweep(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sweep, log: Log) -> SweepOutcome:
+    """:func:`run_sweep` inside :func:`study.stopping.stopping_cleanly`."""
     url = storage_url(hyp, sweep.storage)
     if opts.placement.leases is None and url and "://" in url:
         opts = replace(opts, placement=replace(opts.placement, leases=url))

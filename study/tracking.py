@@ -83,6 +83,7 @@ __all__ = [
     "sanitize_metric_name",
     "stale_parents",
     "store_lock_path",
+    "store_path",
     "training_runs",
 ]
 
@@ -99,10 +100,17 @@ VERBOSE = False  # set by ``--verbose``: let MLflow's and alembic's INFO lines t
 _QUIET_LOGGERS = ("mlflow", "alembic")  # their INFO lines ("Creating initial MLflow database tables...")
 
 
+# logs every SQLAlchemy OperationalError it re-raises (as MlflowException) with its 80-line traceback:
+# the error reaches us, and a full or lost store is reported as one line (study.stopping)
+_STORE_ERROR_LOGGER = "mlflow.store.db.utils"
+
+
 def quiet_library_logs(verbose: bool = False) -> None:
-    """Keep MLflow's and alembic's INFO lines out of the terminal (``--verbose`` lets them through)."""
+    """Keep MLflow's and alembic's INFO lines, and MLflow's traceback of a store error it re-raises, out
+    of the terminal (``--verbose`` lets them through)."""
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
+    logging.getLogger(_STORE_ERROR_LOGGER).setLevel(logging.INFO if verbose else logging.CRITICAL)
 
 
 def store_lock_path(out_dir: Path) -> Path:
@@ -112,6 +120,12 @@ def store_lock_path(out_dir: Path) -> Path:
 
 def default_tracking_uri(out_dir: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(out_dir).resolve() / 'mlflow.db'}"
+
+
+def store_path(out_dir: Path) -> str:
+    """The tracking store as a user names it: the sqlite file's path, else its URI (errors name it)."""
+    uri = default_tracking_uri(out_dir)
+    return uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else uri
 
 
 def foreign_artifact_locations(client, out_dir: Path, name: str | None = None) -> list[tuple[str, str]]:
@@ -277,10 +291,25 @@ class Tracker(RunWriter):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.client.set_terminated(self.parent_id, "FAILED" if exc_type else "FINISHED")
-        if self._parent_lock is not None:
-            os.close(self._parent_lock)
-            parent_lock_path(self.out_dir, self.parent_id).unlink(missing_ok=True)
+        """End the parent run: FINISHED, KILLED (Ctrl-C, SIGTERM: a ``KeyboardInterrupt``) or FAILED.
+
+        Leaving on an error, a store that cannot record the end (the error may be the store's: full,
+        gone) leaves the parent RUNNING with its lock free, which the next invocation marks KILLED
+        (:func:`close_stale`); the error that ended the study is the one reported.
+        """
+        if exc_type is None:
+            status = "FINISHED"
+        else:
+            status = "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
+        try:
+            self.client.set_terminated(self.parent_id, status)
+        except Exception:
+            if exc_type is None:
+                raise
+        finally:
+            if self._parent_lock is not None:
+                os.close(self._parent_lock)
+                parent_lock_path(self.out_dir, self.parent_id).unlink(missing_ok=True)
 
     def close_stale(self) -> list[str]:
         """Mark the store's stale RUNNING parents and their RUNNING children KILLED (:func:`close_stale`)."""
@@ -427,7 +456,8 @@ class NullTracker:
 def open_tracker(
     track: bool, out_dir: Path, experiment: str, log_model: bool = False, role: str = "study"
 ) -> Iterator[TrackerProtocol]:
-    """A :class:`Tracker` whose parent run is open inside the block (FAILED if the block raises), or a
+    """A :class:`Tracker` whose parent run is open inside the block (FAILED if the block raises, KILLED
+    if it is interrupted), or a
     :class:`NullTracker` when ``track`` is False."""
     with Tracker(out_dir, experiment, log_model=log_model, role=role) if track else NullTracker() as tracker:
         yield tracker

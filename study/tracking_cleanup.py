@@ -1,5 +1,7 @@
 """Cleaning stale runs from the MLflow store: parent runs left RUNNING by an invocation that died (killed,
-out of memory), with their RUNNING children (``study.tracking``'s clean-up role; ``doctor --repair``)."""
+out of memory), with their RUNNING children (``study.tracking``'s clean-up role; ``doctor --repair``).
+A stale child whose run key the store holds FINISHED is a partial copy of that run: deleted, not kept
+beside it (``study.tracking_write.RunWriter._retire_superseded``)."""
 
 from __future__ import annotations
 
@@ -57,5 +59,20 @@ def close_stale(client, out_dir: Path, exclude: str | None = None) -> list[str]:
         for r in [*children, parent]:
             client.set_terminated(r.info.run_id, "KILLED")
             marked.append(r.info.run_id)
+        for r in children:  # a partial record of a run the store holds whole is deleted at once
+            if _has_finished(client, r.data.tags.get("run_key")):
+                client.delete_run(r.info.run_id)
         parent_lock_path(out_dir, parent.info.run_id).unlink(missing_ok=True)
     return marked
+
+
+def _has_finished(client, key: str | None) -> bool:
+    """True when the store holds a FINISHED child run with ``run_key`` ``key``."""
+    if not key:
+        return False
+    found = client.search_runs(
+        active_experiments(client),
+        f"tags.run_key = '{key}' and tags.`study.role` = 'training' and attributes.status = 'FINISHED'",
+        max_results=1,
+    )
+    return bool(found)

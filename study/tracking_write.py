@@ -3,6 +3,7 @@ per trained (or imported) model (``study.tracking``'s writing role; the layout i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import tempfile
@@ -268,10 +269,38 @@ class RunWriter:
         try:
             self._fill_training_run(rid, spec, result, rows, run_dir, data)
         except BaseException:
-            self.client.set_terminated(rid, "FAILED")  # never a child left RUNNING by an error here
+            # never a child left RUNNING: a record cut short (interrupted, or the store failed) is KILLED,
+            # as close_stale marks one whose invocation died (FAILED is a run whose training failed); a
+            # store too broken to record even that leaves it to the next invocation's close_stale
+            with contextlib.suppress(Exception):
+                self.client.set_terminated(rid, "KILLED")
             raise
         self.client.set_terminated(rid, status, end_time=end)
+        if status == "FINISHED":
+            self._retire_superseded(spec.key, rid)
         return rid
+
+    def _retire_superseded(self, key: str, keep: str) -> list[str]:
+        """Delete the KILLED child runs of ``key`` now that ``keep`` (FINISHED) holds the run; their ids.
+
+        A KILLED child is an attempt to *log* the run that an invocation did not finish (killed,
+        interrupted or stopped by a store error while logging it, then marked KILLED by
+        :func:`study.tracking_cleanup.close_stale` or here): its params, metrics and artifacts are partial copies of what ``keep`` holds whole, and left
+        beside it the store would show two children for one run. Deleted as MLflow deletes (hidden from
+        the UI and from every search, restorable with ``mlflow runs restore``, purged by ``mlflow gc``), as
+        ``doctor --repair`` deletes duplicates (``superseded_child`` there finds any left behind).
+        """
+        from study.tracking_reuse import active_experiments
+
+        stale = self.client.search_runs(
+            active_experiments(self.client),
+            f"tags.run_key = '{key}' and tags.`study.role` = 'training' and attributes.status = 'KILLED'",
+            max_results=1000,
+        )
+        gone = [r.info.run_id for r in stale if r.info.run_id != keep]
+        for rid in gone:
+            self.client.delete_run(rid)
+        return gone
 
     def _fill_training_run(self, rid: str, spec, result: dict, rows: pd.DataFrame, run_dir, data) -> None:
         """Params, metrics, dataset and artifacts of a child run (:meth:`log_training_run`)."""

@@ -12,8 +12,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def study_cmd(hyp: Path, out: Path, *extra: str, report: bool = False) -> list[str]:
-    cmd = [sys.executable, "-m", "study", "run", str(hyp), "--out", str(out), "--workers", "1", *extra]
+def study_cmd(hyp: Path, out: Path, *extra: str, report: bool = False, workers: int = 1) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "study",
+        "run",
+        str(hyp),
+        "--out",
+        str(out),
+        "--workers",
+        str(workers),
+        *extra,
+    ]
     return cmd if report else [*cmd, "--no-report"]
 
 
@@ -50,7 +61,8 @@ def verdicts(out: Path, name: str = "tiny") -> list[tuple]:
 
 
 def store_state(out: Path) -> dict:
-    """What the sqlite store holds: FINISHED child runs per run key, and parent runs per status."""
+    """What the sqlite store holds: FINISHED child runs per run key, child runs of any status per run key
+    (``visible``: what the MLflow UI lists; deleted runs aside), and parent runs per status."""
     from mlflow.tracking import MlflowClient
 
     from study.tracking import default_tracking_uri, training_runs
@@ -60,7 +72,17 @@ def store_state(out: Path) -> dict:
     exps = [e.experiment_id for e in client.search_experiments()]
     parents = Counter(r.info.status for r in client.search_runs(exps, "tags.`study.role` = 'study'"))
     running_children = len(training_runs(client, "RUNNING"))
-    return {"finished": dict(finished), "parents": dict(parents), "running_children": running_children}
+    visible = Counter(
+        r.data.tags["run_key"]
+        for st in ("FINISHED", "FAILED", "KILLED", "RUNNING")
+        for r in training_runs(client, st)
+    )
+    return {
+        "finished": dict(finished),
+        "visible": dict(visible),
+        "parents": dict(parents),
+        "running_children": running_children,
+    }
 
 
 def half_written(out: Path) -> list[Path]:

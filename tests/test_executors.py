@@ -104,10 +104,13 @@ def test_rebalancing_gives_the_last_running_job_the_free_cores():
     assert out[0] == (1, None) and out[1] == (2, None)
 
 
-def test_without_rebalancing_threads_are_fixed_by_job_index():
-    # 3 jobs on 2 one-thread workers: the third (the last, partial wave) gets both threads from its start
+def test_threads_are_fixed_unless_the_tail_is_shared():
+    # 3 jobs on 2 one-thread workers: by default every job keeps its one thread (a run's numbers do not
+    # depend on what else is pending); with share_tail the third (the last, partial wave) gets both
     out = {i: r for i, r, _ in ProcessExecutor(2, threads=1).map_jobs(report_budget, [(False,)] * 3)}
-    assert out == {0: 1, 1: 1, 2: 2}
+    assert out == {0: 1, 1: 1, 2: 1}
+    shared = ProcessExecutor(2, threads=1, share_tail=True).map_jobs(report_budget, [(False,)] * 3)
+    assert {i: r for i, r, _ in shared} == {0: 1, 1: 1, 2: 2}
 
 
 def test_a_job_outside_an_executor_has_no_budget(monkeypatch):

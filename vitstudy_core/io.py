@@ -2,7 +2,7 @@
 
 Every writer goes through a temporary file in the target's folder, then ``os.replace`` (atomic on POSIX
 within one filesystem). The folder is created when missing. A write refused by the machine (disk full,
-read-only filesystem, no permission) raises a one-line StudyError naming the target and leaves it as it was.
+read-only filesystem, no permission) raises a one-line ``MachineError`` (a StudyError) naming the target and leaves it as it was.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from vitstudy_core.errors import StudyError
+from vitstudy_core.errors import MachineError
 
 # a write that fails for these reasons is the machine's state (disk full, read-only, no permission)
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EFBIG})
@@ -42,7 +42,7 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
             raise
-        raise StudyError(f"cannot write ({exc.strerror}); nothing was changed", str(path)) from None
+        raise MachineError(f"cannot write ({exc.strerror}); nothing was changed", str(path)) from None
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
