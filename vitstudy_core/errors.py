@@ -60,7 +60,7 @@ class MachineError(StudyError):
     line reports this one too; it pickles whole, so a worker process's reaches the study intact.
     """
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type, tuple[str, str | None, str | None]]:
         return (type(self), (self.message, self.file, self.field))
 
 
