@@ -308,7 +308,7 @@ def multibootstrap(
     sd = float(np.nanstd(po, ddof=1)) if np.isfinite(po).sum() >= 2 else float("nan")
     pct = tuple(np.nanpercentile(jo, [2.5, 97.5])) if np.isfinite(jo).sum() >= 2 else (np.nan, np.nan)
     return {
-        "interval": list(joint_interval(effect, ci, sd)),
+        "interval": list(joint_interval(effect, ci, sd, int(k))),
         "percentile": [float(pct[0]), float(pct[1])],
         "sd_probe": sd,
         "replicates": replicates,
@@ -329,10 +329,22 @@ def _relabel(rows: pd.DataFrame, draw: np.ndarray) -> pd.DataFrame:
     return pd.concat([by_seed[int(s)].assign(seed=j) for j, s in enumerate(draw)], ignore_index=True)
 
 
-def joint_interval(effect: float, ci: tuple[float, float], sd_probe: float) -> tuple[float, float]:
+def joint_interval(
+    effect: float, ci: tuple[float, float], sd_probe: float, blocks: int | None = None
+) -> tuple[float, float]:
     """The seed x probe 95% interval: each side of the seed interval ``ci`` widened by the probe's,
-    ``effect -/+ sqrt((effect - ci_low)^2 + (1.96 sd_probe)^2)`` (and likewise above)."""
-    h = Z975 * sd_probe
+    ``effect -/+ sqrt((effect - ci_low)^2 + h^2)`` (and likewise above), ``h = q sd_probe``.
+
+    With ``blocks`` = K the probe half-width is small-sample corrected as the seed's is: the bootstrap
+    over K blocks estimates the probe variance on K - 1 degrees of freedom and low by (K - 1) / K, so
+    ``q = t_{K-1}(0.975) sqrt(K / (K - 1))`` (2.20 at K = 16) instead of the normal 1.96 (``blocks`` None).
+    """
+    if blocks is not None and blocks >= 2:
+        from scipy import stats
+
+        h = float(stats.t.ppf(0.975, blocks - 1)) * math.sqrt(blocks / (blocks - 1)) * sd_probe
+    else:
+        h = Z975 * sd_probe
     lo = effect - math.sqrt((effect - ci[0]) ** 2 + h * h)
     hi = effect + math.sqrt((ci[1] - effect) ** 2 + h * h)
     return float(lo), float(hi)

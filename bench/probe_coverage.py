@@ -77,7 +77,7 @@ def study(s: int, n: int, tau: float, rng: np.random.Generator) -> tuple[float, 
         v = resampled_values(stacked, w, "participation_ratio")
         probe_only.append(v.mean())
         joint.append(v[rng.integers(0, s, s)].mean())
-    inter = joint_interval(effect, ci, float(np.std(probe_only, ddof=1)))
+    inter = joint_interval(effect, ci, float(np.std(probe_only, ddof=1)), K)
     pct = tuple(np.percentile(joint, [2.5, 97.5]))
     return effect, ci, inter, pct
 
@@ -86,8 +86,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rows", default="", help="only rows 'tau:n:S,...' (e.g. 0.05:64:5); default all 12")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
+    wanted = set(filter(None, args.rows.split(",")))
     t0 = time.time()
     print(
         "| seed spread | probe images | S | truth | seeds-only t | joint (verdict) | multibootstrap pct | ok |"
@@ -98,6 +100,8 @@ def main() -> None:
         for n in (64, 512):
             theta = truth(n, tau, rng)
             for s in (3, 5, 10):
+                if wanted and f"{tau:g}:{n}:{s}" not in wanted:
+                    continue
                 hits = np.zeros(3)
                 for _ in range(args.reps):
                     _, *ivs = study(s, n, tau, rng)

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from analysis.observables import OBSERVABLES
-from analysis.spectral import METRICS
+from analysis.spectral import METRICS, TOKEN_METRICS
 from study.cli import main
 
 
@@ -67,13 +67,13 @@ def test_train_run_writes_scalars_and_covariances_then_table_rebuilds(tmp_path, 
         for e in (0, 2)
         for la in layers
         for t in ("all", "cls", "patch")
-        for o in OBSERVABLES
-    } - {f"{e}/patch_embed/cls/{o}" for e in (0, 2) for o in OBSERVABLES}
+        for o in (*OBSERVABLES, *TOKEN_METRICS)  # token metrics (participation_ratio_bc) are streamed too
+    } - {f"{e}/patch_embed/cls/{o}" for e in (0, 2) for o in (*OBSERVABLES, *TOKEN_METRICS)}
 
     to = tmp_path / "rebuilt.csv"
     assert main(["table", str(hyp_path), "--out", str(tmp_path / "out"), "--to", str(to)]) == 0
     rebuilt = pd.read_csv(to)
-    assert set(rebuilt["metric"]) == set(METRICS) | set(OBSERVABLES)
+    assert set(rebuilt["metric"]) == set(METRICS) | set(OBSERVABLES) | set(TOKEN_METRICS)
     direct = run_rows(spec, run_dir, layers)
     assert len(rebuilt) == len(direct)
     with np.load(run_dir / "spectra.npz") as f:

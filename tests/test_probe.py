@@ -76,6 +76,10 @@ def test_joint_interval_widens_the_seed_interval_and_decides():
     lo, hi = joint_interval(1.0, (0.5, 1.5), 0.5)
     assert lo < 0.5 and hi > 1.5 and excludes_zero((lo, hi), 1.0) is False
     assert excludes_zero((0.1, 2.0), 1.0) and excludes_zero((-2.0, -0.1), -1.0)
+    # with K blocks the probe's half-width uses t on K - 1 df and the bootstrap's (K - 1) / K variance bias
+    lo, hi = joint_interval(1.0, (1.0, 1.0), 0.5, blocks=16)
+    assert hi - 1.0 == pytest.approx(0.5 * 2.131449545559323 * (16 / 15) ** 0.5, rel=1e-9)
+    assert 1.0 - lo == pytest.approx(hi - 1.0)
 
 
 def test_extraction_blocks_sum_to_the_full_covariance():
