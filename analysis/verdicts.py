@@ -40,6 +40,7 @@ from analysis.inference import bootstrap_ci, power_and_seeds_needed
 from analysis.kinds import get_kind
 from analysis.kinds.base import NotTestable, Outcome, TableView
 from analysis.power import seed_floor
+from vitstudy_core.errors import StudyError
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 
 if TYPE_CHECKING:
@@ -190,6 +191,21 @@ def decide(outcome: Outcome, p_adjusted: float, alpha: float, margin: float | No
 
 def _evaluate_one(view: TableView, claim: Any, where: str, excluded: dict[int, str]) -> Outcome:
     """The claim's kind evaluates it; a metric the table lacks makes it not testable instead of an error."""
+    # (h-cond stand-in for h-claims' condition-aware TableView: take h-claims' version on merge)
+    if "condition" in view.table.columns:
+        name, present = claim.subset.condition, sorted(view.table["condition"].unique())
+        if name is None and len(present) > 1:
+            raise StudyError(f"the table holds conditions {present}: name one", where, "subset.condition")
+        if name is not None:
+            if name not in present:
+                raise StudyError(
+                    f"condition {name!r} is not in the table (it has {present})", where, "subset.condition"
+                )
+            view = TableView(view.table[view.table["condition"] == name])
+    elif getattr(claim.subset, "condition", None) is not None:
+        raise StudyError(
+            "the design has no conditions (the table has no condition column)", where, "subset.condition"
+        )
     try:
         return get_kind(claim.kind).evaluate(view, claim, where=where, excluded=excluded)
     except NotTestable as exc:

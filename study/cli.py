@@ -403,7 +403,16 @@ def _validate_verb(args: argparse.Namespace, hyp) -> int:
             f"{len(hyp.design.seeds)} seeds = {n} run(s)"
         )
         return 0
-    print(f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), {len(plan_runs(hyp))} run(s) planned")
+    n_runs, cells = len(plan_runs(hyp)), hyp.design.condition_names()
+    if cells:  # a design with conditions: its size, as the plan counts it
+        trained = sum(1 for c in hyp.design.cells() if not c.untrained)
+        size = (
+            f"{len(cells)} cell(s) ({trained} trained) x {len(hyp.design.datasets)} dataset(s) x "
+            f"{len(hyp.design.seeds)} seed(s) = {n_runs} run(s) planned"
+        )
+        print(f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), {size}")
+        return 0
+    print(f"ok: {args.hypothesis}: {len(hyp.claims)} claim(s), {n_runs} run(s) planned")
     return 0
 
 

@@ -447,6 +447,9 @@ class Hypothesis(Strict):
     @model_validator(mode="after")
     def _check_sweep(self) -> Hypothesis:
         """A sweep varies knobs of a procedural design dataset within their domains; knob claims need it."""
+        if self.sweep is not None and self.design.condition_names():
+            which = "design.factors" if self.design.factors else "design.conditions"
+            raise _FieldError(which, "a sweep varies one design's data: its design takes no conditions")
         varied = set(self.sweep.space) if self.sweep else set()
         for i, claim in enumerate(self.claims):
             knob = claim.knob()
@@ -531,7 +534,25 @@ class Hypothesis(Strict):
                     raise _FieldError(where, f"unknown layer {value!r}; expected one of {self.design.layers}")
                 if what == "epoch" and value != "last" and epochs and value not in epochs:
                     raise _FieldError(where, f"expected a checkpoint epoch {epochs} or 'last', got {value}")
+        self._check_conditions_named()
         return self
+
+    def _check_conditions_named(self) -> None:
+        """Every condition a claim names is one of the design's (``ClaimBase.conditions_named``)."""
+        names = self.design.condition_names()
+        has = f"it has {names}" if names else "it has no conditions"
+        for i, claim in enumerate(self.claims):
+            for fld, name in getattr(claim, "conditions_named", lambda: [])():
+                if name not in names:
+                    raise _FieldError(
+                        f"claims[{i}].{fld}", f"condition {name!r} is not in the design ({has})"
+                    )
+            # (h-cond stand-in until h-claims' conditions_named() is merged: subset.condition alone)
+            own = getattr(claim.subset, "condition", None)
+            if not hasattr(claim, "conditions_named") and own is not None and own not in names:
+                raise _FieldError(
+                    f"claims[{i}].subset.condition", f"condition {own!r} is not in the design ({has})"
+                )
 
 
 def _loc(loc: tuple) -> str:

@@ -74,6 +74,11 @@ class RunWriter:
             "datasets": ",".join(d.name for d in hyp.design.datasets),
             "objective": hyp.design.objective,
         }
+        cells = [c for c in hyp.design.cells() if c.name is not None]
+        if cells:  # the cells, each with its runs (an untrained cell's are its twin's)
+            params["n_cells"] = len(cells)
+            text = "; ".join(f"{c.name} ({_cell_runs(c, plan)} runs)" for c in cells)
+            self.client.set_tag(self.parent_id, "cells", text[:_TAG_MAX])
         self._log_params(self.parent_id, params)
         self.client.set_tag(self.parent_id, "spec_hash", file_digest(hyp_path))
         if command:
@@ -201,6 +206,8 @@ class RunWriter:
             },
         )
         tags.update({k: str(v)[:_TAG_MAX] for k, v in (extra or {}).items()})
+        if spec.condition is not None:  # a design with conditions: the cell and its factors' levels
+            tags.update({"condition": spec.condition, **{f"factor.{k}": v for k, v in spec.levels.items()}})
         if result.get("environment"):
             tags.update({f"env.{k}": str(v) for k, v in result["environment"].items()})
         if result.get("source"):  # an imported run: where it came from and how it was read
@@ -274,6 +281,11 @@ class RunWriter:
         items = [Param(k, str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i : i + 100])
+
+
+def _cell_runs(cell, plan: list) -> int:
+    """Runs of the plan a cell reads (an untrained cell: its twin's)."""
+    return sum(1 for s in plan if s.condition == (cell.twin or cell.name))
 
 
 def _source_tags(source: dict) -> dict[str, str]:

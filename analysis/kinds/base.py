@@ -47,6 +47,8 @@ class Subset(Strict):
     dataset: str | None = None  # required by u_shape and trend; the default for conditions otherwise
     token_set: TokenSet = "all"
     epoch: int | Literal["last"] = "last"
+    # (h-cond stand-in for h-claims' field of the same name: take h-claims' version on merge)
+    condition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.=,-]+$")
 
 
 class Condition(Strict):
