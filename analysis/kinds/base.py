@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypedDict
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from analysis.inference import TTest, tost_estimate
 from analysis.observables import ALL_METRICS
@@ -49,6 +49,15 @@ class Subset(Strict):
     epoch: int | Literal["last"] = "last"
     # (h-cond stand-in for h-claims' field of the same name: take h-claims' version on merge)
     condition: str | None = Field(None, pattern=r"^[A-Za-z0-9_.=,-]+$")
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler) -> dict:
+        """Unset, ``condition`` stays out of the dump: claims without it hash (registration) and print
+        (verdicts.json) as before conditions existed."""
+        out = handler(self)
+        if out.get("condition") is None:
+            out.pop("condition", None)
+        return out
 
 
 class Condition(Strict):
