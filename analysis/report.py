@@ -184,6 +184,15 @@ def findings(claim, result: ClaimResult) -> list[str]:
     return lines
 
 
+def _claim_rows(table: pd.DataFrame, claim) -> pd.DataFrame:
+    """The rows a claim's figures draw: its condition's, in a table with conditions (never a mean over
+    cells). (h-cond; h-claims' cross-condition figures may replace it.)"""
+    name = getattr(getattr(claim, "subset", None), "condition", None)
+    if name is None or "condition" not in table.columns:
+        return table
+    return table[table["condition"] == name]
+
+
 def build_sections(inp: ReportInput) -> list[Section]:
     """One :class:`Section` per claim: findings, the kind's figures and the effect plot."""
     sections = []
@@ -194,7 +203,9 @@ def build_sections(inp: ReportInput) -> list[Section]:
             figures.append(Figure("profile", "claim figure", missing=why))
         else:
             try:
-                figures += get_kind(result.kind).figures(FigureContext(inp.table, claim, result))
+                figures += get_kind(result.kind).figures(
+                    FigureContext(_claim_rows(inp.table, claim), claim, result)
+                )
             except Exception as exc:  # noqa: BLE001 - one bad claim must not sink the report
                 figures.append(Figure("profile", "claim figure", missing=f"{type(exc).__name__}: {exc}"))
         figures.append(effect_figure(result))
