@@ -286,6 +286,7 @@ def test_shuffled_and_untrained_cells_train_once_end_to_end(tmp_path, capsys):
         seeds=[0],
         factors={"labels": [True, "shuffled"], "untrained": [False, True]},
     )
+    data["name"] = "tiny_factorial"
     factorial = tmp_path / "factorial.yaml"
     factorial.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
@@ -298,7 +299,7 @@ def test_shuffled_and_untrained_cells_train_once_end_to_end(tmp_path, capsys):
     shuffled = next(s for s in plan_runs(parse_hypothesis(data)) if s.condition.startswith("labels=shuffled"))
     result = json.loads((out / "runs" / shuffled.key / "result.json").read_text())
     assert result["run"]["labels"] == "shuffled" and result["labels"]["kind"] == "shuffled"
-    table = pd.read_parquet(out / "studies" / "tiny" / "table.parquet")
+    table = pd.read_parquet(out / "studies" / "tiny_factorial" / "table.parquet")
     assert set(table.condition) == set(parse_hypothesis(data).design.condition_names())
 
     from mlflow import MlflowClient
