@@ -23,6 +23,7 @@ from vitstudy_core.faults import fault_point
 from vitstudy_core.io import atomic_path
 from vitstudy_core.layers import layer_order
 
+CONDITION = "condition"  # a design with conditions: the cell's name on every row (study.conditions)
 COLUMNS = [
     "run_key",
     "dataset",
@@ -91,15 +92,20 @@ def rows_from_spectra(
 
 
 def make_table(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
-    """The tidy table from row dicts or from a frame of rows (e.g. concatenated runs), sorted."""
+    """The tidy table from row dicts or from a frame of rows (e.g. concatenated runs), sorted.
+
+    Rows of a design with conditions carry the column ``condition`` (the cell's name): it is kept, last,
+    and leads the sort; without it the table has exactly :data:`COLUMNS`.
+    """
+    given = rows.columns if isinstance(rows, pd.DataFrame) else {k for r in rows for k in r}
+    columns = [*COLUMNS, CONDITION] if CONDITION in given else COLUMNS
     df = (
-        rows.reindex(columns=COLUMNS)
+        rows.reindex(columns=columns)
         if isinstance(rows, pd.DataFrame)
-        else pd.DataFrame(rows, columns=COLUMNS)
+        else pd.DataFrame(rows, columns=columns)
     )
-    return df.sort_values(
-        ["dataset", "seed", "epoch", "token_set", "metric", "layer_index"], ignore_index=True
-    )
+    order = ["dataset", "seed", "epoch", "token_set", "metric", "layer_index"]
+    return df.sort_values([CONDITION, *order] if CONDITION in columns else order, ignore_index=True)
 
 
 def save_table(df: pd.DataFrame, path: str | Path) -> Path:
@@ -184,8 +190,8 @@ def _check_columns(df: pd.DataFrame, file: str) -> None:
 
     ``seed``/``epoch`` (and ``layer_index`` when given: the claims order layers by it): integers;
     ``value``: real numbers (NaN allowed: a metric undefined for a spectrum; +-inf not);
-    ``dataset``/``layer``/``token_set``/``metric``: non-empty text; no two rows share (dataset, seed,
-    epoch, layer, token_set, metric).
+    ``dataset``/``layer``/``token_set``/``metric`` (and ``condition``, when present): non-empty text; no
+    two rows share (condition, dataset, seed, epoch, layer, token_set, metric).
     """
     for col in ("seed", "epoch", *(["layer_index"] if "layer_index" in df.columns else [])):
         v = pd.to_numeric(df[col], errors="coerce")
@@ -195,10 +201,19 @@ def _check_columns(df: pd.DataFrame, file: str) -> None:
         raise StudyError(f"expected real numbers, got dtype {df['value'].dtype}", file, "value")
     if np.isinf(df["value"].to_numpy(dtype=float)).any():
         raise StudyError("expected finite numbers or NaN, got +-inf", file, "value")
-    for col in ("dataset", "layer", "token_set", "metric"):
+    text = ("dataset", "layer", "token_set", "metric", *((CONDITION,) if CONDITION in df.columns else ()))
+    for col in text:
         if df[col].isna().any() or not df[col].map(lambda x: isinstance(x, str) and x != "").all():
             raise StudyError("expected non-empty text in every row", file, col)
-    keys = ["dataset", "seed", "epoch", "layer", "token_set", "metric"]
+    keys = [
+        *((CONDITION,) if CONDITION in df.columns else ()),
+        "dataset",
+        "seed",
+        "epoch",
+        "layer",
+        "token_set",
+        "metric",
+    ]
     dup = df.duplicated(keys)
     if dup.any():
         row = df.loc[dup, keys].iloc[0].to_dict()

@@ -6,7 +6,8 @@ The table has seeds x 3 datasets x 15 observation points x 11 checkpoints x 8 me
 (``analysis.simulate.simulate_study_table``; datasets named objects, cue_mix, textures). Every file in
 ``hypotheses/`` is validated and its claims tested with ``evaluate_claims`` exactly as
 ``python -m study analyze`` does (the table is re-read from Parquet, as ``analyze`` does); a sweep's file
-is skipped, since its claims over a knob need a sweep's table. Prints the
+is skipped, since its claims over a knob need a sweep's table; a design with conditions gets the table once
+per cell (the ``condition`` column). Prints the
 table size, the time per file and the total; the budget is 10 s on 2 CPU cores.
 """
 
@@ -24,6 +25,18 @@ from analysis.verdicts import evaluate_claims
 from study.schema import load_hypothesis
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cells_table(hyp, table):
+    """The table once per cell of a design with conditions (an untrained cell: its epoch-0 rows), each
+    under the cell's name, as ``run`` collects it; the table itself without conditions."""
+    import pandas as pd
+
+    cells = hyp.design.cells()
+    if cells[0].name is None:
+        return table
+    frames = [(table[table.epoch == 0] if c.untrained else table).assign(condition=c.name) for c in cells]
+    return pd.concat(frames, ignore_index=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             if hyp.sweep is not None:  # claims over a knob need a sweep's table (knob columns)
                 continue
             files.append(f)
-            results = evaluate_claims(hyp, table, source=f.name)
+            results = evaluate_claims(hyp, _cells_table(hyp, table), source=f.name)
             n_claims += len(results)
             verdicts = ", ".join(r.verdict for r in results)
             lines.append(

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from runners.datasets import load_split, num_classes
+from runners.datasets import LABEL_SEED_OFFSET, load_split, num_classes, shuffled_labels
 from runners.executors import adopt_thread_budget
 from runners.extract import extract_spectra, save_covariances, save_observables, save_probe, snapshot_epochs
 from runners.inputs import to_tensor
@@ -125,6 +125,8 @@ def _load_data(run: dict, data_dir: str | Path) -> tuple[torch.Tensor, ...]:
     converted per batch on the device (``runners.inputs``); the probe is converted once."""
     ds, probe = run["dataset"], run["probe"]
     xtr, ytr = load_split(ds, "train", data_dir)
+    if run.get("labels", "true") == "shuffled":  # the built-in control: labels no longer match images
+        ytr = shuffled_labels(ytr, run["seed"])
     xte, yte = load_split(ds, "test", data_dir)
     xpr, _ = load_split(ds, "probe", data_dir, probe["size"], probe["seed"])
     return (
@@ -321,6 +323,8 @@ class _Run:
             "started_at": self.done.started_at,  # seconds since the epoch: when training began
             "finished_at": time.time(),  # seconds since the epoch: when the data existed (pre-registration)
         }
+        if self.run.get("labels", "true") == "shuffled":
+            result["labels"] = {"kind": "shuffled", "seed": self.run["seed"] + LABEL_SEED_OFFSET}
         self.folder.write_result(result)
         self.resume_path.unlink(missing_ok=True)
         return result

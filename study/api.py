@@ -75,6 +75,7 @@ class Validation:
         hypothesis: the validated hypothesis; file: how it was given (path, or ``<hypothesis>``).
         n_claims, n_seeds: its claims and seeds; n_runs: runs planned (a sweep: trials x seeds).
         n_trials: a sweep's trials (None for a study).
+        n_cells, n_trained_cells: a design with conditions: its cells, and those that train (0: none).
     """
 
     hypothesis: Hypothesis
@@ -83,6 +84,8 @@ class Validation:
     n_seeds: int
     n_runs: int
     n_trials: int | None = None
+    n_cells: int = 0
+    n_trained_cells: int = 0
 
     @property
     def message(self) -> str:
@@ -91,6 +94,12 @@ class Validation:
             return (
                 f"ok: {self.file}: {self.n_claims} claim(s), a sweep of {self.n_trials} trial(s) x "
                 f"{self.n_seeds} seeds = {self.n_runs} run(s)"
+            )
+        if self.n_cells:  # a design with conditions: its size, as the plan counts it
+            n_datasets = len(self.hypothesis.design.datasets)
+            return (
+                f"ok: {self.file}: {self.n_claims} claim(s), {self.n_cells} cell(s) ({self.n_trained_cells} "
+                f"trained) x {n_datasets} dataset(s) x {self.n_seeds} seed(s) = {self.n_runs} run(s) planned"
             )
         return f"ok: {self.file}: {self.n_claims} claim(s), {self.n_runs} run(s) planned"
 
@@ -113,7 +122,9 @@ def validate(hypothesis: HypothesisLike, out: str | Path = "study_results") -> V
 
         trials = trial_target(hyp, None, file)
         return Validation(hyp, file, len(hyp.claims), seeds, trials * seeds, trials)
-    return Validation(hyp, file, len(hyp.claims), seeds, len(plan_runs(hyp)))
+    cells = hyp.design.cells() if hyp.design.condition_names() else []
+    trained = sum(1 for c in cells if not c.untrained)
+    return Validation(hyp, file, len(hyp.claims), seeds, len(plan_runs(hyp)), None, len(cells), trained)
 
 
 @dataclass(frozen=True)

@@ -242,7 +242,14 @@ def synthetic_table(hyp: Hypothesis, seed: int = 0) -> pd.DataFrame:
     df["run_key"] = df["dataset"] + "-" + df["seed"].astype(str)
     df["n_tokens"] = 64
     df["value"] = np.random.default_rng(seed).normal(50.0, 1.0, len(df))
-    return df
+    cells = hyp.design.cells()
+    if cells[0].name is None:
+        return df
+    # a design with conditions: the rows once per cell, an untrained cell's at epoch 0 only (its twin's)
+    return pd.concat(
+        [(df[df["epoch"] == 0] if c.untrained else df).assign(condition=c.name) for c in cells],
+        ignore_index=True,
+    )
 
 
 def knob_levels(values, integer: bool) -> list[float]:

@@ -15,8 +15,9 @@ fingerprint of its files' content (and how they are read) in place of training.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from runners.datasets import GENERATOR_VERSION, LOADER_VERSION, resolve_fingerprint, resolve_path
 from runners.objectives import objective_payload
@@ -45,10 +46,29 @@ class RunSpec(BaseModel):
     )
     # an imported run: the source's settings, its resolved path and its content fingerprint (None: trained)
     imported: dict | None = None
+    # "shuffled": trained on a seeded permutation of the training labels (in the key; "true" is not)
+    labels: Literal["true", "shuffled"] = "true"
+    # which condition of this file the run belongs to (None: a design without conditions), its factor
+    # levels, and the untrained conditions that read its epoch-0 rows: a view of this file, never in the
+    # key or the dump (another file may reuse the run under another name)
+    condition: str | None = Field(None, exclude=True)
+    levels: dict[str, str] = Field(default_factory=dict, exclude=True)
+    epoch0_conditions: tuple[str, ...] = Field((), exclude=True)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler) -> dict:
+        """A run on the true labels dumps as runs did before labels could be shuffled (what the runners
+        receive, the child run's params and its ``spec_hash``)."""
+        out = handler(self)
+        if out.get("labels") == "true":
+            del out["labels"]
+        return out
 
     @property
     def label(self) -> str:
-        return f"{self.dataset['name']}/seed{self.seed}"
+        """``dataset/seedN``, led by the condition's name in a design with conditions."""
+        lead = f"{self.condition}/" if self.condition is not None else ""
+        return f"{lead}{self.dataset['name']}/seed{self.seed}"
 
 
 def run_key(payload: dict) -> str:
@@ -76,7 +96,11 @@ def run_key(payload: dict) -> str:
 
 
 def plan_runs(hyp: Hypothesis, data_dir: str | Path | None = None, record: bool = False) -> list[RunSpec]:
-    """One RunSpec per (dataset, seed) of the design, in file order.
+    """One RunSpec per (trained cell, dataset, seed) of the design, in file order.
+
+    A cell's runs are keyed as the runs of a single-condition file with the cell's design
+    (``study.conditions``); an untrained cell has no runs of its own: its twin's runs name it in
+    ``epoch0_conditions``.
 
     Args:
         data_dir: the output folder's ``data/``, where on-disk fingerprints are recorded (None: the
@@ -84,24 +108,37 @@ def plan_runs(hyp: Hypothesis, data_dir: str | Path | None = None, record: bool 
             keys of that dataset's runs are not those it was trained under).
         record: record the fingerprint of each on-disk dataset's folder (``run``, with the data present).
     """
-    design = hyp.design
-    if design.source is not None:
+    if hyp.design.source is not None:
         return _plan_imports(hyp)
+    cells = hyp.design.cells()
+    datasets = [_dataset_payload(ds, data_dir, record) for ds in hyp.design.datasets]
     runs = []
-    obj = objective_payload(design.objective)  # plain supervised stays the string "supervised": stable keys
-    for ds in design.datasets:
-        dataset = _dataset_payload(ds, data_dir, record)
-        for seed in design.seeds:
-            payload = {
-                "dataset": dataset,
-                "model": design.model.resolved(),
-                "objective": obj,
-                "training": design.training.model_dump(),
-                "seed": seed,
-                "checkpoints": design.checkpoint_epochs,
-                "probe": design.probe.model_dump(),
-            }
-            runs.append(RunSpec(key=run_key(payload), **payload))
+    for cell in cells:
+        if cell.untrained:
+            continue
+        design = cell.design
+        obj = objective_payload(
+            design.objective
+        )  # plain supervised stays the string "supervised": stable keys
+        view = {
+            "condition": cell.name,
+            "levels": cell.levels,
+            "epoch0_conditions": tuple(c.name for c in cells if c.untrained and c.twin == cell.name),
+        }
+        for dataset in datasets:
+            for seed in design.seeds:
+                payload = {
+                    "dataset": dataset,
+                    "model": design.model.resolved(),
+                    "objective": obj,
+                    "training": design.training.model_dump(),
+                    "seed": seed,
+                    "checkpoints": design.checkpoint_epochs,
+                    "probe": design.probe.model_dump(),
+                }
+                if design.labels != "true":  # true labels stay out of the payload: today's keys
+                    payload["labels"] = design.labels
+                runs.append(RunSpec(key=run_key(payload), **payload, **view))
     return runs
 
 

@@ -15,9 +15,12 @@ import yaml
 from pydantic import (
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     ValidationError,
+    ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -36,6 +39,9 @@ from runners.objectives import (
     preset_names,
 )
 from runners.sources import DEFAULT_SOURCE, SOURCES, DesignFacts, RunSource
+from study import conditions as cond
+from study.conditions import DEFAULT_MAX_RUNS, Cell, ConditionSpec, Labels
+from study.conditions import FieldError as _FieldError
 from vitstudy_core.errors import StudyError
 from vitstudy_core.knobs import INTEGER_KNOBS, Knob
 from vitstudy_core.layers import TokenSet, layer_names
@@ -127,6 +133,72 @@ class Design(Strict):
     checkpoints: list[int] | None = None  # epochs at which spectra are measured; default: last epoch
     probe: ProbeSpec = ProbeSpec()
     source: SourceSpec | None = None  # None: train every run; else import them (objective/training unused)
+    # built-in controls (study.conditions): a seeded permutation of the training labels; no training at all
+    labels: Labels = "true"
+    untrained: bool = False
+    # conditions: a list of named cells, or factors crossed into cells (study.conditions); neither: one cell
+    conditions: list[ConditionSpec] | None = Field(None, min_length=1)
+    factors: dict[str, list] | None = Field(None, min_length=1)
+    max_runs: int = Field(DEFAULT_MAX_RUNS, ge=1)  # a larger design is refused before anything is written
+    _cells: list[Cell] | None = PrivateAttr(None)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler) -> dict:
+        """The fields added with conditions are left out at their defaults: a design without them dumps
+        (and so hashes, for the registration) as it did before they existed."""
+        out = handler(self)
+        for name in ("labels", "untrained", "conditions", "factors", "max_runs"):
+            if name in out and out[name] == type(self).model_fields[name].default:
+                del out[name]
+        return out
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _expand_cells(cls, data: object, handler, info: ValidationInfo) -> Design:
+        """The conditions' cells, each validated as a design of its own from the raw base design (so a
+        cell is keyed as the single-condition file with the same parts: ``study.conditions``)."""
+        design = handler(data)
+        is_cell = bool(info.context and info.context.get("cell"))
+        if design.untrained and not is_cell:
+            raise _FieldError(
+                "design.untrained",
+                "untrained: true goes in a condition (its rows are the epoch-0 rows of a trained condition's runs)",
+            )
+        if design.conditions is None and design.factors is None:
+            design._check_size([Cell(None, design)], "design.seeds")
+            return design
+        if design.conditions is not None and design.factors is not None:
+            raise _FieldError("design.factors", "give conditions or factors, not both")
+        if design.source is not None:
+            raise _FieldError("design.conditions", "imported runs (design.source) take no conditions")
+        if design.conditions is not None:
+            names = [c.name for c in design.conditions]
+            for i, name in enumerate(names):
+                if name in names[:i]:
+                    raise _FieldError(
+                        f"design.conditions[{i}].name", f"condition name {name!r} is used twice"
+                    )
+        cells = cond.expand(
+            data if isinstance(data, dict) else design.model_dump(),
+            design.conditions,
+            design.factors,
+            lambda raw: cls.model_validate(raw, context={"cell": True}),
+            _error_of,
+        )
+        design._check_size(cells, "design.factors" if design.factors else "design.conditions")
+        design._cells = cells
+        return design
+
+    def _check_size(self, cells: list[Cell], where: str) -> None:
+        cond.check_size(cells, len(self.datasets), len(self.seeds), self.max_runs, where)
+
+    def cells(self) -> list[Cell]:
+        """The design's cells (``study.conditions.Cell``): one unnamed cell (itself) without conditions."""
+        return list(self._cells) if self._cells is not None else [Cell(None, self)]
+
+    def condition_names(self) -> list[str]:
+        """The conditions' names, in order ([] without conditions)."""
+        return [c.name for c in self._cells or []]
 
     @model_validator(mode="before")
     @classmethod
@@ -184,6 +256,12 @@ class Design(Strict):
         problem = self.objective.check_model(TimmModel.model_validate(m))
         if problem is not None:
             raise _FieldError(f"design.objective.{problem[0]}", problem[1])
+        if self.labels == "shuffled" and not self.objective.uses_labels:
+            raise _FieldError(
+                "design.labels",
+                f"objective {self.objective.kind} trains without labels: shuffling them changes nothing "
+                "(use shuffled labels with a supervised objective)",
+            )
         if isinstance(self.probe.covariance_epochs, list):
             for ep in self.probe.covariance_epochs:
                 if ep not in self.checkpoint_epochs:
@@ -427,6 +505,9 @@ class Hypothesis(Strict):
     @model_validator(mode="after")
     def _check_sweep(self) -> Hypothesis:
         """A sweep varies knobs of a procedural design dataset within their domains; knob claims need it."""
+        if self.sweep is not None and self.design.condition_names():
+            which = "design.factors" if self.design.factors else "design.conditions"
+            raise _FieldError(which, "a sweep varies one design's data: its design takes no conditions")
         varied = set(self.sweep.space) if self.sweep else set()
         for i, claim in enumerate(self.claims):
             knob = claim.knob()
@@ -511,14 +592,25 @@ class Hypothesis(Strict):
                     raise _FieldError(where, f"unknown layer {value!r}; expected one of {self.design.layers}")
                 if what == "epoch" and value != "last" and epochs and value not in epochs:
                     raise _FieldError(where, f"expected a checkpoint epoch {epochs} or 'last', got {value}")
+        self._check_conditions_named()
         return self
 
-
-class _FieldError(ValueError):
-    def __init__(self, field: str, message: str):
-        self.field = field
-        self.message = message
-        super().__init__(message)
+    def _check_conditions_named(self) -> None:
+        """Every condition a claim names is one of the design's (``ClaimBase.conditions_named``)."""
+        names = self.design.condition_names()
+        has = f"it has {names}" if names else "it has no conditions"
+        for i, claim in enumerate(self.claims):
+            for fld, name in getattr(claim, "conditions_named", lambda: [])():
+                if name not in names:
+                    raise _FieldError(
+                        f"claims[{i}].{fld}", f"condition {name!r} is not in the design ({has})"
+                    )
+            # (h-cond stand-in until h-claims' conditions_named() is merged: subset.condition alone)
+            own = getattr(claim.subset, "condition", None)
+            if not hasattr(claim, "conditions_named") and own is not None and own not in names:
+                raise _FieldError(
+                    f"claims[{i}].subset.condition", f"condition {own!r} is not in the design ({has})"
+                )
 
 
 def _loc(loc: tuple) -> str:
@@ -536,6 +628,22 @@ def _loc(loc: tuple) -> str:
         else:
             out += f".{part}" if out else str(part)
     return out or "(top level)"
+
+
+def _error_of(exc: ValidationError) -> tuple[str, str]:
+    """``(field, message)`` of a validation error's first error, as the one-line error gives them."""
+    err = exc.errors()[0]
+    ctx_err = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_err, _FieldError):
+        return ctx_err.field, ctx_err.message
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key (not part of the schema)"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict | list):
+        msg = f"{msg}, got {err['input']!r}"
+    return _loc(err["loc"]), msg
 
 
 def parse_hypothesis(data: object, file: str = "<hypothesis>") -> Hypothesis:
@@ -571,18 +679,8 @@ def parse_claims(data: object, file: str = "<claims>") -> list:
 
 def _study_error(exc: ValidationError, file: str) -> StudyError:
     """pydantic's first error as the one-line StudyError: file, field, expectation."""
-    err = exc.errors()[0]
-    ctx_err = (err.get("ctx") or {}).get("error")
-    if isinstance(ctx_err, _FieldError):
-        return StudyError(ctx_err.message, file, ctx_err.field)
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key (not part of the schema)"
-    elif err["type"] == "missing":
-        msg = "required field is missing"
-    elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], dict | list):
-        msg = f"{msg}, got {err['input']!r}"
-    return StudyError(msg, file, _loc(err["loc"]))
+    field, msg = _error_of(exc)
+    return StudyError(msg, file, field)
 
 
 MAX_FILE_BYTES = 1 << 20  # a hypothesis file is a page of YAML; 1 MiB leaves room for long claim lists

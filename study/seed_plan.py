@@ -71,13 +71,13 @@ def run_hours(
     time_step: Callable[[dict], float] | None,
     time_extract: Callable[[dict], float] | None = None,
 ) -> dict:
-    """dataset name -> {"hours": one run's hours (None: unknown), "source": where they came from}.
+    """:func:`run_group` -> {"hours": one run's hours (None: unknown), "source": where they came from}.
 
     ``time_extract``: seconds of one checkpoint's extraction (added once per checkpoint); None: left out,
     and the source says so.
     """
     out = _training_hours(specs, runs_dir, time_step)
-    by_name = {s.dataset["name"]: s for s in specs}
+    by_name = {run_group(s): s for s in specs}
     for name, h in out.items():
         if h["hours"] is None:
             continue
@@ -93,11 +93,16 @@ def run_hours(
     return out
 
 
+def run_group(spec: RunSpec) -> str:
+    """The runs that share a duration: a dataset's (``condition/dataset`` in a design with conditions)."""
+    return f"{spec.condition}/{spec.dataset['name']}" if spec.condition is not None else spec.dataset["name"]
+
+
 def _training_hours(specs: list[RunSpec], runs_dir: Path, time_step: Callable[[dict], float] | None) -> dict:
-    """dataset name -> {"hours": one run's training hours (None: unknown), "source": where it came from}."""
+    """:func:`run_group` -> {"hours": one run's training hours (None: unknown), "source": where it came from}."""
     out = {}
     for spec in specs:
-        name = spec.dataset["name"]
+        name = run_group(spec)
         if name in out:
             continue
         seconds = finished_run_seconds(spec, runs_dir)
@@ -178,8 +183,13 @@ def plan_study(
             row[f"run_hours_{key.removeprefix('seeds_')}"] = (
                 None if per_seed is None or row[key] is None else row[key] * per_seed
             )
+    cells = [c for c in hyp.design.cells() if c.name is not None]
     return {
         "hypothesis": hyp.name,
+        "cells": len(cells),
+        "trained_cells": sum(1 for c in cells if not c.untrained),
+        "runs": len(specs),
+        "run_hours": None if per_seed is None else per_seed * len(hyp.design.seeds),
         "file_seeds": len(hyp.design.seeds),
         "pilot": source,
         "run_hours_per_seed": per_seed,
@@ -212,6 +222,12 @@ def format_plan(plan: dict) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.append(f"pilot: {plan['pilot'] or 'none (give --pilot TABLE for the per-seed SD)'}")
+    if plan.get("cells"):
+        hours = "?" if plan["run_hours"] is None else fmt_num(plan["run_hours"], 3)
+        lines.append(
+            f"design: {plan['cells']} cell(s) ({plan['trained_cells']} trained), {plan['runs']} runs, "
+            f"{hours} run-hours at the file's {plan['file_seeds']} seeds"
+        )
     for name, h in plan["per_run"].items():
         lines.append(
             f"run time {name}: {fmt_num(h['hours'], 3) if h['hours'] is not None else '?'} h ({h['source']})"

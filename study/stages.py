@@ -590,7 +590,9 @@ def collect_table(
 ) -> Collected:
     """Stage 5: the tidy table of every finished run of the plan (also the ``table`` verb).
 
-    A run that failed or did not finish is left out; its seed is reported per dataset with the reason.
+    A run that failed or did not finish is left out; its seed is reported per dataset with the reason. In
+    a design with conditions every row carries its cell's name (``condition``), and each untrained cell
+    gets the epoch-0 rows of its twin's runs under its own name (:func:`condition_rows`).
     """
     rows, failed_seeds, missing = {}, {}, []
     for spec in specs:
@@ -601,8 +603,20 @@ def collect_table(
             missing.append(spec)
             continue
         rows[spec.key] = run_rows(spec, folder.path, layers)
-    table = make_table(pd.concat(rows.values(), ignore_index=True) if rows else [])
+    frames = [f for s in specs if s.key in rows for f in condition_rows(s, rows[s.key])]
+    table = make_table(pd.concat(frames, ignore_index=True) if frames else [])
     return Collected(table, rows, failed_seeds, missing)
+
+
+def condition_rows(spec: RunSpec, rows: pd.DataFrame) -> list[pd.DataFrame]:
+    """A run's rows as the table holds them: as they are (no conditions), or with the column ``condition``
+    = its cell's name, plus, per untrained cell that reads it, its epoch-0 rows under that cell's name."""
+    if spec.condition is None:
+        return [rows]
+    out = [rows.assign(condition=spec.condition)]
+    at_init = rows[rows["epoch"] == 0]
+    out += [at_init.assign(condition=name) for name in spec.epoch0_conditions]
+    return out
 
 
 def evaluate(

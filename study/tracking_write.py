@@ -85,6 +85,11 @@ class RunWriter:
             "datasets": ",".join(d.name for d in hyp.design.datasets),
             "objective": hyp.design.objective,
         }
+        cells = [c for c in hyp.design.cells() if c.name is not None]
+        if cells:  # the cells, each with its runs (an untrained cell's are its twin's)
+            params["n_cells"] = len(cells)
+            text = "; ".join(f"{c.name} ({_cell_runs(c, plan)} runs)" for c in cells)
+            self.client.set_tag(self.parent_id, "cells", text[:_TAG_MAX])
         self._log_params(self.parent_id, params)
         self.client.set_tag(self.parent_id, "spec_hash", file_digest(hyp_path))
         if command:
@@ -259,6 +264,8 @@ class RunWriter:
             },
         )
         tags.update({k: str(v)[:_TAG_MAX] for k, v in (extra or {}).items()})
+        if spec.condition is not None:  # a design with conditions: the cell and its factors' levels
+            tags.update({"condition": spec.condition, **{f"factor.{k}": v for k, v in spec.levels.items()}})
         if result.get("environment"):
             tags.update({f"env.{k}": str(v) for k, v in result["environment"].items()})
         if result.get("source"):  # an imported run: where it came from and how it was read
@@ -386,6 +393,11 @@ def run_times(result: dict) -> tuple[int | None, int | None]:
     if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end < start:
         return None, None
     return int(start * 1000), int(end * 1000)
+
+
+def _cell_runs(cell, plan: list) -> int:
+    """Runs of the plan a cell reads (an untrained cell: its twin's)."""
+    return sum(1 for s in plan if s.condition == (cell.twin or cell.name))
 
 
 def _source_tags(source: dict) -> dict[str, str]:

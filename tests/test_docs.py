@@ -257,6 +257,12 @@ RULES: list[Rule] = [
     Rule(r"^python -m study run hypotheses/u_shape\.yaml$", Mapped(E2E)),
     Rule(r"^python -m study run FILE$", Mapped(E2E)),
     Rule(
+        r"^python -m study run hypotheses/controls\.yaml$",
+        Mapped(
+            ("tests/test_conditions.py::test_a_cell_shared_with_a_single_condition_file_is_not_retrained",)
+        ),
+    ),
+    Rule(
         r"^python -m study run hypotheses/paper/tgo_i_import\.yaml --data-root source=\S+$",
         Mapped(("tests/test_imported.py::test_tgo_i_import_file_on_a_tgo_layout_log",)),
     ),

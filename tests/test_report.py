@@ -136,9 +136,10 @@ def test_each_claim_figure_plots_what_its_claim_tests(hyp, table, monkeypatch, t
     sections = build_sections(
         ReportInput(hyp.name, hyp.description, list(hyp.claims), results, table, tmp_path)
     )
-    last = int(table.epoch.max())
     for claim, sec in zip(hyp.claims, sections, strict=True):
         fig = sec.figures[0]
+        cell = getattr(claim.subset, "condition", None)  # a design with conditions: the claim's cell's rows
+        last = int((table if cell is None else table[table.condition == cell]).epoch.max())
         assert fig.png is not None, (claim.name, fig.missing)
         if getattr(claim, "over", None) == "epoch":
             epochs = sorted(int(e) for e in table[table.dataset == claim.subset.dataset].epoch.unique())

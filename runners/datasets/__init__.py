@@ -42,6 +42,7 @@ __all__ = [
     "DATASETS",
     "DEFAULT_KIND",
     "GENERATOR_VERSION",
+    "LABEL_SEED_OFFSET",
     "LOADER_VERSION",
     "DatasetKind",
     "check_dataset_folder",
@@ -54,7 +55,12 @@ __all__ = [
     "recorded_fingerprints",
     "resolve_fingerprint",
     "resolve_path",
+    "shuffled_labels",
 ]
+
+# the permutation of a run's shuffled training labels is seeded from the run seed by this offset: a stream
+# of its own (runners.train seeds the init with the seed, the data order with seed + 7919)
+LABEL_SEED_OFFSET = 15485863
 
 _SHARED = {"base", "cache", "disk", "fingerprints", "folders"}
 # These register first, in this order: the order error messages have always listed the kinds in
@@ -95,6 +101,15 @@ def load_split(
         images: uint8 (N, image_size, image_size, 3) (on-disk kinds: a memory map); labels: int64 (N,).
     """
     return _with_images(spec).load(spec, split, Path(cache_dir), probe_size, probe_seed)
+
+
+def shuffled_labels(labels: np.ndarray, seed: int) -> np.ndarray:
+    """The training labels of a ``labels: shuffled`` run: a permutation of ``labels`` (N,) drawn from
+    ``numpy.random.default_rng(seed + LABEL_SEED_OFFSET)``. Class frequencies are kept; which image has
+    which label is random (the control of Zhang et al. 2017 and Ansuini et al. 2019), the same for every
+    run of that seed. The test and probe splits keep their true labels."""
+    perm = np.random.default_rng(int(seed) + LABEL_SEED_OFFSET).permutation(len(labels))
+    return np.asarray(labels)[perm]
 
 
 def num_classes(spec: dict) -> int:

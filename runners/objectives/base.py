@@ -76,6 +76,8 @@ class ObjectiveSettings(Strict):
 
     trainer: ClassVar[str] = ""
     presets: ClassVar[Mapping[str, Preset]] = {}
+    # whether training reads the labels (a design's ``labels: shuffled`` is refused when it does not)
+    uses_labels: ClassVar[bool] = True
 
     @model_validator(mode="before")
     @classmethod
