@@ -598,19 +598,13 @@ class Hypothesis(Strict):
     def _check_conditions_named(self) -> None:
         """Every condition a claim names is one of the design's (``ClaimBase.conditions_named``)."""
         names = self.design.condition_names()
-        has = f"it has {names}" if names else "it has no conditions"
         for i, claim in enumerate(self.claims):
-            for fld, name in getattr(claim, "conditions_named", lambda: [])():
+            for fld, name in claim.conditions_named():
                 if name not in names:
+                    has = f"it has {names}" if names else "it has no conditions"
                     raise _FieldError(
                         f"claims[{i}].{fld}", f"condition {name!r} is not in the design ({has})"
                     )
-            # (h-cond stand-in until h-claims' conditions_named() is merged: subset.condition alone)
-            own = getattr(claim.subset, "condition", None)
-            if not hasattr(claim, "conditions_named") and own is not None and own not in names:
-                raise _FieldError(
-                    f"claims[{i}].subset.condition", f"condition {own!r} is not in the design ({has})"
-                )
 
 
 def _loc(loc: tuple) -> str:

@@ -17,7 +17,10 @@ from study.schema import parse_hypothesis
 from vitstudy_core.errors import StudyError
 
 DESIGN = {"datasets": [{"name": "objects"}, {"name": "textures", "variant": "textures"}],
-          "seeds": [0, 1, 2, 3, 4], "checkpoints": [0, 2]}  # fmt: skip
+          "seeds": [0, 1, 2, 3, 4], "checkpoints": [0, 2],
+          "conditions": [{"name": "trained"}, {"name": "shuffled", "labels": "shuffled"},
+                         {"name": "untrained", "untrained": True},
+                         {"name": "copy", "training": {"lr": 0.002}}]}  # fmt: skip
 REGIONS = {"early": ["block_01"], "bottleneck": ["block_04", "block_05"], "late": ["block_12"]}
 U = {"kind": "u_shape", "metric": "eed_pct", "subset": {"dataset": "objects"}, "regions": REGIONS}
 
@@ -260,7 +263,7 @@ def test_bad_cross_claims_are_one_line(claim, field, words):
 def test_a_control_the_table_lacks_is_one_line(table):
     with pytest.raises(StudyError) as err:
         _one(table, {**U, "subset": {"dataset": "objects", "condition": "trained"}, "controls": ["dino"]})
-    assert "controls[0]" in str(err.value) and "'dino' is not in the table" in str(err.value)
+    assert "controls[0]" in str(err.value) and "'dino' is not in the design" in str(err.value)
 
 
 # ---- the array-level tests ----------------------------------------------------------------------------------
@@ -386,7 +389,8 @@ def test_the_paper_claims():
         cells[f"objective={objective},untrained=false"] = trained
         cells[f"objective={objective},untrained=true"] = _flat(trained, rng)
     table = pd.concat([t.assign(condition=c) for c, t in cells.items()], ignore_index=True)
-    design = {"datasets": [{"name": d} for d in datasets], "seeds": [0, 1, 2, 3, 4], "checkpoints": [0, 8]}
+    design = {"datasets": [{"name": d} for d in datasets], "seeds": [0, 1, 2, 3, 4], "checkpoints": [0, 8],
+              "factors": {"objective": ["dino_paper", "supervised"], "untrained": [False, True]}}  # fmt: skip
     hyp = parse_hypothesis(
         {"name": "ib", "design": design, "claims": _fixture_claims("claims_inductive_bottleneck.yaml")}
     )
