@@ -352,6 +352,12 @@ RULES: list[Rule] = [
     ),
     # ---- other tools' set-up commands
     Rule(
+        r"^pip install torch torchvision --index-url https://download\.pytorch\.org/whl/cpu$",
+        External(
+            "the PyTorch project's CPU wheels: a download from its index, which CI (pip's registry only) cannot reach"
+        ),
+    ),
+    Rule(
         r"^sudo -u postgres create(user|db) ",
         External("PostgreSQL's own tools; tests/clusters.py starts a throwaway server with initdb instead"),
     ),
