@@ -173,3 +173,14 @@ def test_import_study_stays_light():
         [sys.executable, "-c", code], check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
     )
     assert study.load.__module__ == "study.api" and "run" in study.__all__
+
+
+def test_readme_use_from_python_is_the_tested_example():
+    """The README's "Use from Python" code block is examples/use_from_python.py's code (which
+    test_use_from_python_example runs), line for line."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Use from Python", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    example = (REPO / "examples" / "use_from_python.py").read_text()
+    code = example.split('"""', 2)[2].strip()  # after the module docstring
+    assert block.strip() == code
