@@ -593,7 +593,25 @@ class Hypothesis(Strict):
                 if what == "epoch" and value != "last" and epochs and value not in epochs:
                     raise _FieldError(where, f"expected a checkpoint epoch {epochs} or 'last', got {value}")
         self._check_conditions_named()
+        self._check_adjust_for()
         return self
+
+    def _check_adjust_for(self) -> None:
+        """A claim's ``adjust_for`` scalar is one its runs record, in every cell (checked before training)."""
+        from analysis.kinds.base import RUN_SCALARS
+
+        objectives = [self.design.objective, *(c.design.objective for c in self.design.cells())]
+        for i, claim in enumerate(self.claims):
+            name = getattr(claim, "adjust_for", None)
+            if name is None:
+                continue
+            for objective in objectives:
+                if RUN_SCALARS[name] not in objective.records:
+                    have = sorted(k for k, v in RUN_SCALARS.items() if v in objective.records)
+                    raise _FieldError(
+                        f"claims[{i}].adjust_for",
+                        f"objective {objective.kind} does not record {name!r} (its runs record {have})",
+                    )
 
     def _check_conditions_named(self) -> None:
         """Every condition a claim names is one of the design's (``ClaimBase.conditions_named``)."""

@@ -336,13 +336,13 @@ def test_adjusted_claim_removes_a_confound_through_accuracy(kind):
 
 
 def test_adjust_for_a_scalar_the_table_lacks_is_one_line():
-    hyp = _sweep_hyp(direction="decreasing", adjust_for="knn_accuracy")
+    hyp = _sweep_hyp(direction="decreasing", adjust_for="train_loss")
     with pytest.raises(StudyError) as err:
         evaluate_claims(hyp, _sweep_table("accuracy"), source="sweep.yaml")
     msg = str(err.value)
-    assert "\n" not in msg and "adjust_for" in msg and "'knn_accuracy'" in msg
-    nan = _sweep_table("accuracy").assign(knn_accuracy=np.nan)
-    with pytest.raises(StudyError, match="no run records 'knn_accuracy'"):
+    assert "\n" not in msg and "adjust_for" in msg and "'train_loss'" in msg
+    nan = _sweep_table("accuracy").assign(train_loss=np.nan)
+    with pytest.raises(StudyError, match="no run records 'train_loss'"):
         evaluate_claims(hyp, nan, source="sweep.yaml")
 
 
@@ -396,3 +396,20 @@ def test_the_paper_claims():
     )
     verdicts = [r.verdict for r in evaluate_claims(hyp, table)]
     assert verdicts == [ACCEPTED, ACCEPTED, ACCEPTED, ACCEPTED], verdicts
+
+
+def test_adjust_for_a_scalar_the_objective_does_not_record_is_refused_before_training():
+    """DINO records no test accuracy (its runs keep a k-NN accuracy): ``adjust_for: test_accuracy`` is one
+    line naming the claim's field at validation, before anything trains; ``knn_accuracy`` is accepted."""
+    import yaml
+
+    doc = yaml.safe_load(open("hypotheses/complexity_sweep.yaml"))
+    doc["design"]["objective"] = "dino"
+    doc["claims"] = [c for c in doc["claims"] if c.get("adjust_for")]
+    with pytest.raises(StudyError) as err:
+        parse_hypothesis(doc, "sweep.yaml")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("sweep.yaml: claims[0].adjust_for: objective dino")
+    assert "does not record 'test_accuracy'" in msg and "knn_accuracy" in msg
+    doc["claims"][0]["adjust_for"] = "knn_accuracy"
+    assert parse_hypothesis(doc, "sweep.yaml").claims[0].adjust_for == "knn_accuracy"

@@ -78,6 +78,8 @@ class ObjectiveSettings(Strict):
     presets: ClassVar[Mapping[str, Preset]] = {}
     # whether training reads the labels (a design's ``labels: shuffled`` is refused when it does not)
     uses_labels: ClassVar[bool] = True
+    # the per-epoch history keys its runs record (result.json): what a claim's ``adjust_for`` may read
+    records: ClassVar[frozenset[str]] = frozenset({"loss", "train_acc", "test_acc"})
 
     @model_validator(mode="before")
     @classmethod

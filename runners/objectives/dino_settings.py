@@ -75,6 +75,7 @@ class DinoObjective(ObjectiveSettings):
     trainer: ClassVar[str] = "runners.objectives.dino:DinoTrainer"
     presets: ClassVar[dict[str, Preset]] = PRESETS
     uses_labels: ClassVar[bool] = False  # self-distillation: labels are read only by the k-NN evaluation
+    records: ClassVar[frozenset[str]] = frozenset({"loss", "knn_acc"})
 
     out_dim: int = Field(1024, ge=2)  # prototypes K of the DINO head's last layer
     hidden_dim: int = Field(256, ge=2)
