@@ -540,3 +540,49 @@ def optuna_figures(optuna_study) -> list[Figure]:
         except Exception as exc:  # noqa: BLE001 - a plot optuna cannot draw is listed, not fatal
             out.append(Figure(f"sweep_{name}", f"optuna {name} plot", missing=f"{type(exc).__name__}: {exc}"))
     return out
+
+
+def conditions_grid(table: pd.DataFrame, metric: str, token_set: str = "all") -> Figure:
+    """A design with conditions at a glance: one panel per condition (rows) x dataset (columns), the metric
+    by layer at the condition's last epoch (an untrained cell's is 0): a thin line per seed, the mean with
+    its 95% t band (clipped to the metric's range). Shared axes, so panels compare by eye.
+
+    Args:
+        table: a tidy table with a ``condition`` column.
+    """
+    name = f"conditions_{metric}_{token_set}"
+    caption = f"{metric} by layer ({token_set} tokens) per condition (rows) and dataset (columns), last epoch"
+    sel = table[(table.metric == metric) & (table.token_set == token_set)]
+    if sel.empty or "condition" not in sel.columns:
+        return Figure(name, caption, missing=f"no {metric}/{token_set} rows with conditions in the table")
+    conditions = list(dict.fromkeys(map(str, sel["condition"])))
+    datasets = list(dict.fromkeys(map(str, sel["dataset"])))
+    layer_order = sel.drop_duplicates("layer").sort_values("layer_index")["layer"].tolist()
+    x = np.arange(len(layer_order))
+    fig, axes = plt.subplots(
+        len(conditions), len(datasets), sharex=True, sharey=True, squeeze=False,
+        figsize=(max(4.0, 0.3 * len(layer_order)) * len(datasets), 2.2 * len(conditions) + 0.6),
+    )  # fmt: skip
+    epochs = {}
+    for r, cond in enumerate(conditions):
+        for c, ds in enumerate(datasets):
+            ax, part = axes[r][c], sel[(sel.condition.astype(str) == cond) & (sel.dataset.astype(str) == ds)]
+            if part.empty:
+                ax.set_axis_off()
+                continue
+            ep = int(part.epoch.max())
+            epochs[cond] = ep
+            wide = part[part.epoch == ep].pivot_table(index="seed", columns="layer", values="value")
+            wide = wide.reindex(columns=layer_order)
+            for _, row in wide.iterrows():
+                ax.plot(x, row.to_numpy(), color="C0", alpha=0.35, lw=0.7)
+            mean = _band(ax, x, wide.to_numpy(dtype=float), metric_range(metric), "C0")
+            ax.plot(x, mean, color="C0", lw=1.8, marker="o", ms=2.5)
+            ax.set_title(f"{cond} | {ds} (epoch {ep}, {len(wide)} seeds)", fontsize=8)
+            if c == 0:
+                ax.set_ylabel(metric, fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xticks(x, layer_order, rotation=60, ha="right", fontsize=7)
+    fig.tight_layout()
+    plotted = {"conditions": conditions, "datasets": datasets, "layers": layer_order, "epochs": epochs}
+    return Figure(name, caption, png=_png(fig), plotted=plotted)

@@ -76,6 +76,7 @@ class ReportInput:
     missing: list[str] = field(default_factory=list)
     preface: list[Figure] = field(default_factory=list)  # figures before the claims (a sweep's curves)
     preface_lines: list[str] = field(default_factory=list)
+    preface_title: str = "Sweep"  # the heading of the preface (a design with conditions: "Conditions")
     sequential: dict | None = None
 
 
@@ -123,7 +124,10 @@ def read_study(
         table = pd.read_parquet(study_dir / "table.parquet")
     except Exception as exc:  # noqa: BLE001 - missing or corrupt: report what we have
         missing.append(f"table.parquet unreadable ({type(exc).__name__}); claim figures not shown")
+    preface = conditions_preface(table, [c for c in claims if c is not None])
     return ReportInput(
+        preface=preface,
+        preface_title="Conditions" if preface else "Sweep",
         title=verdicts.get("hypothesis", title),
         description=description,
         claims=list(claims) + [None] * (len(results) - len(claims)),
@@ -403,7 +407,7 @@ def _html(
         )
 
     if inp.preface or inp.preface_lines:
-        out.append("<h2>Sweep</h2>")
+        out.append(f"<h2>{e(inp.preface_title)}</h2>")
         out += [f"<p>{e(line)}</p>" for line in inp.preface_lines]
         out += [fig_html(f) for f in inp.preface]
     for sec in sections:
@@ -462,7 +466,7 @@ def _markdown(
     ]
     out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in _verdict_rows(sections)]
     if inp.preface or inp.preface_lines:
-        out += ["", "## Sweep", ""] + inp.preface_lines + [""]
+        out += ["", f"## {inp.preface_title}", ""] + inp.preface_lines + [""]
         out += [
             f"![{f.caption}]({fig_paths[f.name]})"
             if f.name in fig_paths
@@ -509,7 +513,7 @@ def write_report(study_dir: str | Path, inp: ReportInput) -> tuple[Path, Path]:
     ]
     vers = package_versions()
     fig_paths: dict[str, str] = {}
-    missing += [f"sweep: {f.caption}: {f.missing}" for f in inp.preface if f.missing]
+    missing += [f"{inp.preface_title.lower()}: {f.caption}: {f.missing}" for f in inp.preface if f.missing]
     for f in [f for s in sections for f in s.figures] + covs + inp.preface:
         if f.png is not None:
             atomic_write_bytes(study_dir / "figures" / f"{f.name}.png", f.png)
@@ -519,3 +523,14 @@ def write_report(study_dir: str | Path, inp: ReportInput) -> tuple[Path, Path]:
     fault_point("report.write")
     atomic_write_text(md_path, _markdown(inp, sections, covs, missing, vers, fig_paths))
     return html_path, md_path
+
+
+def conditions_preface(table: pd.DataFrame | None, claims: list) -> list[Figure]:
+    """A design with conditions: one condition x dataset grid (:func:`analysis.figures.conditions_grid`) per
+    claimed (metric, token set), at most 3, shown before the claims; [] for a table without conditions."""
+    if table is None or "condition" not in table.columns or table["condition"].nunique() < 2:
+        return []
+    from analysis.figures import conditions_grid
+
+    pairs = dict.fromkeys((c.metric, getattr(c.subset, "token_set", "all") or "all") for c in claims)
+    return [conditions_grid(table, metric, token_set) for metric, token_set in list(pairs)[:3]]

@@ -189,3 +189,17 @@ def test_report_names_the_test_a_claim_used(tmp_path):
     result.details["method_used"] = used
     (sec,) = build_sections(ReportInput(hyp.name, "", hyp.claims[:1], [result], table, tmp_path))
     assert sec.findings[0] == f"test used: {used}"
+
+
+def test_a_design_with_conditions_gets_a_condition_by_dataset_grid():
+    """The report of a design with conditions opens with one grid per claimed metric: a panel per condition
+    x dataset at the condition's own last epoch (the untrained cell's is 0), per-seed lines and a band."""
+    from analysis.report import conditions_preface
+
+    hyp = load_hypothesis(ROOT / "hypotheses" / "controls.yaml")
+    table = pd.read_parquet(BEHAVIOUR / "table_controls.parquet")
+    (grid,) = conditions_preface(table, list(hyp.claims))
+    assert grid.png is not None and grid.plotted["conditions"] == ["trained", "shuffled", "untrained"]
+    assert grid.plotted["datasets"] == ["objects"]
+    assert grid.plotted["epochs"] == {"trained": 8, "shuffled": 8, "untrained": 0}
+    assert conditions_preface(table[table.condition == "trained"], list(hyp.claims)) == []
