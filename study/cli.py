@@ -28,6 +28,7 @@ from pathlib import Path
 
 from vitstudy_core.errors import StudyError
 from vitstudy_core.io import WRITE_ERRNOS
+from vitstudy_core.redact import redact
 
 
 class _Parser(argparse.ArgumentParser):
@@ -71,6 +72,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--verbose", action="store_true", help="let MLflow's and alembic's log lines through")
     r.add_argument(
         "--new-registration", metavar="REASON", help="start the study's registration afresh (recorded)"
+    )
+    r.add_argument(
+        "--allow-failed-runs",
+        action="store_true",
+        help="exit 0 even when runs failed (their seeds are left out of the verdicts)",
     )
     _add_sequential_options(r)
     _add_placement(r)
@@ -187,7 +193,18 @@ def _add_scale_verbs(sub) -> None:
     sb.add_argument("--out", type=Path, default=Path("study_results"), help="shared output folder")
     sb.add_argument("--leases", default=None, help="run lease store (a postgresql:// URL on a cluster)")
     sb.add_argument("--storage", default=None, help="optuna storage URL of a sweep (postgresql://...)")
+    sb.add_argument("--cpus-per-run", type=float, default=1, help="CPUs each run requests (default 1)")
     sb.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each run requests (default 0)")
+    sb.add_argument("--data-root", action="append", default=[], metavar="NAME=PATH", help="as for run")
+    sb.add_argument("--force", action="store_true", help="as for run: retrain finished runs")
+    sb.add_argument("--n-trials", type=int, default=None, help="as for sweep: trials in all")
+    sb.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    sb.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
+    sb.add_argument(
+        "--ship-code",
+        action="store_true",
+        help="send this checkout's code with the job (Ray working_dir), for nodes that lack it",
+    )
     st = sub.add_parser("status", help="studies with their runs done, running and to do")
     st.add_argument("--out", type=Path, default=Path("study_results"), help="output folder (file leases)")
     st.add_argument("--leases", default=None, help="run lease store URL (default: OUT/leases)")
@@ -197,9 +214,21 @@ def _add_scale_verbs(sub) -> None:
 def _scale_verbs(args) -> int | None:
     """Run ``submit`` / ``status``; None for any other verb."""
     if args.verb == "submit":
-        from study.cluster import submit
+        from study.cluster import SubmitOptions, submit
 
-        job_id = submit(args.hypothesis, args.address, args.out, args.leases, args.storage, args.gpus_per_run)
+        opts = SubmitOptions(
+            args.leases,
+            args.storage,
+            args.cpus_per_run,
+            args.gpus_per_run,
+            tuple(args.data_root),
+            args.force,
+            args.n_trials,
+            args.no_mlflow,
+            args.no_report,
+            args.ship_code,
+        )
+        job_id = submit(args.hypothesis, args.address, args.out, opts)
         print(f"submitted: {job_id}\nfollow:    ray job logs --follow {job_id} --address {args.address}")
         return 0
     if args.verb == "status":
@@ -351,10 +380,12 @@ def _sweep_verb(args: argparse.Namespace, hyp, argv) -> int:
         )
     if args.n_trials is not None and args.n_trials < 1:
         raise StudyError(f"--n-trials: expected a positive integer, got {args.n_trials}")
-    from study.sweep import SweepOptions
+    from study.cluster import check_reachable
+    from study.sweep import SweepOptions, storage_url
 
-    sweep = SweepOptions(n_trials=args.n_trials, storage=args.storage)
-    outcome = run_sweep(hyp, args.hypothesis, args.out, _run_options(args, argv), sweep)
+    sweep, opts = SweepOptions(n_trials=args.n_trials, storage=args.storage), _run_options(args, argv)
+    check_reachable(opts.placement, storage_url(hyp, args.storage))  # before anything is written
+    outcome = run_sweep(hyp, args.hypothesis, args.out, opts, sweep)
     print()
     print(format_verdicts(outcome.results))
     print(f"\nresults: {outcome.sweep_dir}/ (trials.csv, table.parquet, verdicts.json)")
@@ -374,7 +405,8 @@ def _run_options(args: argparse.Namespace, argv: list[str] | None):
         track=not args.no_mlflow,
         log_model=getattr(args, "log_model", False),
         report=not args.no_report,
-        command=" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])]),
+        # recorded in MLflow, verdicts.json and the report: no password of a --leases/--storage URL
+        command=redact(" ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])])),
         placement=_placement(args),
     )
 
@@ -437,11 +469,15 @@ def _run_verb(args: argparse.Namespace, hyp, argv) -> int:
     if any(not k or not v for k, v in roots.items()) or len(roots) != len(args.data_root):
         raise StudyError(f"--data-root: expected NAME=PATH, got {args.data_root}")
     hyp = with_data_roots(hyp, roots, str(args.hypothesis)) if roots else hyp
+    from study.cluster import check_reachable
+
+    opts = _run_options(args, argv)
+    check_reachable(opts.placement)  # an unreachable cluster or database: one line, nothing written
     if args.new_registration is not None:
         from study.registration import start_new
 
         start_new(args.out / "studies" / hyp.name, args.new_registration)
-    outcome = run_study(hyp, args.hypothesis, args.out, _run_options(args, argv), _sequential_plan(args, hyp))
+    outcome = run_study(hyp, args.hypothesis, args.out, opts, _sequential_plan(args, hyp))
     print()
     print(format_verdicts(outcome.results))
     if outcome.sequential:
@@ -453,8 +489,24 @@ def _run_verb(args: argparse.Namespace, hyp, argv) -> int:
     if not args.no_mlflow:
         from study.tracking import default_tracking_uri
 
-        print(f"mlflow:  mlflow ui --backend-store-uri {default_tracking_uri(args.out)}")
-    return 0
+        uri = redact(default_tracking_uri(args.out))
+        hint = f"{uri} (the tracking server's UI)" if uri.startswith(("http://", "https://")) else None
+        print(f"mlflow:  {hint or 'mlflow ui --backend-store-uri ' + uri}")
+    return _failed_exit(outcome.failed, args.allow_failed_runs)
+
+
+def _failed_exit(failed: dict[str, str], allowed: bool) -> int:
+    """0, or 1 with one line when runs failed (their seeds are missing from the verdicts) and
+    ``--allow-failed-runs`` was not given."""
+    if not failed or allowed:
+        return 0
+    first = next(iter(failed.values())).splitlines()[0] if failed else ""
+    print(
+        f"error: {len(failed)} run(s) failed, so their seeds are left out of the verdicts (first: {redact(first)}); "
+        "rerun to retry them (finished runs are reused), or pass --allow-failed-runs to accept fewer seeds",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -469,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             study.tracking.VERBOSE = True
         return _verbs(args, argv)
     except StudyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
