@@ -271,6 +271,9 @@ def test_case5_workers_share_one_pool_each_under_a_low_connection_limit(tmp_path
     admin.dispose()
     SqlLeaseStore(db)  # the table exists before the workers race
     dispose_engines()
+    sessions = "SELECT sessions FROM pg_stat_database WHERE datname = 'pooled'"
+    with sa.create_engine(postgres_url).connect() as conn:
+        before = conn.execute(sa.text(sessions)).scalar()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", WORKER, db, str(tmp_path), f"w{i}"],
@@ -284,11 +287,13 @@ def test_case5_workers_share_one_pool_each_under_a_low_connection_limit(tmp_path
     ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    time.sleep(1.0)  # a session's statistics reach pg_stat_database when it ends
     with sa.create_engine(postgres_url).connect() as conn:
-        left = conn.execute(
-            sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = 'pooled'")
-        ).scalar()
+        active = "SELECT count(*) FROM pg_stat_activity WHERE datname = 'pooled'"
+        left = conn.execute(sa.text(active)).scalar()
+        opened = conn.execute(sa.text(sessions)).scalar() - before
     assert left == 0  # disposed at exit
+    assert opened <= 2 * 3, f"24 jobs opened {opened} connections: one pool per process holds at most 3"
 
 
 def test_case5_one_engine_per_url_and_process(tmp_path):
