@@ -14,7 +14,6 @@ from study import stages
 from study.schema import parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS, write_runs
 from vitstudy_core.runfolder import RunFolder
-from vitstudy_core.runfolder import RunFolder
 
 
 @pytest.fixture
