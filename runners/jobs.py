@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import socket
 import sys
 from pathlib import Path
 
+from runners.shared_out import check_token
 from runners.sources import get_source
 from vitstudy_core.errors import machine_fault
 from vitstudy_core.io import remove_temporaries
@@ -37,13 +39,20 @@ def execute_run(run: dict, run_dir: str, data_dir: str) -> dict:
         )
 
 
-def execute_claimed_run(run: dict, run_dir: str, data_dir: str, leases: str, study: str = "") -> dict:
+def execute_claimed_run(
+    run: dict, run_dir: str, data_dir: str, leases: str, study: str = "", token: str = ""
+) -> dict:
     """:func:`execute_run` under a lease in the store ``leases`` (``runners.leases``): a run finished or
-    being filled by another worker is not filled again, so the job is safe to retry or to run twice."""
+    being filled by another worker is not filled again, so the job is safe to retry or to run twice.
+
+    ``token``: the output folder's (``runners.shared_out``); a worker that does not see it there fails
+    before it trains, naming its host. The result says which ``host`` ran the job."""
     from runners.leases import fill_once, open_lease_store
 
+    if token:
+        check_token(Path(run_dir).parent.parent, token)
     try:
-        return fill_once(
+        result = fill_once(
             open_lease_store(leases),
             run,
             run_dir,
@@ -58,3 +67,4 @@ def execute_claimed_run(run: dict, run_dir: str, data_dir: str, leases: str, stu
         if fault is None or fault is exc:
             raise
         raise fault from exc
+    return {**result, "host": socket.gethostname()}

@@ -26,6 +26,7 @@ to well under the lease time (``STUDY_LEASE_TTL``, default 60 s).
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import os
@@ -39,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+from vitstudy_core.redact import redact
 from vitstudy_core.runfolder import RunFolder
 
 LEASE_TTL_ENV = "STUDY_LEASE_TTL"  # seconds a lease lives without a heartbeat
@@ -99,6 +101,11 @@ class LeaseStore(Protocol):
         """Record a study's planned runs as ``todo`` (keys already present are left as they are)."""
         ...
 
+    def reconcile(self, run_keys: list[str], state: str = "finished") -> None:
+        """Record ``state`` for runs whose folders ended while their leases still say ``todo`` or
+        ``running`` past their time (a release that never reached the store); live leases are left."""
+        ...
+
 
 class LeaseLost(Exception):
     """Raised by :func:`check_lease` in the thread filling a run whose lease another worker took over."""
@@ -155,7 +162,7 @@ class SqlLeaseStore:
         import sqlalchemy as sa
 
         self.url = url
-        self.engine = sa.create_engine(url, pool_pre_ping=True)
+        self.engine = engine_for(url)
         meta = sa.MetaData()
         self.table = sa.Table(
             TABLE,
@@ -235,6 +242,15 @@ class SqlLeaseStore:
                 .values(state=state, lease_expires=time.time())
             )
 
+    def reconcile(self, run_keys: list[str], state: str = "finished") -> None:
+        import sqlalchemy as sa
+
+        t, now = self.table, time.time()
+        stale = sa.or_(t.c.state == "todo", sa.and_(t.c.state == "running", t.c.lease_expires < now))
+        with self.engine.begin() as conn:
+            for key in run_keys:
+                conn.execute(sa.update(t).where(t.c.run_key == key, stale).values(state=state))
+
     def leases(self) -> list[Lease]:
         import sqlalchemy as sa
 
@@ -309,6 +325,16 @@ class FileLeaseStore:
             if old is not None and old.owner == owner:
                 self._write(Lease(run_key, owner, time.time(), state, old.attempts, old.study))
 
+    def reconcile(self, run_keys: list[str], state: str = "finished") -> None:
+        with self._locked():
+            now = time.time()
+            for key in run_keys:
+                old = self._read(key)
+                if old is not None and (
+                    old.state == "todo" or (old.state == "running" and not old.live(now))
+                ):
+                    self._write(Lease(key, old.owner, old.lease_expires, state, old.attempts, old.study))
+
     def leases(self) -> list[Lease]:
         return [lease for p in sorted(self.folder.glob("*.json")) if (lease := self._read(p.stem))]
 
@@ -320,12 +346,59 @@ class FileLeaseStore:
 
 
 def open_lease_store(where: str | Path) -> LeaseStore:
-    """A database URL (``postgresql://...``, ``sqlite:///...``) -> :class:`SqlLeaseStore`; a folder path
-    (or ``file://`` URL) -> :class:`FileLeaseStore`."""
+    """A database URL (``postgresql://...``, ``sqlite:///...``) -> :class:`SqlLeaseStore` (one per URL and
+    process: a reused worker runs many jobs on one pooled engine); a folder path (or ``file://`` URL) ->
+    :class:`FileLeaseStore`."""
     where = str(where)
     if "://" in where and not where.startswith("file://"):
-        return SqlLeaseStore(where)
+        with _ENGINES_LOCK:
+            store = _STORES.get(where)
+        if store is None:
+            store = SqlLeaseStore(where)
+            with _ENGINES_LOCK:
+                store = _STORES.setdefault(where, store)
+        return store
     return FileLeaseStore(where.removeprefix("file://"))
+
+
+# ---- one pooled engine per database URL and process ------------------------------------------------------
+CONNECT_TIMEOUT_S = 5  # an unreachable database is an error within seconds, not after the OS's minutes
+POOL_SIZE = 2  # a worker uses at most two at once: the thread filling the run and its heartbeat
+_ENGINES: dict[str, object] = {}
+_STORES: dict[str, SqlLeaseStore] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def engine_for(url: str):
+    """This process's SQLAlchemy engine for ``url``, created once (pooled: at most :data:`POOL_SIZE` + 1
+    connections) and disposed at exit, so a worker that runs many jobs holds a bounded number of
+    connections however many jobs it ran (PostgreSQL's ``max_connections`` defaults to 100)."""
+    import sqlalchemy as sa
+
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(url)
+        if engine is None:
+            kwargs: dict = {"pool_pre_ping": True}
+            if url.startswith("postgresql"):
+                kwargs.update(
+                    pool_size=POOL_SIZE,
+                    max_overflow=1,
+                    connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
+                )
+            engine = _ENGINES[url] = sa.create_engine(url, **kwargs)
+            if len(_ENGINES) == 1:
+                atexit.register(dispose_engines)
+    return engine
+
+
+def dispose_engines() -> None:
+    """Close every pooled connection of this process (at exit; a test's clean slate)."""
+    with _ENGINES_LOCK:
+        engines = list(_ENGINES.values())
+        _ENGINES.clear()
+        _STORES.clear()
+    for engine in engines:
+        engine.dispose()
 
 
 # ---- holding a lease while a run is filled -------------------------------------------------------------
@@ -343,13 +416,19 @@ def heartbeat(
     outer = getattr(_holding, "lost", None)
 
     def beat() -> None:
-        while not stop.wait(ttl / 3):
+        wait, fails = ttl / 3, 0
+        while not stop.wait(wait):
             try:
                 ok = store.renew(run_key, owner, ttl)
-            except Exception as exc:  # noqa: BLE001 - a database hiccup: try again next beat
+            except Exception as exc:  # noqa: BLE001 - a database outage: retry sooner, with backoff
+                fails += 1
+                wait = min(ttl / 3, backoff_s(fails))
                 if log:
-                    log(f"[{run_key}] lease renewal failed ({type(exc).__name__}: {exc}); retrying")
+                    log(
+                        f"[{run_key}] lease renewal failed ({type(exc).__name__}: {exc}); retrying in {wait:.1f}s"
+                    )
                 continue
+            wait, fails = ttl / 3, 0
             if not ok:
                 lost.set()
                 if log:
@@ -421,4 +500,39 @@ def _fill_when_free(store, run, run_dir, fill, ttl, poll_s, log, study) -> dict:
         state = result.get("status", "failed")
         return {**result, "claim": {"owner": owner, "filled": True}}
     finally:
-        store.release(key, owner, state if state in STATES else "failed")
+        release(store, key, owner, state if state in STATES else "failed", ttl, log)
+
+
+def backoff_s(fails: int) -> float:
+    """Seconds to wait before retry ``fails`` (1, 2, ...) of a store call: 0.5, 1, 2, 4, at most 8."""
+    return min(8.0, 0.5 * 2 ** (fails - 1))
+
+
+def release(
+    store: LeaseStore, key: str, owner: str, state: str, ttl: float, log: Callable[[str], None] | None = None
+) -> bool:
+    """End a lease, retrying with backoff for up to ``ttl`` seconds while the store is away.
+
+    A store that stays away longer is logged and the lease left to expire: the run's outcome is in its
+    folder (``result.json``), which is what decides it, and the next study over it records the lease's end
+    (:meth:`LeaseStore.reconcile`). So a finished run is never reported failed for a lost release.
+
+    Returns:
+        True when the store recorded the release.
+    """
+    deadline, fails = time.monotonic() + ttl, 0
+    while True:
+        try:
+            store.release(key, owner, state)
+            return True
+        except Exception as exc:  # noqa: BLE001 - any store failure: retried, then logged, never raised
+            fails += 1
+            wait = backoff_s(fails)
+            if time.monotonic() + wait > deadline:
+                if log:
+                    log(
+                        f"[{key}] lease release failed for {ttl:.0f}s ({type(exc).__name__}: "
+                        f"{redact(str(exc)).splitlines()[0] if str(exc) else ''}); it expires on its own"
+                    )
+                return False
+            time.sleep(wait)

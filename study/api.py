@@ -312,6 +312,9 @@ def run(
     if cpus_per_run <= 0 or gpus_per_run < 0:
         raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
     placement = stages.Placement(executor, address, cpus_per_run, gpus_per_run, leases)
+    from study.cluster import check_reachable
+
+    check_reachable(placement)  # an unreachable cluster or database: one line, nothing written
     bar = _Bar() if progress and log is None else None
     opts = stages.RunOptions(
         workers,

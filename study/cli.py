@@ -29,6 +29,7 @@ from pathlib import Path
 
 from vitstudy_core.errors import Interrupted, StudyError
 from vitstudy_core.io import WRITE_ERRNOS
+from vitstudy_core.redact import redact
 
 
 class _Parser(argparse.ArgumentParser):
@@ -123,6 +124,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_sequential_options(r) -> None:
+    r.add_argument(  # without it, a run that failed (a seed missing from the verdicts) is exit status 1
+        "--allow-failed-runs",
+        action="store_true",
+        help="exit 0 even when runs failed (their seeds are left out of the verdicts)",
+    )
     r.add_argument(
         "--until-decided",
         action="store_true",
@@ -164,7 +170,18 @@ def _add_scale_verbs(sub) -> None:
     sb.add_argument("--out", type=Path, default=Path("study_results"), help="shared output folder")
     sb.add_argument("--leases", default=None, help="run lease store (a postgresql:// URL on a cluster)")
     sb.add_argument("--storage", default=None, help="optuna storage URL of a sweep (postgresql://...)")
+    sb.add_argument("--cpus-per-run", type=float, default=1, help="CPUs each run requests (default 1)")
     sb.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each run requests (default 0)")
+    sb.add_argument("--data-root", action="append", default=[], metavar="NAME=PATH", help="as for run")
+    sb.add_argument("--force", action="store_true", help="as for run: retrain finished runs")
+    sb.add_argument("--n-trials", type=int, default=None, help="as for sweep: trials in all")
+    sb.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    sb.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
+    sb.add_argument(
+        "--ship-code",
+        action="store_true",
+        help="send this checkout's code with the job (Ray working_dir), for nodes that lack it",
+    )
     st = sub.add_parser("status", help="studies with their runs done, running and to do")
     st.add_argument("--out", type=Path, default=Path("study_results"), help="output folder (file leases)")
     st.add_argument("--leases", default=None, help="run lease store URL (default: OUT/leases)")
@@ -174,9 +191,21 @@ def _add_scale_verbs(sub) -> None:
 def _scale_verbs(args) -> int | None:
     """Run ``submit`` / ``status``; None for any other verb."""
     if args.verb == "submit":
-        from study.cluster import submit
+        from study.cluster import SubmitOptions, submit
 
-        job_id = submit(args.hypothesis, args.address, args.out, args.leases, args.storage, args.gpus_per_run)
+        opts = SubmitOptions(
+            args.leases,
+            args.storage,
+            args.cpus_per_run,
+            args.gpus_per_run,
+            tuple(args.data_root),
+            args.force,
+            args.n_trials,
+            args.no_mlflow,
+            args.no_report,
+            args.ship_code,
+        )
+        job_id = submit(args.hypothesis, args.address, args.out, opts)
         print(f"submitted: {job_id}\nfollow:    ray job logs --follow {job_id} --address {args.address}")
         return 0
     if args.verb == "status":
@@ -323,10 +352,12 @@ def _sweep_verb(args: argparse.Namespace, hyp, argv) -> int:
         )
     if args.n_trials is not None and args.n_trials < 1:
         raise StudyError(f"--n-trials: expected a positive integer, got {args.n_trials}")
-    from study.sweep import SweepOptions
+    from study.cluster import check_reachable
+    from study.sweep import SweepOptions, storage_url
 
-    sweep = SweepOptions(n_trials=args.n_trials, storage=args.storage)
-    outcome = run_sweep(hyp, args.hypothesis, args.out, _run_options(args, argv), sweep)
+    sweep, opts = SweepOptions(n_trials=args.n_trials, storage=args.storage), _run_options(args, argv)
+    check_reachable(opts.placement, storage_url(hyp, args.storage))  # before anything is written
+    outcome = run_sweep(hyp, args.hypothesis, args.out, opts, sweep)
     print()
     print(format_verdicts(outcome.results))
     print(f"\nresults: {outcome.sweep_dir}/ (trials.csv, table.parquet, verdicts.json)")
@@ -354,7 +385,7 @@ def _run_options(args: argparse.Namespace, argv: list[str] | None):
         workers=workers,
         track=not args.no_mlflow,
         report=not args.no_report,
-        command=_command(argv),
+        command=redact(_command(argv)),  # no password of a --leases/--storage URL
         placement=placement,
     )
 
@@ -394,7 +425,7 @@ def _run_verb(args: argparse.Namespace, argv) -> int:
         gpus_per_run=args.gpus_per_run,
         leases=args.leases,
         log=print,
-        command=_command(argv),
+        command=redact(_command(argv)),  # recorded in MLflow, verdicts.json and the report
     )
     print()
     print(format_verdicts(result.results))
@@ -407,8 +438,24 @@ def _run_verb(args: argparse.Namespace, argv) -> int:
     if not args.no_mlflow:
         from study.tracking import default_tracking_uri
 
-        print(f"mlflow:  mlflow ui --backend-store-uri {default_tracking_uri(args.out)}")
-    return 0
+        uri = redact(default_tracking_uri(args.out))
+        hint = f"{uri} (the tracking server's UI)" if uri.startswith(("http://", "https://")) else None
+        print(f"mlflow:  {hint or 'mlflow ui --backend-store-uri ' + uri}")
+    return _failed_exit(result.outcome.failed if result.outcome else {}, args.allow_failed_runs)
+
+
+def _failed_exit(failed: dict[str, str], allowed: bool) -> int:
+    """0, or 1 with one line when runs failed (their seeds are missing from the verdicts) and
+    ``--allow-failed-runs`` was not given."""
+    if not failed or allowed:
+        return 0
+    first = next(iter(failed.values())).splitlines()[0] if failed else ""
+    print(
+        f"error: {len(failed)} run(s) failed, so their seeds are left out of the verdicts (first: {redact(first)}); "
+        "rerun to retry them (finished runs are reused), or pass --allow-failed-runs to accept fewer seeds",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -423,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
             study.tracking.VERBOSE = True
         return _verbs(args, argv)
     except StudyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (study.stopping): one line, 128 + the signal
         stop = exc if isinstance(exc, Interrupted) else Interrupted()

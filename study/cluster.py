@@ -7,7 +7,8 @@
 ``submit`` starts ``python -m study run|sweep FILE --executor ray --address auto`` as a Ray job
 (``ray.job_submission.JobSubmissionClient``): the job's driver runs on the head node, so it keeps running
 when the submitting terminal closes. The file and ``--out`` must be paths every node reaches (a shared
-filesystem); ``MLFLOW_TRACKING_URI`` is passed on to the job when set here. ``status`` reads the lease
+filesystem). The job gets this interpreter, the options given here, the database URLs (as environment
+variables: no password in the entrypoint) and the variables the file references (``${VAR}``). ``status`` reads the lease
 store (``runners.leases``): per study, its runs finished, running (a live lease), stalled (a lease past
 its time: a dead worker's run, taken over by the next worker that asks), failed and to do.
 """
@@ -15,50 +16,132 @@ its time: a dead worker's run, taken over by the next worker that asks), failed 
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import socket
+import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from vitstudy_core.errors import StudyError
+from vitstudy_core.redact import redact
 
 COLUMNS = ("finished", "running", "stalled", "failed", "todo")
 
 
-def submit_command(
-    hyp_path: Path,
-    out: Path,
-    leases: str | None = None,
-    storage: str | None = None,
-    gpus_per_run: float = 0,
-    sweep: bool = False,
-) -> list[str]:
-    """The job's entrypoint, with absolute paths (the job runs in another folder, on the head node)."""
-    cmd = ["python", "-m", "study", "sweep" if sweep else "run", str(Path(hyp_path).resolve())]
+SHIPPED_URLS = {"--leases": "STUDY_SUBMIT_LEASES", "--storage": "STUDY_SUBMIT_STORAGE"}
+FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "STUDY_LEASE_TTL")  # besides the file's own ${VAR}s
+CODE_DIGEST_ENV = "STUDY_CODE_DIGEST"  # the submitting host's code; the job's driver checks it has the same
+PACKAGES = ("vitstudy_core", "runners", "analysis", "study")
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """``submit``'s flags that the job's ``run`` / ``sweep`` receives as they are.
+
+    Attributes:
+        leases, storage: the run lease store and a sweep's optuna storage (database URLs). They reach the
+            job as environment variables, never in its entrypoint (which the dashboard shows).
+        cpus_per_run, gpus_per_run: what each run's Ray task requests.
+        data_root: ``NAME=PATH`` folders of on-disk datasets (``run --data-root``).
+        force: retrain finished runs (``run --force``). n_trials: a sweep's trials (``sweep --n-trials``).
+        no_mlflow, no_report: as for ``run``.
+        ship_code: send this checkout's code with the job (Ray ``working_dir``), for nodes without it.
+    """
+
+    leases: str | None = None
+    storage: str | None = None
+    cpus_per_run: float = 1
+    gpus_per_run: float = 0
+    data_root: tuple[str, ...] = ()
+    force: bool = False
+    n_trials: int | None = None
+    no_mlflow: bool = False
+    no_report: bool = False
+    ship_code: bool = False
+
+
+def submit_command(hyp_path: Path, out: Path, opts: SubmitOptions | None = None, sweep: bool = False) -> str:
+    """The job's entrypoint (a shell line), with absolute paths (the job runs in another folder, on the
+    head node) and this interpreter (the head's ``python`` may be another one). Database URLs are
+    ``"$STUDY_SUBMIT_LEASES"``-style references to the job's environment (:func:`submit_env`)."""
+    opts = opts or SubmitOptions()
+    cmd = [sys.executable, "-m", "study", "sweep" if sweep else "run", str(Path(hyp_path).resolve())]
     cmd += ["--executor", "ray", "--address", "auto", "--out", str(Path(out).resolve())]
-    cmd += ["--gpus-per-run", str(gpus_per_run)]
-    if leases:
-        cmd += ["--leases", leases]
-    if storage and sweep:
-        cmd += ["--storage", storage]
-    return cmd
+    cmd += ["--cpus-per-run", str(opts.cpus_per_run), "--gpus-per-run", str(opts.gpus_per_run)]
+    cmd += [flag for flag, on in (("--no-mlflow", opts.no_mlflow), ("--no-report", opts.no_report)) if on]
+    if sweep and opts.n_trials is not None:
+        cmd += ["--n-trials", str(opts.n_trials)]
+    if not sweep:
+        cmd += [a for root in opts.data_root for a in ("--data-root", root)]
+        cmd += ["--force"] if opts.force else []
+    line = shlex.join(cmd)
+    for flag, var in SHIPPED_URLS.items():
+        if getattr(opts, flag.removeprefix("--")) and (sweep or flag == "--leases"):
+            line += f' {flag} "${var}"'
+    return line
 
 
-def submit(
-    hyp_path: Path,
-    address: str,
-    out: Path,
-    leases: str | None = None,
-    storage: str | None = None,
-    gpus_per_run: float = 0,
-) -> str:
+def submit_env(hyp_text: str, opts: SubmitOptions) -> dict[str, str]:
+    """The job's environment variables: the database URLs, ``MLFLOW_TRACKING_URI`` and
+    ``STUDY_LEASE_TTL`` when set here, every ``${VAR}`` the hypothesis file references (a dataset's
+    folder), and this code's digest (the job's driver checks it runs the same code)."""
+    env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+    for name in re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", hyp_text):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    for flag, var in SHIPPED_URLS.items():
+        if getattr(opts, flag.removeprefix("--")):
+            env[var] = getattr(opts, flag.removeprefix("--"))
+    env[CODE_DIGEST_ENV] = code_digest()
+    return env
+
+
+def code_digest() -> str:
+    """A digest of this checkout's Python code (the four packages), to tell two hosts' code apart."""
+    import hashlib
+
+    root, h = Path(__file__).resolve().parents[1], hashlib.sha256()
+    for pkg in PACKAGES:
+        for path in sorted((root / pkg).rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def check_code_digest() -> None:
+    """In a submitted job's driver: stop with one line when this host's code is not the submitter's."""
+    want = os.environ.get(CODE_DIGEST_ENV)
+    if want and want != (have := code_digest()):
+        raise StudyError(
+            f"host {socket.gethostname()} runs other code (digest {have}) than the host that submitted "
+            f"this job ({want}): install the same version on every node, or submit with --ship-code",
+            CODE_DIGEST_ENV,
+        )
+
+
+def runtime_env(hyp_text: str, opts: SubmitOptions) -> dict:
+    """The job's Ray ``runtime_env``: its variables, this interpreter for the driver and every task
+    (``py_executable``: nodes reach it at the same path, a shared or identical venv), and with
+    ``ship_code`` this checkout as the ``working_dir`` (uploaded, so nodes need not hold the code)."""
+    env: dict = {"env_vars": submit_env(hyp_text, opts), "py_executable": sys.executable}
+    if opts.ship_code:
+        root = Path(__file__).resolve().parents[1]
+        env["working_dir"] = str(root)
+        env["excludes"] = [".git", "study_results", "*.npy", "*.pt", "*.npz", "*.parquet", "mlruns"]
+    return env
+
+
+def submit(hyp_path: Path, address: str, out: Path, opts: SubmitOptions | None = None) -> str:
     """Submit the study (or sweep, when the file has a ``sweep`` section) as a Ray job; returns its id."""
     from study.schema import load_hypothesis
 
+    opts = opts or SubmitOptions()
     hyp = load_hypothesis(hyp_path)
     sweep = hyp.sweep is not None
-    cmd = submit_command(hyp_path, out, leases, storage, gpus_per_run, sweep)
-    env = {k: os.environ[k] for k in ("MLFLOW_TRACKING_URI",) if os.environ.get(k)}
+    entrypoint = submit_command(hyp_path, out, opts, sweep)
+    env = runtime_env(Path(hyp_path).read_text(encoding="utf-8"), opts)
     try:
         from ray.job_submission import JobSubmissionClient
     except ImportError:
@@ -66,14 +149,47 @@ def submit(
     try:
         client = JobSubmissionClient(address)
         return client.submit_job(
-            entrypoint=shlex.join(cmd),
+            entrypoint=entrypoint,
             submission_id=f"study-{hyp.name}-{time.strftime('%Y%m%d-%H%M%S')}",
             metadata={"study": hyp.name, "kind": "sweep" if sweep else "run"},
-            runtime_env={"env_vars": env} if env else None,
+            runtime_env=env,
         )
     except Exception as exc:  # noqa: BLE001 - an unreachable cluster is one line
         raise StudyError(
-            f"--address: cannot submit to the Ray cluster {address!r} ({type(exc).__name__}: {exc})"
+            f"--address: cannot submit to the Ray cluster {address!r} ({type(exc).__name__}: {redact(str(exc))})"
+        ) from None
+
+
+def check_reachable(placement, storage: str | None = None, timeout: float = 5.0) -> None:
+    """One line (``StudyError``, exit 2) within ``timeout`` seconds when ``--address`` (a ``HOST:PORT``
+    or ``ray://HOST:PORT`` cluster) or a ``--leases`` / ``--storage`` database cannot be reached: called
+    before anything is written. ``--address auto`` and SQLite files are not checked here. A submitted
+    job's driver also checks that it runs the submitter's code (:func:`check_code_digest`)."""
+    check_code_digest()
+    if placement.executor == "ray" and placement.address != "auto":
+        host, _, port = placement.address.split("://", 1)[-1].rstrip("/").rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
+        except (OSError, ValueError) as exc:
+            raise StudyError(
+                f"--address: cannot reach the Ray cluster {placement.address!r} within {timeout:.0f}s "
+                f"({type(exc).__name__}: {exc}); is `ray start --head` running there?"
+            ) from None
+    for flag, url in (("--leases", placement.leases), ("--storage", storage)):
+        if url and "://" in url and not url.startswith(("file://", "sqlite")):
+            _check_database(flag, url)
+
+
+def _check_database(flag: str, url: str) -> None:
+    from runners.leases import engine_for
+
+    try:
+        with engine_for(url).connect():
+            pass
+    except Exception as exc:  # noqa: BLE001 - any failure to connect is the same one line
+        why = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        raise StudyError(
+            f"{flag}: cannot reach the database {redact(url)} ({type(exc).__name__}: {why[0] if why else ''})"
         ) from None
 
 
@@ -85,7 +201,7 @@ def status_counts(leases: str | Path) -> dict[str, Counter]:
         rows = open_lease_store(leases).leases()
     except Exception as exc:  # noqa: BLE001 - an unreachable store is one line
         raise StudyError(
-            f"--leases: cannot read the lease store ({type(exc).__name__}: {exc})", str(leases)
+            f"--leases: cannot read the lease store ({type(exc).__name__}: {exc})", redact(str(leases))
         ) from None
     now, out = time.time(), {}
     for lease in rows:
@@ -100,7 +216,7 @@ def format_status(leases: str | Path) -> str:
     """One line per study: runs finished, running, stalled, failed and to do."""
     counts = status_counts(leases)
     if not counts:
-        return f"no runs in the lease store {leases}"
+        return f"no runs in the lease store {redact(str(leases))}"
     width = max(len(s) for s in counts) + 2
     lines = ["study".ljust(width) + "".join(c.rjust(10) for c in COLUMNS)]
     for study, c in sorted(counts.items()):

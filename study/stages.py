@@ -370,6 +370,7 @@ def fill_runs(
     runs_dir, data_dir, force = Path(out_dir) / "runs", Path(out_dir) / "data", opts.force
     layers = hyp.design.layers
     tri = triage(specs, runs_dir, {} if force else tracker.finished_runs(), force)
+    reconcile_leases(opts.placement, runs_dir, tri.finished)
     fetch_stored(tri, specs, runs_dir, tracker)
     clear_for_training(tri.todo, runs_dir, force)
     log_triage(log, heading or f"study {hyp.name}", specs, tri)
@@ -395,6 +396,20 @@ def fill_runs(
             bar.close()
     log_missing(tracker, specs, runs_dir, layers, data, tags_of)
     return Filled(list(specs), tri, failed, data)
+
+
+def reconcile_leases(placement: Placement, runs_dir: Path, finished: list[str]) -> None:
+    """Record as finished the leases of runs finished on disk whose release never reached the store (it was
+    away), so ``status`` stops calling them stalled. Only a store that exists is touched."""
+    where = placement.lease_store(runs_dir)
+    if not finished or ("://" not in where and not Path(where).is_dir()):
+        return
+    from runners.leases import open_lease_store
+
+    try:
+        open_lease_store(where).reconcile(finished, "finished")
+    except Exception:  # noqa: BLE001 - bookkeeping only: the run folders decide, and a rerun tries again
+        pass
 
 
 def execute(
@@ -430,6 +445,7 @@ def execute(
     from runners.executors import make_executor
     from runners.jobs import execute_claimed_run
     from runners.leases import open_lease_store
+    from runners.shared_out import seen_by_driver, write_token
     from runners.train import pick_device
 
     place = placement or Placement()
@@ -446,10 +462,12 @@ def execute(
     )
     # absolute paths: a Ray worker runs in its own folder, and reaches the shared output folder by them
     runs_dir, data_dir = Path(runs_dir).resolve(), Path(data_dir).resolve()
-    jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir), leases, study) for s in todo]
+    token = write_token(runs_dir.parent)  # every job checks it sees this folder (runners.shared_out)
+    jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir), leases, study, token) for s in todo]
     failed: dict[str, str] = {}
     t0 = time.perf_counter()
-    ended = executor.map_jobs(execute_claimed_run, jobs)
+    # a run finished on disk is never failed; one reported finished but not readable here is (its host)
+    ended = seen_by_driver(executor.map_jobs(execute_claimed_run, jobs), [j[1] for j in jobs])
     try:
         for i, result, exc in ended:
             spec = todo[i]

@@ -122,14 +122,52 @@ def storage_url(hyp: Hypothesis, override: str | None = None) -> str | None:
     return override or hyp.sweep.storage
 
 
+OPTUNA_SCHEMA = "optuna"  # PostgreSQL: optuna's tables live here, apart from MLflow's in the same database
+
+
+def optuna_schema(url: str) -> str | None:
+    """The PostgreSQL schema for optuna's tables at ``url`` (created when absent), or None (``public``).
+
+    MLflow and optuna both keep their schema version in a table named ``alembic_version``; in one schema
+    whichever comes second fails ("Can't locate revision" / "no longer compatible"). So one database URL
+    serves both (and the run leases) when optuna has a schema of its own. A database whose ``public``
+    schema already holds optuna's tables (a sweep begun before) keeps them there.
+    """
+    if not url.startswith("postgresql"):
+        return None
+    import sqlalchemy as sa
+
+    from runners.leases import engine_for
+
+    with engine_for(url).connect() as conn:
+        legacy = conn.execute(
+            sa.text(
+                "SELECT to_regclass('public.studies') IS NOT NULL AND to_regclass('public.trials') IS NOT NULL"
+            )
+        ).scalar()
+    if legacy:
+        return None
+    try:  # two sweep processes may create it at once: the loser finds it there
+        with engine_for(url).begin() as conn:
+            conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{OPTUNA_SCHEMA}"'))
+    except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
+        pass
+    return OPTUNA_SCHEMA
+
+
 def _database_storage(url: str, tries: int = 3):
-    """optuna's storage at ``url``; sweep processes started together race to create its tables, and the
-    losers see the tables exist on a second try."""
+    """optuna's storage at ``url`` (on PostgreSQL in its own schema, :func:`optuna_schema`); sweep
+    processes started together race to create its tables, and the losers see the tables exist on a
+    second try."""
     import optuna
 
     for attempt in range(tries):
         try:
-            return optuna.storages.get_storage(url)
+            schema = optuna_schema(url)
+            if schema is None:
+                return optuna.storages.get_storage(url)
+            connect = {"options": f"-csearch_path={schema}"}
+            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": connect})
         except Exception:  # noqa: BLE001 - re-raised on the last try
             if attempt == tries - 1:
                 raise

@@ -171,3 +171,74 @@ def ray_cluster(tmp: Path, workers: int = 2, env: dict[str, str] | None = None):
         yield cluster
     finally:
         cluster.stop()
+
+
+class Outage:
+    """A TCP proxy on 127.0.0.1 in front of a server, that can drop every connection and refuse new ones
+    for a while (:meth:`down` / :meth:`up`): a database outage, as a worker's network sees it."""
+
+    def __init__(self, target_port: int):
+        import threading
+
+        self.target, self.port = target_port, free_port()
+        self._lock, self._conns, self._server = threading.Lock(), [], None
+        self.up()
+
+    def url(self, base: str) -> str:
+        """``base`` (a URL to the target) pointed at this proxy instead."""
+        return base.replace(f":{self.target}/", f":{self.port}/")
+
+    def up(self) -> None:
+        import threading
+
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", self.port))
+        server.listen(64)
+        self._server = server
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def down(self) -> None:
+        """Close the listener and every proxied connection (clients see their connections reset)."""
+        with self._lock:
+            server, self._server, conns, self._conns = self._server, None, self._conns, []
+        if server is not None:
+            try:
+                server.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone does not)
+            except OSError:
+                pass
+            server.close()
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def _accept(self, server: socket.socket) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return  # closed: down()
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

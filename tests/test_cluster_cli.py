@@ -104,14 +104,17 @@ def test_submit_to_an_unreachable_cluster_is_one_line_and_writes_nothing(tmp_pat
 
 
 def test_submit_command_runs_a_sweep_file_as_a_sweep_with_absolute_paths(tmp_path, monkeypatch):
+    import shlex
+
+    from study.cluster import SubmitOptions
+
     monkeypatch.chdir(tmp_path)
-    cmd = submit_command(
-        Path("s.yaml"), Path("res"), "postgresql://db/x", "postgresql://db/x", 0.5, sweep=True
-    )
-    assert cmd[:4] == ["python", "-m", "study", "sweep"]
+    opts = SubmitOptions(leases="postgresql://db/x", storage="postgresql://db/x", gpus_per_run=0.5)
+    cmd = shlex.split(submit_command(Path("s.yaml"), Path("res"), opts, sweep=True))
+    assert cmd[:4] == [sys.executable, "-m", "study", "sweep"]
     assert cmd[4] == str(tmp_path / "s.yaml") and cmd[cmd.index("--out") + 1] == str(tmp_path / "res")
-    assert cmd[cmd.index("--storage") + 1] == "postgresql://db/x" and "--leases" in cmd
-    run = submit_command(Path("t.yaml"), Path("res"), storage="postgresql://db/x")
+    assert cmd[cmd.index("--storage") + 1] == "$STUDY_SUBMIT_STORAGE" and "--leases" in cmd
+    run = shlex.split(submit_command(Path("t.yaml"), Path("res"), SubmitOptions(storage="postgresql://db/x")))
     assert run[3] == "run" and "--storage" not in run  # a study has no optuna storage
 
 

@@ -1,0 +1,385 @@
+"""What a real cluster does differently (issue 28), on loopback services: a node that does not see ``--out``,
+passwords in URLs, unreachable addresses, a database outage shorter than the lease, pooled connections,
+one database for MLflow, optuna and leases, and what ``submit`` ships.
+
+Each test is named after the case it covers; the slow ones train a sweep or need a Ray job server.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runners.leases import FileLeaseStore, SqlLeaseStore, dispose_engines, fill_once, open_lease_store
+from runners.shared_out import TOKEN, OutNotShared, check_token, seen_by_driver, write_token
+from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for, fresh_database
+from vitstudy_core.redact import redact
+from vitstudy_core.runfolder import RunFolder
+
+REPO = Path(__file__).resolve().parents[1]
+ONE_SEED = TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0]")
+
+
+def _finish(run_dir: Path) -> dict:
+    import numpy as np
+
+    folder = RunFolder(run_dir)
+    folder.path.mkdir(parents=True, exist_ok=True)
+    folder.write_spectra({"0/norm/all": np.ones(3)})
+    folder.write_result({"status": "finished"})
+    return {"status": "finished"}
+
+
+def _tiny_specs(text: str = ONE_SEED):
+    from study.schema import parse_hypothesis
+    from study.stages import plan
+
+    hyp = parse_hypothesis(yaml.safe_load(text))
+    return hyp, plan(hyp)
+
+
+# ---- case 1: a node that does not see --out ----------------------------------------------------------
+def test_case1_a_task_that_does_not_see_out_fails_before_training_naming_its_host(tmp_path):
+    from runners.jobs import execute_claimed_run
+
+    _, [spec] = _tiny_specs()
+    token = write_token(tmp_path / "out")
+    assert write_token(tmp_path / "out") == token  # a second driver on the folder agrees
+    private = tmp_path / "node-private"  # what --out resolves to on a node without the shared mount
+    with pytest.raises(OutNotShared) as err:
+        execute_claimed_run(
+            spec.model_dump(),
+            str(private / "runs" / spec.key),
+            str(private / "data"),
+            str(private),
+            "t",
+            token,
+        )
+    (line,) = str(err.value).splitlines()
+    assert f"host {socket.gethostname()}" in line and "--out must be a folder every node mounts" in line
+    assert not (private / "runs").exists()  # nothing trained there
+    private.mkdir()
+    (private / TOKEN).write_text("another")
+    with pytest.raises(OutNotShared, match="another study's token"):
+        check_token(private, token)
+    check_token(tmp_path / "out", token)
+
+
+def test_case1_a_run_finished_elsewhere_but_unreadable_here_is_an_error_naming_the_host(tmp_path):
+    runs = tmp_path / "runs"
+    _finish(runs / "ok")
+    ended = iter(
+        [
+            (0, {"status": "finished", "host": "node-7"}, None),  # its folder is not here
+            (1, {"status": "finished", "host": "node-8"}, None),
+            (2, None, ConnectionError("the store went away after the run was written")),
+        ]
+    )
+    out = list(seen_by_driver(ended, [runs / "lost", runs / "ok", runs / "ok"]))
+    assert out[0][1] is None and isinstance(out[0][2], OutNotShared) and "host node-7" in str(out[0][2])
+    assert out[1] == (1, {"status": "finished", "host": "node-8"}, None)
+    assert out[2][2] is None and out[2][1]["status"] == "finished"  # finished on disk: never failed
+
+
+def _private_node(monkeypatch, tmp_path):
+    """Every job runs as on a node whose --out is a private folder (the driver's path, another disk)."""
+    import runners.jobs
+
+    real = runners.jobs.execute_claimed_run
+
+    def on_private_node(run, run_dir, data_dir, leases, study="", token=""):
+        node_out = tmp_path / "node-disk"
+        return real(run, str(node_out / "runs" / Path(run_dir).name), data_dir, leases, study, token)
+
+    monkeypatch.setattr(runners.jobs, "execute_claimed_run", on_private_node)
+
+
+def test_case1_a_study_whose_runs_fail_exits_1_unless_fewer_seeds_are_allowed(tmp_path, monkeypatch, capsys):
+    from study.cli import main
+
+    _private_node(monkeypatch, tmp_path)
+    hyp = tmp_path / "one.yaml"
+    hyp.write_text(ONE_SEED)
+    args = ["run", str(hyp), "--out", str(tmp_path / "out"), "--workers", "1", "--no-mlflow", "--no-report"]
+    assert main(args) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "1 run(s) failed" in err and "does not see the study's output folder" in err
+    assert socket.gethostname() in err and "--allow-failed-runs" in err
+    verdicts = json.loads((tmp_path / "out" / "studies" / "tiny" / "verdicts.json").read_text())
+    assert "does not see" in next(iter(verdicts["failed"].values()))
+    assert main([*args, "--allow-failed-runs"]) == 0
+
+
+# ---- case 8: passwords in URLs ------------------------------------------------------------------------
+def test_case8_redact_masks_every_password_and_nothing_else():
+    line = "run h.yaml --leases postgresql://study:p@ss:w0rd@db:5432/s --storage mysql+pymysql://u:x@h/d"
+    assert (
+        redact(line)
+        == "run h.yaml --leases postgresql://study:***@db:5432/s --storage mysql+pymysql://u:***@h/d"
+    )
+    for same in ("http://mlflow-host:5000/x", "postgresql://study@db/s", "sqlite:////tmp/a.db", "no url"):
+        assert redact(same) == same
+
+
+@pytest.mark.slow  # trains one tiny run with MLflow and the report on (~25 s under load)
+def test_case8_no_artefact_of_a_run_holds_the_password(tmp_path, postgres_url):
+    db = fresh_database(postgres_url, "redact").replace("study@", "study:S3cretPW@")  # trust auth ignores it
+    hyp = tmp_path / "one.yaml"
+    hyp.write_text(ONE_SEED)
+    out = tmp_path / "out"
+    cmd = [
+        sys.executable,
+        "-m",
+        "study",
+        "run",
+        str(hyp),
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--leases",
+        db,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env_for(), cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "S3cretPW" not in proc.stdout + proc.stderr
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.name == "report.md" for p in files) and any(p.name == "mlflow.db" for p in files)
+    leaked = [str(p) for p in files if b"S3cretPW" in p.read_bytes()]
+    assert not leaked, leaked
+    verdicts = json.loads((out / "studies" / "tiny" / "verdicts.json").read_text())
+    assert "study:***@127.0.0.1" in verdicts["command"]
+    from study.cluster import SubmitOptions, submit_command
+
+    entry = submit_command(hyp, out, SubmitOptions(leases=db, storage=db), sweep=True)
+    assert "S3cretPW" not in entry and '--leases "$STUDY_SUBMIT_LEASES"' in entry
+    dead = subprocess.run(
+        [*cmd[:-1], "postgresql://study:S3cretPW@127.0.0.1:9/x"],
+        capture_output=True,
+        text=True,
+        env=env_for(),
+    )
+    assert dead.returncode == 2 and "S3cretPW" not in dead.stderr and "study:***@" in dead.stderr
+
+
+# ---- case 10: unreachable --address / --leases --------------------------------------------------------
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--executor", "ray", "--address", "127.0.0.1:9"],
+        ["--leases", "postgresql://study@127.0.0.1:9/none"],
+    ],
+    ids=["address", "leases"],
+)
+def test_case10_an_unreachable_cluster_or_database_is_one_line_in_seconds_and_writes_nothing(tmp_path, flags):
+    hyp = tmp_path / "one.yaml"
+    hyp.write_text(ONE_SEED)
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "study", "run", str(hyp), "--out", str(out), *flags],
+        capture_output=True,
+        text=True,
+        env=env_for(),
+        cwd=REPO,
+        timeout=90,
+    )
+    took = time.monotonic() - t0
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert flags[-2] in line and "cannot reach" in line and "127.0.0.1:9" in line
+    assert not out.exists() and took < 60
+
+
+# ---- case 4: a database outage shorter than the lease ---------------------------------------------------
+def test_case4_release_and_renewal_survive_an_outage_shorter_than_the_lease(tmp_path, postgres_url):
+    from tests.clusters import Outage
+
+    db = fresh_database(postgres_url, "outage")
+    proxy = Outage(int(db.rsplit(":", 1)[1].split("/")[0]))
+    store, run_dir, logs = SqlLeaseStore(proxy.url(db)), tmp_path / "r", []
+
+    def fill():  # the database goes away mid-run and comes back 2 s after the run is written
+        proxy.down()
+        time.sleep(2.5)  # a renewal (every ttl/3 = 2 s) fails meanwhile
+        result = _finish(run_dir)
+        threading.Timer(2.0, proxy.up).start()
+        return result
+
+    try:
+        out = fill_once(store, {"key": "r"}, run_dir, fill, ttl=6.0, poll_s=0.1, log=logs.append)
+    finally:
+        proxy.down()
+        dispose_engines()
+    assert out["status"] == "finished" and out["claim"]["filled"] is True
+    assert any("renewal failed" in line for line in logs), logs
+    lease = {lease.run_key: lease for lease in SqlLeaseStore(db).leases()}["r"]
+    assert (lease.state, lease.attempts, lease.owner) == ("finished", 1, out["claim"]["owner"])
+
+
+@pytest.mark.parametrize("kind", ["file", "postgres"])
+def test_case4_a_rerun_records_runs_finished_on_disk_whose_release_was_lost(tmp_path, kind, request):
+    from study.stages import Placement, reconcile_leases
+
+    if kind == "file":
+        where = str(tmp_path / "out" / "leases")
+        store = FileLeaseStore(where)
+    else:
+        where = fresh_database(request.getfixturevalue("postgres_url"), "reconcile")
+        store = open_lease_store(where)
+    store.announce("s", ["done", "live", "todo"])
+    assert store.acquire("done", "dead-worker", 0.05) and store.acquire("live", "w", 600)
+    time.sleep(0.1)
+    reconcile_leases(Placement(leases=where), tmp_path / "out" / "runs", ["done", "live"])
+    states = {lease.run_key: lease.state for lease in store.leases()}
+    assert states == {"done": "finished", "live": "running", "todo": "todo"}  # a live lease is its owner's
+
+
+# ---- case 5: one pooled engine per process ----------------------------------------------------------------
+WORKER = """
+import sys, time
+from runners.leases import fill_once, open_lease_store
+from vitstudy_core.runfolder import RunFolder
+import numpy as np
+url, root = sys.argv[1], sys.argv[2]
+def fill(d):
+    f = RunFolder(d); f.path.mkdir(parents=True, exist_ok=True)
+    f.write_spectra({"0/norm/all": np.ones(3)}); f.write_result({"status": "finished"})
+    return {"status": "finished"}
+for i in range(12):  # a reused worker process: one job after another, each opening the store by its URL
+    d = f"{root}/{sys.argv[3]}-{i}"
+    assert fill_once(open_lease_store(url), {"key": d.rsplit('/', 1)[1]}, d, lambda: fill(d), ttl=30)["status"] == "finished"
+print("ok")
+"""
+
+
+def test_case5_workers_share_one_pool_each_under_a_low_connection_limit(tmp_path, postgres_url):
+    import sqlalchemy as sa
+
+    db = fresh_database(postgres_url, "pooled")
+    admin = sa.create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:  # two workers of at most 3 connections each fit; one leaking does not
+        conn.execute(sa.text('ALTER DATABASE "pooled" CONNECTION LIMIT 6'))
+    admin.dispose()
+    SqlLeaseStore(db)  # the table exists before the workers race
+    dispose_engines()
+    sessions = "SELECT sessions FROM pg_stat_database WHERE datname = 'pooled'"
+    with sa.create_engine(postgres_url).connect() as conn:
+        before = conn.execute(sa.text(sessions)).scalar()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, db, str(tmp_path), f"w{i}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env_for(),
+            cwd=REPO,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    time.sleep(1.0)  # a session's statistics reach pg_stat_database when it ends
+    with sa.create_engine(postgres_url).connect() as conn:
+        active = "SELECT count(*) FROM pg_stat_activity WHERE datname = 'pooled'"
+        left = conn.execute(sa.text(active)).scalar()
+        opened = conn.execute(sa.text(sessions)).scalar() - before
+    assert left == 0  # disposed at exit
+    assert opened <= 2 * 3, f"24 jobs opened {opened} connections: one pool per process holds at most 3"
+
+
+def test_case5_one_engine_per_url_and_process(tmp_path):
+    from runners.leases import engine_for
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    assert open_lease_store(url) is open_lease_store(url) and engine_for(url) is engine_for(url)
+    dispose_engines()
+    assert open_lease_store(url) is not None
+
+
+# ---- case 2: one database for MLflow, optuna and leases -------------------------------------------------
+def test_case2_optuna_then_mlflow_then_leases_share_one_database_url(postgres_url):
+    import mlflow
+    import optuna
+
+    from study.sweep import _database_storage
+
+    db = fresh_database(postgres_url, "shared")
+    optuna.create_study(study_name="s", storage=_database_storage(db)).enqueue_trial({"x": 1})
+    client = mlflow.MlflowClient(db)  # MLflow's migrations in the same database, after optuna's
+    client.create_experiment("e")
+    store = open_lease_store(db)
+    assert store.acquire("k", "a", 30)
+    again = optuna.load_study(study_name="s", storage=_database_storage(db))
+    assert len(again.trials) == 1 and client.get_experiment_by_name("e") is not None
+    dispose_engines()
+
+
+@pytest.mark.slow  # a sweep of 3 trials x 1 seed with MLflow logging to PostgreSQL (~40 s under load)
+def test_case2_a_sweep_with_mlflow_on_against_one_postgresql_url(tmp_path, postgres_url):
+    db = fresh_database(postgres_url, "sweep_mlflow")
+    hyp = tmp_path / "s.yaml"
+    hyp.write_text(TINY_SWEEP.replace("seeds: [0, 1]", "seeds: [0]"))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "study", "sweep", str(hyp), "--out", str(out), "--workers", "1"]
+    cmd += ["--storage", db, "--no-report"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env_for(MLFLOW_TRACKING_URI=db), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import mlflow
+
+    runs = mlflow.MlflowClient(db).search_runs(
+        [e.experiment_id for e in mlflow.MlflowClient(db).search_experiments()]
+    )
+    assert sum(r.data.tags.get("mlflow.parentRunId") is not None for r in runs) == 3
+
+
+# ---- case 3: submit ships its environment -------------------------------------------------------------
+def test_case3_submit_forwards_every_option_the_interpreter_and_the_file_s_variables(tmp_path, monkeypatch):
+    from study.cluster import CODE_DIGEST_ENV, SubmitOptions, code_digest, runtime_env, submit_command
+
+    monkeypatch.setenv("CIFAR100_DIR", "/shared/cifar100")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
+    text = "datasets: [{name: c, kind: cifar100, path: '${CIFAR100_DIR}'}]  # ${UNSET_VAR_XYZ}"
+    opts = SubmitOptions(
+        leases="postgresql://u:pw@db/s",
+        cpus_per_run=2,
+        data_root=("c=/shared/c",),
+        force=True,
+        n_trials=5,
+        ship_code=True,
+    )
+    run = submit_command(tmp_path / "h.yaml", tmp_path / "o", opts)
+    assert run.startswith(f"{sys.executable} -m study run {tmp_path / 'h.yaml'}")
+    for part in ("--cpus-per-run 2", "--data-root c=/shared/c", "--force", '--leases "$STUDY_SUBMIT_LEASES"'):
+        assert part in run, run
+    assert "--n-trials" not in run and "pw" not in run
+    sweep = submit_command(tmp_path / "h.yaml", tmp_path / "o", opts, sweep=True)
+    assert " sweep " in sweep and "--n-trials 5" in sweep and "--force" not in sweep
+    env = runtime_env(text, opts)
+    assert env["py_executable"] == sys.executable and env["working_dir"] == str(REPO)
+    assert env["env_vars"]["CIFAR100_DIR"] == "/shared/cifar100" and "UNSET_VAR_XYZ" not in env["env_vars"]
+    assert env["env_vars"]["STUDY_SUBMIT_LEASES"] == "postgresql://u:pw@db/s"
+    assert env["env_vars"][CODE_DIGEST_ENV] == code_digest()
+
+
+def test_case3_a_job_driver_with_other_code_stops_with_one_line(tmp_path):
+    hyp = tmp_path / "one.yaml"
+    hyp.write_text(ONE_SEED)
+    proc = subprocess.run(
+        [sys.executable, "-m", "study", "run", str(hyp), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env_for(STUDY_CODE_DIGEST="0000000000000000"),
+        cwd=REPO,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "runs other code" in proc.stderr and "--ship-code" in proc.stderr
+    assert not (tmp_path / "out").exists()
