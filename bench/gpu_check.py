@@ -356,7 +356,14 @@ def step_extraction(rep: Report, work: Path) -> bool:
         tokens = (img // patch) ** 2 + 1
         images = images or -(-100_000 // tokens)
         args = argparse.Namespace(
-            img_size=img, patch_size=patch, images=images, batch_size=64, offset=60.0, threads=0
+            img_size=img,
+            patch_size=patch,
+            images=images,
+            batch_size=64,
+            offset=60.0,
+            threads=0,
+            blocks=0,
+            no_probe_sizes=False,  # the extraction a study runs by default
         )
         if rep.smoke:  # a ViT of width 64 and depth 4 instead of ViT-S: seconds, not tens of seconds
             args.arch = {"embed_dim": 64, "depth": 4, "num_heads": 4}

@@ -251,6 +251,19 @@ def _with_roots(
     return with_data_roots(hyp, roots, file) if roots else hyp
 
 
+def _placement(executor: str, address: str, cpus: float, gpus: float, leases: str | None):
+    """Where the runs execute (``stages.Placement``), checked: an unreachable cluster or database is one
+    line before anything is written."""
+    from study import stages
+    from study.cluster import check_reachable
+
+    if cpus <= 0 or gpus < 0:
+        raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
+    placement = stages.Placement(executor, address, cpus, gpus, leases)
+    check_reachable(placement)
+    return placement
+
+
 def run(
     hypothesis: HypothesisLike,
     out: str | Path = "study_results",
@@ -309,23 +322,10 @@ def run(
     if new_registration is not None and not new_registration.strip():
         raise StudyError("--new-registration: expected a reason (recorded with the new registration)")
     workers = _workers(workers)
-    if cpus_per_run <= 0 or gpus_per_run < 0:
-        raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
-    placement = stages.Placement(executor, address, cpus_per_run, gpus_per_run, leases)
-    from study.cluster import check_reachable
-
-    check_reachable(placement)  # an unreachable cluster or database: one line, nothing written
+    placement = _placement(executor, address, cpus_per_run, gpus_per_run, leases)
     bar = _Bar() if progress and log is None else None
     opts = stages.RunOptions(
-        workers,
-        force,
-        track,
-        log_model,
-        report,
-        command,
-        placement,
-        progress=bar,
-        new_registration=new_registration,
+        workers, force, track, log_model, report, command, placement, bar, new_registration
     )
     seq = _sequential(hyp, file, until_decided, max_seeds, batch, spending)
     hyp_path = _as_file(hypothesis, hyp, path, out)

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from vitstudy_core.errors import Interrupted, MachineError, machine_fault
+from vitstudy_core.errors import Interrupted, MachineError, StudyError, machine_fault
 
 RESUME = "rerun the same command to resume"
 
@@ -60,6 +60,8 @@ def stopping_cleanly(store: str | None = None) -> Iterator[None]:
         raise Interrupted(signal.SIGINT) from None
     except MachineError as exc:
         raise _stopped(exc) from None
+    except StudyError:
+        raise  # already said as an input error in one line (an optuna storage that does not open, ...)
     except Exception as exc:
         fault = machine_fault(exc, store)
         if fault is None:

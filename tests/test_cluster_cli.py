@@ -149,6 +149,7 @@ def wait_for_job(address: str, job_id: str, timeout: float = 400) -> str:
     return client.get_job_logs(job_id)
 
 
+@pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_a_submitted_study_runs_as_a_ray_job_and_status_shows_it(tmp_path, job_cluster):
     hyp = tmp_path / "tiny.yaml"
     hyp.write_text(TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0, 1]"))

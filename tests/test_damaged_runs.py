@@ -116,6 +116,7 @@ def test_a_copied_folder_does_not_write_into_the_original(tiny_yaml, tmp_path, c
     assert _snapshot(a) == before  # not one file of the original changed
 
 
+@pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_a_copied_folder_with_a_fresh_store_reuses_its_runs(tiny_yaml, tmp_path):
     # what the refusal says to do: a fresh store for the copy; its runs are reused and logged into it. In a
     # new process, as a user would: MLflow caches this process's engine on the moved-aside file

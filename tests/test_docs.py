@@ -222,7 +222,7 @@ E2E = (
     "tests/test_end_to_end.py::test_outputs_written",
     "tests/test_end_to_end.py::test_rerun_reuses_and_analyze_agrees",
 )
-CLUSTER = "tests/test_scale.py::test_a_study_on_ray_matches_the_local_executor"
+CLUSTER = "tests/test_executors.py::test_executor_contract"  # the Ray executor on a loopback cluster
 RULES: list[Rule] = [
     # ---- run here
     Rule(r"^python -m study validate hypotheses/[\w/]+\.yaml$", Run()),
@@ -314,7 +314,7 @@ RULES: list[Rule] = [
         r"^python -m study submit ",
         Mapped(
             (
-                "tests/test_cluster_cli.py::test_a_submitted_study_runs_as_a_ray_job_and_status_shows_it",
+                "tests/test_cluster_cases.py::test_case3_submit_forwards_every_option_the_interpreter_and_the_file_s_variables",
                 "tests/test_cluster_cli.py::test_submit_command_runs_a_sweep_file_as_a_sweep_with_absolute_paths",
             )
         ),
@@ -335,7 +335,6 @@ RULES: list[Rule] = [
         Mapped(
             (
                 "tests/test_concurrency.py::test_two_invocations_train_each_run_once",
-                "tests/test_scale.py::test_two_concurrent_invocations_train_each_run_once",
             )
         ),
     ),

@@ -104,6 +104,7 @@ def test_rebalancing_gives_the_last_running_job_the_free_cores():
     assert out[0] == (1, None) and out[1] == (2, None)
 
 
+@pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_threads_are_fixed_unless_the_tail_is_shared():
     # 3 jobs on 2 one-thread workers: by default every job keeps its one thread (a run's numbers do not
     # depend on what else is pending); with share_tail the third (the last, partial wave) gets both

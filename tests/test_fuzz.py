@@ -274,6 +274,7 @@ def test_fuzz_verdicts_json(value, junk):
     st.sampled_from(["truncated", "not_image", "flat_layout", "empty", "one_class"]),
     st.binary(min_size=0, max_size=64),
 )
+@pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_fuzz_dataset_folder(defect, junk):
     from PIL import Image
 

@@ -37,6 +37,7 @@ def _status(out) -> dict[str, str]:
     return {c["name"]: c["registration"]["status"] for c in _verdicts(out)["claims"]}
 
 
+@pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_force_after_an_edit_keeps_the_claim_post_hoc(tmp_path, source, capsys):
     source(0.5)
     out = tmp_path / "out"
@@ -90,6 +91,7 @@ def test_hand_edited_seeds_are_flagged(tmp_path, source, capsys):
     ]
 
 
+@pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_changed_max_seeds_is_refused_in_one_line(tmp_path, source, capsys):
     source(0.0)
     out = tmp_path / "out"

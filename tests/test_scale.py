@@ -42,6 +42,7 @@ def test_the_local_default_imports_neither_ray_nor_a_database_driver():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_two_concurrent_invocations_train_each_run_once(tmp_path, postgres_url):
     db = fresh_database(postgres_url, "concurrent")
     hyp = tmp_path / "tiny.yaml"
@@ -65,6 +66,7 @@ def test_two_concurrent_invocations_train_each_run_once(tmp_path, postgres_url):
     trained_once(db, verdicts["runs"])
 
 
+@pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_two_sweep_processes_share_one_optuna_study_and_train_each_run_once(tmp_path, postgres_url):
     db = fresh_database(postgres_url, "sweeps")
     hyp = tmp_path / "s.yaml"
@@ -86,6 +88,7 @@ def test_two_sweep_processes_share_one_optuna_study_and_train_each_run_once(tmp_
     assert both.count("epoch 1/1") == 6, both
 
 
+@pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_a_study_on_ray_matches_the_local_executor(tmp_path, postgres_url, ray_address):
     from study.orchestrate import run_study
     from study.schema import load_hypothesis

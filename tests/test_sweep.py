@@ -262,6 +262,7 @@ def test_tiny_sweep_end_to_end(tmp_path, capsys):
     assert children[0].data.tags["run_key"] in missing and "[report only]" in missing, said
 
 
+@pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_a_sweep_killed_mid_trial_resumes_and_trains_each_run_once(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(TINY_SWEEP.replace("[0.0, 0.5, 1.0]", "[0.0, 1.0]"))

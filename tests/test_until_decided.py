@@ -39,6 +39,7 @@ def test_stops_early_on_a_planted_large_effect(tmp_path, planted):
     assert "nominal level of look 1" in claim["reason"]
 
 
+@pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_goes_to_the_maximum_on_a_null(tmp_path, planted):
     src = planted(0.0)
     path = _write(tmp_path, [DIFF])
@@ -87,6 +88,7 @@ def test_bad_sequential_options_are_one_line_errors(tmp_path, planted, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_edited_claim_is_post_hoc_and_exploratory(tmp_path, planted, capsys):
     planted(0.5)
     out = tmp_path / "out"
