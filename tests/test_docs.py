@@ -332,11 +332,7 @@ RULES: list[Rule] = [
     # "two `python -m study run` of one file against one store ... train each run once"
     Rule(
         r"^python -m study run$",
-        Mapped(
-            (
-                "tests/test_concurrency.py::test_two_invocations_train_each_run_once",
-            )
-        ),
+        Mapped(("tests/test_concurrency.py::test_two_invocations_train_each_run_once",)),
     ),
     # tests/clusters.py starts the test cluster's nodes with `ray start`, as the docs do
     Rule(r"^ray start ", Mapped((CLUSTER,))),
