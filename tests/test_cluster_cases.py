@@ -21,6 +21,7 @@ import yaml
 from runners.leases import FileLeaseStore, SqlLeaseStore, dispose_engines, fill_once, open_lease_store
 from runners.shared_out import TOKEN, OutNotShared, check_token, seen_by_driver, write_token
 from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for, fresh_database
+from tests.studyproc import study_cmd
 from vitstudy_core.redact import redact
 from vitstudy_core.runfolder import RunFolder
 
@@ -135,19 +136,7 @@ def test_case8_no_artefact_of_a_run_holds_the_password(tmp_path, postgres_url):
     hyp = tmp_path / "one.yaml"
     hyp.write_text(ONE_SEED)
     out = tmp_path / "out"
-    cmd = [
-        sys.executable,
-        "-m",
-        "study",
-        "run",
-        str(hyp),
-        "--out",
-        str(out),
-        "--workers",
-        "1",
-        "--leases",
-        db,
-    ]
+    cmd = study_cmd(hyp, out, "--leases", db, report=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env_for(), cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "S3cretPW" not in proc.stdout + proc.stderr
