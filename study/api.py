@@ -164,7 +164,7 @@ def plan(
             is the pilot when ``pilot`` is not given.
         pilot: a tidy table (.parquet or .csv) to take the per-seed SD from.
     """
-    from study import seed_plan
+    import study.seed_plan as seed_plan
 
     hyp, _, _ = _hypothesis(hypothesis)
     if pilot is not None and not Path(pilot).is_file():
@@ -254,7 +254,7 @@ def _with_roots(
 def _placement(executor: str, address: str, cpus: float, gpus: float, leases: str | None):
     """Where the runs execute (``stages.Placement``), checked: an unreachable cluster or database is one
     line before anything is written."""
-    from study import stages
+    import study.stages as stages
     from study.cluster import check_reachable
 
     if cpus <= 0 or gpus < 0:
@@ -310,7 +310,8 @@ def run(
     Returns:
         The finished study's :class:`StudyResult` (``outcome``: what was trained, reused and failed).
     """
-    from study import orchestrate, stages
+    import study.orchestrate as orchestrate
+    import study.stages as stages
 
     hyp, path, file = _hypothesis(hypothesis)
     if hyp.sweep is not None:
@@ -426,9 +427,9 @@ def analyze(claims_or_hypothesis: Any, table: pd.DataFrame | str | Path) -> Verd
         StudyError: a column is missing (the error names every missing one), a value is malformed, or a
             claim names a dataset, layer or metric slice the table lacks.
     """
+    import study.registration as registration
     from analysis.table import check_table, load_table
     from analysis.verdicts import evaluate_claims
-    from study import registration
 
     hyp, file = _claims(claims_or_hypothesis)
     if isinstance(table, pd.DataFrame):
