@@ -155,23 +155,55 @@ def optuna_schema(url: str) -> str | None:
     return OPTUNA_SCHEMA
 
 
+HEARTBEAT_ENV = "STUDY_TRIAL_HEARTBEAT"  # seconds between a running trial's heartbeats (database storages)
+DEFAULT_HEARTBEAT_S = 20
+GRACE_BEATS = 3  # a trial whose last heartbeat is older than 3 intervals is stale (its driver is gone)
+
+
+def heartbeat_s() -> int:
+    """Seconds between the heartbeats of a sweep's running trials: ``STUDY_TRIAL_HEARTBEAT`` or 20."""
+    return max(1, int(float(os.environ.get(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S))))
+
+
 def _database_storage(url: str, tries: int = 3):
-    """optuna's storage at ``url`` (on PostgreSQL in its own schema, :func:`optuna_schema`); sweep
-    processes started together race to create its tables, and the losers see the tables exist on a
-    second try."""
+    """optuna's storage at ``url`` (on PostgreSQL in its own schema, :func:`optuna_schema`), with optuna's
+    heartbeat on: the driver records one per running trial every :func:`heartbeat_s` seconds, so another
+    driver, on any host, fails a trial whose heartbeat is older than ``GRACE_BEATS`` intervals and runs
+    it again (``RetryHeartbeatStaleTrialCallback`` queues its parameters). Sweep processes started
+    together race to create the tables, and the losers see the tables exist on a second try."""
     import optuna
 
+    beat = heartbeat_s()
     for attempt in range(tries):
         try:
             schema = optuna_schema(url)
-            if schema is None:
-                return optuna.storages.get_storage(url)
-            connect = {"options": f"-csearch_path={schema}"}
-            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": connect})
+            kwargs = {"connect_args": {"options": f"-csearch_path={schema}"}} if schema else None
+            with warnings.catch_warnings():  # optuna calls its heartbeat experimental
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url,
+                    engine_kwargs=kwargs,
+                    heartbeat_interval=beat,
+                    grace_period=GRACE_BEATS * beat,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(),
+                )
         except Exception:  # noqa: BLE001 - re-raised on the last try
             if attempt == tries - 1:
                 raise
             time.sleep(1.0 + attempt)
+
+
+def _rdb(optuna_study):
+    """The study's ``RDBStorage`` with its heartbeat on, else None (a journal file, or heartbeats off)."""
+    storage = optuna_study._storage
+    storage = (
+        getattr(storage, "_backend", storage)
+        if isinstance(storage, optuna.storages._CachedStorage)
+        else storage
+    )
+    if isinstance(storage, optuna.storages.RDBStorage) and storage.get_heartbeat_interval():
+        return storage
+    return None
 
 
 def open_optuna_study(hyp: Hypothesis, out_dir: Path, storage: str | None, file: str):
@@ -263,10 +295,22 @@ def check_unchanged(optuna_study, hyp: Hypothesis, file: str) -> None:
     )
 
 
+def _hostname() -> str:
+    """This host's name, as trial owners record it (a function, so tests can pose as another host)."""
+    return socket.gethostname()
+
+
+def _owner() -> str:
+    """This process as a trial's owner: ``"<host>:<pid>"``."""
+    return f"{_hostname()}:{os.getpid()}"
+
+
 def _alive(owner: str | None) -> bool:
     host, _, pid = (owner or "").rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return host != "" and host != socket.gethostname()  # another host's trial: assume it is alive
+    if host != _hostname() or not pid.isdigit():
+        # another host's trial: alive unless its heartbeat says otherwise (:func:`fail_stale`, database
+        # storages only); a journal file has no heartbeat, so it is assumed alive
+        return host != "" and host != _hostname()
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -288,12 +332,94 @@ def _just_asked(trial, grace_s: float = 120.0) -> bool:
     )
 
 
-def recover_stale(optuna_study, hyp: Hypothesis, log: Log) -> int:
-    """Mark trials left RUNNING by a dead process FAIL, and queue their parameters again (enqueued, so the
-    grid sampler too runs that point again: it counts a failed point as visited). Returns how many."""
+def fail_stale(optuna_study, log: Log) -> int:
+    """On a database storage: fail every running trial whose driver stopped beating, whatever host
+    started it, and queue its parameters again. optuna's ``fail_stale_trials`` fails those whose last
+    heartbeat is older than the grace period (measured by the database's clock) and its
+    ``RetryHeartbeatStaleTrialCallback`` queues a WAITING copy; a trial with an owner but no heartbeat at
+    all was asked by a driver from before heartbeats were recorded (``_ask`` beats before it records
+    the owner) and is failed the same way. Returns how many trials were failed."""
     from optuna.trial import TrialState
 
-    n = 0
+    storage = _rdb(optuna_study)
+    if storage is None:
+        return 0
+    before = {t.number: t for t in optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(optuna_study)
+        beating = _beating(storage, [t._trial_id for t in before.values()])
+        for t in before.values():
+            mine = (t.user_attrs.get(OWNER) or "").rpartition(":")[0] == _hostname()
+            if OWNER in t.user_attrs and not mine and t._trial_id not in beating:
+                if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                    storage.get_heartbeat_stale_trial_callback()(optuna_study, storage.get_trial(t._trial_id))
+    state = {t.number: t.state for t in optuna_study.get_trials(deepcopy=False)}
+    gone = [n for n in sorted(before) if state.get(n) == TrialState.FAIL]
+    for n in gone:
+        log(
+            f"trial {n} ({before[n].user_attrs.get(OWNER, 'no owner')}) has no heartbeat for "
+            f"{GRACE_BEATS * heartbeat_s()}s: its driver is gone; run again with {dict(before[n].params)}"
+        )
+    return len(gone)
+
+
+def _beating(storage, trial_ids: list[int]) -> set[int]:
+    """Those of ``trial_ids`` that have a heartbeat recorded (optuna's table ``trial_heartbeats``)."""
+    import sqlalchemy as sa
+
+    if not trial_ids:
+        return set()
+    query = sa.text("SELECT trial_id FROM trial_heartbeats WHERE trial_id IN :ids").bindparams(
+        sa.bindparam("ids", expanding=True)
+    )
+    with storage.engine.connect() as conn:
+        return {int(r[0]) for r in conn.execute(query, {"ids": trial_ids})}
+
+
+class Heartbeat:
+    """While a sweep runs on a database storage: a thread that records optuna's heartbeat for every
+    running trial this process owns, every :func:`heartbeat_s` seconds (a database outage is ridden out:
+    the next beat tries again). Use as a context manager; without heartbeats it does nothing."""
+
+    def __init__(self, optuna_study):
+        import threading
+
+        self.study, self.storage = optuna_study, _rdb(optuna_study)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="trial-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        if self.storage is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=10)
+
+    def _run(self) -> None:
+        from optuna.trial import TrialState
+
+        while not self.stop.wait(heartbeat_s()):
+            try:
+                me = _owner()
+                for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                    if t.user_attrs.get(OWNER) == me:
+                        self.storage.record_heartbeat(t._trial_id)
+            except Exception:  # noqa: BLE001 - the database is away: the next beat tries again
+                continue
+
+
+def recover_stale(optuna_study, hyp: Hypothesis, log: Log) -> int:
+    """Fail trials left RUNNING by a driver that is gone and queue their parameters again: on a database
+    storage those whose heartbeat stopped, on any host (:func:`fail_stale`); on any storage this host's
+    trials whose process is dead (enqueued, so the grid sampler too runs that point again: it counts a
+    failed point as visited). Returns how many."""
+    from optuna.trial import TrialState
+
+    n = fail_stale(optuna_study, log)
     for t in optuna_study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if _alive(t.user_attrs.get(OWNER)) or _just_asked(t):
             continue
@@ -366,11 +492,14 @@ def last_test_accuracy(runs_dir: Path, spec: RunSpec) -> float:
 
 # ---- the loop ---------------------------------------------------------------------------------------------
 def _ask(optuna_study, hyp: Hypothesis, n: int, data_dir: Path) -> list[TrialPoint]:
-    dists = _distributions(hyp)
-    owner = f"{socket.gethostname()}:{os.getpid()}"
+    dists, owner, beat = _distributions(hyp), _owner(), _rdb(optuna_study)
     points = []
     for _ in range(n):
-        trial = optuna_study.ask(dists)
+        with warnings.catch_warnings():  # optuna expects its heartbeat inside optimize(): Heartbeat does it
+            warnings.simplefilter("ignore", UserWarning)
+            trial = optuna_study.ask(dists)
+        if beat is not None:  # before the owner: an owned trial without a heartbeat is a gone driver's
+            beat.record_heartbeat(trial._trial_id)
         trial.set_user_attr(OWNER, owner)
         point = trial_point(hyp, trial.number, dict(trial.params), data_dir)
         trial.set_user_attr("run_keys", [s.key for s in point.specs])  # doctor finds a killed trial's runs
@@ -403,6 +532,19 @@ def _counts(optuna_study) -> tuple[int, int]:
 def _trial_tags(hyp: Hypothesis, point: TrialPoint) -> dict:
     """A child run's tags naming its trial and knob values (and the sweep)."""
     return {"trial": point.number, **{f"knob.{k}": v for k, v in point.params.items()}, "sweep": hyp.name}
+
+
+def _tags_by_key(trials: pd.DataFrame, hyp: Hypothesis) -> Callable[[RunSpec], dict]:
+    """A run's child-run tags (:func:`_trial_tags`) from the trials table: the first trial that has it."""
+    knobs = list(hyp.sweep.space)
+    first = trials.drop_duplicates("run_key").set_index("run_key") if len(trials) else trials
+
+    def tags(spec: RunSpec) -> dict:
+        row = first.loc[spec.key]
+        values = {k: int(row[k]) if k in INTEGER_KNOBS else float(row[k]) for k in knobs}  # as trial_point
+        return {"trial": int(row.trial), **{f"knob.{k}": v for k, v in values.items()}, "sweep": hyp.name}
+
+    return tags
 
 
 def _run_batch(
@@ -458,12 +600,25 @@ def _run_batch(
 def _tell_trial(p: TrialPoint, hyp: Hypothesis, runs_dir: Path, log: Log, failed: dict | None) -> bool:
     """Collect one trial's table and tell the trial its objective (FAIL when no seed gives one); its user
     attributes: run keys, per-seed objective and test accuracy, and the span of its runs' own training
-    (``runs_started_at``/``runs_finished_at``, unix seconds). True when the trial completed."""
-    from optuna.trial import TrialState
-
+    (``runs_started_at``/``runs_finished_at``, unix seconds), which is also its start in optuna
+    (:func:`restamp_start`). True when the trial completed. A trial another driver failed meanwhile (its
+    heartbeat stopped during a database outage) is left to its queued copy, which reuses these runs."""
     got = stages.collect_table(p.specs, runs_dir, hyp.design.layers, failed)
     per_seed = seed_objective(hyp, got.table, hyp.sweep.dataset) if len(got.table) else pd.Series(dtype=float)
     finite = per_seed[np.isfinite(per_seed.to_numpy(dtype=float))]
+    try:
+        return _record_trial(p, runs_dir, per_seed, finite, log)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        log(
+            f"trial {p.number} {p.params}: failed as stale by another driver; its queued copy reuses its runs"
+        )
+        return False
+
+
+def _record_trial(p: TrialPoint, runs_dir: Path, per_seed: pd.Series, finite: pd.Series, log: Log) -> bool:
+    """:func:`_tell_trial`'s writes to the optuna study."""
+    from optuna.trial import TrialState
+
     p.trial.set_user_attr("run_keys", [s.key for s in p.specs])
     p.trial.set_user_attr("objective_per_seed", {str(k): float(v) for k, v in per_seed.items()})
     p.trial.set_user_attr(
@@ -474,6 +629,7 @@ def _tell_trial(p: TrialPoint, hyp: Hypothesis, runs_dir: Path, log: Log, failed
     ends = [r["finished_at"] for r in results if isinstance(r.get("finished_at"), (int, float))]
     if starts:  # a run from before ``started_at`` was kept has none
         p.trial.set_user_attr("runs_started_at", min(starts))
+        restamp_start(p.trial, min(starts))
     if ends:
         p.trial.set_user_attr("runs_finished_at", max(ends))
     if finite.empty:
@@ -482,6 +638,51 @@ def _tell_trial(p: TrialPoint, hyp: Hypothesis, runs_dir: Path, log: Log, failed
         return False
     p.trial.study.tell(p.trial, float(finite.mean()))
     log(f"trial {p.number} {p.params}: objective {finite.mean():.4g} over {len(finite)} seeds")
+    return True
+
+
+RESTAMP_WORKER = "study.sweep.restamp"  # the journal writer id of :func:`restamp_start` (no process's own)
+
+
+def restamp_start(trial, started_at: float) -> bool:
+    """Move a running trial's ``datetime_start`` (optuna stamps it when the trial is asked, for a batch the
+    batch's start) to when its own first run began (``started_at``, unix seconds), so optuna-dashboard
+    shows each trial its own duration; never before it was asked (reused runs began earlier). optuna has
+    no call for it, so this writes what its storages keep: on a database the ``trials.datetime_start``
+    column, in a journal file the two records a queued trial's start leaves (WAITING, then RUNNING with
+    its start), appended together so no reader sees the trial WAITING. Returns True when moved."""
+    import datetime as dt
+
+    from optuna.storages.journal import JournalFileBackend
+    from optuna.storages.journal._storage import JournalOperation
+    from optuna.trial import TrialState
+
+    asked, start = trial.datetime_start, dt.datetime.fromtimestamp(started_at)  # both local, naive
+    if asked is None or start <= asked:
+        return False
+    storage = trial.study._storage
+    if isinstance(storage, optuna.storages._CachedStorage):
+        storage = storage._backend
+    if isinstance(storage, optuna.storages.RDBStorage):
+        import sqlalchemy as sa
+
+        with storage.engine.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE trials SET datetime_start = :t WHERE trial_id = :id AND state = 'RUNNING'"),
+                {"t": start, "id": trial._trial_id},
+            )
+        return True
+    backend = getattr(storage, "_backend", None)
+    if not isinstance(storage, optuna.storages.JournalStorage) or not isinstance(backend, JournalFileBackend):
+        return False  # another storage: its start stays the moment it was asked
+    op, iso = int(JournalOperation.SET_TRIAL_STATE_VALUES), start.astimezone(dt.timezone.utc).isoformat()
+    base = {"op_code": op, "worker_id": RESTAMP_WORKER, "trial_id": trial._trial_id, "values": None}
+    backend.append_logs(
+        [
+            {**base, "state": int(TrialState.WAITING)},
+            {**base, "state": int(TrialState.RUNNING), "datetime_start": iso},
+        ]
+    )
     return True
 
 
@@ -684,7 +885,8 @@ def _run_sweep(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sweep, log
                 **({"command": opts.command} if opts.command else {}),
             },
         )
-        _optimize(optuna_study, hyp, out_dir, target, tracker, opts, log, filled)
+        with Heartbeat(optuna_study):  # another driver can tell these trials' driver is alive
+            _optimize(optuna_study, hyp, out_dir, target, tracker, opts, log, filled)
         return _conclude(optuna_study, hyp, hyp_path, out_dir, tracker, opts, log, filled, reg)
 
 
@@ -736,6 +938,11 @@ def _conclude(optuna_study, hyp, hyp_path, out_dir, tracker, opts, log, filled, 
     known = {s.key for s in filled.specs}
     earlier = list({s.key: s for s in specs if s.key not in known}.values())
     filled.merge(stages.Filled(earlier, stages.Triage(finished=[s.key for s in earlier])))
+    # those the tracking store lacks (their invocation was killed before logging them, or the store lost
+    # them) are logged now, tagged with their trial, as `run` catches up its missing runs
+    stages.log_missing(
+        tracker, earlier, out_dir / "runs", hyp.design.layers, tags_of=_tags_by_key(trials, hyp)
+    )
     tracker.log_study(hyp, hyp_path, filled.specs, filled.tri, opts.command)
     knob_claims = [c for c in hyp.claims if c.knob() is not None]
     results = registration.evaluate_registered(reg, hyp, knob_claims, table, str(hyp_path))
