@@ -8,7 +8,9 @@
 (``ray.job_submission.JobSubmissionClient``): the job's driver runs on the head node, so it keeps running
 when the submitting terminal closes. The file and ``--out`` must be paths every node reaches (a shared
 filesystem). The job gets this interpreter, the options given here, the database URLs (as environment
-variables: no password in the entrypoint) and the variables the file references (``${VAR}``). ``status`` reads the lease
+variables: no password in the entrypoint) and the variables the file references (``${VAR}``); a value
+that holds a password travels in a file under ``--out`` (mode 600, deleted as the job starts), never in
+what Ray records (:func:`ship_secrets`). ``status`` reads the lease
 store (``runners.leases``): per study, its runs finished, running (a live lease), stalled (a lease past
 its time: a dead worker's run, taken over by the next worker that asks), failed and to do.
 """
@@ -129,32 +131,70 @@ def runtime_env(hyp_text: str, opts: SubmitOptions) -> dict:
     if opts.ship_code:
         root = Path(__file__).resolve().parents[1]
         env["working_dir"] = str(root)
-        env["excludes"] = [".git", "study_results", "*.npy", "*.pt", "*.npz", "*.parquet", "mlruns"]
+        env["excludes"] = [
+            ".git",
+            "study_results",
+            SECRETS_DIR,
+            "*.npy",
+            "*.pt",
+            "*.npz",
+            "*.parquet",
+            "mlruns",
+        ]
     return env
 
 
+SECRETS_DIR = (
+    ".study-submit"  # under --out: a job's variables that hold a password, mode 600, until it starts
+)
+
+
+def ship_secrets(env: dict, out: Path, job_id: str) -> tuple[dict, str]:
+    """Take the variables whose value holds a password (a ``user:PASSWORD@`` URL: :func:`redact` changes
+    it) out of a job's ``runtime_env`` variables, which Ray keeps in its GCS and shows on its dashboard,
+    into a file only this user can read (mode 600) in the shared ``--out``. Returns the variables left and
+    the entrypoint's lead, which exports the file's variables and deletes it before the study starts
+    (the job's driver runs on the head node, which mounts ``--out``)."""
+    secret = {k: v for k, v in env.items() if redact(str(v)) != str(v)}
+    if not secret:
+        return env, ""
+    folder = Path(out).resolve() / SECRETS_DIR
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = folder / f"{job_id}.env"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.writelines(f"export {k}={shlex.quote(str(v))}\n" for k, v in secret.items())
+    os.chmod(path, 0o600)  # an existing file keeps its mode under O_CREAT
+    quoted = shlex.quote(str(path))
+    return {k: v for k, v in env.items() if k not in secret}, f". {quoted} && rm -f {quoted} && "
+
+
 def submit(hyp_path: Path, address: str, out: Path, opts: SubmitOptions | None = None) -> str:
-    """Submit the study (or sweep, when the file has a ``sweep`` section) as a Ray job; returns its id."""
+    """Submit the study (or sweep, when the file has a ``sweep`` section) as a Ray job; returns its id.
+    No password reaches Ray: URLs that hold one travel in a file (:func:`ship_secrets`)."""
     from study.schema import load_hypothesis
 
     opts = opts or SubmitOptions()
     hyp = load_hypothesis(hyp_path)
     sweep = hyp.sweep is not None
-    entrypoint = submit_command(hyp_path, out, opts, sweep)
+    job_id = f"study-{hyp.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     env = runtime_env(Path(hyp_path).read_text(encoding="utf-8"), opts)
     try:
         from ray.job_submission import JobSubmissionClient
     except ImportError:
         raise StudyError("submit needs Ray: pip install -e '.[ray]'") from None
+    env["env_vars"], lead = ship_secrets(env["env_vars"], out, job_id)
+    entrypoint = lead + submit_command(hyp_path, out, opts, sweep)
     try:
         client = JobSubmissionClient(address)
         return client.submit_job(
             entrypoint=entrypoint,
-            submission_id=f"study-{hyp.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+            submission_id=job_id,
             metadata={"study": hyp.name, "kind": "sweep" if sweep else "run"},
             runtime_env=env,
         )
     except Exception as exc:  # noqa: BLE001 - an unreachable cluster is one line
+        (Path(out).resolve() / SECRETS_DIR / f"{job_id}.env").unlink(missing_ok=True)  # no job will read it
         raise StudyError(
             f"--address: cannot submit to the Ray cluster {address!r} ({type(exc).__name__}: {redact(str(exc))})"
         ) from None

@@ -446,3 +446,52 @@ def test_optuna_figures_leave_the_matplotlib_style_alone():
         after = {k: plt.rcParams[k] for k in before}
     assert [f.png is not None for f in figures] == [True, True], [f.missing for f in figures]
     assert after == before  # optuna's global ggplot style does not leak into the report's later figures
+
+
+# ---- issue 28 case 8: a submitted sweep's database passwords never reach Ray ---------------------------
+def test_submit_keeps_database_passwords_out_of_everything_ray_records(tmp_path, monkeypatch, capsys):
+    import json
+    import shlex
+    import stat
+
+    import ray.job_submission
+
+    from study import cluster
+
+    sent: dict = {}
+
+    class Client:  # what Ray keeps of a job: its entrypoint, runtime_env, metadata and id (GCS, dashboard)
+        def __init__(self, address):
+            sent["address"] = address
+
+        def submit_job(self, **job):
+            sent.update(job)
+            return job["submission_id"]
+
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql://ml:Tr4ckPW@db/mlflow")
+    path, out = tmp_path / "s.yaml", tmp_path / "out"
+    path.write_text(TINY_SWEEP)
+    db = "postgresql://study:S3cretPW@db:5432/study"
+    argv = ["submit", str(path), "--address", "http://head:8265", "--out", str(out), "--storage", db]
+    assert main([*argv, "--leases", db]) == 0
+    printed = capsys.readouterr()
+    recorded = json.dumps(sent, default=str) + printed.out + printed.err
+    assert "S3cretPW" not in recorded and "Tr4ckPW" not in recorded, recorded
+    assert '--storage "$STUDY_SUBMIT_STORAGE"' in sent["entrypoint"]
+    assert "STUDY_SUBMIT_STORAGE" not in sent["runtime_env"]["env_vars"]
+    # the job reads them from a file in --out only this user can read, and deletes it as it starts
+    (secrets,) = (out / cluster.SECRETS_DIR).iterdir()
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
+    lead = sent["entrypoint"].split(shlex.quote(sys.executable))[0]
+    got = subprocess.run(
+        [
+            "bash",
+            "-c",
+            lead + 'printf "%s %s %s" "$STUDY_SUBMIT_LEASES" "$STUDY_SUBMIT_STORAGE" "$MLFLOW_TRACKING_URI"',
+        ],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"]},
+    )
+    assert got.stdout == f"{db} {db} postgresql://ml:Tr4ckPW@db/mlflow" and not secrets.exists(), got

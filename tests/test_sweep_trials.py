@@ -104,3 +104,118 @@ def test_optuna_dashboard_opens_the_sweep_journal(tmp_path):
     status, body = _get(app, "/csv/0")  # the trial table as the dashboard exports it
     rows = list(csv.reader(io.StringIO(body.decode())))
     assert rows[0][:3] == ["Number", "State", "min of eed_pct"] and len(rows) == 3, rows
+
+
+# ---- issue 27: a trial's start in optuna is its own first run's, not its batch's ---------------------------
+@pytest.mark.parametrize("storage", ["journal", "sqlite"])
+def test_trials_of_one_batch_last_as_long_as_their_own_runs(tmp_path, monkeypatch, storage):
+    import time
+
+    from vitstudy_core.runfolder import RunFolder
+
+    hyp = _hyp()
+    url = None if storage == "journal" else f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")
+    points = sweep._ask(study, hyp, 2, tmp_path / "data")
+    spans = {}
+
+    def fill_runs(specs, out_dir, hyp, tracker, opts, log, *, on_triaged=None, on_ended=None, **kw):
+        on_triaged(specs, stages.Triage(todo=list(specs)))
+        for p, length in zip(points, (0.2, 0.6), strict=True):  # trial 1's runs start after trial 0's end
+            t0 = time.time()
+            time.sleep(length)
+            for s in p.specs:
+                result = PlantedSource(0.0).fill(s.model_dump(mode="json"), tmp_path / "runs" / s.key, None)
+                RunFolder(tmp_path / "runs" / s.key).write_result({**result, "started_at": t0})
+                on_ended(s, result)
+            spans[p.number] = time.time() - t0
+        return stages.Filled(list(specs), stages.Triage(todo=list(specs)))
+
+    monkeypatch.setattr(stages, "fill_runs", fill_runs)
+    sweep._run_batch(points, hyp, tmp_path, NullTracker(), stages.RunOptions(), print, stages.Filled())
+    again = sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")  # as optuna-dashboard reads the storage
+    took = {t.number: t.duration.total_seconds() for t in again.get_trials()}
+    for n, span in spans.items():  # was: trial 1 lasted the whole batch (0.8 s), from the ask
+        assert took[n] == pytest.approx(span, abs=0.1), (took, spans)
+    assert took[1] > took[0] + 0.2
+
+
+# ---- issue 28 case 7: a sweep restarted on another host does not wait for a gone driver's trials --------
+def _sqlite_sweep(tmp_path, **over):
+    hyp = _hyp(**over)
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    return hyp, url, sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")
+
+
+def _asked_on(monkeypatch, study, hyp, host: str, tmp_path, heartbeat: str):
+    """One trial asked by a driver on ``host``; its heartbeat: ``fresh``, ``old`` (an hour ago) or
+    ``none`` (a driver from before heartbeats were recorded)."""
+    import sqlalchemy as sa
+
+    monkeypatch.setattr(sweep, "_hostname", lambda: host)
+    (point,) = sweep._ask(study, hyp, 1, tmp_path / "data")
+    engine = sweep._rdb(study).engine
+    with engine.begin() as conn:
+        if heartbeat == "old":
+            conn.execute(sa.text("UPDATE trial_heartbeats SET heartbeat = datetime('now', '-1 hour')"))
+        elif heartbeat == "none":
+            conn.execute(
+                sa.text("DELETE FROM trial_heartbeats WHERE trial_id = :id"), {"id": point.trial._trial_id}
+            )
+    return point
+
+
+def test_a_gone_driver_s_trials_on_another_host_are_rerun_at_once(tmp_path, monkeypatch):
+    import time
+
+    hyp, url, study = _sqlite_sweep(tmp_path)
+    dead = _asked_on(monkeypatch, study, hyp, "node-a", tmp_path, "old")
+    old = _asked_on(monkeypatch, study, hyp, "node-b", tmp_path, "none")
+    monkeypatch.setattr(sweep, "_hostname", lambda: "node-c")  # the restarted driver, on a third host
+    told = []
+
+    def fill_runs(specs, out_dir, hyp, tracker, opts, log, *, on_triaged=None, on_ended=None, **kw):
+        _plant([sweep.TrialPoint(0, {}, None, list(specs))], tmp_path / "runs")
+        on_triaged(specs, stages.Triage())  # every run finished: each trial is told at once
+        told.append(len(specs))
+        return stages.Filled(list(specs), stages.Triage(finished=[s.key for s in specs]))
+
+    monkeypatch.setattr(stages, "fill_runs", fill_runs)
+    lines: list[str] = []
+    t0 = time.monotonic()
+    again = sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")
+    sweep._optimize(
+        again, hyp, tmp_path, 3, NullTracker(), stages.RunOptions(), lines.append, stages.Filled()
+    )
+    assert time.monotonic() - t0 < 10 and not any("waiting for" in x for x in lines), lines
+    states = {t.number: t.state.name for t in again.get_trials()}
+    assert states[dead.number] == states[old.number] == "FAIL"
+    done = [t for t in again.get_trials() if t.state.name == "COMPLETE"]
+    assert sorted(t.params["texture_reliance"] for t in done) == [0.0, 0.5, 1.0]  # the gone ones' points too
+    assert sum("has no heartbeat" in x for x in lines) == 2 and told == [6], lines
+
+
+def test_a_live_trial_on_another_host_is_waited_for(tmp_path, monkeypatch):
+    hyp, url, study = _sqlite_sweep(tmp_path)
+    live = _asked_on(monkeypatch, study, hyp, "node-a", tmp_path, "fresh")
+    monkeypatch.setattr(sweep, "_hostname", lambda: "node-c")
+    again = sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")
+    assert sweep.recover_stale(again, hyp, print) == 0
+    assert sweep._counts(again) == (0, 1) and again.trials[live.number].state.name == "RUNNING"
+    # its driver keeps it fresh: the heartbeat thread of the process that owns it
+    monkeypatch.setattr(sweep, "_hostname", lambda: "node-a")
+    monkeypatch.setenv(sweep.HEARTBEAT_ENV, "1")
+    import sqlalchemy as sa
+
+    engine = sweep._rdb(study).engine
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE trial_heartbeats SET heartbeat = datetime('now', '-1 hour')"))
+    with sweep.Heartbeat(study):
+        import time
+
+        time.sleep(1.5)
+    with engine.connect() as conn:
+        age = conn.execute(
+            sa.text("SELECT (julianday('now') - julianday(heartbeat)) * 86400 FROM trial_heartbeats")
+        ).scalar()
+    assert age < 5
