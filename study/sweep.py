@@ -16,9 +16,11 @@ row per trial x seed: knob values, objective, test accuracy, run key), ``verdict
 report. Run folders live in ``runs/`` as for ``run``.
 
 Resume: the same command continues a killed sweep. A finished trial is never run again; a trial left
-RUNNING by a process that is gone is marked FAIL and run again with the same parameters, and its finished
-runs are reused (optuna's heartbeat works only with RDB storage and ``optimize()``, so this checks the
-owner process itself).
+RUNNING by a driver that is gone is marked FAIL and run again with the same parameters, and its finished
+runs are reused. A gone driver is one whose process is dead (a trial of this host), or, on a database
+storage, whatever host it ran on, one that stopped recording optuna's heartbeat for its trials (this
+loop asks and tells, so :class:`Heartbeat` records it, where ``optimize()`` would). A complete trial's
+runs the tracking store lacks are logged by the next invocation.
 """
 
 from __future__ import annotations
@@ -352,8 +354,9 @@ def fail_stale(optuna_study, log: Log) -> int:
         for t in before.values():
             mine = (t.user_attrs.get(OWNER) or "").rpartition(":")[0] == _hostname()
             if OWNER in t.user_attrs and not mine and t._trial_id not in beating:
-                if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
-                    storage.get_heartbeat_stale_trial_callback()(optuna_study, storage.get_trial(t._trial_id))
+                if optuna_study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                    retry = storage.get_heartbeat_stale_trial_callback()
+                    retry(optuna_study, optuna_study._storage.get_trial(t._trial_id))
     state = {t.number: t.state for t in optuna_study.get_trials(deepcopy=False)}
     gone = [n for n in sorted(before) if state.get(n) == TrialState.FAIL]
     for n in gone:

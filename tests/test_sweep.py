@@ -260,17 +260,22 @@ def test_tiny_sweep_end_to_end(tmp_path, capsys):
     assert f"sweep parent run {stale.info.run_id}" in said and "orphan" not in said, said
     (missing,) = [line for line in said.splitlines() if line.startswith("missing_child")]
     assert children[0].data.tags["run_key"] in missing and "[report only]" in missing, said
-    # a rerun logs the complete trials' runs the store lacks, tagged with their trial, and trains nothing
+    _rerun_logs_the_missing_child(path, out, client, exp, children[0], capsys)
+
+
+def _rerun_logs_the_missing_child(path, out, client, exp, gone, capsys) -> None:
+    """Issue 27: a rerun of a finished sweep logs the complete trials' runs the store lacks (``gone``,
+    deleted from it), tagged with their trial, trains nothing, and leaves nothing for doctor."""
     assert main(["sweep", str(path), "--out", str(out), "--no-report"]) == 0
     said = capsys.readouterr().out
     assert "epoch 1/1" not in said and "] finished (" not in said, said
     (back,) = [
         r
         for r in client.search_runs([exp.experiment_id], "tags.`study.role` = 'training'")
-        if r.data.tags["run_key"] == children[0].data.tags["run_key"]
+        if r.data.tags["run_key"] == gone.data.tags["run_key"]
     ]
-    assert back.info.status == "FINISHED" and back.data.tags["trial"] == children[0].data.tags["trial"]
-    assert back.data.tags["knob.texture_reliance"] == children[0].data.tags["knob.texture_reliance"]
+    assert back.info.status == "FINISHED" and back.data.tags["trial"] == gone.data.tags["trial"]
+    assert back.data.tags["knob.texture_reliance"] == gone.data.tags["knob.texture_reliance"]
     assert main(["doctor", "--out", str(out)]) == 0
     said = capsys.readouterr().out
     assert "doctor: 0 finding(s)" in said, said

@@ -121,7 +121,7 @@ def test_trials_of_one_batch_last_as_long_as_their_own_runs(tmp_path, monkeypatc
 
     def fill_runs(specs, out_dir, hyp, tracker, opts, log, *, on_triaged=None, on_ended=None, **kw):
         on_triaged(specs, stages.Triage(todo=list(specs)))
-        for p, length in zip(points, (0.2, 0.6), strict=True):  # trial 1's runs start after trial 0's end
+        for p, length in zip(points, (0.15, 0.45), strict=True):  # trial 1's runs start after trial 0's end
             t0 = time.time()
             time.sleep(length)
             for s in p.specs:
@@ -135,7 +135,7 @@ def test_trials_of_one_batch_last_as_long_as_their_own_runs(tmp_path, monkeypatc
     sweep._run_batch(points, hyp, tmp_path, NullTracker(), stages.RunOptions(), print, stages.Filled())
     again = sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")  # as optuna-dashboard reads the storage
     took = {t.number: t.duration.total_seconds() for t in again.get_trials()}
-    for n, span in spans.items():  # was: trial 1 lasted the whole batch (0.8 s), from the ask
+    for n, span in spans.items():  # was: trial 1 lasted the whole batch (0.6 s), from the ask
         assert took[n] == pytest.approx(span, abs=0.1), (took, spans)
     assert took[1] > took[0] + 0.2
 
@@ -213,7 +213,7 @@ def test_a_live_trial_on_another_host_is_waited_for(tmp_path, monkeypatch):
     with sweep.Heartbeat(study):
         import time
 
-        time.sleep(1.5)
+        time.sleep(1.2)
     with engine.connect() as conn:
         age = conn.execute(
             sa.text("SELECT (julianday('now') - julianday(heartbeat)) * 86400 FROM trial_heartbeats")
