@@ -455,6 +455,7 @@ def fill_once(
     poll_s: float | None = None,
     log: Callable[[str], None] | None = None,
     study: str = "",
+    wait: bool = True,
 ) -> dict:
     """Fill a run unless it is finished or being filled elsewhere; idempotent, so safe to retry.
 
@@ -464,6 +465,9 @@ def fill_once(
     as it is: a failure elsewhere is not retried here. A fill that loses its lease (:class:`LeaseLost`)
     goes back to waiting, and returns the result of the worker that took the run over.
 
+    ``wait=False`` (an executor's task: waiting there would hold its CPUs and GPUs) returns at once with
+    :func:`waiting_result` instead of waiting; its caller sends the job again later (:func:`requeue_waiting`).
+
     Returns:
         The run's ``result.json`` content plus ``"claim": {"owner", "filled": bool}``: ``filled``
         is False when another worker did the work.
@@ -472,14 +476,17 @@ def fill_once(
     poll_s = min(ttl / 3, 5.0) if poll_s is None else poll_s
     while True:
         try:
-            return _fill_when_free(store, run, run_dir, fill, ttl, poll_s, log, study)
+            return _fill_when_free(store, run, run_dir, fill, ttl, poll_s if wait else None, log, study)
         except LeaseLost:
             if log:
                 log(f"[{run['key']}] stopped: another worker took the run over; waiting for its result")
+            if not wait:
+                return waiting_result()
 
 
 def _fill_when_free(store, run, run_dir, fill, ttl, poll_s, log, study) -> dict:
-    """One attempt of :func:`fill_once`: wait for the lease, then fill under it."""
+    """One attempt of :func:`fill_once`: wait for the lease (``poll_s`` None: do not wait), then fill
+    under it."""
     folder, key = RunFolder(run_dir), run["key"]
     while True:
         ended = folder.read_result()
@@ -488,6 +495,8 @@ def _fill_when_free(store, run, run_dir, fill, ttl, poll_s, log, study) -> dict:
         owner = new_owner()
         if store.acquire(key, owner, ttl, study):
             break
+        if poll_s is None:
+            return waiting_result()
         time.sleep(poll_s)
     state = "failed"
     try:
@@ -501,6 +510,24 @@ def _fill_when_free(store, run, run_dir, fill, ttl, poll_s, log, study) -> dict:
         return {**result, "claim": {"owner": owner, "filled": True}}
     finally:
         release(store, key, owner, state if state in STATES else "failed", ttl, log)
+
+
+WAITING = "waiting"  # the status of a job that found its run leased live elsewhere (fill_once(wait=False))
+
+
+def waiting_result() -> dict:
+    """What :func:`fill_once` with ``wait=False`` returns while another worker holds the run live."""
+    return {"status": WAITING, "claim": {"owner": None, "filled": False}}
+
+
+def requeue_waiting(result: object, waits: int, ttl: float | None = None) -> float | None:
+    """Seconds after which a job whose ``result`` is :func:`waiting_result` is sent again (the ``waits``-th
+    time before: 0, 1, ...): 0.5, 1, 2, 4 s, then every ``min(ttl / 3, 5)`` s, as a waiting task polled
+    before; None for any other result (the job has ended)."""
+    if not (isinstance(result, dict) and result.get("status") == WAITING):
+        return None
+    ttl = lease_ttl() if ttl is None else ttl
+    return min(backoff_s(waits + 1), ttl / 3, 5.0)
 
 
 def backoff_s(fails: int) -> float:

@@ -372,3 +372,124 @@ def test_case3_a_job_driver_with_other_code_stops_with_one_line(tmp_path):
     )
     assert proc.returncode == 2 and "runs other code" in proc.stderr and "--ship-code" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+# ---- case 9: a waiting task holds no worker ----------------------------------------------------------
+def _echo(i: int) -> int:
+    return i
+
+
+class _PluginExecutor:
+    """An executor as a plug-in may write it: ``map_jobs(fn, jobs)`` without ``requeue``."""
+
+    def map_jobs(self, fn, jobs):
+        from runners.executors import InlineExecutor
+
+        yield from InlineExecutor().map_jobs(fn, jobs)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param("local-2", marks=pytest.mark.slow), "ray-1", "plugin"],  # local-2: spawns workers (~8 s)
+)
+def test_case9_every_executor_sends_a_job_back_after_its_delay_and_yields_it_once(name, request):
+    from runners.executors import EXECUTORS, ExecutorOptions, map_requeued
+
+    if name == "plugin":
+        executor = _PluginExecutor()
+    else:
+        kind, workers = name.split("-")
+        address = request.getfixturevalue("ray_address") if kind == "ray" else "auto"
+        executor = EXECUTORS.get(kind).make(ExecutorOptions(workers=int(workers), n_jobs=3, address=address))
+    seen: list[tuple[int, int]] = []
+
+    def requeue(i, result, times):  # job 1 waits twice (another worker holds its run), then ends
+        seen.append((i, times))
+        return 0.2 if i == 1 and times < 2 else None
+
+    t0 = time.monotonic()
+    out = [(i, r, e) for i, r, e in map_requeued(executor, _echo, [(0,), (1,), (2,)], requeue)]
+    assert sorted(out) == [(0, 0, None), (1, 1, None), (2, 2, None)] and out[-1][0] == 1
+    assert sorted(seen) == [(0, 0), (1, 0), (1, 1), (1, 2), (2, 0)]
+    assert time.monotonic() - t0 >= 0.4  # sent back after its delay each time
+
+
+def test_case9_a_run_leased_elsewhere_frees_its_slot_and_reuses_the_holder_s_result(tmp_path, monkeypatch):
+    """One slot (the in-process executor): run A is leased live by another worker; run B, independent,
+    finishes while A waits, and A then reuses the holder's result without training."""
+    import runners.jobs
+    from study.stages import Placement, execute
+
+    _, specs = _tiny_specs(ONE_SEED.replace("seeds: [0]", "seeds: [0, 1]"))
+    a, b = specs
+    runs, leases, trained, logs = tmp_path / "out" / "runs", tmp_path / "out" / "leases", [], []
+    store = FileLeaseStore(leases)
+    assert store.acquire(a.key, "other-host:1:abc", 60)  # a live holder elsewhere
+
+    def training(run, run_dir, data_dir):
+        trained.append(run["key"])
+        return _finish(Path(run_dir))
+
+    def holder():  # finishes A once B has finished beside it (or after 8 s, when B could not start)
+        deadline = time.monotonic() + 8
+        while not RunFolder(runs / b.key).is_finished() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _finish(runs / a.key)
+        store.release(a.key, "other-host:1:abc", "finished")
+
+    monkeypatch.setattr(runners.jobs, "execute_run", training)
+    ended: list[str] = []
+    threading.Thread(target=holder, daemon=True).start()
+    failed = execute(
+        [a, b],
+        runs,
+        tmp_path / "out" / "data",
+        1,
+        logs.append,
+        lambda s, r: ended.append(s.key),
+        Placement(leases=str(leases)),
+    )
+    assert failed == {} and trained == [b.key] and ended == [b.key, a.key]
+    assert any("leased by another worker" in line for line in logs), logs
+    assert any(line.startswith(f"[{a.label}] finished by another worker") for line in logs), logs
+    lease = {x.run_key: x for x in store.leases()}[a.key]
+    assert (lease.state, lease.attempts) == ("finished", 1)
+
+
+@pytest.mark.slow  # trains one tiny run on the loopback Ray cluster (~30 s under load)
+def test_case9_on_ray_waiting_tasks_free_their_cpus_for_an_independent_run(tmp_path, ray_address):
+    """2 CPUs, 3 runs: two leased live elsewhere, one independent. The independent one trains while the
+    other two wait (before, the two waiting tasks held both CPUs), and they then reuse the holder's runs."""
+    from study.stages import Placement, execute, prepare_data
+
+    _, (a1, a2, b) = _tiny_specs(TINY_HYPOTHESIS)
+    out = tmp_path / "out"
+    runs, leases, logs = out / "runs", out / "leases", []
+    store = FileLeaseStore(leases)
+    for spec in (a1, a2):
+        assert store.acquire(spec.key, "other-host:1:abc", 600)
+    prepare_data([b], out / "data", logs.append)
+
+    def holder():  # finishes a1 and a2 once b has finished beside them (or after 90 s: b could not start)
+        deadline = time.monotonic() + 90
+        while not RunFolder(runs / b.key).is_finished() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for spec in (a1, a2):
+            _finish(runs / spec.key)
+            store.release(spec.key, "other-host:1:abc", "finished")
+
+    ended: list[tuple[str, dict]] = []
+    threading.Thread(target=holder, daemon=True).start()
+    failed = execute(
+        [a1, a2, b],
+        runs,
+        out / "data",
+        "auto",
+        logs.append,
+        lambda s, r: ended.append((s.key, r)),
+        Placement("ray", ray_address, leases=str(leases)),
+    )
+    assert failed == {} and ended[0][0] == b.key, logs
+    claims = {key: r["claim"]["filled"] for key, r in ended}
+    assert claims == {b.key: True, a1.key: False, a2.key: False}
+    assert {x.run_key: x.attempts for x in store.leases()} == {a1.key: 1, a2.key: 1, b.key: 1}
