@@ -493,3 +493,72 @@ def test_case9_on_ray_waiting_tasks_free_their_cpus_for_an_independent_run(tmp_p
     claims = {key: r["claim"]["filled"] for key, r in ended}
     assert claims == {b.key: True, a1.key: False, a2.key: False}
     assert {x.run_key: x.attempts for x in store.leases()} == {a1.key: 1, a2.key: 1, b.key: 1}
+
+
+# ---- case 11: lease expiry on the database's clock; no server ERROR per poll -----------------------------
+def _skewed_clock(monkeypatch, minutes: float) -> None:
+    """This process's clock (the worker's) ``minutes`` off; the database server's is not."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 60 * minutes)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_case11_a_worker_with_a_skewed_clock_neither_takes_a_live_lease_nor_keeps_an_expired_one(
+    kind, tmp_path, monkeypatch, request
+):
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path / 'l.db'}"
+    else:
+        url = fresh_database(request.getfixturevalue("postgres_url"), "skew")
+    store = SqlLeaseStore(url)
+    assert store.acquire("live", "A", 30) and store.acquire("dead", "A", 0.3)
+    with monkeypatch.context() as m:  # a worker whose clock runs 10 minutes fast
+        _skewed_clock(m, +10)
+        assert not store.acquire("live", "B", 30)  # 30 s left on the server's clock
+        assert abs(store.now() - time.time() + 600) < 5  # the store's clock is the server's
+    time.sleep(0.5)
+    with monkeypatch.context() as m:  # one 10 minutes slow: the lease expired on the server's clock
+        _skewed_clock(m, -10)
+        assert store.acquire("dead", "B", 30)
+        assert store.renew("dead", "B", 30)  # renewed to 30 s from the server's now, not 10 min ago
+    assert not store.acquire("dead", "C", 30)
+    leases = {x.run_key: x for x in store.leases()}
+    assert leases["live"].live(store.now()) and leases["dead"].owner == "B" and leases["dead"].attempts == 2
+    dispose_engines()
+
+
+def _server_errors(url: str) -> int | None:
+    """ERROR lines in the PostgreSQL server's log so far (tests/clusters.py logs to <data dir>/../pg.log);
+    None when it cannot be read (a server this session did not start)."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        data = conn.execute(sa.text("SHOW data_directory")).scalar()
+    engine.dispose()
+    try:
+        text = (Path(data).parent / "pg.log").read_text(errors="replace")
+    except OSError:
+        return None
+    return sum("ERROR:" in line for line in text.splitlines())
+
+
+def test_case11_polls_of_a_waiting_worker_and_announcements_log_no_server_error(postgres_url, tmp_path):
+    db = fresh_database(postgres_url, "quiet")
+    store = SqlLeaseStore(db)
+    store.announce("s", ["k", "j"])
+    assert store.acquire("k", "holder", 60)
+    before = _server_errors(postgres_url)
+    if before is None:
+        pytest.skip("the PostgreSQL server's log is not readable here")
+    run = tmp_path / "k"
+    for _ in range(5):  # a waiting worker's polls: the lease is held live by another
+        assert (
+            fill_once(store, {"key": "k"}, run, lambda: pytest.fail("filled"), wait=False)["status"]
+            == "waiting"
+        )
+    store.announce("s", ["k", "j"])  # a second study announcing the same runs
+    time.sleep(0.2)
+    assert _server_errors(postgres_url) == before
+    assert {x.run_key: x.attempts for x in store.leases()} == {"k": 1, "j": 0}
+    dispose_engines()
