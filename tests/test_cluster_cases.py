@@ -562,3 +562,71 @@ def test_case11_polls_of_a_waiting_worker_and_announcements_log_no_server_error(
     assert _server_errors(postgres_url) == before
     assert {x.run_key: x.attempts for x in store.leases()} == {"k": 1, "j": 0}
     dispose_engines()
+
+
+def test_case11_a_tracking_server_decides_where_experiments_keep_artifacts(tmp_path):
+    from study.tracking import experiment_artifact_location
+
+    for server in ("http://mlflow-host:5000", "https://u:pw@mlflow.example.org"):
+        assert experiment_artifact_location(server, tmp_path, "tiny") is None  # its --artifacts-destination
+    home = (tmp_path / "mlartifacts" / "tiny").resolve().as_uri()
+    for store in (f"sqlite:///{tmp_path / 'mlflow.db'}", "postgresql://study@db/study"):  # no server
+        assert experiment_artifact_location(store, tmp_path, "tiny") == home
+
+
+def test_case11_the_hint_and_ui_for_a_tracking_server_open_its_address(tmp_path, monkeypatch):
+    import study.tracking_ui as ui
+
+    hint = ui.store_hint("http://u:pw@mlflow-host:5000")
+    assert hint.startswith("http://u:***@mlflow-host:5000 ") and "mlflow ui" not in hint and "pw" not in hint
+    assert ui.store_hint("sqlite:////o/mlflow.db") == "mlflow ui --backend-store-uri sqlite:////o/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow-host:5000/")
+    monkeypatch.setattr(ui, "study_experiments", lambda uri: [("tiny", "3")])
+    plan = ui.ui_plan(tmp_path, 5000, "tiny")  # nothing to start: the server is the UI
+    assert plan.cmd == [] and plan.url == ui.runs_url("http://mlflow-host:5000", "3")
+
+
+@pytest.mark.slow  # starts a real `mlflow server` (~30 s under load)
+def test_case11_on_a_real_server_artifacts_go_to_its_artifacts_destination(tmp_path, monkeypatch):
+    import os
+    import signal
+    import urllib.request
+
+    from study.tracking import Tracker
+    from tests.clusters import free_port
+
+    port, dest, out = free_port(), tmp_path / "server-artifacts", tmp_path / "out"
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 's.db'}"]
+    cmd += [
+        "--artifacts-destination",
+        str(dest),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    env = env_for(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    proc = subprocess.Popen(
+        cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "mlflow server did not start"
+                time.sleep(0.5)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+        with Tracker(out, "tiny") as tracker:
+            exp = tracker.client.get_experiment(tracker.experiment_id)
+            (tmp_path / "note.txt").write_text("x")
+            tracker.client.log_artifact(tracker.parent_id, str(tmp_path / "note.txt"))
+        assert exp.artifact_location.startswith("mlflow-artifacts:"), exp.artifact_location
+        assert list(dest.rglob("note.txt")) and not (out / "mlartifacts").exists()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
