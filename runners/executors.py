@@ -29,14 +29,16 @@ them) and exit on their own when the calling process is gone (a ``kill -9`` of i
 
 from __future__ import annotations
 
+import heapq
 import multiprocessing as mp
 import os
 import signal
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -46,12 +48,68 @@ from vitstudy_core.registry import Registry
 THREADS_FILE_ENV = "STUDY_THREADS_FILE"  # per job: the file holding its current torch thread budget
 
 
+Requeue = Callable[[int, object, int], "float | None"]  # (job index, result, times sent back) -> delay
+
+
 class Executor(Protocol):
     def map_jobs(
-        self, fn: Callable, jobs: Sequence[tuple]
+        self, fn: Callable, jobs: Sequence[tuple], requeue: Requeue | None = None
     ) -> Iterator[tuple[int, object, BaseException | None]]:
-        """Call ``fn(*job)`` for every job; yield (job index, result or None, exception or None)."""
+        """Call ``fn(*job)`` for every job; yield (job index, result or None, exception or None).
+
+        ``requeue(index, result, times)``, called here as a job returns: a number of seconds sends the job
+        again after that delay instead of yielding it (a run leased live elsewhere), holding no worker
+        meanwhile; None yields it. An executor without it is driven by :func:`map_requeued`.
+        """
         ...
+
+
+class _SentBack:
+    """The jobs ``requeue`` sent back, each due again after its delay (a heap by due time)."""
+
+    def __init__(self, requeue: Requeue | None):
+        self.requeue, self.heap, self.times = requeue, [], {}
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def back(self, i: int, result: object) -> bool:
+        """True when job ``i``'s ``result`` sends it back (it is then due after requeue's delay)."""
+        delay = None if self.requeue is None else self.requeue(i, result, self.times.get(i, 0))
+        if delay is None:
+            return False
+        self.times[i] = self.times.get(i, 0) + 1
+        heapq.heappush(self.heap, (time.monotonic() + delay, i))
+        return True
+
+    def due(self) -> list[int]:
+        """The jobs due now, taken off the heap."""
+        now, out = time.monotonic(), []
+        while self.heap and self.heap[0][0] <= now:
+            out.append(heapq.heappop(self.heap)[1])
+        return out
+
+    def timeout(self) -> float | None:
+        """Seconds until the next job is due (None: none sent back)."""
+        return max(0.0, self.heap[0][0] - time.monotonic()) if self.heap else None
+
+
+def map_requeued(
+    executor: Executor, fn: Callable, jobs: Sequence[tuple], requeue: Requeue
+) -> Iterator[tuple[int, object, BaseException | None]]:
+    """``executor.map_jobs(fn, jobs, requeue=requeue)``; an executor that does not take ``requeue`` (a
+    plug-in's) runs the jobs sent back in further rounds of ``map_jobs``, each after its delay."""
+    if getattr(executor, "requeues", False):
+        yield from executor.map_jobs(fn, jobs, requeue=requeue)
+        return
+    back, todo = _SentBack(requeue), list(range(len(jobs)))
+    while todo:
+        for j, result, exc in executor.map_jobs(fn, [jobs[i] for i in todo]):
+            if exc is not None or not back.back(todo[j], result):
+                yield todo[j], result, exc
+        if back:
+            time.sleep(back.timeout() or 0.0)
+        todo = back.due()
 
 
 def run_threads(workers: int | str, cores: int, cuda: bool = False) -> int | None:
@@ -135,15 +193,27 @@ class InlineExecutor:
         self.threads = threads
         self.stopped = 0
 
-    def map_jobs(self, fn, jobs):
-        for i, job in enumerate(jobs):
+    requeues = True
+
+    def map_jobs(self, fn, jobs, requeue=None):
+        back, ready = _SentBack(requeue), deque(range(len(jobs)))
+        while ready or back:
+            if not ready:  # only jobs sent back: the calling process waits, it holds nothing else
+                time.sleep(back.timeout() or 0.0)
+                ready.extend(back.due())
+                continue
+            i = ready.popleft()
             try:
-                yield i, self._call(fn, job), None
+                result = self._call(fn, jobs[i])
             except KeyboardInterrupt:
                 self.stopped = 1
                 raise
             except Exception as exc:  # noqa: BLE001 - reported per job, the study goes on
                 yield i, None, exc
+                continue
+            if not back.back(i, result):
+                yield i, result, None
+            ready.extend(back.due())
 
     def _call(self, fn: Callable, job: tuple) -> object:
         if self.threads is None:
@@ -173,7 +243,9 @@ class ProcessExecutor:
         self.workers, self.threads, self.rebalance, self.share_tail = workers, threads, rebalance, share_tail
         self.stopped = 0
 
-    def map_jobs(self, fn, jobs):
+    requeues = True
+
+    def map_jobs(self, fn, jobs, requeue=None):
         ctx = mp.get_context("spawn")  # fork after torch has started threads can deadlock
         n = len(jobs)
         tail = n % self.workers if self.share_tail else 0  # the last, partial wave gets the idle threads too
@@ -182,23 +254,21 @@ class ProcessExecutor:
             pool = ProcessPoolExecutor(
                 self.workers, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),)
             )
-            futures: dict[Future, int] = {}
+            futures: dict[Future, int] = {}  # the jobs submitted and not yet seen back
             ended = False
             try:
                 budget = [Path(tmp) / f"job{i}" for i in range(n)]
-                for i, job in enumerate(jobs):
-                    threads = max(1, cores // tail) if tail and i >= n - tail else self.threads
-                    budget[i].write_text(str(threads))
-                    futures[pool.submit(_call_with_threads, threads, str(budget[i]), fn, *job)] = i
-                pending = set(futures.values())
-                for fut in as_completed(futures):
-                    i = futures[fut]
-                    pending.discard(i)
-                    if self.rebalance and 0 < len(pending) < self.workers:  # nothing waits: share the cores
-                        for j in pending:
-                            budget[j].write_text(str(max(1, cores // len(pending))))
-                    exc = fut.exception()
-                    yield i, (None if exc else fut.result()), exc
+                threads = [
+                    max(1, cores // tail) if tail and i >= n - tail else self.threads for i in range(n)
+                ]
+
+                def submit(i: int) -> None:
+                    futures[pool.submit(_call_with_threads, threads[i], str(budget[i]), fn, *jobs[i])] = i
+
+                for i in range(n):
+                    budget[i].write_text(str(threads[i]))
+                    submit(i)
+                yield from self._collect(futures, submit, _SentBack(requeue), budget, cores)
                 ended = True
             finally:
                 # interrupted (KeyboardInterrupt here), or closed early by the caller (GeneratorExit): no
@@ -207,6 +277,30 @@ class ProcessExecutor:
                     pool.shutdown(wait=True)
                 else:
                     self.stopped = _stop_pool(pool, futures, self.workers)
+
+    def _collect(self, futures: dict[Future, int], submit: Callable[[int], None], back, budget, cores):
+        """Yield the jobs as they end; a job sent back (``back``) is submitted again when due, holding no
+        worker meanwhile; with ``rebalance``, the jobs still to end share the cores once fewer than the
+        workers remain."""
+        pending = set(futures.values())
+        while futures or back:
+            if futures:
+                done, _ = wait(list(futures), timeout=back.timeout(), return_when=FIRST_COMPLETED)
+            else:  # only jobs sent back (wait() of no futures returns at once)
+                done = set()
+                time.sleep(back.timeout() or 0.0)
+            for fut in done:
+                i = futures.pop(fut)
+                exc = fut.exception()
+                if exc is None and back.back(i, fut.result()):
+                    continue
+                pending.discard(i)
+                if self.rebalance and 0 < len(pending) < self.workers:  # nothing waits: share the cores
+                    for j in pending:
+                        budget[j].write_text(str(max(1, cores // len(pending))))
+                yield i, (None if exc else fut.result()), exc
+            for i in back.due():
+                submit(i)
 
 
 def _ray_call(fn: Callable, *job) -> object:
@@ -239,7 +333,9 @@ class RayExecutor:
             max_retries,
         )
 
-    def map_jobs(self, fn, jobs):
+    requeues = True
+
+    def map_jobs(self, fn, jobs, requeue=None):
         import ray
 
         if not ray.is_initialized():
@@ -251,16 +347,27 @@ class RayExecutor:
             retry_exceptions=False,
         )(_ray_call)
         index = {task.remote(fn, *job): i for i, job in enumerate(jobs)}
-        pending = list(index)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            ref = done[0]
-            try:
-                yield index[ref], ray.get(ref), None
-            except ray.exceptions.RayTaskError as exc:  # the job's own exception, as its own type
-                yield index[ref], None, exc.as_instanceof_cause()
-            except Exception as exc:  # noqa: BLE001 - a worker lost beyond its retries: reported per job
-                yield index[ref], None, exc
+        back = _SentBack(requeue)
+        while index or back:
+            if index:  # a job sent back is a new task when due: it holds no CPU or GPU meanwhile
+                done, _ = ray.wait(list(index), num_returns=1, timeout=back.timeout())
+            else:
+                done = []
+                time.sleep(back.timeout() or 0.0)
+            for ref in done:
+                i = index.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayTaskError as exc:  # the job's own exception, as its own type
+                    yield i, None, exc.as_instanceof_cause()
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a worker lost beyond its retries: reported per job
+                    yield i, None, exc
+                    continue
+                if not back.back(i, result):
+                    yield i, result, None
+            for i in back.due():
+                index[task.remote(fn, *jobs[i])] = i
 
 
 @dataclass(frozen=True)

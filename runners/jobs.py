@@ -46,7 +46,11 @@ def execute_claimed_run(
     being filled by another worker is not filled again, so the job is safe to retry or to run twice.
 
     ``token``: the output folder's (``runners.shared_out``); a worker that does not see it there fails
-    before it trains, naming its host. The result says which ``host`` ran the job."""
+    before it trains, naming its host. The result says which ``host`` ran the job.
+
+    A run leased live by another worker is not waited for here (that would hold this task's CPUs and
+    GPUs): the result is ``runners.leases.waiting_result()`` at once, and the executor sends the job again
+    after a backoff (``runners.leases.requeue_waiting``)."""
     from runners.leases import fill_once, open_lease_store
 
     if token:
@@ -59,6 +63,7 @@ def execute_claimed_run(
             lambda: execute_run(run, run_dir, data_dir),
             log=_progress,
             study=study,
+            wait=False,
         )
     except Exception as exc:
         # a full disk or a lost store is the machine's state, not this run's failure: said as one here,

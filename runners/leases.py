@@ -16,12 +16,14 @@ Two implementations of one four-method interface (:class:`LeaseStore`):
 
 * :class:`SqlLeaseStore`: a table ``study_run_leases`` in any SQLAlchemy database (PostgreSQL for a
   cluster; the same database as MLflow and the optuna storage). Acquiring is one conditional ``UPDATE``
-  (or an ``INSERT`` racing on the primary key), so two workers never both win.
+  (or an ``INSERT ... ON CONFLICT DO NOTHING`` racing on the primary key), so two workers never both win.
 * :class:`FileLeaseStore`: one JSON file per key in a folder, read-modify-written under an exclusive
   ``fcntl`` lock on ``<folder>/.lock`` (one machine, or a shared filesystem with working POSIX locks).
 
-Times are the workers' wall clocks (unix seconds): on a cluster, hosts keep their clocks synchronised (NTP)
-to well under the lease time (``STUDY_LEASE_TTL``, default 60 s).
+Times are unix seconds. A database's expiry times are on the database server's clock (``now()`` in SQL,
+:meth:`SqlLeaseStore.now_sql`), so a worker whose clock is off neither takes a live lease nor keeps an
+expired one; file leases are on the workers' own clocks (one host, or hosts kept in sync by NTP to well
+under the lease time, ``STUDY_LEASE_TTL``, default 60 s).
 """
 
 from __future__ import annotations
@@ -95,6 +97,10 @@ class LeaseStore(Protocol):
 
     def leases(self) -> list[Lease]:
         """Every lease, for ``python -m study status``."""
+        ...
+
+    def now(self) -> float:
+        """The clock its expiry times are on (unix seconds): compare :meth:`Lease.live` with it."""
         ...
 
     def announce(self, study: str, run_keys: list[str]) -> None:
@@ -182,24 +188,64 @@ class SqlLeaseStore:
             if "already exists" not in str(exc):
                 raise
 
+    def now_sql(self):
+        """The database server's clock in unix seconds, as an SQL expression: every expiry this store
+        writes or compares is on it, so a worker whose clock is off does not take a live lease (its
+        clock fast) or keep one past its time (slow). Another dialect: this process's clock."""
+        import sqlalchemy as sa
+
+        dialect = self.engine.dialect.name
+        if dialect == "postgresql":
+            return sa.cast(sa.extract("epoch", sa.func.now()), sa.Float)
+        if dialect == "sqlite":
+            return (sa.func.julianday("now") - 2440587.5) * 86400.0  # days since the unix epoch, in s
+        return sa.literal(time.time(), sa.Float)
+
+    def now(self) -> float:
+        """The database server's clock (unix seconds): what :meth:`Lease.live` of this store's leases
+        compares with."""
+        import sqlalchemy as sa
+
+        with self.engine.connect() as conn:
+            return float(conn.execute(sa.select(self.now_sql())).scalar())
+
+    def _insert_new(self, **values) -> bool:
+        """Insert a row unless its key is there; True when inserted. Never a failing statement: PostgreSQL
+        logs an ERROR for each one (a duplicate key), which every poll of a waiting worker would cost."""
+        import sqlalchemy as sa
+
+        t, dialect = self.table, self.engine.dialect.name
+        if dialect in ("postgresql", "sqlite"):
+            if dialect == "postgresql":
+                from sqlalchemy.dialects.postgresql import insert
+            else:
+                from sqlalchemy.dialects.sqlite import insert
+            stmt = insert(t).values(**values).on_conflict_do_nothing(index_elements=["run_key"])
+            with self.engine.begin() as conn:  # RETURNING: psycopg's rowcount of this statement is -1
+                return conn.execute(stmt.returning(t.c.run_key)).first() is not None
+        with self.engine.connect() as conn:
+            if conn.execute(sa.select(t.c.run_key).where(t.c.run_key == values["run_key"])).first():
+                return False
+        try:  # another dialect, and a racing insert since the look: the primary key decides
+            with self.engine.begin() as conn:
+                conn.execute(sa.insert(t).values(**values))
+        except sa.exc.IntegrityError:
+            return False
+        return True
+
     def acquire(self, run_key: str, owner: str, ttl: float, study: str = "") -> bool:
         import sqlalchemy as sa
 
-        t, now = self.table, time.time()
+        t, now = self.table, self.now_sql()
         free = sa.or_(t.c.state != "running", t.c.lease_expires < now, t.c.owner == owner)
         values = {"owner": owner, "lease_expires": now + ttl, "state": "running"}
         with self.engine.begin() as conn:
             hit = conn.execute(
                 sa.update(t).where(t.c.run_key == run_key, free).values(attempts=t.c.attempts + 1, **values)
             ).rowcount
-        if hit:
+        if hit or self._insert_new(run_key=run_key, attempts=1, study=study, **values):
             return True
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(sa.insert(t).values(run_key=run_key, attempts=1, study=study, **values))
-        except sa.exc.IntegrityError:  # the row exists and another owner holds it live
-            return self._take_from_dead(run_key, values)
-        return True
+        return self._take_from_dead(run_key, values)  # the row exists and another owner holds it live
 
     def _take_from_dead(self, run_key: str, values: dict) -> bool:
         """Take a lease whose holder was a process on this host that is gone (:func:`owner_gone`); the
@@ -227,7 +273,7 @@ class SqlLeaseStore:
             hit = conn.execute(
                 sa.update(t)
                 .where(t.c.run_key == run_key, t.c.owner == owner, t.c.state == "running")
-                .values(lease_expires=time.time() + ttl)
+                .values(lease_expires=self.now_sql() + ttl)
             ).rowcount
         return bool(hit)
 
@@ -239,13 +285,13 @@ class SqlLeaseStore:
             conn.execute(
                 sa.update(t)
                 .where(t.c.run_key == run_key, t.c.owner == owner)
-                .values(state=state, lease_expires=time.time())
+                .values(state=state, lease_expires=self.now_sql())
             )
 
     def reconcile(self, run_keys: list[str], state: str = "finished") -> None:
         import sqlalchemy as sa
 
-        t, now = self.table, time.time()
+        t, now = self.table, self.now_sql()
         stale = sa.or_(t.c.state == "todo", sa.and_(t.c.state == "running", t.c.lease_expires < now))
         with self.engine.begin() as conn:
             for key in run_keys:
@@ -259,19 +305,8 @@ class SqlLeaseStore:
         return [Lease(**dict(r)) for r in rows]
 
     def announce(self, study: str, run_keys: list[str]) -> None:
-        import sqlalchemy as sa
-
-        t = self.table
-        for key in run_keys:  # one statement per key: a concurrent insert of the same key is not an error
-            try:
-                with self.engine.begin() as conn:
-                    conn.execute(
-                        sa.insert(t).values(
-                            run_key=key, owner="", lease_expires=0.0, state="todo", attempts=0, study=study
-                        )
-                    )
-            except sa.exc.IntegrityError:
-                continue
+        for key in run_keys:  # one statement per key; a key already there (or inserted meanwhile) is kept
+            self._insert_new(run_key=key, owner="", lease_expires=0.0, state="todo", attempts=0, study=study)
 
 
 # ---- files (one machine or a shared filesystem) -------------------------------------------------------
@@ -301,6 +336,10 @@ class FileLeaseStore:
         from vitstudy_core.io import atomic_write_json
 
         atomic_write_json(self.folder / f"{lease.run_key}.json", asdict(lease))
+
+    def now(self) -> float:
+        """This host's clock (unix seconds): file leases are written and compared on the workers' clocks."""
+        return time.time()
 
     def acquire(self, run_key: str, owner: str, ttl: float, study: str = "") -> bool:
         with self._locked():
@@ -455,6 +494,7 @@ def fill_once(
     poll_s: float | None = None,
     log: Callable[[str], None] | None = None,
     study: str = "",
+    wait: bool = True,
 ) -> dict:
     """Fill a run unless it is finished or being filled elsewhere; idempotent, so safe to retry.
 
@@ -464,6 +504,9 @@ def fill_once(
     as it is: a failure elsewhere is not retried here. A fill that loses its lease (:class:`LeaseLost`)
     goes back to waiting, and returns the result of the worker that took the run over.
 
+    ``wait=False`` (an executor's task: waiting there would hold its CPUs and GPUs) returns at once with
+    :func:`waiting_result` instead of waiting; its caller sends the job again later (:func:`requeue_waiting`).
+
     Returns:
         The run's ``result.json`` content plus ``"claim": {"owner", "filled": bool}``: ``filled``
         is False when another worker did the work.
@@ -472,14 +515,17 @@ def fill_once(
     poll_s = min(ttl / 3, 5.0) if poll_s is None else poll_s
     while True:
         try:
-            return _fill_when_free(store, run, run_dir, fill, ttl, poll_s, log, study)
+            return _fill_when_free(store, run, run_dir, fill, ttl, poll_s if wait else None, log, study)
         except LeaseLost:
             if log:
                 log(f"[{run['key']}] stopped: another worker took the run over; waiting for its result")
+            if not wait:
+                return waiting_result()
 
 
 def _fill_when_free(store, run, run_dir, fill, ttl, poll_s, log, study) -> dict:
-    """One attempt of :func:`fill_once`: wait for the lease, then fill under it."""
+    """One attempt of :func:`fill_once`: wait for the lease (``poll_s`` None: do not wait), then fill
+    under it."""
     folder, key = RunFolder(run_dir), run["key"]
     while True:
         ended = folder.read_result()
@@ -488,6 +534,8 @@ def _fill_when_free(store, run, run_dir, fill, ttl, poll_s, log, study) -> dict:
         owner = new_owner()
         if store.acquire(key, owner, ttl, study):
             break
+        if poll_s is None:
+            return waiting_result()
         time.sleep(poll_s)
     state = "failed"
     try:
@@ -501,6 +549,24 @@ def _fill_when_free(store, run, run_dir, fill, ttl, poll_s, log, study) -> dict:
         return {**result, "claim": {"owner": owner, "filled": True}}
     finally:
         release(store, key, owner, state if state in STATES else "failed", ttl, log)
+
+
+WAITING = "waiting"  # the status of a job that found its run leased live elsewhere (fill_once(wait=False))
+
+
+def waiting_result() -> dict:
+    """What :func:`fill_once` with ``wait=False`` returns while another worker holds the run live."""
+    return {"status": WAITING, "claim": {"owner": None, "filled": False}}
+
+
+def requeue_waiting(result: object, waits: int, ttl: float | None = None) -> float | None:
+    """Seconds after which a job whose ``result`` is :func:`waiting_result` is sent again (the ``waits``-th
+    time before: 0, 1, ...): 0.5, 1, 2, 4 s, then every ``min(ttl / 3, 5)`` s, as a waiting task polled
+    before; None for any other result (the job has ended)."""
+    if not (isinstance(result, dict) and result.get("status") == WAITING):
+        return None
+    ttl = lease_ttl() if ttl is None else ttl
+    return min(backoff_s(waits + 1), ttl / 3, 5.0)
 
 
 def backoff_s(fails: int) -> float:

@@ -258,9 +258,20 @@ def _ui_verb(args) -> int:
     from study.tracking_ui import announce_when_up, ui_plan
 
     plan = ui_plan(args.out, args.port, args.study)
-    print("starting: mlflow " + " ".join(plan.cmd[3:]), flush=True)
+    if plan.cmd:
+        print("starting: mlflow " + " ".join(plan.cmd[3:]), flush=True)
     for name, url in plan.experiments:
-        print(f"runs of {name}: {url}", flush=True)
+        print(f"runs of {name}: {redact(url)}", flush=True)
+    if not plan.cmd:  # a tracking server: its own UI, nothing to start here
+        import webbrowser
+
+        from study.tracking_ui import can_open_browser
+
+        opened = not args.no_browser and can_open_browser() and webbrowser.open(plan.url)
+        print(
+            f"the tracking store is a server: {'opened' if opened else 'open'} {redact(plan.url)}", flush=True
+        )
+        return 0
     return _serve(
         plan.cmd,
         env=plan.env,
@@ -437,10 +448,9 @@ def _run_verb(args: argparse.Namespace, argv) -> int:
         print(f"report:  {result.report_path}")
     if not args.no_mlflow:
         from study.tracking import default_tracking_uri
+        from study.tracking_ui import store_hint
 
-        uri = redact(default_tracking_uri(args.out))
-        hint = f"{uri} (the tracking server's UI)" if uri.startswith(("http://", "https://")) else None
-        print(f"mlflow:  {hint or 'mlflow ui --backend-store-uri ' + uri}")
+        print(f"mlflow:  {store_hint(default_tracking_uri(args.out))}")
     return _failed_exit(result.outcome.failed if result.outcome else {}, args.allow_failed_runs)
 
 

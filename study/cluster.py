@@ -238,12 +238,13 @@ def status_counts(leases: str | Path) -> dict[str, Counter]:
     from runners.leases import open_lease_store
 
     try:
-        rows = open_lease_store(leases).leases()
+        store = open_lease_store(leases)
+        rows, now = store.leases(), store.now()  # a database's leases expire on its own clock
     except Exception as exc:  # noqa: BLE001 - an unreachable store is one line
         raise StudyError(
             f"--leases: cannot read the lease store ({type(exc).__name__}: {exc})", redact(str(leases))
         ) from None
-    now, out = time.time(), {}
+    out: dict[str, Counter] = {}
     for lease in rows:
         state = lease.state
         if state == "running" and not lease.live(now):

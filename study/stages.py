@@ -425,7 +425,8 @@ def execute(
     """Stage 4: fill every run to do through an executor (``runners.executors``), each under a lease.
 
     A run finished or being filled by another worker or invocation sharing the lease store is not filled
-    again: its job waits for it and reuses it (``runners.leases.fill_once``).
+    again: its job returns at once and is sent again after a backoff (holding no worker) until the run is
+    finished there (its result is reused) or its lease is free (``runners.leases.fill_once``).
 
     Args:
         on_result: called in this process as each run ends, with its result (None when it raised).
@@ -442,7 +443,7 @@ def execute(
     """
     if not todo:  # torch is imported only when something runs: a cached rerun stays quick
         return {}
-    from runners.executors import make_executor
+    from runners.executors import make_executor, map_requeued
     from runners.jobs import execute_claimed_run
     from runners.leases import open_lease_store
     from runners.shared_out import seen_by_driver, write_token
@@ -464,10 +465,10 @@ def execute(
     runs_dir, data_dir = Path(runs_dir).resolve(), Path(data_dir).resolve()
     token = write_token(runs_dir.parent)  # every job checks it sees this folder (runners.shared_out)
     jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir), leases, study, token) for s in todo]
-    failed: dict[str, str] = {}
-    t0 = time.perf_counter()
+    failed, t0 = dict[str, str](), time.perf_counter()
     # a run finished on disk is never failed; one reported finished but not readable here is (its host)
-    ended = seen_by_driver(executor.map_jobs(execute_claimed_run, jobs), [j[1] for j in jobs])
+    requeue = _requeue_waiting(todo, log)  # a run leased live elsewhere: sent again later, holding no slot
+    ended = seen_by_driver(map_requeued(executor, execute_claimed_run, jobs, requeue), [j[1] for j in jobs])
     try:
         for i, result, exc in ended:
             spec = todo[i]
@@ -491,6 +492,20 @@ def execute(
     finally:
         ended.close()  # stopped early (an error here, a full disk): the workers are stopped too
     return failed
+
+
+def _requeue_waiting(todo: list[RunSpec], log: Log) -> Callable[[int, object, int], float | None]:
+    """The executor's ``requeue``: a job whose run another worker holds live is sent again after a backoff
+    (``runners.leases.requeue_waiting``; its slot is free meanwhile), said once per run."""
+    from runners.leases import requeue_waiting
+
+    def requeue(i: int, result: object, times: int) -> float | None:
+        delay = requeue_waiting(result, times)
+        if delay is not None and times == 0:
+            log(f"[{todo[i].label}] leased by another worker: waiting for it (the slot stays free)")
+        return delay
+
+    return requeue
 
 
 def log_run(

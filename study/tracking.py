@@ -75,6 +75,7 @@ __all__ = [
     "active_experiments",
     "close_stale",
     "default_tracking_uri",
+    "experiment_artifact_location",
     "foreign_artifact_locations",
     "open_tracker",
     "parent_lock_path",
@@ -126,6 +127,19 @@ def store_path(out_dir: Path) -> str:
     """The tracking store as a user names it: the sqlite file's path, else its URI (errors name it)."""
     uri = default_tracking_uri(out_dir)
     return uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else uri
+
+
+SERVER_SCHEMES = ("http://", "https://")  # a tracking server: it decides where artifacts go
+
+
+def experiment_artifact_location(uri: str, out_dir: Path, name: str) -> str | None:
+    """Where a new experiment ``name`` keeps its artifacts: ``<out_dir>/mlartifacts/<name>`` (a file URI)
+    for a store without a server (the default sqlite file, a database URL); None for a tracking server
+    (``http(s)://``), which then chooses (its ``--artifacts-destination``, as ``mlflow-artifacts:/...``):
+    a file path here would be one only this host sees, and would bypass the server's store."""
+    if uri.startswith(SERVER_SCHEMES):
+        return None
+    return (Path(out_dir) / "mlartifacts" / name).resolve().as_uri()
 
 
 def foreign_artifact_locations(client, out_dir: Path, name: str | None = None) -> list[tuple[str, str]]:
@@ -261,7 +275,7 @@ class Tracker(RunWriter):
                         exp.experiment_id, EXPERIMENT_KIND, EXPERIMENT_TAGS[EXPERIMENT_KIND]
                     )
                 return exp.experiment_id
-            artifacts = (self.out_dir / "mlartifacts" / name).resolve().as_uri()
+            artifacts = experiment_artifact_location(self.uri, self.out_dir, name)
             try:
                 return self.client.create_experiment(name, artifact_location=artifacts, tags=EXPERIMENT_TAGS)
             except Exception:  # noqa: BLE001 - a UNIQUE clash surfaces as MlflowException or a DB error

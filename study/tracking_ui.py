@@ -19,9 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from study.tracking import active_experiments, default_tracking_uri, quiet_library_logs
+from study.tracking import SERVER_SCHEMES, active_experiments, default_tracking_uri, quiet_library_logs
 from study.tracking_cleanup import ROLES
 from vitstudy_core.errors import StudyError
+from vitstudy_core.redact import redact
 
 RUNS_PAGE = "#/experiments/{id}/runs?workflowType=machine_learning"
 # the server's environment: telemetry off (mlflow.telemetry.utils.is_telemetry_disabled reads both), and
@@ -76,9 +77,18 @@ def study_experiments(uri: str) -> list[tuple[str, str]]:
     return [(client.get_experiment(i).name, i) for i in order]
 
 
+def store_hint(uri: str) -> str:
+    """How to look at the tracking store ``uri`` (printed after a study): a tracking server's own address
+    (``mlflow ui --backend-store-uri http://...`` would not start), else the ``mlflow ui`` command."""
+    if uri.startswith(SERVER_SCHEMES):
+        return f"{redact(uri)} (the tracking server's UI: open it in a browser)"
+    return f"mlflow ui --backend-store-uri {redact(uri)}"
+
+
 def ui_plan(out_dir: Path, port: int, study: str | None = None) -> UiPlan:
     """The server to start on ``out_dir``'s store and the runs table to open: ``study``'s (its experiment
-    ``study`` or ``study.sweep``), else the study logged last.
+    ``study`` or ``study.sweep``), else the study logged last. A tracking server (``MLFLOW_TRACKING_URI``
+    ``http(s)://``) is its own UI: nothing to start (``cmd`` empty), its runs table is the address.
 
     Raises:
         StudyError: no store here, or ``study`` names no study in it (one line listing those there).
@@ -87,9 +97,10 @@ def ui_plan(out_dir: Path, port: int, study: str | None = None) -> UiPlan:
     db = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
     if db is not None and not db.is_file():
         raise StudyError("no MLflow store here (run a study first)", str(db))
-    base = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    server = uri.startswith(SERVER_SCHEMES)
+    base = uri.rstrip("/") if server else f"http://127.0.0.1:{port}"
+    cmd = [] if server else [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri]
+    cmd += [] if server else ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     try:  # an empty file holds no study yet (the server makes its tables; reading it here would too)
         found = study_experiments(uri) if db is None or db.stat().st_size else []
     except Exception:  # noqa: BLE001 - a store the client cannot read yet: the server still shows it
@@ -101,7 +112,7 @@ def ui_plan(out_dir: Path, port: int, study: str | None = None) -> UiPlan:
         if not chosen:
             there = ", ".join(name for name, _ in experiments) or "none"
             raise StudyError(
-                f"no study {study!r} in this MLflow store (studies there: {there})", uri, "--study"
+                f"no study {study!r} in this MLflow store (studies there: {there})", redact(uri), "--study"
             )
     return UiPlan(cmd, dict(SERVER_ENV), base, chosen[0][1] if chosen else f"{base}/", experiments)
 

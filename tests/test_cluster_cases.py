@@ -372,3 +372,258 @@ def test_case3_a_job_driver_with_other_code_stops_with_one_line(tmp_path):
     )
     assert proc.returncode == 2 and "runs other code" in proc.stderr and "--ship-code" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+# ---- case 9: a waiting task holds no worker ----------------------------------------------------------
+def _echo(i: int) -> int:
+    return i
+
+
+class _PluginExecutor:
+    """An executor as a plug-in may write it: ``map_jobs(fn, jobs)`` without ``requeue``."""
+
+    def map_jobs(self, fn, jobs):
+        from runners.executors import InlineExecutor
+
+        yield from InlineExecutor().map_jobs(fn, jobs)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param("local-2", marks=pytest.mark.slow), "ray-1", "plugin"],  # local-2: spawns workers (~8 s)
+)
+def test_case9_every_executor_sends_a_job_back_after_its_delay_and_yields_it_once(name, request):
+    from runners.executors import EXECUTORS, ExecutorOptions, map_requeued
+
+    if name == "plugin":
+        executor = _PluginExecutor()
+    else:
+        kind, workers = name.split("-")
+        address = request.getfixturevalue("ray_address") if kind == "ray" else "auto"
+        executor = EXECUTORS.get(kind).make(ExecutorOptions(workers=int(workers), n_jobs=3, address=address))
+    seen: list[tuple[int, int]] = []
+
+    def requeue(i, result, times):  # job 1 waits twice (another worker holds its run), then ends
+        seen.append((i, times))
+        return 0.2 if i == 1 and times < 2 else None
+
+    t0 = time.monotonic()
+    out = [(i, r, e) for i, r, e in map_requeued(executor, _echo, [(0,), (1,), (2,)], requeue)]
+    assert sorted(out) == [(0, 0, None), (1, 1, None), (2, 2, None)] and out[-1][0] == 1
+    assert sorted(seen) == [(0, 0), (1, 0), (1, 1), (1, 2), (2, 0)]
+    assert time.monotonic() - t0 >= 0.4  # sent back after its delay each time
+
+
+def test_case9_a_run_leased_elsewhere_frees_its_slot_and_reuses_the_holder_s_result(tmp_path, monkeypatch):
+    """One slot (the in-process executor): run A is leased live by another worker; run B, independent,
+    finishes while A waits, and A then reuses the holder's result without training."""
+    import runners.jobs
+    from study.stages import Placement, execute
+
+    _, specs = _tiny_specs(ONE_SEED.replace("seeds: [0]", "seeds: [0, 1]"))
+    a, b = specs
+    runs, leases, trained, logs = tmp_path / "out" / "runs", tmp_path / "out" / "leases", [], []
+    store = FileLeaseStore(leases)
+    assert store.acquire(a.key, "other-host:1:abc", 60)  # a live holder elsewhere
+
+    def training(run, run_dir, data_dir):
+        trained.append(run["key"])
+        return _finish(Path(run_dir))
+
+    def holder():  # finishes A once B has finished beside it (or after 8 s, when B could not start)
+        deadline = time.monotonic() + 8
+        while not RunFolder(runs / b.key).is_finished() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _finish(runs / a.key)
+        store.release(a.key, "other-host:1:abc", "finished")
+
+    monkeypatch.setattr(runners.jobs, "execute_run", training)
+    ended: list[str] = []
+    threading.Thread(target=holder, daemon=True).start()
+    failed = execute(
+        [a, b],
+        runs,
+        tmp_path / "out" / "data",
+        1,
+        logs.append,
+        lambda s, r: ended.append(s.key),
+        Placement(leases=str(leases)),
+    )
+    assert failed == {} and trained == [b.key] and ended == [b.key, a.key]
+    assert any("leased by another worker" in line for line in logs), logs
+    assert any(line.startswith(f"[{a.label}] finished by another worker") for line in logs), logs
+    lease = {x.run_key: x for x in store.leases()}[a.key]
+    assert (lease.state, lease.attempts) == ("finished", 1)
+
+
+@pytest.mark.slow  # trains one tiny run on the loopback Ray cluster (~30 s under load)
+def test_case9_on_ray_waiting_tasks_free_their_cpus_for_an_independent_run(tmp_path, ray_address):
+    """2 CPUs, 3 runs: two leased live elsewhere, one independent. The independent one trains while the
+    other two wait (before, the two waiting tasks held both CPUs), and they then reuse the holder's runs."""
+    from study.stages import Placement, execute, prepare_data
+
+    _, (a1, a2, b) = _tiny_specs(TINY_HYPOTHESIS)
+    out = tmp_path / "out"
+    runs, leases, logs = out / "runs", out / "leases", []
+    store = FileLeaseStore(leases)
+    for spec in (a1, a2):
+        assert store.acquire(spec.key, "other-host:1:abc", 600)
+    prepare_data([b], out / "data", logs.append)
+
+    def holder():  # finishes a1 and a2 once b has finished beside them (or after 90 s: b could not start)
+        deadline = time.monotonic() + 90
+        while not RunFolder(runs / b.key).is_finished() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for spec in (a1, a2):
+            _finish(runs / spec.key)
+            store.release(spec.key, "other-host:1:abc", "finished")
+
+    ended: list[tuple[str, dict]] = []
+    threading.Thread(target=holder, daemon=True).start()
+    failed = execute(
+        [a1, a2, b],
+        runs,
+        out / "data",
+        "auto",
+        logs.append,
+        lambda s, r: ended.append((s.key, r)),
+        Placement("ray", ray_address, leases=str(leases)),
+    )
+    assert failed == {} and ended[0][0] == b.key, logs
+    claims = {key: r["claim"]["filled"] for key, r in ended}
+    assert claims == {b.key: True, a1.key: False, a2.key: False}
+    assert {x.run_key: x.attempts for x in store.leases()} == {a1.key: 1, a2.key: 1, b.key: 1}
+
+
+# ---- case 11: lease expiry on the database's clock; no server ERROR per poll -----------------------------
+def _skewed_clock(monkeypatch, minutes: float) -> None:
+    """This process's clock (the worker's) ``minutes`` off; the database server's is not."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 60 * minutes)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_case11_a_worker_with_a_skewed_clock_neither_takes_a_live_lease_nor_keeps_an_expired_one(
+    kind, tmp_path, monkeypatch, request
+):
+    # the session's PostgreSQL database (no CREATE DATABASE: seconds under load), keys of this test's own
+    url = f"sqlite:///{tmp_path / 'l.db'}" if kind == "sqlite" else request.getfixturevalue("postgres_url")
+    store, live, dead = SqlLeaseStore(url), f"skew-live-{time.time_ns()}", f"skew-dead-{time.time_ns()}"
+    assert store.acquire(live, "A", 30) and store.acquire(dead, "A", 0.3)
+    with monkeypatch.context() as m:  # a worker whose clock runs 10 minutes fast
+        _skewed_clock(m, +10)
+        assert not store.acquire(live, "B", 30)  # 30 s left on the server's clock
+        assert abs(store.now() - time.time() + 600) < 5  # the store's clock is the server's
+    time.sleep(0.5)
+    with monkeypatch.context() as m:  # one 10 minutes slow: the lease expired on the server's clock
+        _skewed_clock(m, -10)
+        assert store.acquire(dead, "B", 30)
+        assert store.renew(dead, "B", 30)  # renewed to 30 s from the server's now, not 10 min ago
+    assert not store.acquire(dead, "C", 30)
+    leases = {x.run_key: x for x in store.leases()}
+    assert leases[live].live(store.now()) and leases[dead].owner == "B" and leases[dead].attempts == 2
+    dispose_engines()
+
+
+def _server_errors(url: str) -> int | None:
+    """ERROR lines in the PostgreSQL server's log so far (tests/clusters.py logs to <data dir>/../pg.log);
+    None when it cannot be read (a server this session did not start)."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        data = conn.execute(sa.text("SHOW data_directory")).scalar()
+    engine.dispose()
+    try:
+        text = (Path(data).parent / "pg.log").read_text(errors="replace")
+    except OSError:
+        return None
+    return sum("ERROR:" in line for line in text.splitlines())
+
+
+def test_case11_polls_of_a_waiting_worker_and_announcements_log_no_server_error(postgres_url, tmp_path):
+    store, k, j = SqlLeaseStore(postgres_url), f"quiet-k-{time.time_ns()}", f"quiet-j-{time.time_ns()}"
+    store.announce("s", [k, j])
+    assert store.acquire(k, "holder", 60)
+    before = _server_errors(postgres_url)
+    if before is None:
+        pytest.skip("the PostgreSQL server's log is not readable here")
+    run = tmp_path / "k"
+    for _ in range(5):  # a waiting worker's polls: the lease is held live by another
+        assert (
+            fill_once(store, {"key": k}, run, lambda: pytest.fail("filled"), wait=False)["status"]
+            == "waiting"
+        )
+    store.announce("s", [k, j])  # a second study announcing the same runs
+    time.sleep(0.2)
+    assert _server_errors(postgres_url) == before
+    assert {x.run_key: x.attempts for x in store.leases() if x.run_key in (k, j)} == {k: 1, j: 0}
+    dispose_engines()
+
+
+def test_case11_a_tracking_server_decides_where_experiments_keep_artifacts(tmp_path):
+    from study.tracking import experiment_artifact_location
+
+    for server in ("http://mlflow-host:5000", "https://u:pw@mlflow.example.org"):
+        assert experiment_artifact_location(server, tmp_path, "tiny") is None  # its --artifacts-destination
+    home = (tmp_path / "mlartifacts" / "tiny").resolve().as_uri()
+    for store in (f"sqlite:///{tmp_path / 'mlflow.db'}", "postgresql://study@db/study"):  # no server
+        assert experiment_artifact_location(store, tmp_path, "tiny") == home
+
+
+def test_case11_the_hint_and_ui_for_a_tracking_server_open_its_address(tmp_path, monkeypatch):
+    import study.tracking_ui as ui
+
+    hint = ui.store_hint("http://u:pw@mlflow-host:5000")
+    assert hint.startswith("http://u:***@mlflow-host:5000 ") and "mlflow ui" not in hint and "pw" not in hint
+    assert ui.store_hint("sqlite:////o/mlflow.db") == "mlflow ui --backend-store-uri sqlite:////o/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow-host:5000/")
+    monkeypatch.setattr(ui, "study_experiments", lambda uri: [("tiny", "3")])
+    plan = ui.ui_plan(tmp_path, 5000, "tiny")  # nothing to start: the server is the UI
+    assert plan.cmd == [] and plan.url == ui.runs_url("http://mlflow-host:5000", "3")
+
+
+@pytest.mark.slow  # starts a real `mlflow server` (~30 s under load)
+def test_case11_on_a_real_server_artifacts_go_to_its_artifacts_destination(tmp_path, monkeypatch):
+    import os
+    import signal
+    import urllib.request
+
+    from study.tracking import Tracker
+    from tests.clusters import free_port
+
+    port, dest, out = free_port(), tmp_path / "server-artifacts", tmp_path / "out"
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 's.db'}"]
+    cmd += [
+        "--artifacts-destination",
+        str(dest),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    env = env_for(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    proc = subprocess.Popen(
+        cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "mlflow server did not start"
+                time.sleep(0.5)
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+        with Tracker(out, "tiny") as tracker:
+            exp = tracker.client.get_experiment(tracker.experiment_id)
+            (tmp_path / "note.txt").write_text("x")
+            tracker.client.log_artifact(tracker.parent_id, str(tmp_path / "note.txt"))
+        assert exp.artifact_location.startswith("mlflow-artifacts:"), exp.artifact_location
+        assert list(dest.rglob("note.txt")) and not (out / "mlartifacts").exists()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)

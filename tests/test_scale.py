@@ -127,8 +127,13 @@ def test_a_study_on_ray_matches_the_local_executor(tmp_path, postgres_url, ray_a
 def test_a_run_whose_worker_dies_is_taken_over_and_resumed(tmp_path, postgres_url, ray_address):
     db = fresh_database(postgres_url, "killed")
     hyp = tmp_path / "two.yaml"
+    # 2048 training images (not 64): an epoch of the tiny model then takes ~0.3 s, not ~0.01 s, so the kill
+    # below lands mid-run; with 64 the run could end between the look and the kill (a loaded host
+    # deschedules this process for longer than the whole run), killing an idle worker: attempts == 1
     hyp.write_text(
-        TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0, 1]").replace("epochs: 2", "epochs: 6")
+        TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0, 1]")
+        .replace("epochs: 2", "epochs: 6")
+        .replace("n_train: 64", "n_train: 2048")
     )
     cmd = [sys.executable, "-m", "study", "run", str(hyp), "--out", str(tmp_path / "out")]
     cmd += ["--executor", "ray", "--address", ray_address, "--leases", db, "--no-mlflow", "--no-report"]
@@ -148,6 +153,7 @@ def test_a_run_whose_worker_dies_is_taken_over_and_resumed(tmp_path, postgres_ur
         time.sleep(0.2)
     assert victim is not None, "no run reached its first checkpoint"
     os.kill(int(victim.owner.split(":")[1]), signal.SIGKILL)  # the Ray worker process training it
+    assert not (tmp_path / "out" / "runs" / victim.run_key / "result.json").exists(), "killed after it ended"
     log = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, log
     leases = {le.run_key: le for le in store.leases()}
