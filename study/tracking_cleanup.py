@@ -73,8 +73,8 @@ class ParentHeartbeat:
     def stop(self) -> None:
         """Stop beating (the invocation ends, or - in a test - dies)."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        if self._thread.is_alive():  # a beat stuck on a store that hangs does not hold the invocation up
+            self._thread.join(timeout=5.0)
 
 
 def _float(value: str | None) -> float | None:

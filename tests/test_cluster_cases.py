@@ -520,3 +520,50 @@ def test_case6_a_live_parent_of_another_host_or_folder_is_never_closed_a_silent_
     finally:
         for t in (c, b, a):
             t.__exit__(None, None, None)
+
+
+@pytest.mark.slow  # two invocations of the 3-run tiny study at once, and one undisturbed (~2 min under load)
+def test_case6_two_output_folders_on_one_fresh_database_each_train_their_runs_once(tmp_path, postgres_url):
+    from collections import Counter
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.studyproc import verdicts
+
+    db = fresh_database(postgres_url, "case6_two_folders")  # fresh: both create MLflow's tables
+    hyp = tmp_path / "tiny.yaml"
+    hyp.write_text(TINY_HYPOTHESIS)
+    outs = [tmp_path / "a", tmp_path / "b"]
+    procs = [
+        subprocess.Popen(
+            study_cmd(hyp, out, "--leases", db),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env_for(MLFLOW_TRACKING_URI=db),
+            cwd=REPO,
+        )
+        for out in outs
+    ]
+    logs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n=====\n".join(log[-3000:] for log in logs)
+    for log in logs:  # each folder trained each of its runs, once
+        assert all(log.count(f"[objects/seed{seed}] epoch 2/2") == 1 for seed in (0, 1, 2)), log
+    leases = open_lease_store(db).leases()
+    assert len(leases) == 6 and {(le.state, le.attempts) for le in leases} == {("finished", 1)}
+    client = MlflowClient(db)
+    exp = client.get_experiment_by_name("tiny").experiment_id
+    trainings = client.search_runs([exp], "tags.`study.role` = 'training' and attributes.status = 'FINISHED'")
+    assert Counter(r.data.tags["study.out"] for r in trainings) == {str(out): 3 for out in outs}
+    parents = client.search_runs([exp], "tags.`study.role` = 'study'")
+    assert sorted(r.info.status for r in parents) == ["FINISHED", "FINISHED"]  # neither closed the other
+    alone = subprocess.run(
+        study_cmd(hyp, tmp_path / "alone", "--no-mlflow"),
+        capture_output=True,
+        text=True,
+        env=env_for(),
+        cwd=REPO,
+    )
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert verdicts(outs[0]) == verdicts(outs[1]) == verdicts(tmp_path / "alone")
+    dispose_engines()
