@@ -59,7 +59,9 @@ def read_token(out_dir: str | Path) -> str | None:
         return None
 
 
-LEASE_SCOPE = 12  # hex digits of the token in a lease key: 48 bits, no two folders of a store alike
+LEASE_SCOPE = (
+    12  # hex digits of the token in a lease key: 48 bits, two folders of one store never meet in practice
+)
 
 
 def lease_key(run_key: str, token: str | None) -> str:
