@@ -7,7 +7,7 @@ import socket
 import sys
 from pathlib import Path
 
-from runners.shared_out import check_token
+from runners.shared_out import check_token, lease_key
 from runners.sources import get_source
 from vitstudy_core.errors import machine_fault
 from vitstudy_core.io import remove_temporaries
@@ -46,7 +46,9 @@ def execute_claimed_run(
     being filled by another worker is not filled again, so the job is safe to retry or to run twice.
 
     ``token``: the output folder's (``runners.shared_out``); a worker that does not see it there fails
-    before it trains, naming its host. The result says which ``host`` ran the job.
+    before it trains, naming its host. It also scopes the run's lease to this folder (``lease_key``):
+    another output folder sharing the store trains its own copy under a lease of its own. The result
+    says which ``host`` ran the job.
 
     A run leased live by another worker is not waited for here (that would hold this task's CPUs and
     GPUs): the result is ``runners.leases.waiting_result()`` at once, and the executor sends the job again
@@ -58,7 +60,7 @@ def execute_claimed_run(
     try:
         result = fill_once(
             open_lease_store(leases),
-            run,
+            {**run, "key": lease_key(run["key"], token)},  # the lease's key; the run itself keeps its own
             run_dir,
             lambda: execute_run(run, run_dir, data_dir),
             log=_progress,

@@ -10,6 +10,10 @@ silently dropped. So the driver writes a random token to ``<out>/.study-token`` 
 job; a job that reads another token (or none) there fails at once, naming its host, before it trains. And
 a run a worker reports finished whose folder the driver cannot read is an error naming that worker's
 host, never a seed quietly missing from the verdicts.
+
+The token is also the folder's identity in a lease store that several output folders share (one database
+for a cluster): a run's lease is ``<run key>@<token>`` (:func:`lease_key`), so a run of folder B is
+never taken for folder A's run, which B cannot see: each folder trains its own copy once.
 """
 
 from __future__ import annotations
@@ -45,6 +49,25 @@ def write_token(out_dir: str | Path) -> str:
     with os.fdopen(fd, "w") as fh:
         fh.write(token)
     return token
+
+
+def read_token(out_dir: str | Path) -> str | None:
+    """The token of ``out_dir`` when it has one (no job ever ran there: None); writes nothing."""
+    try:
+        return (Path(out_dir) / TOKEN).read_text().strip() or None
+    except OSError:
+        return None
+
+
+LEASE_SCOPE = (
+    12  # hex digits of the token in a lease key: 48 bits, two folders of one store never meet in practice
+)
+
+
+def lease_key(run_key: str, token: str | None) -> str:
+    """A run's key in the lease store: ``<run key>@<first 12 hex digits of its output folder's token>``,
+    so output folders sharing a store hold separate leases; without a token, the run key alone."""
+    return f"{run_key}@{token[:LEASE_SCOPE]}" if token else run_key
 
 
 def check_token(out_dir: str | Path, token: str) -> None:

@@ -245,12 +245,19 @@ def status_counts(leases: str | Path) -> dict[str, Counter]:
             f"--leases: cannot read the lease store ({type(exc).__name__}: {exc})", redact(str(leases))
         ) from None
     out: dict[str, Counter] = {}
+    folders: dict[str, set[str]] = {}
     for lease in rows:
         state = lease.state
         if state == "running" and not lease.live(now):
             state = "stalled"
-        out.setdefault(lease.study or "(unnamed)", Counter())[state] += 1
-    return out
+        study = lease.study or "(unnamed)"
+        out.setdefault(study, Counter())[state] += 1
+        scope = lease.run_key.partition("@")[2]  # its output folder (runners.shared_out.lease_key)
+        folders.setdefault(study, set()).add(scope)
+    # output folders sharing the store each train their own copy of a study's runs: said, not hidden
+    return {
+        (f"{s} ({len(folders[s])} output folders)" if len(folders[s]) > 1 else s): c for s, c in out.items()
+    }
 
 
 def format_status(leases: str | Path) -> str:

@@ -13,7 +13,8 @@ Findings, and what ``--repair`` does about each:
   children);
 * ``missing_artifacts``: a FINISHED child run lacking an artifact a reuse needs (deleted from the store,
   so the next run logs its local folder or retrains);
-* ``duplicate``: several FINISHED child runs with one ``run_key`` (all but the newest deleted);
+* ``duplicate``: several FINISHED child runs with one ``run_key`` from one output folder (tag
+  ``study.out``; all but the newest deleted): two folders sharing a store each keep their own copy;
 * ``superseded_child``: a KILLED child run (an invocation stopped while logging it) whose ``run_key``
   has a FINISHED child: a partial copy of that run (deleted, as ``run`` deletes it once it logs the
   FINISHED one: ``study.tracking_write.RunWriter._retire_superseded``);
@@ -264,7 +265,7 @@ def check_store(out_dir: Path, client) -> list[Finding]:
                     "running_child", what, fix=lambda rid=r.info.run_id: client.set_terminated(rid, "KILLED")
                 )
             )
-    seen: dict[str, str] = {}
+    seen: dict[tuple, str] = {}  # (run key, output folder) -> the FINISHED child kept
     finished = {}  # run key -> its newest FINISHED child
     for r in _children(client, "FINISHED"):
         finished.setdefault(r.data.tags.get("run_key"), r.info.run_id)
@@ -283,13 +284,14 @@ def check_store(out_dir: Path, client) -> list[Finding]:
                 continue
             if status != "FINISHED":
                 continue
-            if key in seen:
-                f = Finding("duplicate", f"run key {key}: MLflow run {rid} repeats {seen[key]}")
+            copy = (key, r.data.tags.get("study.out"))  # another folder's training is not a repeat
+            if copy in seen:
+                f = Finding("duplicate", f"run key {key}: MLflow run {rid} repeats {seen[copy]}")
             else:
                 listed = {a.path for a in client.list_artifacts(rid)}
                 missing = [n for n in REQUIRED if n not in listed]
                 if not missing:
-                    seen[key] = rid
+                    seen[copy] = rid
                     continue
                 f = Finding("missing_artifacts", f"MLflow run {rid} (key {key}) lacks {', '.join(missing)}")
             f.fix = lambda rid=rid: client.delete_run(rid)

@@ -33,7 +33,7 @@ from study.runspecs import RunSpec, plan_runs
 from study.schema import Hypothesis
 from study.stopping import stopped_while_filling
 from vitstudy_core.errors import Interrupted, StudyError, machine_fault
-from vitstudy_core.hashing import canonical_json
+from vitstudy_core.hashing import canonical_json, file_digest
 from vitstudy_core.io import atomic_write_json, atomic_write_text
 from vitstudy_core.locks import file_lock, run_lock_path
 from vitstudy_core.runfolder import RESULT, ROWS, SCALARS, SPECTRA, RunFolder
@@ -405,9 +405,11 @@ def reconcile_leases(placement: Placement, runs_dir: Path, finished: list[str]) 
     if not finished or ("://" not in where and not Path(where).is_dir()):
         return
     from runners.leases import open_lease_store
+    from runners.shared_out import lease_key, read_token
 
+    token = read_token(Path(runs_dir).parent)  # this folder's leases (none: from before the token)
     try:
-        open_lease_store(where).reconcile(finished, "finished")
+        open_lease_store(where).reconcile([lease_key(k, token) for k in finished], "finished")
     except Exception:  # noqa: BLE001 - bookkeeping only: the run folders decide, and a rerun tries again
         pass
 
@@ -446,12 +448,14 @@ def execute(
     from runners.executors import make_executor, map_requeued
     from runners.jobs import execute_claimed_run
     from runners.leases import open_lease_store
-    from runners.shared_out import seen_by_driver, write_token
+    from runners.shared_out import lease_key, seen_by_driver, write_token
     from runners.train import pick_device
 
     place = placement or Placement()
     leases = place.lease_store(runs_dir)
-    open_lease_store(leases).announce(study, [s.key for s in todo])
+    token = write_token(Path(runs_dir).resolve().parent)  # every job checks it sees this folder (shared_out)
+    # leases scoped to this folder: another output folder sharing the store trains its own copies
+    open_lease_store(leases).announce(study, [lease_key(s.key, token) for s in todo])
     executor = make_executor(
         workers,
         len(todo),
@@ -463,7 +467,6 @@ def execute(
     )
     # absolute paths: a Ray worker runs in its own folder, and reaches the shared output folder by them
     runs_dir, data_dir = Path(runs_dir).resolve(), Path(data_dir).resolve()
-    token = write_token(runs_dir.parent)  # every job checks it sees this folder (runners.shared_out)
     jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir), leases, study, token) for s in todo]
     failed, t0 = dict[str, str](), time.perf_counter()
     # a run finished on disk is never failed; one reported finished but not readable here is (its host)
@@ -531,7 +534,12 @@ def log_run(
     folder = RunFolder(runs_dir / spec.key)
     with file_lock(run_lock_path(runs_dir, spec.key)):
         result = folder.read_result()
-        if result is None or (folder.is_finished() and not again and tracker.has_finished(spec.key)):
+        # this folder's training: another folder's copy of the run in a shared store is not this one
+        if result is None or (
+            folder.is_finished()
+            and not again
+            and tracker.has_finished(spec.key, file_digest(folder.file(RESULT)))
+        ):
             return False
         empty = pd.DataFrame(columns=["metric", "layer", "token_set", "epoch", "value"])
         rows = run_rows(spec, folder.path, layers) if folder.is_finished() else empty

@@ -6,7 +6,8 @@ store and the parent run (:class:`Tracker`, with :class:`NullTracker` for ``--no
 Layout, chosen to read naturally in the MLflow UI:
 
 * an **experiment** per hypothesis (study) name;
-* a **parent run** per invocation: the design as params; tags ``git_commit``, ``git_dirty``,
+* a **parent run** per invocation: the design as params; tags ``study.host``, ``study.out`` (the output
+  folder), ``study.heartbeat`` (renewed while it lives: ``study.tracking_cleanup``), ``git_commit``, ``git_dirty``,
   ``spec_hash`` (sha256 of the hypothesis file), ``command``, ``verdict.N`` per claim and
   ``reused_runs`` (the runs taken from earlier invocations, ``label=key@mlflow_run_id``),
   ``registration.design`` and ``registration.claim.N`` (hash, first registration time and status of
@@ -16,7 +17,8 @@ Layout, chosen to read naturally in the MLflow UI:
   (``report.html``, ``report.md``); metrics ``claim_N/{effect,ci_low,ci_high,p_value,p_adjusted}``;
   its description (``mlflow.note.content``) is the verdict table;
 * a nested **child run** per trained (or imported) model: its spec as params; tags ``run_key``,
-  ``git_commit``, ``git_dirty``, ``spec_hash`` (sha256 of the run spec); ``train/*`` metrics per epoch and spectral
+  ``study.out``, ``result_sha`` (sha256 of its ``result.json``: which training it records; two output
+  folders sharing a store each log their own), ``git_commit``, ``git_dirty``, ``spec_hash`` (sha256 of the run spec); ``train/*`` metrics per epoch and spectral
   metrics named ``{metric}/{token_set}/{layer}`` with step = epoch (names reduced to the characters
   MLflow allows); artifacts ``spectra.npz`` (the eigenvalues), ``result.json`` and, when recorded,
   ``covariances.npz``; the dataset through ``log_inputs`` (a numpy dataset whose digest is the dataset
@@ -47,7 +49,16 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import pandas as pd
 
-from study.tracking_cleanup import close_stale, parent_lock_path, stale_parents
+from study.tracking_cleanup import (
+    HEARTBEAT_S_TAG,
+    HEARTBEAT_TAG,
+    OUT_TAG,
+    ParentHeartbeat,
+    close_stale,
+    heartbeat_s,
+    parent_lock_path,
+    stale_parents,
+)
 from study.tracking_reuse import (
     RUN_ARTIFACTS_OPTIONAL,
     RUN_ARTIFACTS_REQUIRED,
@@ -58,7 +69,7 @@ from study.tracking_reuse import (
 from study.tracking_write import RunWriter, sanitize_metric_name
 from vitstudy_core.errors import StudyError
 from vitstudy_core.faults import fault_point
-from vitstudy_core.locks import file_lock, hold_lock
+from vitstudy_core.locks import database_lock, file_lock, hold_lock
 from vitstudy_core.provenance import git_state
 
 if TYPE_CHECKING:
@@ -117,6 +128,21 @@ def quiet_library_logs(verbose: bool = False) -> None:
 def store_lock_path(out_dir: Path) -> Path:
     """The lock serialising store and experiment creation among invocations on one output folder."""
     return Path(out_dir) / ".locks" / "store.lock"
+
+
+@contextmanager
+def schema_lock(uri: str) -> Iterator[None]:
+    """Held while a store is opened: on PostgreSQL a database-wide advisory lock, so that invocations on
+    any host and output folder opening a fresh database one after another, not together, create MLflow's
+    tables once (together, both run the migrations and one fails). Other stores: nothing (a sqlite store
+    is created under the output folder's :func:`store_lock_path`; a server creates its own)."""
+    if not uri.startswith("postgresql"):
+        yield
+        return
+    from runners.leases import engine_for
+
+    with database_lock(engine_for(uri), "study.mlflow.schema"):
+        yield
 
 
 def default_tracking_uri(out_dir: Path) -> str:
@@ -225,13 +251,15 @@ class Tracker(RunWriter):
         quiet_library_logs(VERBOSE)
         # two invocations on a fresh folder would both create the sqlite tables, and two on a store
         # without this experiment would both insert it: one at a time, each getting what the other made
+        # on a shared database, invocations of other folders and hosts too (schema_lock)
         with file_lock(store_lock_path(self.out_dir)):
             try:
-                self._create_store()
-                self.client = MlflowClient(self.uri)
-                if not os.environ.get("MLFLOW_TRACKING_URI"):  # a store of our own: it must be this folder's
-                    refuse_foreign_artifacts(self.client, self.out_dir, experiment)
-                self.experiment_id = self._get_or_create_experiment(experiment)
+                with schema_lock(self.uri):
+                    self._create_store()
+                    self.client = MlflowClient(self.uri)
+                    if not os.environ.get("MLFLOW_TRACKING_URI"):  # a store of our own: this folder's
+                        refuse_foreign_artifacts(self.client, self.out_dir, experiment)
+                    self.experiment_id = self._get_or_create_experiment(experiment)
             except StudyError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a bad URI or unreachable store: one line, not a trace
@@ -244,6 +272,7 @@ class Tracker(RunWriter):
         self.role = role
         self.parent_id: str | None = None
         self._parent_lock: int | None = None
+        self._heartbeat: ParentHeartbeat | None = None
         state = git_state()
         self.git_commit = state["git_commit"] or "unknown"
         self.git_dirty = state["git_dirty"]
@@ -288,6 +317,7 @@ class Tracker(RunWriter):
     # ---- the parent run ---------------------------------------------------------------------------
     def __enter__(self) -> Tracker:
         self.close_stale()
+        period = heartbeat_s()
         run = self.client.create_run(
             self.experiment_id,
             run_name=time.strftime(f"{self.role} %Y-%m-%d %H:%M:%S"),
@@ -295,6 +325,9 @@ class Tracker(RunWriter):
                 "study.role": self.role,
                 "study.host": socket.gethostname(),
                 "study.pid": str(os.getpid()),
+                OUT_TAG: str(self.out_dir.resolve()),
+                HEARTBEAT_TAG: f"{time.time():.3f}",
+                HEARTBEAT_S_TAG: f"{period:g}",
                 "git_commit": self.git_commit,
                 "git_dirty": str(self.git_dirty).lower(),
                 "mlflow.source.git.commit": self.git_commit,
@@ -302,28 +335,35 @@ class Tracker(RunWriter):
         )
         self.parent_id = run.info.run_id
         self._parent_lock = hold_lock(parent_lock_path(self.out_dir, self.parent_id))
+        # other hosts and folders sharing the store tell this invocation is alive by it (tracking_cleanup)
+        self._heartbeat = ParentHeartbeat(self.client, self.parent_id, period).start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         """End the parent run: FINISHED, KILLED (Ctrl-C, SIGTERM: a ``KeyboardInterrupt``) or FAILED.
 
         Leaving on an error, a store that cannot record the end (the error may be the store's: full,
-        gone) leaves the parent RUNNING with its lock free, which the next invocation marks KILLED
-        (:func:`close_stale`); the error that ended the study is the one reported.
+        gone) leaves the parent RUNNING with its lock file there and free, which the next invocation on
+        this host marks KILLED (:func:`close_stale`); the error that ended the study is the one reported.
         """
         if exc_type is None:
             status = "FINISHED"
         else:
             status = "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        ended = False
         try:
             self.client.set_terminated(self.parent_id, status)
+            ended = True
         except Exception:
             if exc_type is None:
                 raise
         finally:
             if self._parent_lock is not None:
                 os.close(self._parent_lock)
-                parent_lock_path(self.out_dir, self.parent_id).unlink(missing_ok=True)
+                if ended:  # a lock file left free says "dead" at once to the next invocation here
+                    parent_lock_path(self.out_dir, self.parent_id).unlink(missing_ok=True)
 
     def close_stale(self) -> list[str]:
         """Mark the store's stale RUNNING parents and their RUNNING children KILLED (:func:`close_stale`)."""
@@ -334,9 +374,10 @@ class Tracker(RunWriter):
         """Finished child runs in the whole store (every experiment), newest per ``run_key`` tag."""
         return self.stored.finished_runs()
 
-    def has_finished(self, key: str) -> bool:
-        """True when the store (any experiment) holds a FINISHED child run with this ``run_key`` now."""
-        return self.stored.has_finished(key)
+    def has_finished(self, key: str, result_sha: str | None = None) -> bool:
+        """True when the store (any experiment) holds a FINISHED child run with this ``run_key`` now;
+        with ``result_sha``, one of this training (:meth:`StoredRuns.has_finished`)."""
+        return self.stored.has_finished(key, result_sha)
 
     def fetch_run(self, run, spec, run_dir: Path) -> None:
         """Download a stored run into ``run_dir`` (:meth:`study.tracking_reuse.StoredRuns.fetch_run`)."""
@@ -358,7 +399,7 @@ class TrackerProtocol(Protocol):
 
     def finished_runs(self) -> dict[str, object]: ...
 
-    def has_finished(self, key: str) -> bool: ...
+    def has_finished(self, key: str, result_sha: str | None = None) -> bool: ...
 
     def fetch_run(self, run, spec, run_dir: Path) -> None: ...
 
@@ -415,7 +456,7 @@ class NullTracker:
     def finished_runs(self) -> dict[str, object]:
         return {}
 
-    def has_finished(self, key: str) -> bool:  # nothing is ever to be logged
+    def has_finished(self, key: str, result_sha: str | None = None) -> bool:  # nothing is ever to be logged
         return True
 
     def fetch_run(self, run, spec, run_dir: Path) -> None:  # never called: nothing is stored

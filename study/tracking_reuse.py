@@ -17,6 +17,7 @@ from vitstudy_core.runfolder import OPTIONAL, REQUIRED, RESULT, ROWS, SPECTRA, p
 # artifacts of a child run that a reuse needs (required) or carries along when present (optional)
 RUN_ARTIFACTS_REQUIRED = REQUIRED
 RUN_ARTIFACTS_OPTIONAL = OPTIONAL
+RESULT_SHA_TAG = "result_sha"  # a child run's tag: sha256 of the result.json it holds (which training it is)
 
 
 class StoredRuns:
@@ -40,14 +41,22 @@ class StoredRuns:
                 found[key] = r
         return found
 
-    def has_finished(self, key: str) -> bool:
-        """True when the store (any experiment) holds a FINISHED child run with this ``run_key`` now."""
+    def has_finished(self, key: str, result_sha: str | None = None) -> bool:
+        """True when the store (any experiment) holds a FINISHED child run with this ``run_key`` now.
+
+        With ``result_sha`` (the sha256 of a run folder's ``result.json``): one that records *that*
+        training, i.e. whose tag ``result_sha`` is the same (a run downloaded from the store, or logged
+        before), or that has no such tag (logged before the tag existed). Two output folders sharing a
+        store each train their own copy of a run, and each copy is logged (``docs/scale-out.md``).
+        """
         found = self.client.search_runs(
             active_experiments(self.client),
             f"tags.run_key = '{key}' and tags.`study.role` = 'training' and attributes.status = 'FINISHED'",
-            max_results=1,
+            max_results=1 if result_sha is None else 1000,
         )
-        return bool(found)
+        if result_sha is None:
+            return bool(found)
+        return any(r.data.tags.get(RESULT_SHA_TAG, result_sha) == result_sha for r in found)
 
     def fetch_run(self, run, spec, run_dir: Path) -> None:
         """Download a stored run's artifacts into ``run_dir`` (``result.json`` last, so it marks a finished

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from study.tracking_reuse import RUN_ARTIFACTS_OPTIONAL, RUN_ARTIFACTS_REQUIRED
+from study.tracking_reuse import RESULT_SHA_TAG, RUN_ARTIFACTS_OPTIONAL, RUN_ARTIFACTS_REQUIRED
 from vitstudy_core.errors import StudyError
 from vitstudy_core.faults import fault_point
 from vitstudy_core.hashing import digest, file_digest
@@ -58,8 +58,8 @@ class RunWriter:
     """What an invocation writes to the store: its parent run's record and its child runs.
 
     A part of ``study.tracking.Tracker``, which sets the attributes it writes with: ``client`` (an
-    ``MlflowClient``), ``experiment_id``, ``parent_id`` (the open parent run), ``git_commit``, ``git_dirty``
-    and ``log_model``.
+    ``MlflowClient``), ``experiment_id``, ``parent_id`` (the open parent run), ``git_commit``, ``git_dirty``,
+    ``log_model`` and ``out_dir`` (the output folder: a child run's tag ``study.out``).
     """
 
     client: object
@@ -263,6 +263,10 @@ class RunWriter:
                 "spec_hash": digest(spec.model_dump()),
             },
         )
+        if getattr(self, "out_dir", None) is not None:  # which output folder's copy of the run this is
+            tags["study.out"] = str(Path(self.out_dir).resolve())
+        if run_dir is not None and (Path(run_dir) / "result.json").is_file():  # which training it is
+            tags[RESULT_SHA_TAG] = file_digest(Path(run_dir) / "result.json")
         tags.update({k: str(v)[:_TAG_MAX] for k, v in (extra or {}).items()})
         if spec.condition is not None:  # a design with conditions: the cell and its factors' levels
             tags.update({"condition": spec.condition, **{f"factor.{k}": v for k, v in spec.levels.items()}})

@@ -627,3 +627,198 @@ def test_case11_on_a_real_server_artifacts_go_to_its_artifacts_destination(tmp_p
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+# ---- case 6: two output folders sharing one database --------------------------------------------------
+def _together(n: int, fn) -> list[BaseException]:
+    """Run ``fn(i)`` for i < n in threads released at once; the exceptions they raised."""
+    gate, errors = threading.Barrier(n), []
+
+    def one(i: int) -> None:
+        gate.wait()
+        try:
+            fn(i)
+        except BaseException as exc:  # noqa: BLE001 - collected, asserted on by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return errors
+
+
+def test_case6_two_invocations_on_a_fresh_database_both_create_its_tables(
+    tmp_path, postgres_url, monkeypatch
+):
+    import contextlib
+
+    import mlflow.tracking._tracking_service.registry as mlflow_stores
+
+    from study.sweep import _database_storage
+    from study.tracking import Tracker
+
+    db = fresh_database(postgres_url, "case6_fresh")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", db)
+    # two threads as two processes (two hosts) are: MLflow serialises building a store within a process
+    monkeypatch.setattr(mlflow_stores, "_building_store_lock", contextlib.nullcontext())
+
+    def open_stores(i: int) -> None:  # what `run` / `sweep` on output folder i opens first
+        Tracker(tmp_path / f"out{i}", "case6")  # MLflow's tables
+        SqlLeaseStore(db)  # the lease table
+        _database_storage(db)  # optuna's
+
+    try:
+        errors = _together(2, open_stores)
+    finally:
+        dispose_engines()
+    assert not errors, [f"{type(e).__name__}: {str(e)[:300]}" for e in errors]
+
+
+def test_case6_two_output_folders_hold_separate_leases_each_run_filled_once(
+    tmp_path, postgres_url, monkeypatch
+):
+    import runners.jobs
+    from study.cluster import format_status
+
+    db = fresh_database(postgres_url, "case6_leases")
+    monkeypatch.setattr(runners.jobs, "execute_run", lambda run, run_dir, data_dir: _finish(Path(run_dir)))
+    _, [spec] = _tiny_specs()
+    try:
+        for out in ("a", "b"):  # B's job after A's run finished: A's finished lease is not B's run
+            token = write_token(tmp_path / out)
+            run_dir = tmp_path / out / "runs" / spec.key
+            done = runners.jobs.execute_claimed_run(spec.model_dump(), str(run_dir), "-", db, "tiny", token)
+            assert done["claim"]["filled"] and RunFolder(run_dir).is_finished()
+        leases = open_lease_store(db).leases()
+        assert sorted((le.state, le.attempts) for le in leases) == [("finished", 1), ("finished", 1)]
+        assert {le.run_key.split("@")[0] for le in leases} == {spec.key}
+        assert "tiny (2 output folders)" in format_status(db)
+    finally:
+        dispose_engines()
+
+
+@pytest.fixture(scope="module")
+def case6_store(postgres_url):
+    """One PostgreSQL database serving as the MLflow store of several output folders."""
+    return fresh_database(postgres_url, "case6_store")
+
+
+def _trained(out: Path, spec, finished_at: float) -> Path:
+    """A finished run folder as a training leaves it: its result says when it finished (unique per training)."""
+    import numpy as np
+
+    folder = RunFolder(out / "runs" / spec.key)
+    folder.path.mkdir(parents=True, exist_ok=True)
+    folder.write_spectra({f"{e}/{layer}/all": np.linspace(3, 1, 4) for e in (0, 2) for layer in ("norm",)})
+    folder.write_result({"status": "finished", "started_at": finished_at - 1, "finished_at": finished_at})
+    return folder.path
+
+
+def test_case6_each_output_folder_s_training_reaches_mlflow_once(tmp_path, case6_store, monkeypatch):
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from study.doctor import check_store
+    from study.stages import log_run
+    from study.tracking import Tracker
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", case6_store)
+    hyp, [spec] = _tiny_specs()
+    layers, logged = hyp.design.layers, {}
+    _trained(tmp_path / "a", spec, 1000.0)
+    _trained(tmp_path / "b", spec, 2000.0)  # folder B trained its own copy (it cannot see A's)
+    (tmp_path / "c" / "runs").mkdir(parents=True)  # folder C downloaded A's copy from the store
+    shutil.copytree(tmp_path / "a" / "runs" / spec.key, tmp_path / "c" / "runs" / spec.key)
+    for out in ("a", "b", "c"):
+        with Tracker(tmp_path / out, "case6_log") as tracker:
+            logged[out] = log_run(tracker, spec, tmp_path / out / "runs", layers)
+            assert not log_run(tracker, spec, tmp_path / out / "runs", layers)  # once per training
+    assert logged == {"a": True, "b": True, "c": False}
+    client = MlflowClient(case6_store)
+    runs = client.search_runs(
+        [client.get_experiment_by_name("case6_log").experiment_id], "tags.`study.role` = 'training'"
+    )
+    assert sorted(r.data.tags["study.out"] for r in runs) == [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert not [f for f in check_store(tmp_path / "a", client) if f.kind == "duplicate"]
+
+
+def test_case6_a_live_parent_of_another_host_or_folder_is_never_closed_a_silent_one_is(
+    tmp_path, case6_store, monkeypatch
+):
+    from mlflow.tracking import MlflowClient
+
+    from study.tracking import Tracker
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", case6_store)
+    monkeypatch.setenv("STUDY_HEARTBEAT_S", "0.2")  # a parent silent for 4 beats (0.8 s) is dead
+    host = {"name": "host-a"}
+    monkeypatch.setattr(socket, "gethostname", lambda: host["name"])
+    client = MlflowClient(case6_store)
+
+    def status(tracker) -> str:
+        return client.get_run(tracker.parent_id).info.status
+
+    a = Tracker(tmp_path / "a", "case6_beat").__enter__()
+    time.sleep(1.1)  # older than the grace time: only its heartbeats say that it lives
+    host["name"] = "host-b"
+    b = Tracker(tmp_path / "b", "case6_beat").__enter__()  # each closes the stale parents it finds
+    c = Tracker(tmp_path / "c", "case6_beat").__enter__()  # b's host, another output folder
+    try:
+        assert (status(a), status(b)) == ("RUNNING", "RUNNING")
+        a._heartbeat.stop()  # host-a dies: its heartbeats stop (its lock is on its own machine)
+        time.sleep(1.1)
+        assert c.close_stale() == [a.parent_id]
+        assert (status(a), status(b), status(c)) == ("KILLED", "RUNNING", "RUNNING")
+    finally:
+        for t in (c, b, a):
+            t.__exit__(None, None, None)
+
+
+@pytest.mark.slow  # two invocations of the 3-run tiny study at once, and one undisturbed (~2 min under load)
+def test_case6_two_output_folders_on_one_fresh_database_each_train_their_runs_once(tmp_path, postgres_url):
+    from collections import Counter
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.studyproc import verdicts
+
+    db = fresh_database(postgres_url, "case6_two_folders")  # fresh: both create MLflow's tables
+    hyp = tmp_path / "tiny.yaml"
+    hyp.write_text(TINY_HYPOTHESIS)
+    outs = [tmp_path / "a", tmp_path / "b"]
+    procs = [
+        subprocess.Popen(
+            study_cmd(hyp, out, "--leases", db),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env_for(MLFLOW_TRACKING_URI=db),
+            cwd=REPO,
+        )
+        for out in outs
+    ]
+    logs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n=====\n".join(log[-3000:] for log in logs)
+    for log in logs:  # each folder trained each of its runs, once
+        assert all(log.count(f"[objects/seed{seed}] epoch 2/2") == 1 for seed in (0, 1, 2)), log
+    leases = open_lease_store(db).leases()
+    assert len(leases) == 6 and {(le.state, le.attempts) for le in leases} == {("finished", 1)}
+    client = MlflowClient(db)
+    exp = client.get_experiment_by_name("tiny").experiment_id
+    trainings = client.search_runs([exp], "tags.`study.role` = 'training' and attributes.status = 'FINISHED'")
+    assert Counter(r.data.tags["study.out"] for r in trainings) == {str(out): 3 for out in outs}
+    parents = client.search_runs([exp], "tags.`study.role` = 'study'")
+    assert sorted(r.info.status for r in parents) == ["FINISHED", "FINISHED"]  # neither closed the other
+    alone = subprocess.run(
+        study_cmd(hyp, tmp_path / "alone", "--no-mlflow"),
+        capture_output=True,
+        text=True,
+        env=env_for(),
+        cwd=REPO,
+    )
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert verdicts(outs[0]) == verdicts(outs[1]) == verdicts(tmp_path / "alone")
+    dispose_engines()

@@ -25,7 +25,8 @@ FOUR_RUNS = TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0, 1, 2, 3]")
 
 
 def trained_once(leases: str, keys: list[str]) -> None:
-    by_key = {lease.run_key: lease for lease in open_lease_store(leases).leases()}
+    # a lease is "<run key>@<output folder's token>" (runners.shared_out.lease_key)
+    by_key = {lease.run_key.split("@")[0]: lease for lease in open_lease_store(leases).leases()}
     assert {k: (by_key[k].state, by_key[k].attempts) for k in keys} == {k: ("finished", 1) for k in keys}
 
 
@@ -146,7 +147,7 @@ def test_a_run_whose_worker_dies_is_taken_over_and_resumed(tmp_path, postgres_ur
         for lease in store.leases():  # a run past its first epoch (resume.pt written) and still running
             if (
                 lease.state == "running"
-                and (tmp_path / "out" / "runs" / lease.run_key / "resume.pt").exists()
+                and (tmp_path / "out" / "runs" / lease.run_key.split("@")[0] / "resume.pt").exists()
             ):
                 victim = lease
                 break
@@ -160,5 +161,7 @@ def test_a_run_whose_worker_dies_is_taken_over_and_resumed(tmp_path, postgres_ur
     assert leases[victim.run_key].attempts == 2 and leases[victim.run_key].state == "finished"
     assert all(le.attempts == 1 for k, le in leases.items() if k != victim.run_key)
     assert "resuming after epoch" in log, log
-    result = json.loads((tmp_path / "out" / "runs" / victim.run_key / "result.json").read_text())
+    result = json.loads(
+        (tmp_path / "out" / "runs" / victim.run_key.split("@")[0] / "result.json").read_text()
+    )
     assert [h["epoch"] for h in result["history"]] == [1, 2, 3, 4, 5, 6]  # every epoch once, to the end
