@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from runners.leases import FileLeaseStore, SqlLeaseStore, dispose_engines, fill_once, open_lease_store
-from runners.shared_out import TOKEN, OutNotShared, check_token, seen_by_driver, write_token
+from runners.shared_out import TOKEN, OutNotShared, check_token, lease_key, seen_by_driver, write_token
 from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for, fresh_database
 from tests.studyproc import study_cmd
 from vitstudy_core.redact import redact
@@ -424,7 +424,8 @@ def test_case9_a_run_leased_elsewhere_frees_its_slot_and_reuses_the_holder_s_res
     a, b = specs
     runs, leases, trained, logs = tmp_path / "out" / "runs", tmp_path / "out" / "leases", [], []
     store = FileLeaseStore(leases)
-    assert store.acquire(a.key, "other-host:1:abc", 60)  # a live holder elsewhere
+    scoped = lease_key(a.key, write_token(tmp_path / "out"))  # this folder's lease of run A
+    assert store.acquire(scoped, "other-host:1:abc", 60)  # a live holder elsewhere
 
     def training(run, run_dir, data_dir):
         trained.append(run["key"])
@@ -435,7 +436,7 @@ def test_case9_a_run_leased_elsewhere_frees_its_slot_and_reuses_the_holder_s_res
         while not RunFolder(runs / b.key).is_finished() and time.monotonic() < deadline:
             time.sleep(0.05)
         _finish(runs / a.key)
-        store.release(a.key, "other-host:1:abc", "finished")
+        store.release(scoped, "other-host:1:abc", "finished")
 
     monkeypatch.setattr(runners.jobs, "execute_run", training)
     ended: list[str] = []
@@ -452,7 +453,7 @@ def test_case9_a_run_leased_elsewhere_frees_its_slot_and_reuses_the_holder_s_res
     assert failed == {} and trained == [b.key] and ended == [b.key, a.key]
     assert any("leased by another worker" in line for line in logs), logs
     assert any(line.startswith(f"[{a.label}] finished by another worker") for line in logs), logs
-    lease = {x.run_key: x for x in store.leases()}[a.key]
+    lease = {x.run_key: x for x in store.leases()}[scoped]
     assert (lease.state, lease.attempts) == ("finished", 1)
 
 
@@ -466,8 +467,9 @@ def test_case9_on_ray_waiting_tasks_free_their_cpus_for_an_independent_run(tmp_p
     out = tmp_path / "out"
     runs, leases, logs = out / "runs", out / "leases", []
     store = FileLeaseStore(leases)
+    token = write_token(out)  # the folder's leases are scoped by its token (shared_out.lease_key)
     for spec in (a1, a2):
-        assert store.acquire(spec.key, "other-host:1:abc", 600)
+        assert store.acquire(lease_key(spec.key, token), "other-host:1:abc", 600)
     prepare_data([b], out / "data", logs.append)
 
     def holder():  # finishes a1 and a2 once b has finished beside them (or after 90 s: b could not start)
@@ -476,7 +478,7 @@ def test_case9_on_ray_waiting_tasks_free_their_cpus_for_an_independent_run(tmp_p
             time.sleep(0.2)
         for spec in (a1, a2):
             _finish(runs / spec.key)
-            store.release(spec.key, "other-host:1:abc", "finished")
+            store.release(lease_key(spec.key, token), "other-host:1:abc", "finished")
 
     ended: list[tuple[str, dict]] = []
     threading.Thread(target=holder, daemon=True).start()
@@ -492,7 +494,7 @@ def test_case9_on_ray_waiting_tasks_free_their_cpus_for_an_independent_run(tmp_p
     assert failed == {} and ended[0][0] == b.key, logs
     claims = {key: r["claim"]["filled"] for key, r in ended}
     assert claims == {b.key: True, a1.key: False, a2.key: False}
-    assert {x.run_key: x.attempts for x in store.leases()} == {a1.key: 1, a2.key: 1, b.key: 1}
+    assert {x.run_key.split("@")[0]: x.attempts for x in store.leases()} == {a1.key: 1, a2.key: 1, b.key: 1}
 
 
 # ---- case 11: lease expiry on the database's clock; no server ERROR per poll -----------------------------
