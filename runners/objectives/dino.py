@@ -316,8 +316,8 @@ class MultiCrop:
 
         -> ``rois`` (b, 5) roi_align boxes, ``flip``/``jitter``/``gray``/``blur`` (b,) bool, ``factors``
         (b, 4) jitter factors, ``order`` (b, 4) op order (with ``jitter_idx`` (4b,) and ``jitter_sizes``
-        (16 ints): the images of each (position, op)), ``kernel`` (b, 2r+1) blur kernels, and
-        ``solarize`` (b,) bool when ``sol_p`` > 0.
+        (16 ints): the images of each (position, op)), ``sigma`` (b,) and ``kernel`` (b, 2r+1): blur
+        widths (pixels) and kernels, and ``solarize`` (b,) bool when ``sol_p`` > 0.
         """
         d = {
             "rois": torch.cat(
@@ -332,7 +332,7 @@ class MultiCrop:
         groups = [torch.nonzero(order[:, step] == k).squeeze(1) for step in range(4) for k in range(4)]
         d["jitter_idx"], d["jitter_sizes"] = torch.cat(groups), [len(g) for g in groups]
         d["gray"], d["blur"] = self._u(b) < 0.2, self._u(b) < blur_p
-        sigma = self._u(b, 0.1, 2.0) * self.image_size / 224
+        d["sigma"] = sigma = self._u(b, 0.1, 2.0) * self.image_size / 224
         radius = max(1, math.ceil(3 * float(sigma.max())))  # a CPU tensor: no device sync
         t = torch.arange(-radius, radius + 1, dtype=torch.float32)
         k = torch.exp(-(t[None] ** 2) / (2 * sigma[:, None] ** 2))

@@ -18,6 +18,7 @@ import torch
 from vitstudy_core.errors import RunFailedError
 
 CUDA_CHECK_EVERY = 50  # steps between two looks at the non-finite flag on a device (one sync each)
+CPU_CHECK_EVERY = 1  # on the CPU a look costs nothing: stop at the first non-finite step
 
 
 class EpochMeter:
@@ -26,13 +27,13 @@ class EpochMeter:
     Args:
         device: the training device (where the sums live).
         epoch: the epoch being trained (for the error).
-        check_every: steps between checks of the non-finite flag; None: 1 on the CPU, else
-            ``CUDA_CHECK_EVERY``.
+        check_every: steps between checks of the non-finite flag; None: ``CPU_CHECK_EVERY`` (1) on
+            the CPU, else ``CUDA_CHECK_EVERY``.
     """
 
     def __init__(self, device: torch.device, epoch: int, check_every: int | None = None) -> None:
         self.epoch, self.device = epoch, device
-        self.check_every = check_every or (1 if device.type == "cpu" else CUDA_CHECK_EVERY)
+        self.check_every = check_every or (CPU_CHECK_EVERY if device.type == "cpu" else CUDA_CHECK_EVERY)
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.correct = torch.zeros((), dtype=torch.int64, device=device)
         self.first_bad = torch.full((), -1, dtype=torch.int64, device=device)
