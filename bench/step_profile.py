@@ -7,8 +7,8 @@
 ``profile`` runs our trainers' own ``train_epoch`` (``runners.objectives``) under ``torch.profiler`` and
 splits the wall time of the timed steps into named ranges wrapped around the trainer from outside (so
 the same wrapping works on older commits): ``data`` (uint8 batch -> device input), ``augment`` (DINO's
-multi-crop), ``teacher_fwd``, ``student_fwd`` (supervised: ``forward``), ``loss``, ``backward``,
-``clip+freeze`` (from the end of backward to the optimiser step: DINO's gradient clipping and frozen
+multi-crop; ``augment/draw``, inside it: drawing its random numbers on the host), ``teacher_fwd``,
+``student_fwd`` (supervised: ``forward``), ``loss``, ``backward``, ``clip+freeze`` (from the end of backward to the optimiser step: DINO's gradient clipping and frozen
 last layer), ``optimiser`` (AdamW and the lr scheduler), ``ema`` (DINO's teacher update) and ``other``
 (the rest: Python, schedules, zero_grad, loss bookkeeping). It also counts the host syncs per step:
 ``aten::_local_scalar_dense`` (``.item()``, ``bool(tensor)``) and ``aten::nonzero``; on CUDA also
@@ -59,6 +59,7 @@ RANGES = (
     "optimiser",
     "ema",
 )
+NESTED = {"draw": "augment"}  # ranges inside another: shown under it, not added to the step's sum
 SYNC_EVENTS = ("aten::_local_scalar_dense", "aten::nonzero", "cudaStreamSynchronize", "cudaDeviceSynchronize")
 COPY_EVENTS = ("cudaMemcpyAsync",)
 
@@ -143,6 +144,8 @@ def instrumented(trainer) -> Iterator[None]:
         for attr in ("to_input", "batch_input"):
             patch(mod, attr, "data")
     patch(dino, "ema_update", "ema")
+    if hasattr(trainer, "crops"):  # the CPU-side draws of this tree's MultiCrop (host work by design)
+        patch(trainer.crops, "draw", "draw")
     for attr, name in (("crops", "augment"), ("teacher_backbone", "teacher_fwd"), ("loss_fn", "loss")):
         patch(trainer, attr, name)
     patch(trainer, "student_forward" if hasattr(trainer, "student_forward") else "forward", "student_fwd")
@@ -184,7 +187,7 @@ def syncs_by_range(events: list, steps: int) -> dict[str, float]:
         if ev.name not in SYNC_EVENTS:
             continue
         parent = ev.cpu_parent
-        while parent is not None and parent.name not in RANGES:
+        while parent is not None and parent.name not in RANGES and parent.name not in NESTED:
             parent = parent.cpu_parent
         key = f"{ev.name.split('::')[-1]}@{parent.name if parent is not None else 'other'}"
         counts[key] = counts.get(key, 0) + 1 / steps
@@ -204,6 +207,9 @@ def profile_once(objective: str, gpu: bool, batch: int, compile_: bool, steps: i
     wall_ms = seconds * 1e3 / steps
     ms = {name: avg[name].cpu_time_total / 1e3 / steps if name in avg else 0.0 for name in RANGES}
     ms["other"] = wall_ms - sum(ms.values())
+    for name, outer in NESTED.items():
+        if name in avg:
+            ms[f"{outer}/{name}"] = avg[name].cpu_time_total / 1e3 / steps
     out = {"step_ms": wall_ms, "ms": ms, "images_per_s": batch * steps / seconds}
     out["syncs_per_step"] = syncs_by_range(prof.events(), steps)
     out["copies_per_step"] = {k: avg[k].count / steps for k in COPY_EVENTS if k in avg}
