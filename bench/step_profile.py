@@ -1,6 +1,6 @@
 """Where a training step's time goes, and the step's images/s against another commit's, side by side.
 
-    PYTHONPATH=. python bench/step_profile.py profile [--objective dino] [--batch 32] [--size 32]
+    PYTHONPATH=. python bench/step_profile.py profile [--objective dino] [--batch 32] [--steps 4]
     PYTHONPATH=. python bench/step_profile.py compare --baseline main [--rounds 3] [--profile]
     PYTHONPATH=. python bench/step_profile.py compare --baseline main --gpu   # ViT-S/16, 224 px, batch 128
 
@@ -8,8 +8,9 @@
 splits the wall time of the timed steps into named ranges wrapped around the trainer from outside (so
 the same wrapping works on older commits): ``data`` (uint8 batch -> device input), ``augment`` (DINO's
 multi-crop; ``augment/draw``, inside it: drawing its random numbers on the host), ``teacher_fwd``,
-``student_fwd`` (supervised: ``forward``), ``loss``, ``backward``, ``clip+freeze`` (from the end of backward to the optimiser step: DINO's gradient clipping and frozen
-last layer), ``optimiser`` (AdamW and the lr scheduler), ``ema`` (DINO's teacher update) and ``other``
+``student_fwd`` (supervised: ``forward``), ``loss``, ``backward``, ``clip+freeze`` (from the end of
+backward to the optimiser step: DINO's gradient clipping and frozen last layer), ``optimiser`` (AdamW
+and the lr scheduler), ``ema`` (DINO's teacher update) and ``other``
 (the rest: Python, schedules, zero_grad, loss bookkeeping). It also counts the host syncs per step:
 ``aten::_local_scalar_dense`` (``.item()``, ``bool(tensor)``) and ``aten::nonzero``; on CUDA also
 ``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` and the host-to-device copies (``cudaMemcpyAsync``).
@@ -18,8 +19,10 @@ last layer), ``optimiser`` (AdamW and the lr scheduler), ``ema`` (DINO's teacher
 ``vitstudy_core/`` of ``--baseline`` (a git revision, exported with ``git archive`` to a temporary folder),
 each in its own subprocess, alternating ``--rounds`` times so load from other processes affects both
 alike, and prints the median images/s of each and their ratio; with ``--profile`` also both breakdowns.
-On CUDA each step is timed after a ``torch.cuda.synchronize()`` and MFU = FLOPs of one eager step
-(``FlopCounterMode``) / step time / the device's peak bf16 rate (``bench/gpu_check.peak_bf16_tflops``).
+The timed steps are clocked as a whole, the device synchronised before and after only (a sync per
+step would hide the overlap of host and device that a sync-free step allows). On CUDA, MFU = FLOPs of
+one eager step (``FlopCounterMode``) / step time / the device's peak bf16 rate
+(``bench/gpu_check.peak_bf16_tflops``).
 
 The default configuration is small enough for a shared CPU: the spine's ``vit_cpu12`` (D=64, 12 blocks,
 patch 4) at 32 px, batch 32, DINO with ``dino_small``'s crops (2 x 32 px + 4 x 16 px); ``--gpu`` is the
@@ -113,7 +116,8 @@ def timed_epoch(trainer, x: torch.Tensor, y: torch.Tensor, steps: int, epoch: in
     trainer.steps_per_epoch = steps
     _sync(device)
     t0 = time.perf_counter()
-    trainer.train_epoch(epoch, x, y, torch.arange(steps * (len(x) // steps)) % len(x), lambda *a: None)
+    order = torch.arange(steps * trainer.tr.batch_size) % len(x)  # every step a full batch
+    trainer.train_epoch(epoch, x, y, order, lambda *a: None)
     _sync(device)
     return time.perf_counter() - t0
 
@@ -304,10 +308,12 @@ def print_profile(title: str, prof: dict) -> None:
 def print_compare(out: dict, args: argparse.Namespace) -> None:
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({args.threads} threads)"
     print(
-        f"device {dev}; baseline {args.baseline}; batch {args.batch}; {args.rounds} rounds of {args.steps} steps"
+        f"device {dev}; baseline {args.baseline}; batch {args.batch}; "
+        f"{args.rounds} rounds of {args.steps} steps"
     )
     print(
-        f"{'objective':<12}{'baseline img/s':>16}{'new img/s':>12}{'new/base':>10}{'MFU base':>10}{'MFU new':>9}"
+        f"{'objective':<12}{'baseline img/s':>16}{'new img/s':>12}{'new/base':>10}"
+        f"{'MFU base':>10}{'MFU new':>9}"
     )
     for objective, row in out.items():
         b, n = row["baseline"], row["new"]

@@ -400,8 +400,9 @@ def packed_copy(draws: list[dict], device: torch.device) -> list[dict]:
     """Dicts of CPU tensors -> the same on ``device``, in one host-to-device copy that does not wait.
 
     Every tensor is flattened into one float32 buffer (bools as 0/1, int64 op orders and image indices
-    below 2^24 are exact in it; anything else, e.g. group sizes, stays on the host), pinned on CUDA (a copy from pinned memory with ``non_blocking`` lets the host go on),
-    copied, split, and cast back to its dtype and shape on the device.
+    below 2^24 are exact in it; anything else, e.g. group sizes, stays on the host), pinned on CUDA (a
+    copy from pinned memory with ``non_blocking`` lets the host go on), copied, split, and cast back to
+    its dtype and shape on the device.
     """
     flat = [t for d in draws for t in d.values() if isinstance(t, torch.Tensor)]
     buf = torch.cat([t.reshape(-1).to(torch.float32) for t in flat])
