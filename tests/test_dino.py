@@ -353,7 +353,7 @@ def test_crop_boxes_have_torchvision_random_resized_crop_distribution():
 def test_crops_apply_their_draws_image_by_image():
     """The device-side crops use the drawn masks: an image comes out horizontally flipped exactly when its
     flip was drawn, gray exactly when grayscale was, and solarised (global 2 only) when solarisation was."""
-    n, size = 1000, 16
+    n, size = 600, 16
     crops = MultiCrop(size, 8, 1, (0.4, 1.0), (0.05, 0.4), torch.Generator().manual_seed(7))
     # a gray left-to-right ramp: crop, brightness, contrast and blur keep it increasing, a flip reverses it
     ramp = torch.linspace(0.05, 0.3, size).expand(n, 3, size, size)
