@@ -16,7 +16,8 @@ and the lr scheduler), ``ema`` (DINO's teacher update) and ``other``
 ``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` and the host-to-device copies (``cudaMemcpyAsync``).
 
 ``compare`` times the same configuration with this tree's ``runners/`` and with the ``runners/`` and
-``vitstudy_core/`` of ``--baseline`` (a git revision, exported with ``git archive`` to a temporary folder),
+``vitstudy_core/`` of ``--baseline`` (a git revision, exported with ``git archive`` to a temporary folder;
+or those of the folder ``--baseline-dir``),
 each in its own subprocess, alternating ``--rounds`` times so load from other processes affects both
 alike, and prints the median images/s of each and their ratio; with ``--profile`` also both breakdowns.
 The timed steps are clocked as a whole, the device synchronised before and after only (a sync per
@@ -273,7 +274,7 @@ def compare(args: argparse.Namespace) -> dict:
     """Median images/s (and MFU on a known GPU) of baseline and this tree, alternating in subprocesses."""
     peak, out = _peak_tflops(), {}
     with tempfile.TemporaryDirectory() as tmp:
-        base = export_baseline(args.baseline, Path(tmp))
+        base = args.baseline_dir or export_baseline(args.baseline, Path(tmp))
         for objective in args.objective:
             runs: dict[str, list[dict]] = {"baseline": [], "new": []}
             for _ in range(args.rounds):
@@ -308,7 +309,7 @@ def print_profile(title: str, prof: dict) -> None:
 def print_compare(out: dict, args: argparse.Namespace) -> None:
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({args.threads} threads)"
     print(
-        f"device {dev}; baseline {args.baseline}; batch {args.batch}; "
+        f"device {dev}; baseline {args.baseline_dir or args.baseline}; batch {args.batch}; "
         f"{args.rounds} rounds of {args.steps} steps"
     )
     print(
@@ -334,6 +335,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--baseline", default="main", help="git revision to compare against")
+    p.add_argument(
+        "--baseline-dir",
+        type=Path,
+        default=None,
+        help="a folder holding the baseline's runners/ and vitstudy_core/ (instead of --baseline; "
+        "for a copy of the tree without its git history)",
+    )
     p.add_argument("--gpu", action="store_true", help="the README's ViT-S/16 224 px configuration")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--profile", action="store_true", help="compare: also both breakdowns")
