@@ -19,6 +19,20 @@ def to_input(images: torch.Tensor, device: torch.device | str = "cpu") -> torch.
     return (x - MEAN) / STD
 
 
+def batch_input(images: torch.Tensor, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Rows ``idx`` of uint8 ``images`` (N, H, W, 3) as network inputs (B, 3, H, W) on ``device``.
+
+    On CUDA the rows are gathered straight into pinned (page-locked) host memory and copied without
+    waiting (``non_blocking``): a copy from ordinary memory makes the host wait for the device, so the
+    next step's work could not be queued while this one runs. On the CPU: ``to_input(images[idx])``.
+    """
+    if device.type != "cuda":
+        return to_input(images[idx], device)
+    rows = torch.empty((len(idx), *images.shape[1:]), dtype=images.dtype, pin_memory=True)
+    torch.index_select(images, 0, idx, out=rows)
+    return to_input(rows, device)
+
+
 def to_tensor(images: np.ndarray) -> torch.Tensor:
     """uint8 (N, H, W, 3) numpy -> normalised float32 (N, 3, H, W) (the probe set, kept whole)."""
     return to_input(torch.from_numpy(images))

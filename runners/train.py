@@ -51,6 +51,7 @@ from vitstudy_core.provenance import git_state, package_versions
 from vitstudy_core.runfolder import RunFolder, spectrum_key
 
 DATA_ORDER_SEED_OFFSET = 7919
+BAR_LOSS_EVERY_S = 0.5  # the progress bar reads the loss (a host sync on a device) at most this often
 
 
 def pick_device() -> torch.device:
@@ -98,6 +99,9 @@ def _epoch_progress(
 ) -> Iterator[Callable[[int, float, int], None]]:
     """Yield ``tick(step, loss, n_images)``: a tqdm bar (epoch, step, loss, images/s) when ``bar``, else no-op.
 
+    ``loss`` is the step's loss as a 0-d tensor (or a float); the bar reads it at most every
+    ``BAR_LOSS_EVERY_S`` seconds (and at the last step), so a bar costs no host sync per step.
+
     Without a terminal (log files, parallel worker processes) the per-epoch line that
     ``train_run`` passes to ``progress`` is the only output, so lines of workers never interleave.
     """
@@ -106,15 +110,17 @@ def _epoch_progress(
         return
     from tqdm.auto import tqdm
 
-    t0, seen = time.perf_counter(), 0
+    t0, seen, shown = time.perf_counter(), 0, -math.inf
     with tqdm(total=steps, desc=f"{label} epoch {epoch}/{epochs}", leave=False, dynamic_ncols=True) as pbar:
 
-        def tick(step: int, loss: float, n: int) -> None:
-            nonlocal seen
+        def tick(step: int, loss: float | torch.Tensor, n: int) -> None:
+            nonlocal seen, shown
             seen += n
-            pbar.set_postfix(
-                loss=f"{loss:.3f}", img_s=f"{seen / (time.perf_counter() - t0):.0f}", refresh=False
-            )
+            now = time.perf_counter()
+            if now - shown >= BAR_LOSS_EVERY_S or step == steps - 1:
+                # the trainers pass the loss as a device tensor: reading it waits for the device
+                shown = now
+                pbar.set_postfix(loss=f"{float(loss):.3f}", img_s=f"{seen / (now - t0):.0f}", refresh=False)
             pbar.update(1)
 
         yield tick

@@ -280,3 +280,155 @@ def test_crop_area_matches_torchvision_random_resized_crop():
         ours = float(((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).mean() / 1024)
         assert abs(ours - ref) < 0.01, (scale, ours, ref)  # the old clamped draw gave 0.69 against 0.64
         assert (boxes[:, :2] >= 0).all() and (boxes[:, 2:] <= 32).all()
+
+
+# ---- the crops' statistics against DINO's reference augmentation (DataAugmentationDINO) ---------------
+N_STAT = 3000  # images per crop: a binomial rate to +-0.025 (3 standard errors at p = 0.5)
+P_MIN = 1e-4  # the draws are seeded, so each check is deterministic; a real bias of the size that
+# matters (a rate off by 0.05, a factor range off by 10 %) gives p-values far below this
+
+
+def test_crop_draws_have_the_reference_rates_and_distributions():
+    """Per crop: flip 0.5, jitter 0.8 (factors uniform on ColorJitter(0.4, 0.4, 0.2, 0.1)'s ranges, the 4
+    ops in a uniformly random order), grayscale 0.2, blur 1.0 / 0.1 / 0.5 with sigma U(0.1, 2) x size / 224,
+    solarisation 0.2 on global 2 only; and the jitter's per-(position, op) image groups match the order."""
+    from scipy import stats
+
+    size = 32
+    draws = MultiCrop(size, 16, 2, (0.4, 1.0), (0.05, 0.4), torch.Generator().manual_seed(5)).draw(
+        N_STAT, size, size
+    )
+    blur_p = [1.0, 0.1, 0.5, 0.5]
+    assert [("solarize" in d) for d in draws] == [False, True, False, False]
+    for c, d in enumerate(draws):
+        rates = {
+            "flip": 0.5,
+            "jitter": 0.8,
+            "gray": 0.2,
+            "blur": blur_p[c],
+            **({"solarize": 0.2} if c == 1 else {}),
+        }
+        for key, p in rates.items():
+            hits = int(d[key].sum())
+            if p == 1.0:
+                assert hits == N_STAT, (c, key)
+            else:
+                assert stats.binomtest(hits, N_STAT, p).pvalue > P_MIN, (c, key, hits / N_STAT, p)
+        for j, (lo, hi) in enumerate([(0.6, 1.4), (0.6, 1.4), (0.8, 1.2), (-0.1, 0.1)]):
+            assert stats.kstest(d["factors"][:, j].numpy(), stats.uniform(lo, hi - lo).cdf).pvalue > P_MIN
+        s_lo, s_hi = 0.1 * size / 224, 2.0 * size / 224
+        assert stats.kstest(d["sigma"].numpy(), stats.uniform(s_lo, s_hi - s_lo).cdf).pvalue > P_MIN
+        perm = d["order"] @ torch.tensor([64, 16, 4, 1])  # each of the 24 orders a code
+        counts = torch.bincount(perm, minlength=256)[torch.unique(perm)]
+        assert len(counts) == 24 and stats.chisquare(counts.numpy()).pvalue > P_MIN
+        groups = iter(d["jitter_idx"].split(d["jitter_sizes"]))
+        for step in range(4):
+            for k in range(4):
+                assert torch.equal(next(groups), torch.nonzero(d["order"][:, step] == k).squeeze(1))
+
+
+def test_crop_boxes_have_torchvision_random_resized_crop_distribution():
+    """Area fraction and aspect ratio of our boxes against torchvision's RandomResizedCrop.get_params on
+    the same image size (two-sample KS), for DINO's global and local scales; offsets uniform in the slack."""
+    import torchvision.transforms as T
+    from scipy import stats
+
+    torch.manual_seed(0)
+    size, img = 32, torch.zeros(3, 32, 32)
+    for scale in [(0.4, 1.0), (0.05, 0.4)]:
+        ref = np.array(
+            [T.RandomResizedCrop.get_params(img, scale, (3 / 4, 4 / 3))[2:] for _ in range(N_STAT)]
+        )
+        b = MultiCrop(size, 16, 0, scale, scale, torch.Generator().manual_seed(2)).crop_boxes(
+            N_STAT, size, size, scale
+        )
+        w, h = (b[:, 2] - b[:, 0]).numpy(), (b[:, 3] - b[:, 1]).numpy()
+        assert stats.ks_2samp(w * h, ref[:, 0] * ref[:, 1]).pvalue > P_MIN, scale
+        assert stats.ks_2samp(w / h, ref[:, 1] / ref[:, 0]).pvalue > P_MIN, scale
+        slack = size - w > 0
+        rel = b[:, 0].numpy()[slack] / (size - w[slack])
+        assert stats.kstest(rel, "uniform").pvalue > P_MIN, scale
+
+
+def test_crops_apply_their_draws_image_by_image():
+    """The device-side crops use the drawn masks: an image comes out horizontally flipped exactly when its
+    flip was drawn, gray exactly when grayscale was, and solarised (global 2 only) when solarisation was."""
+    n, size = 600, 16
+    crops = MultiCrop(size, 8, 1, (0.4, 1.0), (0.05, 0.4), torch.Generator().manual_seed(7))
+    # a gray left-to-right ramp: crop, brightness, contrast and blur keep it increasing, a flip reverses it
+    ramp = torch.linspace(0.05, 0.3, size).expand(n, 3, size, size)
+    draws = crops.draw(n, size, size)
+    for c, (out, d) in enumerate(zip(crops.apply((ramp - 0.5) / 0.25, draws), draws, strict=True)):
+        half = out.shape[-1] // 2
+        rising = out[..., half:].mean((1, 2, 3)) > out[..., :half].mean((1, 2, 3))
+        keep = ~d["solarize"] if c == 1 else torch.ones(n, dtype=torch.bool)  # 1 - x can reverse it
+        assert torch.equal(rising[keep], ~d["flip"][keep]), c
+    colours = torch.rand(n, 3, size, size, generator=torch.Generator().manual_seed(8)) * 0.6 + 0.2
+    draws = crops.draw(n, size, size)
+    for out, d in zip(crops.apply((colours - 0.5) / 0.25, draws), draws, strict=True):
+        gray = (out - out[:, :1]).abs().amax((1, 2, 3)) < 1e-5
+        assert torch.equal(gray, d["gray"])
+    # nothing but solarisation on a constant 0.7 image: global 2 becomes 0.3 where drawn, else stays
+    for d in draws:
+        for key in ("flip", "jitter", "gray", "blur"):
+            d[key] = torch.zeros(n, dtype=torch.bool)
+    out = crops.apply(torch.full((n, 3, size, size), (0.7 - 0.5) / 0.25), draws)
+    for c, o in enumerate(out):
+        level = (o * 0.25 + 0.5).mean((1, 2, 3))
+        want = torch.where(draws[c]["solarize"], 0.3, 0.7) if c == 1 else torch.full((n,), 0.7)
+        torch.testing.assert_close(level, want, rtol=0, atol=1e-5)
+
+
+def test_packed_copy_round_trips_every_draw():
+    """The one host-to-device copy of a step's draws keeps every value, dtype and shape (here CPU -> CPU)."""
+    from runners.objectives.dino import packed_copy
+
+    draws = MultiCrop(16, 8, 2, (0.4, 1.0), (0.05, 0.4), torch.Generator().manual_seed(0)).draw(9, 16, 16)
+    back = packed_copy(draws, torch.device("cpu"))
+    for d, e in zip(draws, back, strict=True):
+        assert d.keys() == e.keys()
+        for k in d:
+            if isinstance(d[k], torch.Tensor):
+                assert e[k].dtype == d[k].dtype and torch.equal(e[k], d[k]), k
+            else:
+                assert e[k] == d[k], k
+
+
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
+@pytest.mark.parametrize("objective", ["dino", "supervised"])
+def test_training_steps_never_read_device_values(objective, monkeypatch):
+    """A step reads nothing back from the device (no ``.item()``, ``bool(tensor)``, ``nonzero``): each such
+    read stalls the host on a GPU. Seen on the CPU with the profiler, on the device code path (the meter
+    checking as on CUDA), outside the two parts that run on the host by design: the crop draws (CPU
+    tensors) and torch's CPU AdamW (which reads its step counts; the fused CUDA AdamW does not).
+    Allowed: the epoch's end, which reads the sums once (dino: flag, loss; supervised: also accuracy)."""
+    import runners.objectives.meter as meter
+    from runners.objectives import make_objective
+
+    monkeypatch.setattr(meter, "CPU_CHECK_EVERY", meter.CUDA_CHECK_EVERY)
+    run = RUN if objective == "dino" else {**RUN, "objective": "supervised"}
+    torch.manual_seed(0)
+    trainer = make_objective(run, 2, 16, 3, torch.device("cpu"))
+
+    def ranged(name, fn):
+        def wrapped(*a, **k):
+            with torch.profiler.record_function(name):
+                return fn(*a, **k)
+
+        return wrapped
+
+    if objective == "dino":
+        trainer.crops.draw = ranged("host", trainer.crops.draw)
+    trainer.opt.step = ranged("host", trainer.opt.step)
+    x = torch.randint(0, 256, (12, 16, 16, 3), dtype=torch.uint8)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        trainer.train_epoch(1, x, torch.zeros(12, dtype=torch.long), torch.arange(12), lambda *a: None)
+    reads = []
+    for ev in prof.events():
+        if ev.name in ("aten::_local_scalar_dense", "aten::nonzero"):
+            parent = ev.cpu_parent
+            while parent is not None and parent.name != "host":
+                parent = parent.cpu_parent
+            if parent is None:
+                reads.append(ev.name)
+    assert len(reads) == (2 if objective == "dino" else 3), reads

@@ -45,3 +45,46 @@ def test_cuda_bf16_compiled_run_resumes_within_tolerance(objective, tmp_path):
     with np.load(tmp_path / "a" / "spectra.npz") as fa, np.load(tmp_path / "b" / "spectra.npz") as fb:
         for k in fa.files:
             np.testing.assert_allclose(fa[k].sum(), fb[k].sum(), rtol=5e-2)
+
+
+def test_dino_crops_on_cuda_equal_the_cpu_crops_of_the_same_draws():
+    """MultiCrop.apply on CUDA (draws moved in one packed copy) against the CPU, TF32 off for the blur."""
+    from runners.objectives.dino import MultiCrop
+
+    crops = MultiCrop(32, 16, 2, (0.4, 1.0), (0.05, 0.4), torch.Generator().manual_seed(0))
+    x = (torch.rand(64, 3, 32, 32, generator=torch.Generator().manual_seed(1)) - 0.5) / 0.25
+    draws = crops.draw(64, 32, 32)
+    cpu = crops.apply(x, draws)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        gpu = crops.apply(x.cuda(), crops.to_device(draws, torch.device("cuda")))
+    for a, b in zip(cpu, gpu, strict=True):
+        torch.testing.assert_close(b.cpu(), a, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("objective", ["supervised", "dino_small"])
+def test_cuda_training_steps_do_not_synchronise(objective):
+    """After a warm-up epoch, an epoch of 4 steps synchronises only at its end (reading its sums):
+    counted with ``torch.cuda.set_sync_debug_mode("warn")``."""
+    import warnings
+
+    from runners.objectives import make_objective
+
+    data = yaml.safe_load(TINY_HYPOTHESIS)
+    data["design"]["objective"] = objective
+    spec = plan_runs(parse_hypothesis(data))[0].model_dump()
+    torch.manual_seed(0)
+    size = spec["dataset"]["image_size"]
+    trainer = make_objective(spec, 10, size, 4, torch.device("cuda"))
+    x = torch.randint(0, 256, (4 * spec["training"]["batch_size"], size, size, 3), dtype=torch.uint8)
+    y, order = torch.zeros(len(x), dtype=torch.long), torch.arange(len(x))
+    trainer.train_epoch(1, x, y, order, lambda *a: None)
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            trainer.train_epoch(2, x, y, order, lambda *a: None)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) <= (3 if objective == "supervised" else 2), [str(w.message) for w in syncs]

@@ -158,3 +158,29 @@ def test_progress_bar_shows_loss_and_images_per_second(capsys):
     with _epoch_progress("ds/seed0", 1, 1, 3, bar=False) as tick:  # no terminal: silent, lines only
         tick(0, 1.0, 32)
     assert capsys.readouterr().err == ""
+
+
+def test_epoch_meter_reports_the_first_non_finite_step_at_its_next_check():
+    """On a device the non-finite flag is read every ``check_every`` steps: the error still names the first
+    bad step; sums match Python's float sum of ``loss * n`` bitwise; on the CPU it stops at once."""
+    from runners.objectives.meter import EpochMeter
+    from vitstudy_core.errors import RunFailedError
+
+    losses = [torch.tensor(v) for v in (1.25, 0.3, float("nan"), 2.0, float("inf"))]
+    meter = EpochMeter(torch.device("cpu"), epoch=3, check_every=4)
+    for step, loss in enumerate(losses[:3]):
+        meter.add(step, loss, 7)  # no raise yet: the next check is after step 3
+    with pytest.raises(RunFailedError, match="non-finite loss at step 2") as err:
+        meter.add(3, losses[3], 7)
+    assert err.value.epoch == 3
+    ok = EpochMeter(torch.device("cpu"), epoch=1, check_every=4)
+    values = [float(torch.tensor(v)) for v in (1.1, 0.7, 2.3)]  # float32 values, as a loss is
+    for step, v in enumerate(values):
+        ok.add(step, torch.tensor(v), 5 + step, torch.tensor(step))
+    py = 0.0
+    for step, v in enumerate(values):
+        py += v * (5 + step)
+    assert ok.mean_loss() == py / 18 and ok.accuracy() == 3 / 18
+    at_once = EpochMeter(torch.device("cpu"), epoch=1)  # the CPU default: stop at that step
+    with pytest.raises(RunFailedError, match="step 0"):
+        at_once.add(0, losses[4], 1)

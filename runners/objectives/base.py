@@ -202,7 +202,9 @@ class Trainer(Protocol):
     * ``measured``: the network whose layer-wise spectra are measured (supervised: the classifier's ViT;
       DINO: the EMA *teacher* backbone, as in the Inductive Bottleneck paper);
     * ``train_epoch(epoch, xtr, ytr, order, tick) -> dict``: one pass over ``order``; raises
-      ``RunFailedError`` on a non-finite loss; calls ``tick(step, loss, n_images)`` after every step;
+      ``RunFailedError`` on a non-finite loss; calls ``tick(step, loss, n_images)`` after every step,
+      with ``loss`` the step's loss as a detached 0-d tensor on the device (reading it, ``float(loss)``,
+      waits for the device: a tick that needs the value reads it rarely);
     * ``evaluate(xtr, ytr, xte, yte) -> dict``: held-out quality (test accuracy, or teacher k-NN accuracy);
     * ``state_dict()`` / ``load_state_dict(state)``: everything a resumed run needs, as tensors and plain
       containers only (``resume.pt`` is read with ``torch.load(weights_only=True)``).

@@ -44,11 +44,11 @@ from torchvision.ops import roi_align
 
 from runners.inputs import MEAN as _MEAN
 from runners.inputs import STD as _STD
-from runners.inputs import to_input
+from runners.inputs import batch_input, to_input
 from runners.models import build_model
 from runners.objectives.base import TrainerSetup
 from runners.objectives.dino_settings import DinoObjective
-from vitstudy_core.errors import RunFailedError
+from runners.objectives.meter import EpochMeter, adamw
 
 AUG_SEED_OFFSET = 104729
 # k-NN monitor: at most this many train / test images, the same seeded subset at every epoch and seed
@@ -160,9 +160,34 @@ class DINOLoss(nn.Module):
 
 @torch.no_grad()
 def ema_update(student: nn.Module, teacher: nn.Module, momentum: float) -> None:
-    """theta_t <- m theta_t + (1 - m) theta_s for every parameter (same order in both networks)."""
-    for ps, pt in zip(student.parameters(), teacher.parameters(), strict=True):
-        pt.mul_(momentum).add_(ps.detach(), alpha=1 - momentum)
+    """theta_t <- m theta_t + (1 - m) theta_s for every parameter (same order in both networks).
+
+    As ``pt.mul_(m).add_(ps, alpha=1 - m)`` per parameter, in two ``torch._foreach_*`` calls (one
+    kernel launch each on CUDA instead of two per parameter; on the CPU the same per-tensor ops).
+    """
+    ps, pt = list(student.parameters()), list(teacher.parameters())
+    if len(ps) != len(pt):
+        raise ValueError(f"student has {len(ps)} parameters, teacher {len(pt)}")
+    torch._foreach_mul_(pt, momentum)
+    torch._foreach_add_(pt, [p.detach() for p in ps], alpha=1 - momentum)
+
+
+@torch.no_grad()
+def clip_gradients(params: list[torch.Tensor], clip: float) -> None:
+    """Per-parameter clipping as DINO's ``clip_gradients``: g <- g * min(1, clip / (||g||_2 + 1e-6)).
+
+    With ``torch._foreach_*`` (a handful of launches on CUDA for every parameter, no host sync); the
+    arithmetic of ``g.mul_(torch.clamp(clip / (g.norm(2) + 1e-6), max=1.0))``, bitwise (``c / t`` is
+    ``t.reciprocal() * c`` in torch).
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    scale = torch._foreach_add(torch._foreach_norm(grads, 2), 1e-6)
+    torch._foreach_reciprocal_(scale)
+    torch._foreach_mul_(scale, clip)
+    torch._foreach_clamp_max_(scale, 1.0)
+    torch._foreach_mul_(grads, scale)
 
 
 # ---- multi-crop augmentation -----------------------------------------------------------------------------
@@ -245,6 +270,12 @@ class MultiCrop:
     area-averaged) instead of PIL bicubic; the blur's sigma U(0.1, 2.0) is scaled by image size / 224
     (the reference blurs 224 px crops, so the blur keeps its size relative to the image); crop offsets
     are continuous instead of whole pixels.
+
+    A call draws every random number of the step on the CPU first (:meth:`draw`, from ``generator``, in
+    a fixed order), moves them to the images' device in one copy (:meth:`to_device`), then makes the
+    crops there (:meth:`apply`) without the host ever waiting for the device. The jitter runs each op
+    on the images whose next op it is; which images those are is worked out on the CPU from the drawn
+    order (``nonzero`` there, sizes known to the host), so the device never has to report it.
     """
 
     def __init__(
@@ -278,64 +309,124 @@ class MultiCrop:
         y0 = torch.where(any_fit, self._u(b) * (h - ch), (h - ch) / 2)
         return torch.stack([x0, y0, x0 + cw, y0 + ch], dim=1)
 
-    def _resized_crop(self, x: torch.Tensor, size: int, scale: tuple[float, float]) -> torch.Tensor:
-        b, _, h, w = x.shape
-        boxes = torch.cat([torch.arange(b, dtype=torch.float32)[:, None], self.crop_boxes(b, h, w, scale)], 1)
-        return roi_align(x, boxes.to(x.device, x.dtype), (size, size), spatial_scale=1.0, aligned=True)
+    def _draw_one(
+        self, b: int, h: int, w: int, scale: tuple[float, float], blur_p: float, sol_p: float
+    ) -> dict:
+        """One crop's draws for b images of h x w, in the generator order of the crop pipeline.
 
-    def _blur(self, x: torch.Tensor, p: float) -> torch.Tensor:
-        b, c, h, w = x.shape
-        apply = self._u(b) < p
-        sigma = self._u(b, 0.1, 2.0) * self.image_size / 224
-        radius = max(1, math.ceil(3 * float(sigma.max())))
+        -> ``rois`` (b, 5) roi_align boxes, ``flip``/``jitter``/``gray``/``blur`` (b,) bool, ``factors``
+        (b, 4) jitter factors, ``order`` (b, 4) op order (with ``jitter_idx`` (4b,) and ``jitter_sizes``
+        (16 ints): the images of each (position, op)), ``sigma`` (b,) and ``kernel`` (b, 2r+1): blur
+        widths (pixels) and kernels, and ``solarize`` (b,) bool when ``sol_p`` > 0.
+        """
+        d = {
+            "rois": torch.cat(
+                [torch.arange(b, dtype=torch.float32)[:, None], self.crop_boxes(b, h, w, scale)], 1
+            )
+        }
+        d["flip"], d["jitter"] = self._u(b) < 0.5, self._u(b) < 0.8
+        factors = [self._u(b, 0.6, 1.4), self._u(b, 0.6, 1.4), self._u(b, 0.8, 1.2), self._u(b, -0.1, 0.1)]
+        d["factors"] = torch.stack(factors, 1)
+        d["order"] = order = torch.rand((b, 4), generator=self.gen).argsort(1)  # an order of the 4 ops
+        # the images whose step-th op is k, for step = 0..3, k = 0..3: (4b,) indices, 16 group sizes
+        groups = [torch.nonzero(order[:, step] == k).squeeze(1) for step in range(4) for k in range(4)]
+        d["jitter_idx"], d["jitter_sizes"] = torch.cat(groups), [len(g) for g in groups]
+        d["gray"], d["blur"] = self._u(b) < 0.2, self._u(b) < blur_p
+        d["sigma"] = sigma = self._u(b, 0.1, 2.0) * self.image_size / 224
+        radius = max(1, math.ceil(3 * float(sigma.max())))  # a CPU tensor: no device sync
         t = torch.arange(-radius, radius + 1, dtype=torch.float32)
         k = torch.exp(-(t[None] ** 2) / (2 * sigma[:, None] ** 2))
-        k = (k / k.sum(1, keepdim=True)).to(x.device, x.dtype)  # (B, 2r+1), one kernel per image
-        kk = k.repeat_interleave(c, 0)[:, None]  # (B*C, 1, 2r+1)
-        y = x.reshape(1, b * c, h, w)
-        y = F.conv2d(F.pad(y, (radius, radius, 0, 0), mode="replicate"), kk[:, :, None, :], groups=b * c)
-        y = F.conv2d(F.pad(y, (0, 0, radius, radius), mode="replicate"), kk[:, :, :, None], groups=b * c)
-        return torch.where(apply.to(x.device)[:, None, None, None], y.reshape(b, c, h, w), x)
+        d["kernel"] = k / k.sum(1, keepdim=True)  # (B, 2r+1), one kernel per image
+        if sol_p > 0:
+            d["solarize"] = self._u(b) < sol_p
+        return d
 
-    def _jitter(self, x: torch.Tensor) -> torch.Tensor:
-        """torchvision's ``ColorJitter(0.4, 0.4, 0.2, 0.1)`` per image of [0, 1] images (B, 3, H, W)."""
-        b, dev = x.shape[0], x.device
-        factors = torch.stack(
-            [self._u(b, 0.6, 1.4), self._u(b, 0.6, 1.4), self._u(b, 0.8, 1.2), self._u(b, -0.1, 0.1)], 1
-        )
-        order = torch.rand((b, 4), generator=self.gen).argsort(1)  # a random order of the 4 ops per image
-        factors, order = factors.to(dev, x.dtype), order.to(dev)
+    def draw(self, b: int, h: int, w: int) -> list[dict]:
+        """Every random draw of one call for b images of h x w, on the CPU: one dict per crop."""
+        draws = [
+            self._draw_one(b, h, w, self.global_scale, 1.0, 0.0),
+            self._draw_one(b, h, w, self.global_scale, 0.1, 0.2),
+        ]
+        return draws + [self._draw_one(b, h, w, self.local_scale, 0.5, 0.0) for _ in range(self.n_local)]
 
-        for step in range(4):
+    @staticmethod
+    def to_device(draws: list[dict], device: torch.device) -> list[dict]:
+        """The draws on ``device``: unchanged on the CPU, else :func:`packed_copy` (one copy)."""
+        return draws if device.type == "cpu" else packed_copy(draws, device)
+
+    @staticmethod
+    def _jitter(x: torch.Tensor, factors: torch.Tensor, idx: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+        """torchvision's ``ColorJitter(0.4, 0.4, 0.2, 0.1)`` per image of [0, 1] images (B, 3, H, W).
+
+        factors (B, 4); idx (4B,) and sizes (16,): the images whose step-th op is k, grouped by (step, k).
+        """
+        groups = iter(idx.split(sizes))
+        for _step in range(4):
             for k in range(4):
-                idx = torch.nonzero(order[:, step] == k).squeeze(1)  # the images whose step-th op is k
-                if idx.numel():
-                    x = x.index_copy(0, idx, colour_op(JITTER_OPS[k], x[idx], factors[idx, k]))
+                sub = next(groups)
+                if sub.numel():
+                    x = x.index_copy(0, sub, colour_op(JITTER_OPS[k], x[sub], factors[sub, k]))
         return x
 
-    def _colour(self, x: torch.Tensor, blur_p: float, solarize_p: float) -> torch.Tensor:
-        b, dev = x.shape[0], x.device
-
+    def _colour(self, x: torch.Tensor, d: dict) -> torch.Tensor:
         def per(v: torch.Tensor) -> torch.Tensor:
-            return v.to(dev)[:, None, None, None]
+            return v[:, None, None, None]
 
-        x = torch.where(per(self._u(b) < 0.5), x.flip(-1), x)
+        x = torch.where(per(d["flip"]), x.flip(-1), x)
         x = (x * _STD + _MEAN).clamp(0, 1)  # colour operations work on [0, 1] intensities
-        x = torch.where(per(self._u(b) < 0.8), self._jitter(x), x)
-        x = torch.where(per(self._u(b) < 0.2), _gray(x).expand_as(x), x)
-        x = self._blur(x, blur_p)
-        if solarize_p > 0:
-            x = torch.where(per(self._u(b) < solarize_p) & (x >= 0.5), 1 - x, x)
+        jittered = self._jitter(x, d["factors"].to(x.dtype), d["jitter_idx"], d["jitter_sizes"])
+        x = torch.where(per(d["jitter"]), jittered, x)
+        x = torch.where(per(d["gray"]), _gray(x).expand_as(x), x)
+        x = torch.where(per(d["blur"]), blur(x, d["kernel"].to(x.dtype)), x)
+        if "solarize" in d:
+            x = torch.where(per(d["solarize"]) & (x >= 0.5), 1 - x, x)
         return (x - _MEAN) / _STD
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        crops = [
-            self._colour(self._resized_crop(x, self.image_size, self.global_scale), 1.0, 0.0),
-            self._colour(self._resized_crop(x, self.image_size, self.global_scale), 0.1, 0.2),
-        ]
-        for _ in range(self.n_local):
-            crops.append(self._colour(self._resized_crop(x, self.local_size, self.local_scale), 0.5, 0.0))
+    def apply(self, x: torch.Tensor, draws: list[dict]) -> list[torch.Tensor]:
+        """The crops of x (B, 3, H, W) from draws already on its device (:meth:`draw`, :meth:`to_device`)."""
+        sizes = [self.image_size] * 2 + [self.local_size] * self.n_local
+        crops = []
+        for size, d in zip(sizes, draws, strict=True):
+            crop = roi_align(x, d["rois"].to(x.dtype), (size, size), spatial_scale=1.0, aligned=True)
+            crops.append(self._colour(crop, d))
         return crops
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        b, _, h, w = x.shape
+        return self.apply(x, self.to_device(self.draw(b, h, w), x.device))
+
+
+def packed_copy(draws: list[dict], device: torch.device) -> list[dict]:
+    """Dicts of CPU tensors -> the same on ``device``, in one host-to-device copy that does not wait.
+
+    Every tensor is flattened into one float32 buffer (bools as 0/1, int64 op orders and image indices
+    below 2^24 are exact in it; anything else, e.g. group sizes, stays on the host), pinned on CUDA (a
+    copy from pinned memory with ``non_blocking`` lets the host go on), copied, split, and cast back to
+    its dtype and shape on the device.
+    """
+    flat = [t for d in draws for t in d.values() if isinstance(t, torch.Tensor)]
+    buf = torch.cat([t.reshape(-1).to(torch.float32) for t in flat])
+    if device.type == "cuda":
+        buf = buf.pin_memory()
+    parts = iter(buf.to(device, non_blocking=True).split([t.numel() for t in flat]))
+    return [
+        {
+            k: next(parts).reshape(t.shape).to(t.dtype) if isinstance(t, torch.Tensor) else t
+            for k, t in d.items()
+        }
+        for d in draws
+    ]
+
+
+def blur(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """Separable Gaussian blur of x (B, C, H, W) with one kernel (B, 2r+1) per image, replicate padding."""
+    b, c, h, w = x.shape
+    radius = (kernel.shape[1] - 1) // 2
+    kk = kernel.repeat_interleave(c, 0)[:, None]  # (B*C, 1, 2r+1)
+    y = x.reshape(1, b * c, h, w)
+    y = F.conv2d(F.pad(y, (radius, radius, 0, 0), mode="replicate"), kk[:, :, None, :], groups=b * c)
+    y = F.conv2d(F.pad(y, (0, 0, radius, radius), mode="replicate"), kk[:, :, :, None], groups=b * c)
+    return y.reshape(b, c, h, w)
 
 
 # ---- evaluation --------------------------------------------------------------------------------------
@@ -423,7 +514,8 @@ class DinoTrainer:
         params = [p for p in self.student.parameters() if p.requires_grad]
         decay = [p for p in params if p.ndim > 1]
         no_decay = [p for p in params if p.ndim <= 1]
-        self.opt = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=tr.lr)
+        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        self.opt = adamw(groups, device, lr=tr.lr)
         e, s = tr.epochs, steps_per_epoch
         self.lr = cosine_schedule(tr.lr, 1e-6, e, s, tr.warmup_epochs)
         self.wd = cosine_schedule(tr.weight_decay, o.weight_decay_end, e, s)
@@ -460,7 +552,7 @@ class DinoTrainer:
         tr, o, device = self.tr, self.o, self.device
         self.student.train()
         temp = float(self.teacher_temp[epoch - 1])
-        loss_sum, seen = 0.0, 0
+        meter = EpochMeter(device, epoch)  # sums on the device: no host sync per step (meter module)
         for step in range(self.steps_per_epoch):
             it = (epoch - 1) * self.steps_per_epoch + step
             for i, group in enumerate(self.opt.param_groups):
@@ -468,7 +560,7 @@ class DinoTrainer:
                 if i == 0:
                     group["weight_decay"] = float(self.wd[it])
             idx = order[step * tr.batch_size : (step + 1) * tr.batch_size]
-            crops = self.crops(to_input(xtr[idx], device))
+            crops = self.crops(batch_input(xtr, idx, device))
             # bf16 autocast on CUDA for the backbones and the head's MLP; the head's last layer and the
             # loss (temperatures, softmaxes) run in float32 (DINOHead.forward, DINOLoss.forward)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -476,25 +568,19 @@ class DinoTrainer:
                     teacher_out = self.teacher["head"](self.teacher_backbone(torch.cat(crops[:2])))
                 student_out = self.student_forward(crops)
                 loss = self.loss_fn(student_out, teacher_out, temp)
-            if not torch.isfinite(loss):
-                raise RunFailedError(f"non-finite loss at step {step}", epoch)
+            meter.add(step, loss, len(idx))
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             if o.clip_grad:
-                for p in self.student.parameters():  # per-parameter clipping, as DINO's clip_gradients
-                    if p.grad is not None:
-                        norm = p.grad.norm(2)
-                        p.grad.mul_(torch.clamp(o.clip_grad / (norm + 1e-6), max=1.0))
+                clip_gradients(list(self.student.parameters()), o.clip_grad)
             if epoch - 1 < o.freeze_last_layer_epochs:
                 for p in self.student["head"].last_layer.parameters():
                     p.grad = None
             self.opt.step()
             ema_update(self.student, self.teacher, float(self.momentum[it]))
-            loss_sum += loss.item() * len(idx)
-            seen += len(idx)
-            tick(step, loss.item(), len(idx))
+            tick(step, loss.detach(), len(idx))
         return {
-            "loss": loss_sum / seen,
+            "loss": meter.mean_loss(),
             "lr": float(self.lr[it]),
             "weight_decay": float(self.wd[it]),
             "teacher_momentum": float(self.momentum[it]),

@@ -13,11 +13,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from runners.inputs import to_input
+from runners.inputs import batch_input, to_input
 from runners.models import build_model
 from runners.objectives.base import TrainerSetup
+from runners.objectives.meter import EpochMeter, adamw
 from runners.objectives.supervised_settings import SupervisedObjective
-from vitstudy_core.errors import RunFailedError
 
 
 def lr_lambda(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
@@ -57,7 +57,7 @@ class SupervisedTrainer:
         self.measured = self.model
         # compile only on CUDA: on CPU the compile time exceeds what short runs could save
         self.forward = torch.compile(self.model) if tr.compile and device.type == "cuda" else self.model
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=tr.lr, weight_decay=tr.weight_decay)
+        self.opt = adamw(self.model.parameters(), device, lr=tr.lr, weight_decay=tr.weight_decay)
         total = steps_per_epoch * tr.epochs
         warmup = round(tr.warmup_epochs * steps_per_epoch)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(total, warmup))
@@ -76,24 +76,20 @@ class SupervisedTrainer:
         """
         tr, device = self.tr, self.device
         self.model.train()
-        loss_sum, seen, correct = 0.0, 0, 0
+        meter = EpochMeter(device, epoch)  # sums on the device: no host sync per step (meter module)
         for step in range(self.steps_per_epoch):
             idx = order[step * tr.batch_size : (step + 1) * tr.batch_size]
-            xb, yb = to_input(xtr[idx], device), ytr[idx].to(device, non_blocking=True)
+            xb, yb = batch_input(xtr, idx, device), ytr[idx].to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 logits = self.forward(xb)
                 loss = F.cross_entropy(logits.float(), yb, label_smoothing=tr.label_smoothing)
-            if not torch.isfinite(loss):
-                raise RunFailedError(f"non-finite loss at step {step}", epoch)
+            meter.add(step, loss, yb.shape[0], (logits.argmax(-1) == yb).sum())
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             self.opt.step()
             self.sched.step()
-            loss_sum += loss.item() * yb.shape[0]
-            correct += (logits.argmax(-1) == yb).sum().item()
-            seen += yb.shape[0]
-            tick(step, loss.item(), yb.shape[0])
-        return {"loss": loss_sum / seen, "train_acc": correct / seen, "lr": self.sched.get_last_lr()[0]}
+            tick(step, loss.detach(), yb.shape[0])
+        return {"loss": meter.mean_loss(), "train_acc": meter.accuracy(), "lr": self.sched.get_last_lr()[0]}
 
     def evaluate(self, xtr: torch.Tensor, ytr: torch.Tensor, xte: torch.Tensor, yte: torch.Tensor) -> dict:
         return {"test_acc": accuracy(self.model, xte, yte, self.device)}
