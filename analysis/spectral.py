@@ -14,7 +14,8 @@ effective_rank         exp(H)  (eigenvalue form, as TGO-I / EED)         [1, D]
 eed_pct                100 * exp(H) / D                                 (0, 100]
 stable_rank            sum lam / max lam                                [1, D]
 participation_ratio    (sum lam)^2 / sum lam^2                          [1, D]
-spectral_flatness      geometric mean / arithmetic mean (floored)       (0, 1]
+spectral_flatness      geometric mean / arithmetic mean, eigenvalues    (0, 1]
+                       floored at 1e-11 * max lam
 spectral_anisotropy    max lam / sum lam                                [1/D, 1]
 numerical_rank         #{lam_i > 1e-6 * max lam}                        [0, D]
 effective_rank_sv      exp(-sum q_i log q_i), q_i = s_i / sum s,        [1, D]
@@ -49,8 +50,6 @@ METRICS: Registry[MetricFn] = Registry("metric")
 Bounds = tuple[float | None, float | None]
 RANGES: dict[str, Bounds] = {}
 
-_FLATNESS_FLOOR = 1e-12  # relative to the mean eigenvalue: keeps log() finite on rank-deficient spectra
-
 
 def register_metric(name: str, bounds: Bounds = (None, None)) -> Callable[[MetricFn], MetricFn]:
     """Decorator: add ``fn(eigenvalues) -> float`` to :data:`METRICS` under ``name``, with the range of its
@@ -68,6 +67,8 @@ NUMERICAL_ZERO = (
     1e-11  # relative to max(lam): float64 eigh noise is ~D * eps64 * max(lam) < 1e-12 (D <= 4096)
 )
 
+
+FLATNESS_FLOOR = NUMERICAL_ZERO  # relative to max(lam): spectral_flatness's floor, at the zeroing level
 
 SAFE_EXPONENT = 500  # |log2 max(lam)| beyond this: sums of squares over any D could overflow or underflow
 
@@ -145,12 +146,27 @@ def participation_ratio(lam: np.ndarray) -> float:
 
 @register_metric("spectral_flatness", bounds=(0.0, 1.0))
 def spectral_flatness(lam: np.ndarray) -> float:
-    """exp(mean log lam) / mean(lam), eigenvalues floored at 1e-12 * mean. Range (0, 1]."""
+    """exp(mean log max(lam_i, F)) / mean(lam), floor ``F = FLATNESS_FLOOR * max(lam)``. Range (0, 1].
+
+    ``FLATNESS_FLOOR`` is 1e-11, the level at or below which :func:`_clean` already sets eigenvalues to 0
+    as eigensolver round-off, so the floor only ever replaces those zeros: a spectrum with every
+    eigenvalue above it (full rank at this resolution) gives exactly ``exp(mean log lam) / mean(lam)``,
+    bit for bit as before 2026-12-01. On a rank-deficient spectrum (``r`` of ``D`` eigenvalues nonzero)
+    the value is about ``FLATNESS_FLOOR ** ((D - r) / D)`` times the flatness of the nonzero part: set
+    by the floor, and tiny. Because the floor equals the zeroing level, the value is continuous in the
+    eigenvalues: an eigenvalue moving across the round-off level moves ``log(flatness)`` by
+    ``log(lam_i / F) / D``, close to 0, where a floor below the zeroing level (until 2026-12-01:
+    ``1e-12 * mean(lam)``) made it jump by up to ``log(10 D) / D`` per eigenvalue (a factor ~2,000 for
+    336 eigenvalues at D = 384). Perturbing every eigenvalue by at most ``d * max(lam)`` moves
+    ``log(flatness)`` by at most about ``d / FLATNESS_FLOOR + D d``. Values this close to 0 are still
+    only as reproducible as the smallest eigenvalues, so comparisons of two computations of one
+    spectrum use an absolute tolerance for this metric (``bench/extract.py``: ``metric_errors``).
+    """
     lam = _clean(lam)
     mean = lam.mean()
     if mean <= 0:
         return float("nan")
-    floored = np.maximum(lam, _FLATNESS_FLOOR * mean)
+    floored = np.maximum(lam, FLATNESS_FLOOR * lam.max())
     return float(np.exp(np.log(floored).mean()) / mean)
 
 

@@ -259,6 +259,7 @@ class _Subsampler:
     def __init__(self, n_images: int, m: int, seed: int):
         self.n_images, self.m, self.seed = n_images, m, seed
         self._idx: dict[int, np.ndarray] = {}
+        self._dev: dict[tuple[int, str], torch.Tensor] = {}
         self.parts: dict[tuple[str, str], list[torch.Tensor]] = {}
 
     def positions(self, tokens_per_image: int) -> np.ndarray:
@@ -269,16 +270,28 @@ class _Subsampler:
         return self._idx[tokens_per_image]
 
     def add(self, key: tuple[str, str], tokens: torch.Tensor, first_image: int) -> None:
-        """tokens: (B, T, D) of one token set for images ``first_image .. first_image + B - 1``."""
+        """tokens: (B, T, D) of one token set for images ``first_image .. first_image + B - 1``.
+
+        No host synchronisation on a GPU: the positions go to the device once per token count (not per
+        batch), the gathered rows stay there until :meth:`get`."""
         b, t, d = tokens.shape
         pos = self.positions(t)
         lo, hi = np.searchsorted(pos, [first_image * t, (first_image + b) * t])
         if hi > lo:
-            sel = torch.as_tensor(pos[lo:hi] - first_image * t, device=tokens.device)
-            self.parts.setdefault(key, []).append(tokens.reshape(-1, d)[sel].float().cpu())
+            dev = self._on_device(t, tokens.device)
+            sel = dev[lo:hi] - first_image * t
+            self.parts.setdefault(key, []).append(tokens.reshape(-1, d)[sel].float())
+
+    def _on_device(self, tokens_per_image: int, device: torch.device) -> torch.Tensor:
+        key = (tokens_per_image, str(device))
+        if key not in self._dev:
+            self._dev[key] = torch.as_tensor(self.positions(tokens_per_image), device=device)
+        return self._dev[key]
 
     def get(self, key: tuple[str, str]) -> np.ndarray:
-        return torch.cat(self.parts[key]).numpy() if key in self.parts else np.zeros((0, 0), np.float32)
+        if key not in self.parts:
+            return np.zeros((0, 0), np.float32)
+        return torch.cat(self.parts[key]).cpu().numpy()
 
 
 class SpectralObserver:
@@ -351,11 +364,10 @@ class SpectralObserver:
                 for key, m in self.moments.items():
                     if key[0] == name:
                         self.snapshots.setdefault(key, {})[hi] = m.copy()
-        # a NaN/Inf activation makes the float64 running sum non-finite: one (D,) check, not a full pass
-        if not torch.isfinite(mom.s).all():
-            raise RunFailedError(
-                f"non-finite activation at layer {name} (checkpoint epoch {self.epoch})", self.epoch
-            )
+        # a NaN/Inf activation makes the float64 running sum non-finite: one (D,) check, not a full pass;
+        # on a GPU the check would stall the device every point and batch, so it waits for result()
+        if self.device.type != "cuda":
+            self._check_finite(name)
         if self.matcher is not None:  # a seeded subsample of as many tokens as images, per token set
             self.matcher.add((name, "all"), x, first)
             if prefixed:
@@ -366,6 +378,13 @@ class SpectralObserver:
                 self.sampler.add((name, "patch"), x[:, self.n_prefix :], first)
                 if self.has_cls:
                     self.sampler.add((name, "cls"), x[:, :1], first)
+
+    def _check_finite(self, name: str) -> None:
+        """RunFailedError if the running sum of point ``name`` is not finite (a NaN/Inf activation)."""
+        if not torch.isfinite(self.moments[(name, "all")].s).all():
+            raise RunFailedError(
+                f"non-finite activation at layer {name} (checkpoint epoch {self.epoch})", self.epoch
+            )
 
     def _add(self, name: str, x: torch.Tensor, mom: _Moments, prefixed: bool) -> None:
         """Add images ``x: (B, T, D)`` to the point's running sums (all tokens, prefix, class token)."""
@@ -422,6 +441,9 @@ class SpectralObserver:
         """Covariances -> eigenvalues (and observables, smaller-probe spectra, block sums) of every
         (point, token set) seen so far."""
         out = Spectra()
+        for name, _, _ in observation_points(self.model):  # depth order: the first non-finite point
+            if (name, "all") in self.moments:
+                self._check_finite(name)
         for name, _, _ in observation_points(self.model):
             for tset, mom in self._sets(name, self.moments.__getitem__).items():
                 cov, lam = _spectrum(mom)

@@ -14,6 +14,9 @@ history, scaled to the design's epochs), otherwise from a short timed training s
 extraction of the run's model timed on this machine (``runners.timing.time_extraction``, measured, not
 modelled) times the run's checkpoints; measured runs spend 0.40-0.48 of their wall time there, so leaving
 it out undercounts by about half. Evaluation is not included.
+
+For designs of the configuration measured on a GPU (ViT-S/16 at 224 px, supervised or ``dino_paper``), the
+plan also prints the estimated GPU time of every run on that device (``study.gpu_cost``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from analysis.kinds import get_kind
 from analysis.kinds.base import TableView
 from analysis.power import plan_claim
 from analysis.verdicts import families
+from study.gpu_cost import format_estimate, gpu_estimate
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
 from study.stages import plan as plan_runs
@@ -195,6 +199,7 @@ def plan_study(
         "run_hours_per_seed": per_seed,
         "per_run": hours,
         "claims": claims,
+        "gpu_estimate": gpu_estimate(specs),
     }
 
 
@@ -232,6 +237,8 @@ def format_plan(plan: dict) -> str:
         lines.append(
             f"run time {name}: {fmt_num(h['hours'], 3) if h['hours'] is not None else '?'} h ({h['source']})"
         )
+    if plan.get("gpu_estimate"):
+        lines.append(format_estimate(plan["gpu_estimate"]))
     for r in plan["claims"]:
         if r["floor"] > plan["file_seeds"]:
             lines.append(

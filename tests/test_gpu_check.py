@@ -58,12 +58,22 @@ def test_cpu_smoke_runs_every_step_and_writes_json_and_table(smoke):
         > f["throughput"]["supervised_eager"]["flops_per_step"]
     )
     ext = f["extraction"]["16px_patch4"]
-    assert ext["max_rel_err"] < 1e-6 and ext["overhead"] > 0
+    assert ext["max_rel_err"] < 1e-6 and ext["overhead"] > 0 and ext["t_result_s"] > 0
+    from analysis.spectral import METRICS
+
+    assert set(ext["metrics"]) == set(METRICS) and ext["agreement_ok"]
+    assert all(m["err"] <= m["tol"] == 1e-6 for m in ext["metrics"].values())
+    assert ext["metrics"]["spectral_flatness"]["kind"] == "absolute"
+    log = (out / "logs" / "extraction.log").read_text()
+    assert "every metric, streaming against the float64 two-pass reference" in log
+    assert all(name in log for name in METRICS)  # the per-metric table is printed
     assert f["dino_learns"]["knn_init"] is not None and len(f["dino_learns"]["knn_per_epoch"]) == 1
     assert isinstance(f["dino_learns"]["criterion_met"], bool)
     res = f["resume"]
     assert res["bitwise"] and res["killed_by_sigkill"] and res["resume_file_epoch"] == 1
     assert res["resumed_after_epoch_1"] and res["no_temp_files"]
+    assert res["inductor_cache_dir"] == str((out / "work" / "inductor_cache").resolve())
+    assert res["fx_graph_cache"] == "1"
     table = (out / "gpu_check.txt").read_text()
     assert all(f"{name} " in table for name in gc.STEPS) and "passed" in table
 
@@ -95,3 +105,50 @@ def test_bad_arguments_and_peak_table(tmp_path, capsys):
     assert (
         peak("NVIDIA L4") == 121.0 and peak("NVIDIA L40S") == 362.0 and peak("Tesla V100-SXM2-16GB") is None
     )
+
+
+def test_killed_and_resumed_runs_share_inductors_cache(tmp_path, monkeypatch):
+    """Every step's process gets TORCHINDUCTOR_CACHE_DIR in the check's work folder (FX graph and AOT
+    autograd caches on) before it starts, and so do both runs the resume step starts from it: the run to
+    be killed and the resumed one name the same cache folder."""
+    import runners.train_driver as driver
+
+    gc = _module()
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    env = gc.child_env(tmp_path)
+    cache = str((tmp_path / "work" / "inductor_cache").resolve())
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == cache
+    assert env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == env["TORCHINDUCTOR_AUTOGRAD_CACHE"] == "1"
+    seen = []
+    monkeypatch.setattr(driver.subprocess, "Popen", lambda cmd, env, **kw: seen.append(env))
+    for key, value in env.items():  # the resume step's own environment, as run_step starts it
+        monkeypatch.setenv(key, value)
+    driver.start(tmp_path / "spec.json", tmp_path / "a", tmp_path / "data", pause="2:1")  # to be killed
+    driver.start(tmp_path / "spec.json", tmp_path / "a", tmp_path / "data")  # the same command again
+    assert [e["TORCHINDUCTOR_CACHE_DIR"] for e in seen] == [cache, cache]
+    assert all(e["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1" for e in seen)
+
+
+def test_metric_errors_compare_flatness_absolutely():
+    """A floor-dominated flatness (rank 48 of 384) that differs by orders of magnitude relatively is
+    within 1e-6 absolutely, and the table names every metric with its rule; a real difference fails."""
+    from analysis.spectral import METRICS
+
+    spec = importlib.util.spec_from_file_location("bench_extract", REPO / "bench" / "extract.py")
+    bx = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bx)
+    import numpy as np
+
+    ref = np.zeros(384)
+    ref[:48] = np.linspace(2.0, 0.1, 48)
+    ours = ref.copy()
+    ours[48:] = 3e-10 * ref[0]  # kept by one path: flatness moves from ~1e-9 to ~2e-9
+    table, degenerate = bx.metric_errors({("p", "all"): ours}, {("p", "all"): ref})
+    flat = table["spectral_flatness"]
+    assert set(table) == set(METRICS) and not degenerate
+    assert flat["kind"] == "absolute" and flat["err"] < 1e-6 < abs(flat["ours"] - flat["ref"]) / flat["ref"]
+    far = ref.copy()
+    far[:48] = 1.0  # a different spectrum: flatness and the others fail
+    table, _ = bx.metric_errors({("p", "all"): far}, {("p", "all"): ref})
+    assert table["effective_rank"]["err"] > 1e-6

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -167,3 +168,33 @@ def test_plan_without_pilot_and_bad_pilot(tmp_path, capsys, tiny_yaml):
     assert main(["plan", str(path), "--pilot", str(tmp_path / "none.parquet")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--pilot" in err
+
+
+def test_plan_prints_the_gpu_estimate_of_the_paper_files(tmp_path, capsys):
+    """``plan`` of the two paper files prints the estimated H200 time, equal to runs x epochs x training
+    images / measured images/s plus checkpoints x probe images / the supervised rate, computed here from
+    the designs' own numbers and bench/README.md's measured figures."""
+    from study.cli import main
+
+    readme = (Path(__file__).parent.parent / "bench" / "README.md").read_text()
+    assert "4,514 compiled" in readme and "868 compiled" in readme
+    sup, dino = 4514.0, 868.0
+    ib_train = 50_000 + 100_000 + 21 * 80  # CIFAR-100, Tiny ImageNet, UC Merced less its 20% test split
+    ib = 5 * 100 * ib_train * (1 / dino + 1 / sup) + 30 * 6 * 1000 / sup  # 5 seeds, 2 trained objectives
+    tgo = 5 * 100 * 126_689 / sup + 5 * 12 * 1000 / sup
+    for name, seconds in (("inductive_bottleneck", ib), ("tgo_i", tgo)):
+        assert (
+            main(
+                [
+                    "plan",
+                    str(Path(__file__).parent.parent / "hypotheses" / "paper" / f"{name}.yaml"),
+                    "--out",
+                    str(tmp_path),
+                ]
+            )
+            == 0
+        )
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("estimated GPU time"))
+        assert "on one H200" in line and "4,514 img/s" in line
+        assert f": {seconds / 3600:.1f} h for" in line, (line, seconds / 3600)
+    assert round(ib / 3600, 1) == 28.9 and round(tgo / 3600, 1) == 3.9

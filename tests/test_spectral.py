@@ -231,3 +231,31 @@ def test_metrics_cli_on_huge_values_is_valid_json(tmp_path, capsys):
     assert values["effective_rank"] == pytest.approx(3.0) and values["stable_rank"] == pytest.approx(3.0)
     assert values["participation_ratio"] == pytest.approx(3.0)
     assert values["powerlaw_alpha"] is None  # 2 points in its fit range: undefined, so null
+
+
+def _rank_deficient(rng: np.random.Generator, d: int = 384, r: int = 48) -> np.ndarray:
+    lam = np.zeros(d)
+    lam[:r] = np.sort(rng.gamma(2.0, 1.0, r))[::-1]
+    return lam
+
+
+def test_flatness_floor_is_the_zeroing_level_so_the_value_is_continuous():
+    """Rank-deficient spectrum (48 of 384): eigenvalues just below the round-off level (set to 0, then
+    floored) and just above it (kept) give the same flatness to 1e-5 relative; with the former floor
+    (1e-12 * mean) the two differed by three orders of magnitude. Full-rank spectra are unchanged."""
+    from analysis.spectral import FLATNESS_FLOOR, NUMERICAL_ZERO, spectral_flatness
+
+    assert FLATNESS_FLOOR == NUMERICAL_ZERO
+    lam = _rank_deficient(np.random.default_rng(0))
+    below, above = lam.copy(), lam.copy()
+    below[48:] = (1 - 1e-6) * NUMERICAL_ZERO * lam.max()
+    above[48:] = (1 + 1e-6) * NUMERICAL_ZERO * lam.max()
+    a, b, z = spectral_flatness(below), spectral_flatness(above), spectral_flatness(lam)
+    assert a == z and b == pytest.approx(a, rel=1e-5)
+    nz = lam[:48]
+    expect = np.exp((48 * np.log(nz).mean() + 336 * np.log(NUMERICAL_ZERO * nz.max())) / 384) / lam.mean()
+    assert z == pytest.approx(expect, rel=1e-12)
+    full = np.random.default_rng(1).gamma(
+        1.0, 1.0, 384
+    )  # every eigenvalue above the floor: the plain formula
+    assert spectral_flatness(full) == np.exp(np.log(full).mean()) / full.mean()
