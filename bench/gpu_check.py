@@ -303,13 +303,20 @@ def measure_step(
     if device.type == "cuda":
         x = x.pin_memory()
         torch.cuda.reset_peak_memory_stats()
-    times: list[float] = []
+    times: dict[int, float] = {}
+    marks = {0, warmup - 1, steps - 1}  # the first step, the end of the warm-up, the last step
+
+    def tick(step: int, loss: object, n: int) -> None:
+        # a step no longer waits for the device (losses stay there until the epoch ends), so the clock is
+        # read after a sync, and only at the marks: the timed steps overlap as they do in training
+        if step in marks:
+            _sync()
+            times[step] = time.perf_counter()
+
     _sync()
     t0 = time.perf_counter()
-    trainer.train_epoch(
-        1, x, y, torch.arange(batch * steps), lambda step, loss, n: times.append(time.perf_counter())
-    )
-    step_s = (times[-1] - times[warmup - 1]) / timed
+    trainer.train_epoch(1, x, y, torch.arange(batch * steps), tick)
+    step_s = (times[steps - 1] - times[warmup - 1]) / timed
     out = {"images_per_s": batch / step_s, "step_s": step_s, "first_step_s": times[0] - t0, "batch": batch}
     if device.type == "cuda":
         out["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -687,11 +694,13 @@ INDUCTOR_CACHE = "inductor_cache"
 
 def child_env(out: Path) -> dict[str, str]:
     """The environment of every step's process (and so of the processes it starts): this checkout on
-    PYTHONPATH, and torch.compile's caches in ``out/work/inductor_cache`` (kept if already set)."""
+    PYTHONPATH, and torch.compile's caches in ``out/work/inductor_cache``, always (inductor itself writes
+    its default folder into ``TORCHINDUCTOR_CACHE_DIR`` of any process that compiled, so an inherited
+    value says nothing of the user's choice; the check's caches belong to its own folder)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str((out / "work" / INDUCTOR_CACHE).resolve()))
-    env.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
-    env.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    env["TORCHINDUCTOR_CACHE_DIR"] = str((out / "work" / INDUCTOR_CACHE).resolve())
+    env["TORCHINDUCTOR_FX_GRAPH_CACHE"] = "1"
+    env["TORCHINDUCTOR_AUTOGRAD_CACHE"] = "1"
     return env
 
 

@@ -454,8 +454,7 @@ def execute(
     place = placement or Placement()
     leases = place.lease_store(runs_dir)
     token = write_token(Path(runs_dir).resolve().parent)  # every job checks it sees this folder (shared_out)
-    # leases scoped to this folder: another output folder sharing the store trains its own copies
-    open_lease_store(leases).announce(study, [lease_key(s.key, token) for s in todo])
+    open_lease_store(leases).announce(study, [lease_key(s.key, token) for s in todo])  # this folder's leases
     executor = make_executor(
         workers,
         len(todo),
