@@ -130,6 +130,37 @@ def test_killed_and_resumed_runs_share_inductors_cache(tmp_path, monkeypatch):
     assert all(e["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1" for e in seen)
 
 
+COMPILE_ONCE = """
+import json, sys, torch
+from torch._dynamo.utils import counters
+m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+torch.compile(m)(torch.randn(4, 8)).sum().backward()
+print(json.dumps({**counters["inductor"], **counters["aot_autograd"]}))
+"""
+
+
+@pytest.mark.slow  # two CPU compiles in fresh processes (~25 s)
+def test_a_second_process_with_the_check_s_environment_hits_inductor_s_caches(tmp_path, monkeypatch):
+    """What the resume step relies on, for real: a process started with :func:`child_env` after another
+    one compiled the same model finds the FX graph and AOT autograd caches there (no recompilation)."""
+    gc = _module()
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    env = gc.child_env(tmp_path)
+
+    def compile_once() -> dict:
+        proc = subprocess.run(
+            [sys.executable, "-c", COMPILE_ONCE], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    first, second = compile_once(), compile_once()
+    assert first.get("fxgraph_cache_miss", 0) >= 1 and not first.get("fxgraph_cache_hit")
+    assert second.get("fxgraph_cache_hit", 0) >= 1 and not second.get("fxgraph_cache_miss")
+    assert second.get("autograd_cache_hit", 0) >= 1
+    assert any((tmp_path / "work" / "inductor_cache").rglob("*"))
+
+
 def test_metric_errors_compare_flatness_absolutely():
     """A floor-dominated flatness (rank 48 of 384) that differs by orders of magnitude relatively is
     within 1e-6 absolutely, and the table names every metric with its rule; a real difference fails."""
