@@ -300,7 +300,11 @@ class ProcessExecutor:
                         budget[j].write_text(str(max(1, cores // len(pending))))
                 yield i, (None if exc else fut.result()), exc
             for i in back.due():
-                submit(i)
+                try:
+                    submit(i)
+                except Exception as exc:  # noqa: BLE001 - a broken pool (a worker died): that job fails, as the rest
+                    pending.discard(i)
+                    yield i, None, exc
 
 
 def _ray_call(fn: Callable, *job) -> object:
@@ -367,7 +371,10 @@ class RayExecutor:
                 if not back.back(i, result):
                     yield i, result, None
             for i in back.due():
-                index[task.remote(fn, *jobs[i])] = i
+                try:
+                    index[task.remote(fn, *jobs[i])] = i
+                except Exception as exc:  # noqa: BLE001 - Ray gone meanwhile: that job fails, reported per job
+                    yield i, None, exc
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+from vitstudy_core.errors import env_seconds
 from vitstudy_core.redact import redact
 from vitstudy_core.runfolder import RunFolder
 
@@ -157,7 +158,7 @@ def owner_gone(owner: str) -> bool:
 
 def lease_ttl() -> float:
     """Seconds a lease lives without a heartbeat: ``STUDY_LEASE_TTL`` or :data:`DEFAULT_TTL`."""
-    return float(os.environ.get(LEASE_TTL_ENV, DEFAULT_TTL))
+    return env_seconds(LEASE_TTL_ENV, DEFAULT_TTL)
 
 
 # ---- PostgreSQL (any SQLAlchemy database) -------------------------------------------------------------

@@ -246,6 +246,9 @@ def status_counts(leases: str | Path) -> dict[str, Counter]:
         ) from None
     out: dict[str, Counter] = {}
     folders: dict[str, set[str]] = {}
+    # a lease from before leases were scoped by folder (``<run key>`` alone) is superseded by a scoped one
+    scoped = {(x.study, x.run_key.partition("@")[0]) for x in rows if "@" in x.run_key}
+    rows = [x for x in rows if "@" in x.run_key or (x.study, x.run_key) not in scoped]
     for lease in rows:
         state = lease.state
         if state == "running" and not lease.live(now):
@@ -253,10 +256,12 @@ def status_counts(leases: str | Path) -> dict[str, Counter]:
         study = lease.study or "(unnamed)"
         out.setdefault(study, Counter())[state] += 1
         scope = lease.run_key.partition("@")[2]  # its output folder (runners.shared_out.lease_key)
-        folders.setdefault(study, set()).add(scope)
+        if scope:  # a pre-scope lease belongs to no folder this can tell apart
+            folders.setdefault(study, set()).add(scope)
     # output folders sharing the store each train their own copy of a study's runs: said, not hidden
     return {
-        (f"{s} ({len(folders[s])} output folders)" if len(folders[s]) > 1 else s): c for s, c in out.items()
+        (f"{s} ({len(folders[s])} output folders)" if len(folders.get(s, ())) > 1 else s): c
+        for s, c in out.items()
     }
 
 

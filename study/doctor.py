@@ -285,8 +285,12 @@ def check_store(out_dir: Path, client) -> list[Finding]:
             if status != "FINISHED":
                 continue
             copy = (key, r.data.tags.get("study.out"))  # another folder's training is not a repeat
-            if copy in seen:
-                f = Finding("duplicate", f"run key {key}: MLflow run {rid} repeats {seen[copy]}")
+            # a child from before the tag (no ``study.out``) may be any folder's: it repeats any copy of its key
+            kept = seen.get(copy) or (
+                next((v for (k, _), v in seen.items() if k == key), None) if copy[1] is None else None
+            )
+            if kept is not None:
+                f = Finding("duplicate", f"run key {key}: MLflow run {rid} repeats {kept}")
             else:
                 listed = {a.path for a in client.list_artifacts(rid)}
                 missing = [n for n in REQUIRED if n not in listed]

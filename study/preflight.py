@@ -44,6 +44,17 @@ def check_hypothesis(hyp: Hypothesis, file: str, out_dir: Path | None = None) ->
         _check_sizes(hyp, i, ds, file, out_dir)
     _check_patch(hyp, file)
     _check_claims(hyp, file)
+    _check_environment()
+
+
+def _check_environment() -> None:
+    """The periods read from the environment (lease lifetime, parent heartbeat) are numbers of seconds > 0:
+    found here, before anything is written, rather than in a worker or a heartbeat thread."""
+    from runners.leases import lease_ttl
+    from study.tracking_cleanup import heartbeat_s
+
+    lease_ttl()
+    heartbeat_s()
 
 
 def check_output_folder(out_dir: Path, option: str = "--out") -> None:

@@ -408,8 +408,9 @@ def reconcile_leases(placement: Placement, runs_dir: Path, finished: list[str]) 
     from runners.shared_out import lease_key, read_token
 
     token = read_token(Path(runs_dir).parent)  # this folder's leases (none: from before the token)
+    keys = [lease_key(k, token) for k in finished] + (list(finished) if token else [])  # and pre-token ones
     try:
-        open_lease_store(where).reconcile([lease_key(k, token) for k in finished], "finished")
+        open_lease_store(where).reconcile(keys, "finished")
     except Exception:  # noqa: BLE001 - bookkeeping only: the run folders decide, and a rerun tries again
         pass
 

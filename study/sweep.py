@@ -48,7 +48,7 @@ from study.runspecs import RunSpec
 from study.schema import Hypothesis
 from study.stopping import stopping_cleanly
 from study.tracking import TrackerProtocol, open_tracker, store_path
-from vitstudy_core.errors import StudyError
+from vitstudy_core.errors import StudyError, env_seconds
 from vitstudy_core.hashing import file_digest
 from vitstudy_core.knobs import INTEGER_KNOBS
 from vitstudy_core.runfolder import RunFolder
@@ -164,7 +164,7 @@ GRACE_BEATS = 3  # a trial whose last heartbeat is older than 3 intervals is sta
 
 def heartbeat_s() -> int:
     """Seconds between the heartbeats of a sweep's running trials: ``STUDY_TRIAL_HEARTBEAT`` or 20."""
-    return max(1, int(float(os.environ.get(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S))))
+    return max(1, int(env_seconds(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S)))  # optuna takes whole seconds
 
 
 def _database_storage(url: str, tries: int = 3):
@@ -354,7 +354,11 @@ def fail_stale(optuna_study, log: Log) -> int:
         for t in before.values():
             mine = (t.user_attrs.get(OWNER) or "").rpartition(":")[0] == _hostname()
             if OWNER in t.user_attrs and not mine and t._trial_id not in beating:
-                if optuna_study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                try:
+                    failed = optuna_study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    continue  # another driver failed it first (or it ended): as optuna's fail_stale_trials
+                if failed:
                     retry = storage.get_heartbeat_stale_trial_callback()
                     retry(optuna_study, optuna_study._storage.get_trial(t._trial_id))
     state = {t.number: t.state for t in optuna_study.get_trials(deepcopy=False)}
@@ -667,13 +671,16 @@ def restamp_start(trial, started_at: float) -> bool:
     if isinstance(storage, optuna.storages._CachedStorage):
         storage = storage._backend
     if isinstance(storage, optuna.storages.RDBStorage):
-        import sqlalchemy as sa
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
 
-        with storage.engine.begin() as conn:
-            conn.execute(
-                sa.text("UPDATE trials SET datetime_start = :t WHERE trial_id = :id AND state = 'RUNNING'"),
-                {"t": start, "id": trial._trial_id},
-            )
+        # through optuna's own model: its setter stores the column as optuna's version keeps it (naive UTC
+        # in optuna 5, where a raw UPDATE of local time put every trial off by the host's UTC offset)
+        with _create_scoped_session(storage.scoped_session, True) as session:
+            row = models.TrialModel.find_or_raise_by_id(trial._trial_id, session, for_update=True)
+            if row.state != TrialState.RUNNING:
+                return False
+            row.datetime_start = start
         return True
     backend = getattr(storage, "_backend", None)
     if not isinstance(storage, optuna.storages.JournalStorage) or not isinstance(backend, JournalFileBackend):

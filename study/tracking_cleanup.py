@@ -21,13 +21,13 @@ under the grace time, as for the run leases (``runners.leases``).
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import threading
 import time
 from pathlib import Path
 
 from study.tracking_reuse import active_experiments
+from vitstudy_core.errors import env_seconds
 from vitstudy_core.locks import is_locked
 
 ROLES = ("study", "sweep")  # the parent runs' ``study.role`` tags: one per ``run`` or ``sweep`` invocation
@@ -46,7 +46,7 @@ def parent_lock_path(out_dir: Path, run_id: str) -> Path:
 
 def heartbeat_s() -> float:
     """This invocation's heartbeat period: ``STUDY_HEARTBEAT_S`` or :data:`DEFAULT_HEARTBEAT_S` seconds."""
-    return float(os.environ.get(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S))
+    return env_seconds(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S)
 
 
 class ParentHeartbeat:
@@ -102,7 +102,9 @@ def is_stale(run, out_dir: Path, host: str, now: float) -> bool:
             return not is_locked(lock)
     if beat is None:  # another host's, from before heartbeats: its liveness is unknowable here
         return False
-    period = _float(tags.get(HEARTBEAT_S_TAG)) or DEFAULT_HEARTBEAT_S
+    period = _float(tags.get(HEARTBEAT_S_TAG))
+    if period is None or not period > 0:  # a writer's bad period never makes a live parent look dead
+        period = DEFAULT_HEARTBEAT_S
     return now - beat > GRACE_BEATS * period
 
 

@@ -123,3 +123,25 @@ class Interrupted(KeyboardInterrupt):
 
     def __str__(self) -> str:
         return self.line()
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A period or lifetime in seconds from the environment variable ``name`` (``default`` when unset).
+
+    Raises:
+        StudyError: the value is not a finite number > 0 (a zero period would make a heartbeat thread
+            spin and write without pause; a negative one would make a live owner look dead).
+    """
+    import math
+    import os
+
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return float(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise StudyError(f"environment variable {name}={raw!r}: expected a number of seconds > 0")
+    return value
