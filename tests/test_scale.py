@@ -154,7 +154,9 @@ def test_a_run_whose_worker_dies_is_taken_over_and_resumed(tmp_path, postgres_ur
         time.sleep(0.2)
     assert victim is not None, "no run reached its first checkpoint"
     os.kill(int(victim.owner.split(":")[1]), signal.SIGKILL)  # the Ray worker process training it
-    assert not (tmp_path / "out" / "runs" / victim.run_key.split("@")[0] / "result.json").exists(), "killed after it ended"
+    assert not (tmp_path / "out" / "runs" / victim.run_key.split("@")[0] / "result.json").exists(), (
+        "killed after it ended"
+    )
     log = proc.communicate(timeout=900)[0]
     assert proc.returncode == 0, log
     leases = {le.run_key: le for le in store.leases()}
