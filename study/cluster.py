@@ -89,8 +89,8 @@ def submit_command(hyp_path: Path, out: Path, opts: SubmitOptions | None = None,
 
 
 def submit_env(hyp_text: str, opts: SubmitOptions) -> dict[str, str]:
-    """The job's environment variables: the database URLs (:data:`URL_VARIABLES`), ``MLFLOW_TRACKING_URI`` and
-    ``STUDY_LEASE_TTL`` when set here, every ``${VAR}`` the hypothesis file references (a dataset's
+    """The job's environment variables: the database URLs (:data:`URL_VARIABLES`), ``MLFLOW_TRACKING_URI``
+    and ``STUDY_LEASE_TTL`` when set here, every ``${VAR}`` the hypothesis file references (a dataset's
     folder), and this code's digest (the job's driver checks it runs the same code)."""
     env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
     for name in re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", hyp_text):
