@@ -15,6 +15,10 @@
     python -m study status [--out OUT | --leases URL] [--address http://HEAD:8265]
     python -m study doctor [--out study_results] [--repair]   # check the output folder and its store
 
+``--leases`` / ``--storage`` default to ``$STUDY_LEASES`` / ``$STUDY_STORAGE`` (the flag wins): a database
+URL with a password belongs there (or the password in ``~/.pgpass``), not on a command line, which ``ps``
+shows every user of the host.
+
 Bad input prints one line (file, field, what was expected) to stderr and exits with status 2; so does a
 write that fails (disk full, read-only folder) or a lost tracking store, naming the path. Ctrl-C or
 SIGTERM prints one line and exits with status 130 or 143 (128 + the signal); rerunning resumes.
@@ -39,6 +43,12 @@ class _Parser(argparse.ArgumentParser):
         where = self.prog.removeprefix("python -m study").strip()
         print(f"error: {where + ': ' if where else ''}{' '.join(message.split())}", file=sys.stderr)
         sys.exit(2)
+
+
+_STORAGE_HELP = (
+    "optuna storage URL (default: $STUDY_STORAGE, else the file's sweep.storage, else a journal file in "
+    "the output folder; the flag wins over the variable, which keeps a password off the command line)"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,9 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument(
         "--n-trials", type=int, default=None, help="trials in all (default: the file's, or the grid)"
     )
-    sw.add_argument(
-        "--storage", default=None, help="optuna storage URL (default: a journal file in the output folder)"
-    )
+    sw.add_argument("--storage", default=None, help=_STORAGE_HELP)
     sw.add_argument(
         "--workers", default="auto", help="parallel training processes ('auto': one per CPU core)"
     )
@@ -159,7 +167,8 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
         "--leases",
         default=None,
         help="run lease store shared by every worker: a database URL (postgresql://...) or a folder "
-        "(default: OUT/leases; a sweep with a database --storage uses that database)",
+        "(default: $STUDY_LEASES, else OUT/leases; a sweep with a database --storage uses that database; "
+        "the flag wins over the variable, which keeps a password off the command line)",
     )
 
 
@@ -168,8 +177,16 @@ def _add_scale_verbs(sub) -> None:
     sb.add_argument("hypothesis", type=Path, help="the file, on a filesystem every node reaches")
     sb.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
     sb.add_argument("--out", type=Path, default=Path("study_results"), help="shared output folder")
-    sb.add_argument("--leases", default=None, help="run lease store (a postgresql:// URL on a cluster)")
-    sb.add_argument("--storage", default=None, help="optuna storage URL of a sweep (postgresql://...)")
+    sb.add_argument(
+        "--leases",
+        default=None,
+        help="run lease store (a postgresql:// URL on a cluster; default: $STUDY_LEASES)",
+    )
+    sb.add_argument(
+        "--storage",
+        default=None,
+        help="optuna storage URL of a sweep (postgresql://...; default: $STUDY_STORAGE)",
+    )
     sb.add_argument("--cpus-per-run", type=float, default=1, help="CPUs each run requests (default 1)")
     sb.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each run requests (default 0)")
     sb.add_argument("--data-root", action="append", default=[], metavar="NAME=PATH", help="as for run")
@@ -184,11 +201,28 @@ def _add_scale_verbs(sub) -> None:
     )
     st = sub.add_parser("status", help="studies with their runs done, running and to do")
     st.add_argument("--out", type=Path, default=Path("study_results"), help="output folder (file leases)")
-    st.add_argument("--leases", default=None, help="run lease store URL (default: OUT/leases)")
+    st.add_argument(
+        "--leases", default=None, help="run lease store URL (default: $STUDY_LEASES, else OUT/leases)"
+    )
     st.add_argument("--address", default=None, help="also list the Ray jobs of this dashboard address")
 
 
-def _scale_verbs(args) -> int | None:
+def _url_options(args: argparse.Namespace) -> dict[str, str]:
+    """``--leases`` / ``--storage`` of the verbs that take them, from ``STUDY_LEASES`` / ``STUDY_STORAGE``
+    when the flag is not given (``study.cluster.url_option``), set on ``args``. Returns flag -> the name
+    an error calls the value by: the flag, or the variable it came from."""
+    from study.cluster import URL_VARIABLES, url_option
+
+    names = dict(zip(URL_VARIABLES, URL_VARIABLES, strict=True))
+    for flag in URL_VARIABLES:
+        attr = flag.removeprefix("--")
+        if hasattr(args, attr):
+            value, names[flag] = url_option(flag, getattr(args, attr))
+            setattr(args, attr, value)
+    return names
+
+
+def _scale_verbs(args, names: dict[str, str]) -> int | None:
     """Run ``submit`` / ``status``; None for any other verb."""
     if args.verb == "submit":
         from study.cluster import SubmitOptions, submit
@@ -211,7 +245,7 @@ def _scale_verbs(args) -> int | None:
     if args.verb == "status":
         from study.cluster import format_status, ray_jobs
 
-        print(format_status(args.leases or args.out / "leases"))
+        print(format_status(args.leases or args.out / "leases", names["--leases"]))
         if args.address:
             print(ray_jobs(args.address))
         return 0
@@ -351,7 +385,7 @@ def _table_verb(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sweep_verb(args: argparse.Namespace, hyp, argv) -> int:
+def _sweep_verb(args: argparse.Namespace, hyp, argv, names: dict[str, str]) -> int:
     from analysis.verdicts import format_verdicts
     from study.sweep import run_sweep
 
@@ -366,8 +400,10 @@ def _sweep_verb(args: argparse.Namespace, hyp, argv) -> int:
     from study.cluster import check_reachable
     from study.sweep import SweepOptions, storage_url
 
-    sweep, opts = SweepOptions(n_trials=args.n_trials, storage=args.storage), _run_options(args, argv)
-    check_reachable(opts.placement, storage_url(hyp, args.storage))  # before anything is written
+    sweep = SweepOptions(n_trials=args.n_trials, storage=args.storage, storage_from=names["--storage"])
+    opts = _run_options(args, argv, names)
+    url, where = storage_url(hyp, args.storage), (names["--leases"], names["--storage"])
+    check_reachable(opts.placement, url, names=where)  # before anything is written
     outcome = run_sweep(hyp, args.hypothesis, args.out, opts, sweep)
     print()
     print(format_verdicts(outcome.results))
@@ -377,12 +413,16 @@ def _sweep_verb(args: argparse.Namespace, hyp, argv) -> int:
     return 0
 
 
-def _command(argv: list[str] | None) -> str:
-    """The command line recorded with a study (MLflow, the report)."""
-    return " ".join(["python -m study", *(argv if argv is not None else sys.argv[1:])])
+def _command(argv: list[str] | None, args: argparse.Namespace, names: dict[str, str]) -> str:
+    """The command line recorded with a study (MLflow, the report), led by ``STUDY_LEASES=URL`` (and
+    ``STUDY_STORAGE``) when the URL came from the variable; the caller redacts it."""
+    import shlex
+
+    env = [f"{var}={shlex.quote(getattr(args, f[2:]))}" for f, var in names.items() if var != f]
+    return " ".join([*env, "python -m study", *(argv if argv is not None else sys.argv[1:])])
 
 
-def _run_options(args: argparse.Namespace, argv: list[str] | None):
+def _run_options(args: argparse.Namespace, argv: list[str] | None, names: dict[str, str]):
     """``sweep``'s flags as ``stages.RunOptions`` (no ``--force`` or ``--log-model``); ``run``'s go to
     ``study.api.run`` as keyword arguments."""
     from study.api import _workers
@@ -396,7 +436,7 @@ def _run_options(args: argparse.Namespace, argv: list[str] | None):
         workers=workers,
         track=not args.no_mlflow,
         report=not args.no_report,
-        command=redact(_command(argv)),  # no password of a --leases/--storage URL
+        command=redact(_command(argv, args, names)),  # no password of a --leases/--storage URL
         placement=placement,
     )
 
@@ -412,9 +452,13 @@ def _analyze_verb(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_verb(args: argparse.Namespace, argv) -> int:
+def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
     from analysis.verdicts import format_verdicts
     from study import api
+    from study.cluster import check_database
+
+    if names["--leases"] != "--leases":  # from STUDY_LEASES: its one line names the variable
+        check_database(names["--leases"], args.leases)
 
     result = api.run(
         args.hypothesis,
@@ -436,7 +480,7 @@ def _run_verb(args: argparse.Namespace, argv) -> int:
         gpus_per_run=args.gpus_per_run,
         leases=args.leases,
         log=print,
-        command=redact(_command(argv)),  # recorded in MLflow, verdicts.json and the report
+        command=redact(_command(argv, args, names)),  # recorded in MLflow, verdicts.json and the report
     )
     print()
     print(format_verdicts(result.results))
@@ -494,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _verbs(args: argparse.Namespace, argv: list[str] | None) -> int:
-    done = next((d for d in (_results_verbs(args), _scale_verbs(args)) if d is not None), None)
+    names = _url_options(args)
+    done = next((d for d in (_results_verbs(args), _scale_verbs(args, names)) if d is not None), None)
     if done is not None:
         return done
     if args.verb == "metrics":
@@ -506,15 +551,15 @@ def _verbs(args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.verb == "table":
         return _table_verb(args)
     if args.verb in ("plan", "validate", "analyze", "run"):
-        return _api_verbs(args, argv)
+        return _api_verbs(args, argv, names)
     if args.verb == "sweep":
         from study.schema import load_hypothesis
 
-        return _sweep_verb(args, load_hypothesis(args.hypothesis), argv)
+        return _sweep_verb(args, load_hypothesis(args.hypothesis), argv, names)
     return 1
 
 
-def _api_verbs(args: argparse.Namespace, argv: list[str] | None) -> int:
+def _api_verbs(args: argparse.Namespace, argv: list[str] | None, names: dict[str, str]) -> int:
     """``plan``, ``validate``, ``analyze`` and ``run``: the ``study.api`` function, then its output printed."""
     from study import api
 
@@ -527,4 +572,4 @@ def _api_verbs(args: argparse.Namespace, argv: list[str] | None) -> int:
         return 0
     if args.verb == "analyze":
         return _analyze_verb(args)
-    return _run_verb(args, argv)
+    return _run_verb(args, argv, names)

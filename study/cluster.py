@@ -7,10 +7,11 @@
 ``submit`` starts ``python -m study run|sweep FILE --executor ray --address auto`` as a Ray job
 (``ray.job_submission.JobSubmissionClient``): the job's driver runs on the head node, so it keeps running
 when the submitting terminal closes. The file and ``--out`` must be paths every node reaches (a shared
-filesystem). The job gets this interpreter, the options given here, the database URLs (as environment
-variables: no password in the entrypoint) and the variables the file references (``${VAR}``); a value
-that holds a password travels in a file under ``--out`` (mode 600, deleted as the job starts), never in
-what Ray records (:func:`ship_secrets`). ``status`` reads the lease
+filesystem). The job gets this interpreter, the options given here, the database URLs (as the variables
+``STUDY_LEASES`` / ``STUDY_STORAGE``, which ``run`` and ``sweep`` read when their flag is not given: no
+URL on the job's command line, so none in ``ps`` on the head) and the variables the file references
+(``${VAR}``); a value that holds a password travels in a file under ``--out`` (mode 600, deleted as the
+job starts), never in what Ray records (:func:`ship_secrets`). ``status`` reads the lease
 store (``runners.leases``): per study, its runs finished, running (a live lease), stalled (a lease past
 its time: a dead worker's run, taken over by the next worker that asks), failed and to do.
 """
@@ -33,7 +34,10 @@ from vitstudy_core.redact import redact
 COLUMNS = ("finished", "running", "stalled", "failed", "todo")
 
 
-SHIPPED_URLS = {"--leases": "STUDY_SUBMIT_LEASES", "--storage": "STUDY_SUBMIT_STORAGE"}
+# the variables ``run``, ``sweep``, ``status`` and ``submit`` read a database URL from when its flag is not
+# given (the flag wins): a URL on a command line is in ``ps`` and /proc/PID/cmdline for every local user,
+# a process's environment only for its own user
+URL_VARIABLES = {"--leases": "STUDY_LEASES", "--storage": "STUDY_STORAGE"}
 FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "STUDY_LEASE_TTL")  # besides the file's own ${VAR}s
 CODE_DIGEST_ENV = "STUDY_CODE_DIGEST"  # the submitting host's code; the job's driver checks it has the same
 PACKAGES = ("vitstudy_core", "runners", "analysis", "study")
@@ -45,7 +49,8 @@ class SubmitOptions:
 
     Attributes:
         leases, storage: the run lease store and a sweep's optuna storage (database URLs). They reach the
-            job as environment variables, never in its entrypoint (which the dashboard shows).
+            job as ``STUDY_LEASES`` / ``STUDY_STORAGE``, never in its entrypoint (the dashboard and ``ps``
+            show it).
         cpus_per_run, gpus_per_run: what each run's Ray task requests.
         data_root: ``NAME=PATH`` folders of on-disk datasets (``run --data-root``).
         force: retrain finished runs (``run --force``). n_trials: a sweep's trials (``sweep --n-trials``).
@@ -67,8 +72,9 @@ class SubmitOptions:
 
 def submit_command(hyp_path: Path, out: Path, opts: SubmitOptions | None = None, sweep: bool = False) -> str:
     """The job's entrypoint (a shell line), with absolute paths (the job runs in another folder, on the
-    head node) and this interpreter (the head's ``python`` may be another one). Database URLs are
-    ``"$STUDY_SUBMIT_LEASES"``-style references to the job's environment (:func:`submit_env`)."""
+    head node) and this interpreter (the head's ``python`` may be another one). It names no database URL:
+    the job's environment holds them (``STUDY_LEASES`` / ``STUDY_STORAGE``, :func:`submit_env`), so the
+    driver's command line, which ``ps`` shows every user of the head node, holds no password."""
     opts = opts or SubmitOptions()
     cmd = [sys.executable, "-m", "study", "sweep" if sweep else "run", str(Path(hyp_path).resolve())]
     cmd += ["--executor", "ray", "--address", "auto", "--out", str(Path(out).resolve())]
@@ -79,22 +85,18 @@ def submit_command(hyp_path: Path, out: Path, opts: SubmitOptions | None = None,
     if not sweep:
         cmd += [a for root in opts.data_root for a in ("--data-root", root)]
         cmd += ["--force"] if opts.force else []
-    line = shlex.join(cmd)
-    for flag, var in SHIPPED_URLS.items():
-        if getattr(opts, flag.removeprefix("--")) and (sweep or flag == "--leases"):
-            line += f' {flag} "${var}"'
-    return line
+    return shlex.join(cmd)
 
 
 def submit_env(hyp_text: str, opts: SubmitOptions) -> dict[str, str]:
-    """The job's environment variables: the database URLs, ``MLFLOW_TRACKING_URI`` and
-    ``STUDY_LEASE_TTL`` when set here, every ``${VAR}`` the hypothesis file references (a dataset's
+    """The job's environment variables: the database URLs (:data:`URL_VARIABLES`), ``MLFLOW_TRACKING_URI``
+    and ``STUDY_LEASE_TTL`` when set here, every ``${VAR}`` the hypothesis file references (a dataset's
     folder), and this code's digest (the job's driver checks it runs the same code)."""
     env = {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
     for name in re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", hyp_text):
         if name in os.environ:
             env[name] = os.environ[name]
-    for flag, var in SHIPPED_URLS.items():
+    for flag, var in URL_VARIABLES.items():
         if getattr(opts, flag.removeprefix("--")):
             env[var] = getattr(opts, flag.removeprefix("--"))
     env[CODE_DIGEST_ENV] = code_digest()
@@ -200,11 +202,27 @@ def submit(hyp_path: Path, address: str, out: Path, opts: SubmitOptions | None =
         ) from None
 
 
-def check_reachable(placement, storage: str | None = None, timeout: float = 5.0) -> None:
+def url_option(flag: str, given: str | None) -> tuple[str | None, str]:
+    """A ``--leases`` / ``--storage`` value: the flag's, else its variable's (:data:`URL_VARIABLES`; unset
+    or empty: None), with the name an error about it gives (the flag, or the variable it came from)."""
+    if given:
+        return given, flag
+    var = URL_VARIABLES[flag]
+    value = os.environ.get(var, "").strip()
+    return (value, var) if value else (None, flag)
+
+
+def check_reachable(
+    placement,
+    storage: str | None = None,
+    timeout: float = 5.0,
+    names: tuple[str, str] = ("--leases", "--storage"),
+) -> None:
     """One line (``StudyError``, exit 2) within ``timeout`` seconds when ``--address`` (a ``HOST:PORT``
     or ``ray://HOST:PORT`` cluster) or a ``--leases`` / ``--storage`` database cannot be reached: called
     before anything is written. ``--address auto`` and SQLite files are not checked here. A submitted
-    job's driver also checks that it runs the submitter's code (:func:`check_code_digest`)."""
+    job's driver also checks that it runs the submitter's code (:func:`check_code_digest`). ``names``:
+    what the lines call the lease store and the storage (a variable they came from, :func:`url_option`)."""
     check_code_digest()
     if placement.executor == "ray" and placement.address != "auto":
         host, _, port = placement.address.split("://", 1)[-1].rstrip("/").rpartition(":")
@@ -215,9 +233,15 @@ def check_reachable(placement, storage: str | None = None, timeout: float = 5.0)
                 f"--address: cannot reach the Ray cluster {placement.address!r} within {timeout:.0f}s "
                 f"({type(exc).__name__}: {exc}); is `ray start --head` running there?"
             ) from None
-    for flag, url in (("--leases", placement.leases), ("--storage", storage)):
-        if url and "://" in url and not url.startswith(("file://", "sqlite")):
-            _check_database(flag, url)
+    for name, url in zip(names, (placement.leases, storage), strict=True):
+        check_database(name, url)
+
+
+def check_database(name: str, url: str | None) -> None:
+    """One line naming ``name`` (a flag or a variable) when the database at ``url`` cannot be reached;
+    None, folders, ``file://`` and SQLite URLs are not checked."""
+    if url and "://" in url and not url.startswith(("file://", "sqlite")):
+        _check_database(name, url)
 
 
 def _check_database(flag: str, url: str) -> None:
@@ -233,8 +257,9 @@ def _check_database(flag: str, url: str) -> None:
         ) from None
 
 
-def status_counts(leases: str | Path) -> dict[str, Counter]:
-    """Study name -> counts of its runs by :data:`COLUMNS`, from the lease store."""
+def status_counts(leases: str | Path, name: str = "--leases") -> dict[str, Counter]:
+    """Study name -> counts of its runs by :data:`COLUMNS`, from the lease store (``name``: what an error
+    calls it, the flag or the variable it came from)."""
     from runners.leases import open_lease_store
 
     try:
@@ -242,7 +267,7 @@ def status_counts(leases: str | Path) -> dict[str, Counter]:
         rows, now = store.leases(), store.now()  # a database's leases expire on its own clock
     except Exception as exc:  # noqa: BLE001 - an unreachable store is one line
         raise StudyError(
-            f"--leases: cannot read the lease store ({type(exc).__name__}: {exc})", redact(str(leases))
+            f"{name}: cannot read the lease store ({type(exc).__name__}: {exc})", redact(str(leases))
         ) from None
     out: dict[str, Counter] = {}
     folders: dict[str, set[str]] = {}
@@ -265,9 +290,9 @@ def status_counts(leases: str | Path) -> dict[str, Counter]:
     }
 
 
-def format_status(leases: str | Path) -> str:
+def format_status(leases: str | Path, name: str = "--leases") -> str:
     """One line per study: runs finished, running, stalled, failed and to do."""
-    counts = status_counts(leases)
+    counts = status_counts(leases, name)
     if not counts:
         return f"no runs in the lease store {redact(str(leases))}"
     width = max(len(s) for s in counts) + 2

@@ -208,10 +208,13 @@ def _rdb(optuna_study):
     return None
 
 
-def open_optuna_study(hyp: Hypothesis, out_dir: Path, storage: str | None, file: str):
-    """The sweep's optuna study (created or loaded). A storage that cannot be opened is one line."""
+def open_optuna_study(
+    hyp: Hypothesis, out_dir: Path, storage: str | None, file: str, flag: str = "--storage"
+):
+    """The sweep's optuna study (created or loaded). A storage that cannot be opened is one line, naming
+    ``flag`` (the option or variable it came from) or the file's ``sweep.storage``."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    where = "--storage" if storage and storage != hyp.sweep.storage else "sweep.storage"
+    where = flag if storage and storage != hyp.sweep.storage else "sweep.storage"
     try:
         if storage is None:
             from optuna.storages import JournalStorage
@@ -846,10 +849,13 @@ def accuracy_warnings(results: list[ClaimResult], claims, trials: pd.DataFrame) 
 @dataclass(frozen=True)
 class SweepOptions:
     """``sweep``'s own flags: ``--n-trials`` (default: the file's, or the grid's size) and ``--storage`` (an
-    optuna storage URL; default: the file's ``sweep.storage``, else a journal file in the output folder)."""
+    optuna storage URL; default: the file's ``sweep.storage``, else a journal file in the output folder;
+    the CLI's default is ``$STUDY_STORAGE`` first). ``storage_from``: what an error calls ``storage`` (the
+    flag, or the variable it came from)."""
 
     n_trials: int | None = None
     storage: str | None = None
+    storage_from: str = "--storage"
 
 
 def run_sweep(
@@ -879,7 +885,7 @@ def _run_sweep(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sweep, log
         opts = replace(opts, placement=replace(opts.placement, leases=url))
     check_hypothesis(hyp, str(hyp_path), out_dir)  # what would stop the sweep later stops it now
     target = trial_target(hyp, sweep.n_trials, str(hyp_path))
-    optuna_study = open_optuna_study(hyp, out_dir, url, str(hyp_path))
+    optuna_study = open_optuna_study(hyp, out_dir, url, str(hyp_path), sweep.storage_from)
     check_unchanged(optuna_study, hyp, str(hyp_path))
     filled = stages.Filled()
     sweep_dir = out_dir / "sweeps" / hyp.name

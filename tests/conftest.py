@@ -14,6 +14,8 @@ import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
+for _var in ("STUDY_LEASES", "STUDY_STORAGE"):  # a shell's lease store / optuna storage is not the tests'
+    os.environ.pop(_var, None)
 
 TINY_HYPOTHESIS = """\
 name: tiny

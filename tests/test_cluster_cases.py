@@ -149,7 +149,7 @@ def test_case8_no_artefact_of_a_run_holds_the_password(tmp_path, postgres_url):
     from study.cluster import SubmitOptions, submit_command
 
     entry = submit_command(hyp, out, SubmitOptions(leases=db, storage=db), sweep=True)
-    assert "S3cretPW" not in entry and '--leases "$STUDY_SUBMIT_LEASES"' in entry
+    assert "S3cretPW" not in entry and "--leases" not in entry and "--storage" not in entry
     dead = subprocess.run(
         [*cmd[:-1], "postgresql://study:S3cretPW@127.0.0.1:9/x"],
         capture_output=True,
@@ -157,6 +157,62 @@ def test_case8_no_artefact_of_a_run_holds_the_password(tmp_path, postgres_url):
         env=env_for(),
     )
     assert dead.returncode == 2 and "S3cretPW" not in dead.stderr and "study:***@" in dead.stderr
+
+
+def test_case8_run_and_status_take_the_lease_store_from_STUDY_LEASES(tmp_path, monkeypatch, capsys):
+    """A URL in a variable is in no process's command line (``ps`` shows those to every local user)."""
+    from study.cli import main
+    from tests.conftest import BEHAVIOUR, write_runs
+
+    hyp, out = write_runs(tmp_path)  # every run finished: `run` trains nothing and tests the claims
+    db = f"sqlite:///{tmp_path / 'leases.db'}"
+    keys = sorted(json.loads((BEHAVIOUR / "tiny_keys.json").read_text()).values())
+    open_lease_store(db).announce("tiny", keys)  # their releases never reached the store: still "todo"
+    monkeypatch.setenv("STUDY_LEASES", db)
+    try:
+        assert main(["run", str(hyp), "--out", str(out), "--no-mlflow", "--no-report", "--workers", "1"]) == 0
+        assert sorted((lease.run_key, lease.state) for lease in SqlLeaseStore(db).leases()) == [
+            (k, "finished") for k in keys
+        ]  # recorded in the variable's store, and no OUT/leases made
+        assert not (out / "leases").exists()
+        verdicts = json.loads((out / "studies" / "tiny" / "verdicts.json").read_text())
+        assert verdicts["command"].startswith(f"STUDY_LEASES={db} python -m study run {hyp}")
+        folder = tmp_path / "file-leases"
+        FileLeaseStore(folder).announce("other", ["k1", "k2"])
+        capsys.readouterr()
+        assert main(["status", "--out", str(out)]) == 0
+        assert capsys.readouterr().out.split("\n")[1].split() == ["tiny", "3", "0", "0", "0", "0"]
+        assert main(["status", "--leases", str(folder)]) == 0  # the flag wins over the variable
+        assert capsys.readouterr().out.split("\n")[1].split() == ["other", "0", "0", "0", "0", "2"]
+        monkeypatch.setenv("STUDY_LEASES", str(folder))  # a lease folder in the variable
+        assert main(["status"]) == 0
+        assert capsys.readouterr().out.split("\n")[1].split() == ["other", "0", "0", "0", "0", "2"]
+    finally:
+        dispose_engines()
+
+
+def test_case8_a_bad_STUDY_LEASES_or_STUDY_STORAGE_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    from study.cli import main
+
+    dead = "postgresql://study:S3cretPW@127.0.0.1:9/none"
+    one, sweep, out = tmp_path / "one.yaml", tmp_path / "s.yaml", tmp_path / "out"
+    one.write_text(ONE_SEED)
+    sweep.write_text(TINY_SWEEP)
+    for var, argv in (
+        ("STUDY_LEASES", ["run", str(one), "--out", str(out)]),
+        ("STUDY_LEASES", ["sweep", str(sweep), "--out", str(out)]),
+        ("STUDY_STORAGE", ["sweep", str(sweep), "--out", str(out)]),
+        ("STUDY_LEASES", ["status", "--out", str(out)]),
+    ):
+        monkeypatch.delenv("STUDY_LEASES", raising=False)
+        monkeypatch.setenv(var, dead)
+        assert main(argv) == 2, (var, argv)
+        printed = capsys.readouterr()
+        (line,) = printed.err.strip().splitlines()
+        assert printed.out == "" and f"{var}: cannot r" in line and "--leases" not in line, line
+        assert "study:***@127.0.0.1:9" in line and "S3cretPW" not in line, line
+        assert not out.exists(), (var, argv)
+        monkeypatch.delenv(var)
 
 
 # ---- case 10: unreachable --address / --leases --------------------------------------------------------
@@ -347,15 +403,15 @@ def test_case3_submit_forwards_every_option_the_interpreter_and_the_file_s_varia
     )
     run = submit_command(tmp_path / "h.yaml", tmp_path / "o", opts)
     assert run.startswith(f"{sys.executable} -m study run {tmp_path / 'h.yaml'}")
-    for part in ("--cpus-per-run 2", "--data-root c=/shared/c", "--force", '--leases "$STUDY_SUBMIT_LEASES"'):
+    for part in ("--cpus-per-run 2", "--data-root c=/shared/c", "--force"):
         assert part in run, run
-    assert "--n-trials" not in run and "pw" not in run
+    assert "--n-trials" not in run and "pw" not in run and "--leases" not in run  # the job's STUDY_LEASES
     sweep = submit_command(tmp_path / "h.yaml", tmp_path / "o", opts, sweep=True)
     assert " sweep " in sweep and "--n-trials 5" in sweep and "--force" not in sweep
     env = runtime_env(text, opts)
     assert env["py_executable"] == sys.executable and env["working_dir"] == str(REPO)
     assert env["env_vars"]["CIFAR100_DIR"] == "/shared/cifar100" and "UNSET_VAR_XYZ" not in env["env_vars"]
-    assert env["env_vars"]["STUDY_SUBMIT_LEASES"] == "postgresql://u:pw@db/s"
+    assert env["env_vars"]["STUDY_LEASES"] == "postgresql://u:pw@db/s"
     assert env["env_vars"][CODE_DIGEST_ENV] == code_digest()
 
 

@@ -113,7 +113,7 @@ def test_submit_command_runs_a_sweep_file_as_a_sweep_with_absolute_paths(tmp_pat
     cmd = shlex.split(submit_command(Path("s.yaml"), Path("res"), opts, sweep=True))
     assert cmd[:4] == [sys.executable, "-m", "study", "sweep"]
     assert cmd[4] == str(tmp_path / "s.yaml") and cmd[cmd.index("--out") + 1] == str(tmp_path / "res")
-    assert cmd[cmd.index("--storage") + 1] == "$STUDY_SUBMIT_STORAGE" and "--leases" in cmd
+    assert "--storage" not in cmd and "--leases" not in cmd  # the job's STUDY_STORAGE / STUDY_LEASES
     run = shlex.split(submit_command(Path("t.yaml"), Path("res"), SubmitOptions(storage="postgresql://db/x")))
     assert run[3] == "run" and "--storage" not in run  # a study has no optuna storage
 
@@ -181,3 +181,28 @@ def test_a_submitted_sweep_runs_as_a_sweep(tmp_path, job_cluster):
     wait_for_job(job_cluster, sub.stdout.split()[1])
     trials = (out / "sweeps" / "tiny_sweep" / "trials.csv").read_text().splitlines()
     assert len(trials) == 1 + 3 * 2  # header, then 3 grid points x 2 seeds
+
+
+@pytest.mark.slow  # a Ray job (~25 s); the default suite checks the entrypoint with a mocked client
+def test_a_submitted_sweep_takes_its_database_from_the_variables_and_records_no_password(
+    tmp_path, job_cluster, postgres_url
+):
+    from ray.job_submission import JobSubmissionClient
+
+    db = fresh_database(postgres_url, "submit_env").replace("study@", "study:S3cretPW@")  # trust auth
+    hyp, out = tmp_path / "s.yaml", tmp_path / "out"
+    hyp.write_text(TINY_SWEEP)
+    env = env_for(STUDY_LEASES=db, STUDY_STORAGE=db)
+    sub = study_cli("submit", str(hyp), "--address", job_cluster, "--out", str(out), "--no-mlflow", env=env)
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.split()[1]
+    logs = wait_for_job(job_cluster, job_id)
+    info = JobSubmissionClient(job_cluster).get_job_info(job_id)
+    assert "S3cretPW" not in json.dumps(info.__dict__, default=str) + logs and "://" not in info.entrypoint
+    assert len((out / "sweeps" / "tiny_sweep" / "trials.csv").read_text().splitlines()) == 1 + 3 * 2
+    assert not [p for p in out.rglob("*") if p.is_file() and b"S3cretPW" in p.read_bytes()]
+    assert not (out / "leases").exists()  # the leases are in the variable's database
+    verdicts = json.loads((out / "sweeps" / "tiny_sweep" / "verdicts.json").read_text())
+    assert verdicts["command"].startswith("STUDY_LEASES=postgresql://study:***@127.0.0.1:")
+    st = study_cli("status", env=env)
+    assert st.returncode == 0 and status_table(st.stdout)["tiny_sweep"]["finished"] == 6, st

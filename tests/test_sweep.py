@@ -453,7 +453,7 @@ def test_optuna_figures_leave_the_matplotlib_style_alone():
     assert after == before  # optuna's global ggplot style does not leak into the report's later figures
 
 
-# ---- issue 28 case 8: a submitted sweep's database passwords never reach Ray ---------------------------
+# ---- issue 28 case 8: a submitted sweep's database passwords never reach Ray, nor the head's `ps` ------
 def test_submit_keeps_database_passwords_out_of_everything_ray_records(tmp_path, monkeypatch, capsys):
     import json
     import shlex
@@ -478,25 +478,33 @@ def test_submit_keeps_database_passwords_out_of_everything_ray_records(tmp_path,
     path, out = tmp_path / "s.yaml", tmp_path / "out"
     path.write_text(TINY_SWEEP)
     db = "postgresql://study:S3cretPW@db:5432/study"
+    monkeypatch.setenv("STUDY_LEASES", db)  # submit's --leases from the variable; --storage as a flag
     argv = ["submit", str(path), "--address", "http://head:8265", "--out", str(out), "--storage", db]
-    assert main([*argv, "--leases", db]) == 0
+    assert main(argv) == 0
     printed = capsys.readouterr()
     recorded = json.dumps(sent, default=str) + printed.out + printed.err
     assert "S3cretPW" not in recorded and "Tr4ckPW" not in recorded, recorded
-    assert '--storage "$STUDY_SUBMIT_STORAGE"' in sent["entrypoint"]
-    assert "STUDY_SUBMIT_STORAGE" not in sent["runtime_env"]["env_vars"]
+    _lead, python = sent["entrypoint"].split(shlex.quote(sys.executable))
+    for url_ref in ("--leases", "--storage", "$", "://"):  # the job's python gets no URL, nor a reference
+        assert url_ref not in python, python
+    assert not {"STUDY_LEASES", "STUDY_STORAGE"} & set(sent["runtime_env"]["env_vars"])
     # the job reads them from a file in --out only this user can read, and deletes it as it starts
     (secrets,) = (out / cluster.SECRETS_DIR).iterdir()
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
-    lead = sent["entrypoint"].split(shlex.quote(sys.executable))[0]
-    got = subprocess.run(
-        [
-            "bash",
-            "-c",
-            lead + 'printf "%s %s %s" "$STUDY_SUBMIT_LEASES" "$STUDY_SUBMIT_STORAGE" "$MLFLOW_TRACKING_URI"',
-        ],
-        capture_output=True,
-        text=True,
-        env={"PATH": os.environ["PATH"]},
+    # the head runs the entrypoint: a stand-in for the interpreter writes the argv `ps` would show
+    # (/proc/PID/cmdline, readable by every local user) and the environment it got (its user's only)
+    stub = tmp_path / "python"
+    stub.write_text(
+        f'#!/bin/sh\nprintf \'%s\\n\' "$0" "$@" > {tmp_path / "argv"}\n'
+        f'printf "%s %s %s" "$STUDY_LEASES" "$STUDY_STORAGE" "$MLFLOW_TRACKING_URI" > {tmp_path / "env"}\n'
     )
-    assert got.stdout == f"{db} {db} postgresql://ml:Tr4ckPW@db/mlflow" and not secrets.exists(), got
+    stub.chmod(0o755)
+    entrypoint = sent["entrypoint"].replace(shlex.quote(sys.executable), shlex.quote(str(stub)), 1)
+    got = subprocess.run(
+        ["bash", "-c", entrypoint], capture_output=True, text=True, env={"PATH": os.environ["PATH"]}
+    )
+    assert got.returncode == 0 and not secrets.exists(), got
+    argv_seen = (tmp_path / "argv").read_text().splitlines()
+    assert argv_seen[1:5] == ["-m", "study", "sweep", str(path)], argv_seen
+    assert not [a for a in argv_seen if "S3cretPW" in a or "Tr4ckPW" in a or "://" in a], argv_seen
+    assert (tmp_path / "env").read_text() == f"{db} {db} postgresql://ml:Tr4ckPW@db/mlflow"
