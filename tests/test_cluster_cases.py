@@ -1001,3 +1001,26 @@ def test_case7_a_driver_on_another_host_waits_for_a_live_driver_s_trials(
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE"] * 3
     assert _claims(out) == _claims(undisturbed_sweep)
     dispose_engines()
+
+
+def test_case7_drivers_whose_postgresql_sessions_keep_other_time_zones_agree_on_heartbeats(
+    tmp_path, postgres_url, monkeypatch
+):
+    from study import sweep
+    from study.schema import parse_hypothesis
+
+    hyp = parse_hypothesis(yaml.safe_load(TINY_SWEEP))
+    db = fresh_database(postgres_url, "case7_time_zones")
+    monkeypatch.setenv(sweep.HEARTBEAT_ENV, "20")
+    # node-a's libpq keeps its session in Los Angeles time (PGTZ): optuna stores the database's now() in
+    # a column without a time zone, so its heartbeats read 7-8 hours old in a UTC session
+    monkeypatch.setenv("PGTZ", "America/Los_Angeles")
+    monkeypatch.setattr(sweep, "_hostname", lambda: "node-a")
+    (point,) = sweep._ask(sweep.open_optuna_study(hyp, tmp_path, db, "s.yaml"), hyp, 1, tmp_path / "data")
+    monkeypatch.delenv("PGTZ")
+    monkeypatch.setattr(sweep, "_hostname", lambda: "node-b")
+    again = sweep.open_optuna_study(hyp, tmp_path, db, "s.yaml")
+    lines: list[str] = []
+    assert sweep.recover_stale(again, hyp, lines.append) == 0, lines  # was: node-a's live trial failed
+    assert again.trials[point.number].state.name == "RUNNING"
+    dispose_engines()
