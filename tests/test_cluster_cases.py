@@ -1024,3 +1024,29 @@ def test_case7_drivers_whose_postgresql_sessions_keep_other_time_zones_agree_on_
     assert sweep.recover_stale(again, hyp, lines.append) == 0, lines  # was: node-a's live trial failed
     assert again.trials[point.number].state.name == "RUNNING"
     dispose_engines()
+
+
+def test_case7_a_parent_that_goes_silent_while_another_invocation_runs_is_closed_when_that_one_ends(
+    tmp_path, case6_store, monkeypatch
+):
+    from mlflow.tracking import MlflowClient
+
+    from study.tracking import Tracker
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", case6_store)
+    monkeypatch.setenv("STUDY_HEARTBEAT_S", "0.2")  # a parent silent for 4 beats (0.8 s) is dead
+    host = {"name": "node-a"}
+    monkeypatch.setattr(socket, "gethostname", lambda: host["name"])
+    client = MlflowClient(case6_store)
+    a = Tracker(tmp_path / "out", "case7_exit").__enter__()
+    a._heartbeat.stop()  # node-a's driver is killed
+    host["name"] = "node-b"
+    b = Tracker(tmp_path / "out", "case7_exit").__enter__()  # restarted at once: a's parent looks alive
+    try:
+        assert client.get_run(a.parent_id).info.status == "RUNNING"
+        time.sleep(1.1)  # node-b's sweep outlasts the grace time
+    finally:
+        b.__exit__(None, None, None)
+        os.close(a._parent_lock)
+    # was: RUNNING for good when the restart came within the grace time (2 minutes by default)
+    assert [client.get_run(t.parent_id).info.status for t in (a, b)] == ["KILLED", "FINISHED"]
