@@ -182,17 +182,35 @@ def _database_storage(url: str, tries: int = 3):
             kwargs = {"connect_args": {"options": f"-csearch_path={schema}"}} if schema else None
             with warnings.catch_warnings():  # optuna calls its heartbeat experimental
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
+                storage = optuna.storages.RDBStorage(
                     url,
                     engine_kwargs=kwargs,
                     heartbeat_interval=beat,
                     grace_period=GRACE_BEATS * beat,
                     heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(),
                 )
+                return _utc_sessions(storage) if url.startswith("postgresql") else storage
         except Exception:  # noqa: BLE001 - re-raised on the last try
             if attempt == tries - 1:
                 raise
             time.sleep(1.0 + attempt)
+
+
+def _utc_sessions(storage):
+    """``storage`` with its PostgreSQL sessions in UTC. optuna stores a heartbeat as the database's
+    ``now()`` in a column without a time zone, i.e. in the session's time zone, which each host's libpq
+    may set (``PGTZ``; it overrides ``options``): drivers in other zones would read each other's
+    heartbeats hours off (a live trial stale, a dead one fresh for hours)."""
+    import sqlalchemy as sa
+
+    def utc(dbapi_conn, _record) -> None:
+        with dbapi_conn.cursor() as cur:
+            cur.execute("SET TIME ZONE 'UTC'")
+        dbapi_conn.commit()  # a SET in a transaction rolled back would be undone
+
+    sa.event.listen(storage.engine, "connect", utc)
+    storage.engine.dispose()  # the connections opened to create or check the tables, in the old zone
+    return storage
 
 
 def _rdb(optuna_study):

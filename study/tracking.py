@@ -38,6 +38,7 @@ original: opening it is refused with one line (:func:`refuse_foreign_artifacts`)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -342,9 +343,11 @@ class Tracker(RunWriter):
     def __exit__(self, exc_type, exc, tb) -> None:
         """End the parent run: FINISHED, KILLED (Ctrl-C, SIGTERM: a ``KeyboardInterrupt``) or FAILED.
 
-        Leaving on an error, a store that cannot record the end (the error may be the store's: full,
-        gone) leaves the parent RUNNING with its lock file there and free, which the next invocation on
-        this host marks KILLED (:func:`close_stale`); the error that ended the study is the one reported.
+        A clean end first closes the parents that went stale while it ran (:func:`close_stale`): a
+        driver restarted soon after another died saw that one's parent alive. Leaving on an error, a
+        store that cannot record the end (the error may be the store's: full, gone) leaves the parent
+        RUNNING with its lock file there and free, which the next invocation on this host marks KILLED
+        (:func:`close_stale`); the error that ended the study is the one reported.
         """
         if exc_type is None:
             status = "FINISHED"
@@ -352,6 +355,9 @@ class Tracker(RunWriter):
             status = "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
         if self._heartbeat is not None:
             self._heartbeat.stop()
+        if exc_type is None:  # parents that died while this ran (one restarted within the grace time saw
+            with contextlib.suppress(Exception):  # them alive); a store that fails here fails just below
+                self.close_stale()
         ended = False
         try:
             self.client.set_terminated(self.parent_id, status)

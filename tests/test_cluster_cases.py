@@ -7,7 +7,10 @@ Each test is named after the case it covers; the slow ones train a sweep or need
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -238,6 +241,7 @@ def test_case10_an_unreachable_cluster_or_database_is_one_line_in_seconds_and_wr
         timeout=90,
     )
     took = time.monotonic() - t0
+    print(f"node-b finished the sweep in {took:.0f} s")
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
     (line,) = proc.stderr.strip().splitlines()
     assert flags[-2] in line and "cannot reach" in line and "127.0.0.1:9" in line
@@ -880,3 +884,225 @@ def test_case6_two_output_folders_on_one_fresh_database_each_train_their_runs_on
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert verdicts(outs[0]) == verdicts(outs[1]) == verdicts(tmp_path / "alone")
     dispose_engines()
+
+
+# ---- case 7: a sweep restarted on another host ----------------------------------------------------------
+FAST_BEATS = {"STUDY_TRIAL_HEARTBEAT": "1", "STUDY_HEARTBEAT_S": "0.5", "STUDY_LEASE_TTL": "4"}
+
+
+def _sweep_driver(host: str, hyp: Path, out: Path, db: str, *pose: str, fault: str = "") -> subprocess.Popen:
+    """``sweep`` on ``db`` (optuna, leases and MLflow) posing as ``host`` (tests/pose_as.py, ``pose``: its
+    options), in a session of its own (a ``kill`` fault kills that group, never the test); heartbeats
+    every 1 s (trials: stale after 3 s), 0.5 s (the parent run: stale after 2 s)."""
+    cmd = [
+        sys.executable,
+        str(REPO / "tests" / "pose_as.py"),
+        host,
+        *pose,
+        "sweep",
+        str(hyp),
+        "--out",
+        str(out),
+    ]
+    env = env_for(MLFLOW_TRACKING_URI=db, **FAST_BEATS)
+    env.pop("STUDY_FAULT", None)
+    if fault:
+        env["STUDY_FAULT"] = fault
+    return subprocess.Popen(
+        [*cmd, "--workers", "1", "--storage", db, "--no-report"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+    )
+
+
+def _log_within(proc: subprocess.Popen, seconds: float) -> str:
+    """``proc``'s output once it ended; killed and failed when it runs longer than ``seconds``."""
+    try:
+        return proc.communicate(timeout=seconds)[0]
+    except subprocess.TimeoutExpired:  # was: "waiting for 3 trial(s)" forever
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the sweep still runs after {seconds:.0f} s:\n{proc.communicate()[0][-3000:]}")
+
+
+def _epochs(log: str) -> list[str]:
+    """The run labels of a driver's epoch lines (one per training of the 1-epoch runs)."""
+    import re
+
+    return re.findall(r"\[([^\]]+)\] epoch 1/1 ", log)
+
+
+def _trials(out: Path):
+    """trials.csv by knob value and seed (trial numbers differ where a trial was run again)."""
+    import pandas as pd
+
+    cols = ["texture_reliance", "seed", "run_key", "objective", "test_acc", "trial_value"]
+    trials = pd.read_csv(out / "sweeps" / "tiny_sweep" / "trials.csv")
+    return trials[cols].sort_values(["texture_reliance", "seed"]).reset_index(drop=True)
+
+
+def _claims(out: Path) -> list[dict]:
+    """The sweep's verdicts, without when each claim was registered (each folder registered its own)."""
+    claims = json.loads((out / "sweeps" / "tiny_sweep" / "verdicts.json").read_text())["claims"]
+    return [{**c, "registration": {**c["registration"], "registered_at": None}} for c in claims]
+
+
+@pytest.fixture(scope="module")
+def undisturbed_sweep(tmp_path_factory) -> Path:
+    """The output folder of TINY_SWEEP run alone, on a journal file, without MLflow."""
+    out = tmp_path_factory.mktemp("undisturbed") / "out"
+    hyp = out.parent / "s.yaml"
+    hyp.write_text(TINY_SWEEP)
+    cmd = [sys.executable, "-m", "study", "sweep", str(hyp), "--out", str(out), "--workers", "1"]
+    proc = subprocess.run(
+        [*cmd, "--no-mlflow", "--no-report"], capture_output=True, text=True, env=env_for(), cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _each_run_once(db: str, attempts: list[int]) -> None:
+    """Every lease finished with these attempts, and MLflow holds one finished training per run."""
+    from collections import Counter
+
+    from mlflow.tracking import MlflowClient
+
+    leases = open_lease_store(db).leases()
+    assert {le.state for le in leases} == {"finished"} and sorted(le.attempts for le in leases) == attempts
+    client = MlflowClient(db)
+    exp = client.get_experiment_by_name("tiny_sweep.sweep").experiment_id
+    trainings = client.search_runs([exp], "tags.`study.role` = 'training' and attributes.status = 'FINISHED'")
+    assert sorted(Counter(r.data.tags["run_key"] for r in trainings).values()) == [1] * 6
+
+
+def _parents(db: str) -> list[tuple[str, str]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(db)
+    exp = client.get_experiment_by_name("tiny_sweep.sweep").experiment_id
+    return sorted(
+        (r.data.tags["study.host"], r.info.status)
+        for r in client.search_runs([exp], "tags.`study.role` = 'sweep'")
+    )
+
+
+@pytest.mark.slow  # 6 tiny runs over two drivers on PostgreSQL, and the undisturbed sweep (~45 s under load)
+def test_case7_a_sweep_restarted_on_another_host_takes_over_the_dead_driver_s_trials(
+    tmp_path, postgres_url, undisturbed_sweep
+):
+    from collections import Counter
+
+    db = fresh_database(postgres_url, "case7_restart")
+    hyp = tmp_path / "s.yaml"
+    hyp.write_text(TINY_SWEEP)
+    out = tmp_path / "out"
+    # node-a asks the grid's 3 trials and is SIGKILLed after the first epoch of its third run: trial 0
+    # is complete, trial 1 has one of its two seeds, trial 2 none
+    a = _sweep_driver("node-a", hyp, out, db, fault="train.epoch@3:kill")
+    log_a = a.communicate(timeout=600)[0]
+    assert a.returncode == -9, log_a[-3000:]
+    t0 = time.monotonic()
+    log_b = _log_within(_sweep_driver("node-b", hyp, out, db), 150)
+    took = time.monotonic() - t0
+    print(f"node-b finished the sweep in {took:.0f} s")
+    assert took < 120 and log_b.count("waiting for") <= 2, (took, log_b)
+    assert "has no heartbeat" in log_b and "(node-a:" in log_b, log_b
+    # each run trained once: node-a's two finished runs are reused, the killed one is trained again
+    assert len(_epochs(log_a)) == 2 and not set(_epochs(log_a)) & set(_epochs(log_b)), (log_a, log_b)
+    assert sorted(Counter(_epochs(log_a) + _epochs(log_b)).values()) == [1] * 6
+    _each_run_once(db, [1] * 5 + [2])
+    assert _parents(db) == [("node-a", "KILLED"), ("node-b", "FINISHED")]  # node-b closed the dead parent
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(_trials(out), _trials(undisturbed_sweep))
+    assert _claims(out) == _claims(undisturbed_sweep)
+    dispose_engines()
+
+
+@pytest.mark.slow  # 6 tiny runs on PostgreSQL, a second driver waiting for them (~25 s under load)
+def test_case7_a_driver_on_another_host_waits_for_a_live_driver_s_trials(
+    tmp_path, postgres_url, undisturbed_sweep
+):
+    import optuna
+
+    from study.sweep import _database_storage
+
+    db = fresh_database(postgres_url, "case7_live")
+    hyp, hold = tmp_path / "s.yaml", tmp_path / "go"
+    hyp.write_text(TINY_SWEEP)
+    out = tmp_path / "out"
+    a = _sweep_driver("node-a", hyp, out, db, "--hold", str(hold))  # asks its 3 trials, then holds
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and a.poll() is None:
+        with contextlib.suppress(Exception):  # the study is not there yet
+            study = optuna.load_study(study_name="tiny_sweep", storage=_database_storage(db))
+            if sum(t.state.name == "RUNNING" for t in study.trials) == 3:
+                break
+        time.sleep(0.5)
+    b = _sweep_driver("node-b", hyp, out, db)
+    waited = ""
+    while b.poll() is None and waited.count("waiting for 3 trial(s)") < 2:  # 5 s apart: past the 3 s grace
+        waited += b.stdout.readline()
+    hold.touch()  # node-a, alive all along, runs its trials
+    log_a, log_b = _log_within(a, 150), waited + _log_within(b, 150)
+    assert (a.returncode, b.returncode) == (0, 0), (log_a[-3000:], log_b[-3000:])
+    assert "has no heartbeat" not in log_b and "gone" not in log_b, log_b  # node-a's trials were not failed
+    assert len(_epochs(log_a)) == 6 and not _epochs(log_b), (log_a, log_b)
+    _each_run_once(db, [1] * 6)
+    assert _parents(db) == [("node-a", "FINISHED"), ("node-b", "FINISHED")]
+    study = optuna.load_study(study_name="tiny_sweep", storage=_database_storage(db))
+    assert sorted(t.state.name for t in study.trials) == ["COMPLETE"] * 3
+    assert _claims(out) == _claims(undisturbed_sweep)
+    dispose_engines()
+
+
+def test_case7_drivers_whose_postgresql_sessions_keep_other_time_zones_agree_on_heartbeats(
+    tmp_path, postgres_url, monkeypatch
+):
+    from study import sweep
+    from study.schema import parse_hypothesis
+
+    hyp = parse_hypothesis(yaml.safe_load(TINY_SWEEP))
+    db = fresh_database(postgres_url, "case7_time_zones")
+    monkeypatch.setenv(sweep.HEARTBEAT_ENV, "20")
+    # node-a's libpq keeps its session in Los Angeles time (PGTZ): optuna stores the database's now() in
+    # a column without a time zone, so its heartbeats read 7-8 hours old in a UTC session
+    monkeypatch.setenv("PGTZ", "America/Los_Angeles")
+    monkeypatch.setattr(sweep, "_hostname", lambda: "node-a")
+    (point,) = sweep._ask(sweep.open_optuna_study(hyp, tmp_path, db, "s.yaml"), hyp, 1, tmp_path / "data")
+    monkeypatch.delenv("PGTZ")
+    monkeypatch.setattr(sweep, "_hostname", lambda: "node-b")
+    again = sweep.open_optuna_study(hyp, tmp_path, db, "s.yaml")
+    lines: list[str] = []
+    assert sweep.recover_stale(again, hyp, lines.append) == 0, lines  # was: node-a's live trial failed
+    assert again.trials[point.number].state.name == "RUNNING"
+    dispose_engines()
+
+
+def test_case7_a_parent_that_goes_silent_while_another_invocation_runs_is_closed_when_that_one_ends(
+    tmp_path, case6_store, monkeypatch
+):
+    from mlflow.tracking import MlflowClient
+
+    from study.tracking import Tracker
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", case6_store)
+    monkeypatch.setenv("STUDY_HEARTBEAT_S", "0.2")  # a parent silent for 4 beats (0.8 s) is dead
+    host = {"name": "node-a"}
+    monkeypatch.setattr(socket, "gethostname", lambda: host["name"])
+    client = MlflowClient(case6_store)
+    a = Tracker(tmp_path / "out", "case7_exit").__enter__()
+    a._heartbeat.stop()  # node-a's driver is killed
+    host["name"] = "node-b"
+    b = Tracker(tmp_path / "out", "case7_exit").__enter__()  # restarted at once: a's parent looks alive
+    try:
+        assert client.get_run(a.parent_id).info.status == "RUNNING"
+        time.sleep(1.1)  # node-b's sweep outlasts the grace time
+    finally:
+        b.__exit__(None, None, None)
+        os.close(a._parent_lock)
+    # was: RUNNING for good when the restart came within the grace time (2 minutes by default)
+    assert [client.get_run(t.parent_id).info.status for t in (a, b)] == ["KILLED", "FINISHED"]

@@ -1,0 +1,43 @@
+"""``python -m study`` as if on another host, for the two-host tests on one machine (issue 28, case 7).
+
+    python tests/pose_as.py HOST [--hold FILE] sweep FILE --out DIR ...
+
+Every host identity the study records (a sweep trial's owner, a run lease's owner, the MLflow parent
+run's ``study.host``) comes from ``socket.gethostname``, which this replaces by ``HOST``; with
+``--workers 1`` the runs train in this process, so they pose too. ``--hold FILE``: the sweep driver asks
+its trials (they are RUNNING, with heartbeats) and waits until ``FILE`` exists before it runs them, so a
+test can start a second driver while this one is alive.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+
+def _held(run_batch, hold: Path):
+    def held(*args, **kwargs):
+        while not hold.exists():
+            time.sleep(0.2)
+        return run_batch(*args, **kwargs)
+
+    return held
+
+
+def main(argv: list[str]) -> int:
+    host, rest = argv[0], argv[1:]
+    socket.gethostname = lambda: host
+    if rest[:1] == ["--hold"]:
+        from study import sweep
+
+        sweep._run_batch = _held(sweep._run_batch, Path(rest[1]))
+        rest = rest[2:]
+    from study.cli import main as study_main
+
+    return study_main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
