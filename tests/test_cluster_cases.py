@@ -807,18 +807,24 @@ def test_case6_each_output_folder_s_training_reaches_mlflow_once(tmp_path, case6
     assert not [f for f in check_store(tmp_path / "a", client) if f.kind == "duplicate"]
 
 
+def _posing_on_store(monkeypatch, store: str, name: str):
+    """Trackers on ``store`` with a 0.2 s parent heartbeat (a parent silent for 4 beats, 0.8 s, is dead),
+    posing as host ``name`` (change ``host["name"]`` to pose as another); -> (host, client)."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.setenv("STUDY_HEARTBEAT_S", "0.2")
+    host = {"name": name}
+    monkeypatch.setattr(socket, "gethostname", lambda: host["name"])
+    return host, MlflowClient(store)
+
+
 def test_case6_a_live_parent_of_another_host_or_folder_is_never_closed_a_silent_one_is(
     tmp_path, case6_store, monkeypatch
 ):
-    from mlflow.tracking import MlflowClient
-
     from study.tracking import Tracker
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", case6_store)
-    monkeypatch.setenv("STUDY_HEARTBEAT_S", "0.2")  # a parent silent for 4 beats (0.8 s) is dead
-    host = {"name": "host-a"}
-    monkeypatch.setattr(socket, "gethostname", lambda: host["name"])
-    client = MlflowClient(case6_store)
+    host, client = _posing_on_store(monkeypatch, case6_store, "host-a")
 
     def status(tracker) -> str:
         return client.get_run(tracker.parent_id).info.status
@@ -1085,15 +1091,9 @@ def test_case7_drivers_whose_postgresql_sessions_keep_other_time_zones_agree_on_
 def test_case7_a_parent_that_goes_silent_while_another_invocation_runs_is_closed_when_that_one_ends(
     tmp_path, case6_store, monkeypatch
 ):
-    from mlflow.tracking import MlflowClient
-
     from study.tracking import Tracker
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", case6_store)
-    monkeypatch.setenv("STUDY_HEARTBEAT_S", "0.2")  # a parent silent for 4 beats (0.8 s) is dead
-    host = {"name": "node-a"}
-    monkeypatch.setattr(socket, "gethostname", lambda: host["name"])
-    client = MlflowClient(case6_store)
+    host, client = _posing_on_store(monkeypatch, case6_store, "node-a")
     a = Tracker(tmp_path / "out", "case7_exit").__enter__()
     a._heartbeat.stop()  # node-a's driver is killed
     host["name"] = "node-b"
