@@ -266,6 +266,7 @@ def check_store(out_dir: Path, client) -> list[Finding]:
                 )
             )
     seen: dict[tuple, str] = {}  # (run key, output folder) -> the FINISHED child kept
+    first_kept: dict[str, str] = {}  # run key -> the first FINISHED child kept, whatever its folder
     finished = {}  # run key -> its newest FINISHED child
     for r in _children(client, "FINISHED"):
         finished.setdefault(r.data.tags.get("run_key"), r.info.run_id)
@@ -286,9 +287,7 @@ def check_store(out_dir: Path, client) -> list[Finding]:
                 continue
             copy = (key, r.data.tags.get("study.out"))  # another folder's training is not a repeat
             # a child from before the tag (no ``study.out``) may be any folder's: it repeats any copy of its key
-            kept = seen.get(copy) or (
-                next((v for (k, _), v in seen.items() if k == key), None) if copy[1] is None else None
-            )
+            kept = seen.get(copy) or (first_kept.get(key) if copy[1] is None else None)
             if kept is not None:
                 f = Finding("duplicate", f"run key {key}: MLflow run {rid} repeats {kept}")
             else:
@@ -296,6 +295,7 @@ def check_store(out_dir: Path, client) -> list[Finding]:
                 missing = [n for n in REQUIRED if n not in listed]
                 if not missing:
                     seen[copy] = rid
+                    first_kept.setdefault(key, rid)
                     continue
                 f = Finding("missing_artifacts", f"MLflow run {rid} (key {key}) lacks {', '.join(missing)}")
             f.fix = lambda rid=rid: client.delete_run(rid)

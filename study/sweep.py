@@ -213,14 +213,14 @@ def _utc_sessions(storage):
     return storage
 
 
+def _uncached(storage):
+    """The storage under optuna's in-process cache (``create_study`` wraps an ``RDBStorage`` in one)."""
+    return storage._backend if isinstance(storage, optuna.storages._CachedStorage) else storage
+
+
 def _rdb(optuna_study):
     """The study's ``RDBStorage`` with its heartbeat on, else None (a journal file, or heartbeats off)."""
-    storage = optuna_study._storage
-    storage = (
-        getattr(storage, "_backend", storage)
-        if isinstance(storage, optuna.storages._CachedStorage)
-        else storage
-    )
+    storage = _uncached(optuna_study._storage)
     if isinstance(storage, optuna.storages.RDBStorage) and storage.get_heartbeat_interval():
         return storage
     return None
@@ -688,9 +688,7 @@ def restamp_start(trial, started_at: float) -> bool:
     asked, start = trial.datetime_start, dt.datetime.fromtimestamp(started_at)  # both local, naive
     if asked is None or start <= asked:
         return False
-    storage = trial.study._storage
-    if isinstance(storage, optuna.storages._CachedStorage):
-        storage = storage._backend
+    storage = _uncached(trial.study._storage)
     if isinstance(storage, optuna.storages.RDBStorage):
         from optuna.storages._rdb import models
         from optuna.storages._rdb.storage import _create_scoped_session
@@ -902,6 +900,7 @@ def _run_sweep(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sweep, log
     if opts.placement.leases is None and url and "://" in url:
         opts = replace(opts, placement=replace(opts.placement, leases=url))
     check_hypothesis(hyp, str(hyp_path), out_dir)  # what would stop the sweep later stops it now
+    heartbeat_s()  # STUDY_TRIAL_HEARTBEAT: seconds > 0, checked before anything is written (any storage)
     target = trial_target(hyp, sweep.n_trials, str(hyp_path))
     optuna_study = open_optuna_study(hyp, out_dir, url, str(hyp_path), sweep.storage_from)
     check_unchanged(optuna_study, hyp, str(hyp_path))

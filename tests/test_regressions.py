@@ -170,3 +170,31 @@ def test_doctor_counts_a_pre_tag_copy_and_a_forced_relog_of_one_folder_as_duplic
         client.set_terminated(rid, "FINISHED")
     kinds = [f.kind for f in check_store(out, client)]
     assert kinds.count("duplicate") == 1, kinds
+
+
+@pytest.mark.parametrize(
+    ("verb", "var"),
+    [
+        ("run", "STUDY_HEARTBEAT_S"),
+        ("run", "STUDY_LEASE_TTL"),
+        ("sweep", "STUDY_HEARTBEAT_S"),
+        ("sweep", "STUDY_LEASE_TTL"),
+        ("sweep", "STUDY_TRIAL_HEARTBEAT"),  # `run` has no trials: it never reads this one
+    ],
+)
+def test_a_period_variable_that_is_not_positive_stops_run_and_sweep_before_anything_is_written(
+    tmp_path, monkeypatch, capsys, var, verb
+):
+    """Was: only the lease and parent periods were checked up front; a sweep's STUDY_TRIAL_HEARTBEAT was read
+    only when a database storage opened (a journal sweep ignored it). Now each is one line, exit 2, no
+    output folder, for both verbs."""
+    from study.cli import main
+    from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP
+
+    file, out = tmp_path / "h.yaml", tmp_path / "out"
+    file.write_text(TINY_SWEEP if verb == "sweep" else TINY_HYPOTHESIS)
+    monkeypatch.setenv(var, "0")
+    assert main([verb, str(file), "--out", str(out), "--no-mlflow"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{var}='0': expected a number of seconds > 0" in line, line
+    assert not out.exists()
