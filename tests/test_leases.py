@@ -187,10 +187,12 @@ def test_a_worker_that_loses_its_lease_stops_and_returns_the_new_owner_s_result(
         _finish(run_dir, "finished")
         store.release("r", "B", "finished")
 
-    threading.Thread(target=takeover).start()
+    taker = threading.Thread(target=takeover)
+    taker.start()
     out = fill_once(store, {"key": "r"}, run_dir, slow_fill, ttl=0.6, poll_s=0.05, log=logs.append)
     assert out["claim"] == {"owner": None, "filled": False}  # B's result, not a second fill
     assert len(steps) < 100, "the first worker kept training after it lost its lease"
+    taker.join(timeout=10)  # the loser returns as soon as B's run is finished on disk, before B's release
     lease = by_key(store)["r"]
     assert (lease.owner, lease.state, lease.attempts) == ("B", "finished", 2)
     assert any("lease lost" in line for line in logs) and any("took the run over" in line for line in logs)
