@@ -161,8 +161,11 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
         "--executor", choices=EXECUTORS.names(), default="local", help=f"where runs train ({kinds})"
     )
     p.add_argument("--address", default="auto", help="Ray cluster address for --executor ray (default: auto)")
-    p.add_argument("--cpus-per-run", type=float, default=1, help="CPUs each Ray task requests (default 1)")
-    p.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each Ray task requests (default 0)")
+    p.add_argument("--cpus-per-run", type=float, default=1, help="CPUs each Ray or Slurm task requests (default 1)")
+    p.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each Ray or Slurm task requests (default 0)")
+    from study.slurm_flags import add_slurm_flags
+
+    add_slurm_flags(p)
     p.add_argument(
         "--leases",
         default=None,
@@ -431,7 +434,16 @@ def _run_options(args: argparse.Namespace, argv: list[str] | None, names: dict[s
     workers = _workers(args.workers)
     if args.cpus_per_run <= 0 or args.gpus_per_run < 0:
         raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
-    placement = Placement(args.executor, args.address, args.cpus_per_run, args.gpus_per_run, args.leases)
+    from study.slurm_flags import executor_options
+
+    placement = Placement(
+        args.executor,
+        args.address,
+        args.cpus_per_run,
+        args.gpus_per_run,
+        args.leases,
+        tuple(executor_options(args).items()),
+    )
     return RunOptions(
         workers=workers,
         track=not args.no_mlflow,
@@ -456,6 +468,7 @@ def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
     from analysis.verdicts import format_verdicts
     from study import api
     from study.cluster import check_database
+    from study.slurm_flags import executor_options
 
     if names["--leases"] != "--leases":  # from STUDY_LEASES: its one line names the variable
         check_database(names["--leases"], args.leases)
@@ -479,6 +492,7 @@ def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
         cpus_per_run=args.cpus_per_run,
         gpus_per_run=args.gpus_per_run,
         leases=args.leases,
+        executor_options=executor_options(args),
         log=print,
         command=redact(_command(argv, args, names)),  # recorded in MLflow, verdicts.json and the report
     )
