@@ -457,7 +457,9 @@ EXECUTORS.register("local", ExecutorKind(_local, summary="processes on this host
 EXECUTORS.register("ray", ExecutorKind(_ray, needs_cluster=True, summary="tasks on a Ray cluster"))
 EXECUTORS.register(
     "slurm",
-    ExecutorKind(_slurm, needs_cluster=True, summary="tasks of Slurm job arrays (submitit)", check=_slurm_check),
+    ExecutorKind(
+        _slurm, needs_cluster=True, summary="tasks of Slurm job arrays (submitit)", check=_slurm_check
+    ),
 )
 
 

@@ -44,7 +44,7 @@ from typing import Any
 from vitstudy_core.errors import StudyError
 
 POLL_S = 1.0  # how often the driver looks for ended tasks' result files (cheap: a stat per task)
-STATE_POLL_S = 10.0  # at most this often it asks the controller for states (sacct/squeue: one call)
+STATE_POLL_S = 10  # at most this often it asks the controller for states (sacct/squeue: one call)
 LOG_TAIL = 5  # lines of a failed task's log in its error
 SUBMIT_TIMEOUT_S = 60  # a controller that does not answer a submission within this is down
 DEFAULT_TIME_MIN = 24 * 60  # a task's time limit when --slurm-time is not given (a requeue resumes it)
@@ -111,7 +111,14 @@ def _watcher(sacct: bool):
             ids = sorted({x.split("_")[0] for x in self._registered - self._finished})
             if not ids:
                 return None
-            return ["squeue", "--noheader", "--array", "--states=all", "--format=%i|%T|%N", "--jobs=" + ",".join(ids)]
+            return [
+                "squeue",
+                "--noheader",
+                "--array",
+                "--states=all",
+                "--format=%i|%T|%N",
+                "--jobs=" + ",".join(ids),
+            ]
 
         def read_info(self, string):
             if not sacct:
@@ -233,7 +240,7 @@ class SlurmExecutor:
 
         back, ended = _SentBack(requeue), False
         try:
-            submitted = _submitting(lambda: ex.map_array(task, *zip(*jobs)))
+            submitted = _submitting(lambda: ex.map_array(task, *zip(*jobs, strict=True)))
             for i, job in enumerate(submitted):
                 track(i, job)
             while live or back:
@@ -341,13 +348,20 @@ def check_cluster(executor: SlurmExecutor) -> None:
     except OSError as exc:
         raise StudyError(f"--executor slurm: cannot run sinfo ({exc.strerror or exc})") from None
     if info.returncode != 0:
-        raise StudyError(f"--executor slurm: the Slurm controller did not answer (sinfo: {_one_line(info.stderr)})")
+        raise StudyError(
+            f"--executor slurm: the Slurm controller did not answer (sinfo: {_one_line(info.stderr)})"
+        )
     partitions = [p.strip().rstrip("*") for p in info.stdout.split()]
     if executor.partition and executor.partition not in partitions:
         raise StudyError(
             f"--slurm-partition: unknown partition {executor.partition!r}; this cluster has {partitions}"
         )
-    args = ["sbatch", "--test-only", f"--time={executor.time_min}", f"--cpus-per-task={executor.cpus_per_run}"]
+    args = [
+        "sbatch",
+        "--test-only",
+        f"--time={executor.time_min}",
+        f"--cpus-per-task={executor.cpus_per_run}",
+    ]
     if executor.partition:
         args.append(f"--partition={executor.partition}")
     if executor.gpus_per_run:

@@ -161,8 +161,12 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
         "--executor", choices=EXECUTORS.names(), default="local", help=f"where runs train ({kinds})"
     )
     p.add_argument("--address", default="auto", help="Ray cluster address for --executor ray (default: auto)")
-    p.add_argument("--cpus-per-run", type=float, default=1, help="CPUs each Ray or Slurm task requests (default 1)")
-    p.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each Ray or Slurm task requests (default 0)")
+    p.add_argument(
+        "--cpus-per-run", type=float, default=1, help="CPUs each Ray or Slurm task requests (default 1)"
+    )
+    p.add_argument(
+        "--gpus-per-run", type=float, default=0, help="GPUs each Ray or Slurm task requests (default 0)"
+    )
     from study.slurm_flags import add_slurm_flags
 
     add_slurm_flags(p)

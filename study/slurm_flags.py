@@ -15,7 +15,9 @@ from vitstudy_core.errors import StudyError
 
 
 def add_slurm_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--slurm-partition", default=None, help="Slurm partition of the runs' jobs (default: the cluster's)")
+    p.add_argument(
+        "--slurm-partition", default=None, help="Slurm partition of the runs' jobs (default: the cluster's)"
+    )
     p.add_argument(
         "--slurm-time",
         default=None,
@@ -23,7 +25,10 @@ def add_slurm_flags(p: argparse.ArgumentParser) -> None:
         "limit is requeued and resumes from its last complete epoch",
     )
     p.add_argument(
-        "--slurm-array-parallelism", type=int, default=None, help="most runs of one job array at once (default 256)"
+        "--slurm-array-parallelism",
+        type=int,
+        default=None,
+        help="most runs of one job array at once (default 256)",
     )
     p.add_argument(
         "--slurm-arg",

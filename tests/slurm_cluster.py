@@ -128,7 +128,34 @@ class SlurmCluster:
             return []
         return [dict(f.split("=", 1) for f in line.split() if "=" in f) for line in text.splitlines()]
 
+    def cancel_all(self, timeout: float = 60) -> None:
+        """Cancel every job and wait until the controller lists none (their ``slurmstepd`` processes,
+        which run in sessions of their own, exit with them)."""
+
+        def jobs() -> str:
+            out = subprocess.run(
+                ["squeue", "--noheader", "--format=%i"],
+                capture_output=True,
+                text=True,
+                env=self.env(),
+                timeout=30,
+            )
+            return out.stdout.strip() if out.returncode == 0 else ""
+
+        if jobs():
+            subprocess.run(
+                ["scancel", "--full", "--user=root"], capture_output=True, env=self.env(), timeout=30
+            )
+            deadline = time.monotonic() + timeout
+            while jobs() and time.monotonic() < deadline:
+                time.sleep(0.5)
+
     def stop(self) -> None:
+        if self.procs.get("slurmctld") is not None and self.procs["slurmctld"].poll() is None:
+            try:
+                self.cancel_all()
+            except (OSError, subprocess.SubprocessError):
+                pass
         for name in ("slurmd", "slurmctld", "munged"):
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
@@ -148,7 +175,9 @@ def slurm_cluster():
     """A running single-node cluster; ``SLURM_CONF`` points this process (and its children) at it."""
     missing = [b for b in BINARIES if shutil.which(b) is None]
     if missing:
-        unavailable(f"Slurm binaries {missing} not found: apt-get install -y --no-install-recommends slurm-wlm munge")
+        unavailable(
+            f"Slurm binaries {missing} not found: apt-get install -y --no-install-recommends slurm-wlm munge"
+        )
     try:
         import submitit  # noqa: F401
     except ImportError:

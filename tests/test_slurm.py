@@ -46,7 +46,9 @@ def test_a_study_on_slurm_gives_the_local_executor_s_tables_bit_for_bit(tmp_path
     hyp_path.write_text(TWO_RUNS)
     hyp = load_hypothesis(hyp_path)
     place = Placement("slurm", options=(("partition", "debug"),))  # one CPU, so one torch thread, per run
-    on_slurm = run_study(hyp, hyp_path, tmp_path / "slurm", RunOptions(track=False, report=False, placement=place))
+    on_slurm = run_study(
+        hyp, hyp_path, tmp_path / "slurm", RunOptions(track=False, report=False, placement=place)
+    )
     # the local default on CPU: one worker process per core, one torch thread each
     local = run_study(hyp, hyp_path, tmp_path / "local", RunOptions(track=False, report=False))
     assert len(on_slurm.trained) == 2 and not on_slurm.failed
@@ -60,9 +62,26 @@ def test_a_study_on_slurm_gives_the_local_executor_s_tables_bit_for_bit(tmp_path
 def _study(tmp_path: Path, text: str, *extra: str) -> subprocess.Popen:
     hyp = tmp_path / "study.yaml"
     hyp.write_text(text)
-    cmd = [sys.executable, "-m", "study", "run", str(hyp), "--out", str(tmp_path / "out"), "--executor", "slurm"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "study",
+        "run",
+        str(hyp),
+        "--out",
+        str(tmp_path / "out"),
+        "--executor",
+        "slurm",
+    ]
     cmd += ["--no-mlflow", "--no-report", *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(), cwd=REPO)
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env_for(), cwd=REPO
+    )
+
+
+def _task_logs(out: Path) -> str:
+    """What every Slurm task of the study printed (its runs' progress lines)."""
+    return "".join(p.read_text(errors="replace") for p in sorted((out / "slurm").glob("*/*_log.out")))
 
 
 def _running_past_first_epoch(out: Path, timeout: float = 600) -> str:
@@ -79,7 +98,9 @@ def _running_past_first_epoch(out: Path, timeout: float = 600) -> str:
 def _job_of(run_key: str) -> str:
     """The Slurm job id (``12_0``) of the task training ``run_key`` (its name is in the task's log)."""
     for _ in range(100):
-        out = subprocess.run(["squeue", "--noheader", "--array", "--format=%i %T"], capture_output=True, text=True)
+        out = subprocess.run(
+            ["squeue", "--noheader", "--array", "--format=%i %T"], capture_output=True, text=True
+        )
         running = [ln.split()[0] for ln in out.stdout.splitlines() if ln.split()[1:] == ["RUNNING"]]
         if running:
             return running[0] if len(running) == 1 else _job_by_log(run_key, running)
@@ -106,11 +127,12 @@ def test_a_job_cancelled_mid_epoch_fails_with_its_job_and_a_rerun_resumes_it(tmp
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 1, stdout + stderr
     assert f"Slurm job {job} CANCELLED on node" in stdout, stdout
+    print(stdout)
     assert "1 run(s) failed" in stderr
     again = _study(tmp_path, LONG_RUNS)
     stdout, stderr = again.communicate(timeout=900)
     assert again.returncode == 0, stdout + stderr
-    assert "resuming after epoch" in stdout, stdout
+    assert "resuming after epoch" in _task_logs(out), _task_logs(out)
     import json
 
     result = json.loads((out / "runs" / victim / "result.json").read_text())
@@ -127,7 +149,7 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_last_epoch(tmp_path, s
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 0, stdout + stderr
-    assert "resuming after epoch" in stdout, stdout
+    assert "resuming after epoch" in _task_logs(out), _task_logs(out)
     import json
 
     result = json.loads((out / "runs" / victim / "result.json").read_text())
@@ -155,7 +177,9 @@ def test_ctrl_c_on_a_waiting_run_cancels_its_jobs_and_exits_130(tmp_path, slurm_
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 130, stdout + stderr
-    left = subprocess.run(["squeue", "--noheader", "--states=PENDING,RUNNING"], capture_output=True, text=True)
+    left = subprocess.run(
+        ["squeue", "--noheader", "--states=PENDING,RUNNING"], capture_output=True, text=True
+    )
     assert left.stdout.strip() == ""
 
 
@@ -163,7 +187,10 @@ def test_ctrl_c_on_a_waiting_run_cancels_its_jobs_and_exits_130(tmp_path, slurm_
 @pytest.mark.parametrize(
     "flags, expected",
     [
-        (["--slurm-partition", "nope"], "--slurm-partition: unknown partition 'nope'; this cluster has ['debug']"),
+        (
+            ["--slurm-partition", "nope"],
+            "--slurm-partition: unknown partition 'nope'; this cluster has ['debug']",
+        ),
         (["--gpus-per-run", "1"], "--executor slurm: Slurm would refuse the runs' jobs"),
         (["--gpus-per-run", "0.5"], "Slurm allocates whole CPUs and GPUs"),
         (["--slurm-arg", "account"], "--slurm-arg: expected KEY=VALUE"),
@@ -177,16 +204,7 @@ def test_bad_slurm_input_is_one_line_before_anything_is_written(tmp_path, slurm_
     assert not (tmp_path / "out").exists()
 
 
-def test_no_sbatch_is_one_line(tmp_path, monkeypatch):
-    from study.cli import main
-
-    monkeypatch.setenv("PATH", str(tmp_path))  # no Slurm client here
-    hyp = tmp_path / "two.yaml"
-    hyp.write_text(TWO_RUNS)
-    code = main(["run", str(hyp), "--out", str(tmp_path / "out"), "--executor", "slurm", "--no-mlflow"])
-    assert code == 2 and not (tmp_path / "out").exists()
-
-
+@pytest.mark.slow  # sinfo retries for ~10 s before it gives up
 def test_a_controller_that_does_not_answer_is_one_line(tmp_path, monkeypatch, capsys):
     from study.cli import main
 
@@ -198,5 +216,7 @@ def test_a_controller_that_does_not_answer_is_one_line(tmp_path, monkeypatch, ca
     hyp.write_text(TWO_RUNS)
     code = main(["run", str(hyp), "--out", str(tmp_path / "out"), "--executor", "slurm", "--no-mlflow"])
     err = capsys.readouterr().err
-    assert code == 2 and "the Slurm controller did not answer" in err and len(err.strip().splitlines()) == 1, err
+    assert (
+        code == 2 and "the Slurm controller did not answer" in err and len(err.strip().splitlines()) == 1
+    ), err
     assert not (tmp_path / "out").exists()
