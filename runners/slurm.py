@@ -45,7 +45,8 @@ from vitstudy_core.errors import StudyError
 
 POLL_S = 1.0  # how often the driver looks for ended tasks' result files (cheap: a stat per task)
 STATE_POLL_S = 10  # at most this often it asks the controller for states (sacct/squeue: one call)
-LOG_TAIL = 5  # lines of a failed task's log in its error
+RESULT_WAIT_S = 15  # how long a COMPLETED task's result file may take to appear on the driver's host
+LOG_TAIL = 3  # lines of a failed task's log in its error
 SUBMIT_TIMEOUT_S = 60  # a controller that does not answer a submission within this is down
 DEFAULT_TIME_MIN = 24 * 60  # a task's time limit when --slurm-time is not given (a requeue resumes it)
 
@@ -237,6 +238,7 @@ class SlurmExecutor:
             watcher.register_job(job.job_id)
             live[i] = job
             self.job_ids.append(job.job_id)
+            _record(self.folder, job.job_id, jobs[i])
 
         back, ended = _SentBack(requeue), False
         try:
@@ -265,6 +267,53 @@ class SlurmExecutor:
                 self.stopped = _cancel(list(live.values()), watcher)
 
 
+JOBS_FILE = "jobs.jsonl"  # in the log folder: one line per task submitted (``study status`` reads it)
+
+
+def _record(folder: Path, job_id: str, job: tuple) -> None:
+    """Append the task's job id, and the run it fills when its first argument is a run (``runners.jobs``:
+    a dict with ``key`` and ``label``), to ``<folder>/jobs.jsonl``."""
+    import json
+
+    run = job[0] if job and isinstance(job[0], dict) else {}
+    line = {"job_id": job_id, "run": run.get("key"), "label": run.get("label"), "submitted": time.time()}
+    with open(folder / JOBS_FILE, "a") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
+def job_table(folder: str | Path, limit: int = 50) -> str:
+    """``study status``'s Slurm section: the latest task of each run submitted from ``folder`` (the log
+    folder, ``<out>/slurm``) with its Slurm job id and state (sacct, else squeue); "" when none."""
+    import json
+
+    path = Path(folder) / JOBS_FILE
+    try:
+        lines = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    except (OSError, ValueError):
+        return ""
+    latest = {(ln.get("run") or ln["job_id"]): ln for ln in lines}  # a run resubmitted: its newest task
+    rows = sorted(latest.values(), key=lambda ln: ln["submitted"])[-limit:]
+    states = _states([r["job_id"] for r in rows]) if shutil.which("squeue") else {}
+    out = [f"slurm jobs ({path}):"]
+    for r in rows:
+        state = states.get(r["job_id"], "?")
+        out.append(f"  {r['job_id']:<12} {state:<14} {r.get('label') or ''} {r.get('run') or ''}".rstrip())
+    return "\n".join(out)
+
+
+def _states(job_ids: list[str]) -> dict[str, str]:
+    """Job id -> state, from sacct where the cluster keeps accounting, else squeue; {} if neither answers."""
+    watcher = _watcher(_sacct_works())
+    for j in job_ids:
+        watcher.register_job(j)
+    logging.getLogger("submitit").disabled = True  # a job the controller forgot: no warning on the screen
+    try:
+        watcher.update()
+    finally:
+        logging.getLogger("submitit").disabled = False
+    return {j: watcher.get_state(j, mode="cache") for j in job_ids}
+
+
 def _submitting(submit):
     """``submit()``, its failure (sbatch refused, a controller that does not answer) as one line."""
     from submitit.core.utils import FailedJobError
@@ -277,7 +326,14 @@ def _submitting(submit):
 
 
 def _outcome(job) -> tuple[object, BaseException | None]:
-    """An ended task's ``(result, None)``, its own ``(None, exception)``, or a :class:`SlurmJobFailed`."""
+    """An ended task's ``(result, None)``, its own ``(None, exception)``, or a :class:`SlurmJobFailed`.
+
+    A task Slurm calls COMPLETED whose result file is not there yet (a shared filesystem's attribute
+    cache) is given ``RESULT_WAIT_S`` to show it."""
+    state = "" if job.paths.result_pickle.exists() else job.watcher.get_state(job.job_id, mode="force")
+    deadline = time.monotonic() + RESULT_WAIT_S
+    while state == "COMPLETED" and not job.paths.result_pickle.exists() and time.monotonic() < deadline:
+        time.sleep(1)
     if job.paths.result_pickle.exists():
         from submitit.core.utils import pickle_load
 
@@ -288,16 +344,16 @@ def _outcome(job) -> tuple[object, BaseException | None]:
         # submitit's own error (the task could not unpickle its function, or was not requeued)
         last = [ln for ln in str(value).strip().splitlines() if ln.strip()]
         return None, SlurmJobFailed(_failed_line(job, "FAILED", last[-1] if last else ""))
-    return None, SlurmJobFailed(_failed_line(job, job.watcher.get_state(job.job_id, mode="force")))
+    return None, SlurmJobFailed(_failed_line(job, state))
 
 
 def _failed_line(job, state: str, why: str = "") -> str:
-    """``Slurm job 12_3 CANCELLED on node n1 (why); log PATH`` and the log's last lines below it."""
+    """One line: ``Slurm job 12_3 CANCELLED on node n1 (why); log PATH; last lines: ... | ...``."""
     node = job.watcher.get_info(job.job_id, mode="cache").get("NodeList") or "?"
     tail: list[str] = []
     for path in (job.paths.stderr, job.paths.stdout):
         try:
-            lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
+            lines = [ln.strip() for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
         except OSError:
             continue
         lines = [ln for ln in lines if "submitit" not in ln]  # submitit's own notes, not the run's
@@ -306,7 +362,7 @@ def _failed_line(job, state: str, why: str = "") -> str:
             break
     head = f"Slurm job {job.job_id} {state.split()[0] if state else 'UNKNOWN'} on node {node}"
     head += f" ({why})" if why else ""
-    return "\n".join([f"{head}; log {job.paths.stderr}", *(f"  {ln}" for ln in tail)])
+    return f"{head}; log {job.paths.stderr}" + (f"; last lines: {' | '.join(tail)}" if tail else "")
 
 
 def _cancel(jobs: list, watcher) -> int:

@@ -180,9 +180,15 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
 
 
 def _add_scale_verbs(sub) -> None:
-    sb = sub.add_parser("submit", help="start a study or sweep as a Ray job on a running cluster")
+    sb = sub.add_parser("submit", help="start a study or sweep as a Ray or Slurm job on a running cluster")
     sb.add_argument("hypothesis", type=Path, help="the file, on a filesystem every node reaches")
-    sb.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
+    sb.add_argument(
+        "--executor",
+        choices=("ray", "slurm"),
+        default="ray",
+        help="ray: a Ray job (--address); slurm: the driver as a 1-CPU Slurm job (default ray)",
+    )
+    sb.add_argument("--address", default=None, help="the Ray cluster's dashboard, e.g. http://HEAD:8265")
     sb.add_argument("--out", type=Path, default=Path("study_results"), help="shared output folder")
     sb.add_argument(
         "--leases",
@@ -206,6 +212,9 @@ def _add_scale_verbs(sub) -> None:
         action="store_true",
         help="send this checkout's code with the job (Ray working_dir), for nodes that lack it",
     )
+    from study.slurm_flags import add_slurm_flags
+
+    add_slurm_flags(sb)
     st = sub.add_parser("status", help="studies with their runs done, running and to do")
     st.add_argument("--out", type=Path, default=Path("study_results"), help="output folder (file leases)")
     st.add_argument(
@@ -246,6 +255,17 @@ def _scale_verbs(args, names: dict[str, str]) -> int | None:
             args.no_report,
             args.ship_code,
         )
+        if args.executor == "slurm":
+            from study.slurm_flags import executor_options
+            from study.slurm_submit import submit_driver
+
+            job, log = submit_driver(args.hypothesis, args.out, opts, executor_options(args))
+            print(f"submitted: Slurm job {job} (the driver)\nfollow:    tail -f {log}")
+            return 0
+        if not args.address:
+            raise StudyError(
+                "submit: --address is required with --executor ray (the dashboard, http://HEAD:8265)"
+            )
         job_id = submit(args.hypothesis, args.address, args.out, opts)
         print(f"submitted: {job_id}\nfollow:    ray job logs --follow {job_id} --address {args.address}")
         return 0
@@ -255,6 +275,11 @@ def _scale_verbs(args, names: dict[str, str]) -> int | None:
         print(format_status(args.leases or args.out / "leases", names["--leases"]))
         if args.address:
             print(ray_jobs(args.address))
+        from runners.slurm import job_table
+
+        slurm = job_table(args.out / "slurm")  # runs submitted with --executor slurm into this --out
+        if slurm:
+            print(slurm)
         return 0
     return None
 

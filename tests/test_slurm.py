@@ -37,7 +37,7 @@ def trained_once(out: Path, keys: list[str]) -> None:
     assert {k: (by_key[k].state, by_key[k].attempts) for k in keys} == {k: ("finished", 1) for k in keys}
 
 
-def test_a_study_on_slurm_gives_the_local_executor_s_tables_bit_for_bit(tmp_path, slurm_cluster):
+def test_a_study_on_slurm_gives_the_local_executor_s_tables_bit_for_bit(tmp_path, slurm_cluster, capsys):
     from study.orchestrate import run_study
     from study.schema import load_hypothesis
     from study.stages import Placement, RunOptions
@@ -57,6 +57,14 @@ def test_a_study_on_slurm_gives_the_local_executor_s_tables_bit_for_bit(tmp_path
     trained_once(tmp_path / "slurm", on_slurm.trained)
     logs = sorted((tmp_path / "slurm" / "slurm").glob("*/*_log.out"))
     assert len(logs) == 2, logs  # one array task per run, its log under <out>/slurm/<job id>/
+    from study.cli import main
+
+    capsys.readouterr()
+    assert main(["status", "--out", str(tmp_path / "slurm")]) == 0
+    shown = capsys.readouterr().out
+    for log in logs:  # each run with its Slurm job id and state
+        job = log.parent.name
+        assert any(ln.split()[:2] == [job, "COMPLETED"] for ln in shown.splitlines()), shown
 
 
 def _study(tmp_path: Path, text: str, *extra: str) -> subprocess.Popen:
@@ -220,3 +228,37 @@ def test_a_controller_that_does_not_answer_is_one_line(tmp_path, monkeypatch, ca
         code == 2 and "the Slurm controller did not answer" in err and len(err.strip().splitlines()) == 1
     ), err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_submit_returns_at_once_and_the_driver_job_runs_the_study(tmp_path, slurm_cluster):
+    hyp = tmp_path / "study.yaml"
+    hyp.write_text(TWO_RUNS)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "study", "submit", str(hyp), "--executor", "slurm", "--out", str(out)]
+    cmd += ["--no-mlflow", "--no-report", "--slurm-partition", "debug"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env_for(), cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = done.stdout.split("Slurm job ")[1].split()[0]
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        state = subprocess.run(
+            ["squeue", "--noheader", "--states=all", "--jobs", job, "--format=%T"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        if state and state not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING"):
+            break
+        time.sleep(1)
+    log = (out / "slurm" / f"driver-{job}.log").read_text()
+    assert state == "COMPLETED", log
+    assert (out / "studies" / "tiny" / "verdicts.json").exists(), log
+    trained_once(out, [p.name for p in (out / "runs").iterdir() if p.is_dir()])
+    shown = subprocess.run(
+        [sys.executable, "-m", "study", "status", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env_for(),
+        cwd=REPO,
+    ).stdout
+    assert shown.count("COMPLETED") == 2, shown  # each run's array task, with its job id
