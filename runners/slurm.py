@@ -276,7 +276,11 @@ def _record(folder: Path, job_id: str, job: tuple) -> None:
     import json
 
     run = job[0] if job and isinstance(job[0], dict) else {}
-    line = {"job_id": job_id, "run": run.get("key"), "label": run.get("label"), "submitted": time.time()}
+    label = None
+    if isinstance(run.get("dataset"), dict) and "seed" in run:  # as study.runspecs.RunSpec.label says it
+        lead = f"{run['condition']}/" if run.get("condition") is not None else ""
+        label = f"{lead}{run['dataset'].get('name')}/seed{run['seed']}"
+    line = {"job_id": job_id, "run": run.get("key"), "label": label, "submitted": time.time()}
     with open(folder / JOBS_FILE, "a") as fh:
         fh.write(json.dumps(line) + "\n")
 
