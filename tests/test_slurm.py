@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from runners.leases import open_lease_store
-from tests.conftest import TINY_HYPOTHESIS, env_for
+from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for
 
 REPO = Path(__file__).resolve().parents[1]
 TWO_RUNS = TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0, 1]")
@@ -264,3 +264,20 @@ def test_submit_returns_at_once_and_the_driver_job_runs_the_study(tmp_path, slur
             break
         time.sleep(1)
     assert shown.count("COMPLETED") == 2, shown  # each run's array task, with its job id
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_its_trials_runs_as_array_tasks(tmp_path, slurm_cluster):
+    hyp = tmp_path / "sweep.yaml"
+    hyp.write_text(TINY_SWEEP)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "study", "sweep", str(hyp), "--out", str(out), "--executor", "slurm"]
+    done = subprocess.run(
+        [*cmd, "--no-mlflow", "--no-report"], capture_output=True, text=True, env=env_for(), cwd=REPO
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3/3 trials complete" in done.stdout, done.stdout
+    runs = [p.name for p in (out / "runs").iterdir() if p.is_dir()]
+    trained_once(out, runs)
+    tasks = [json.loads(ln) for ln in (out / "slurm" / "jobs.jsonl").read_text().splitlines()]
+    assert sorted(t["run"] for t in tasks) == sorted(runs)  # one Slurm task per run
