@@ -10,7 +10,8 @@ adding an executor is one class and one ``EXECUTORS.register(NAME, ExecutorKind(
 An executor takes a picklable job function and a list of job argument tuples and yields
 ``(index, result, error)`` as jobs finish. ``InlineExecutor`` runs in this process (tests, GPU);
 ``ProcessExecutor`` runs jobs in spawned worker processes (on 2 CPU cores, two 1-thread processes nearly
-double throughput on small images).
+double throughput on small images); ``RayExecutor`` runs them as Ray tasks, and ``runners.slurm``'s
+``SlurmExecutor`` as tasks of Slurm job arrays.
 
 A run's torch thread count is fixed by the host and ``--workers`` alone (:func:`run_threads`: the cores
 divided by the workers asked for; ``auto`` is one worker per core, so one thread), never by how many

@@ -133,14 +133,16 @@ def _watcher(sacct: bool):
 def _quiet_submitit(folder: Path) -> None:
     """submitit's log lines (sacct warnings, requeue notes) go to ``<folder>/submitit.log`` only."""
     log = logging.getLogger("submitit")
-    if not any(getattr(h, "study_slurm", False) for h in log.handlers):
-        for h in list(log.handlers):
-            log.removeHandler(h)
-        folder.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(folder / "submitit.log")
-        handler.study_slurm = True  # type: ignore[attr-defined]
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        log.addHandler(handler)
+    path = str(folder / "submitit.log")
+    if any(getattr(h, "baseFilename", None) == path for h in log.handlers):
+        return
+    for h in list(log.handlers):  # submitit's own (the terminal), or an earlier study's file
+        log.removeHandler(h)
+        h.close()
+    folder.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
     log.propagate = False
 
 

@@ -281,3 +281,38 @@ def test_a_sweep_runs_its_trials_runs_as_array_tasks(tmp_path, slurm_cluster):
     trained_once(out, runs)
     tasks = [json.loads(ln) for ln in (out / "slurm" / "jobs.jsonl").read_text().splitlines()]
     assert sorted(t["run"] for t in tasks) == sorted(runs)  # one Slurm task per run
+
+
+def test_submit_to_ray_without_an_address_is_one_line(tmp_path, capsys):
+    from study.cli import main
+
+    hyp = tmp_path / "two.yaml"
+    hyp.write_text(TWO_RUNS)
+    assert main(["submit", str(hyp), "--out", str(tmp_path / "out")]) == 2
+    assert "--address is required with --executor ray" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_task_that_does_not_see_out_fails_with_one_line_naming_its_node(tmp_path, slurm_cluster):
+    import socket
+
+    from runners.executors import make_executor
+    from runners.jobs import execute_claimed_run
+    from runners.shared_out import OutNotShared, write_token
+
+    out = tmp_path / "out"
+    write_token(out)  # the task is handed another study's token: as a node whose --out is a private folder
+    job = (
+        {"key": "k", "seed": 0},
+        str(out / "runs" / "k"),
+        str(out / "data"),
+        str(out / "leases"),
+        "s",
+        "other",
+    )
+    executor = make_executor(1, 1, False, "slurm", out=out, options={"partition": "debug"})
+    [(i, result, exc)] = list(executor.map_jobs(execute_claimed_run, [job]))
+    assert result is None and isinstance(exc, OutNotShared), exc
+    assert str(exc).startswith(f"host {socket.gethostname()} does not see the study's output folder"), exc
+    assert "\n" not in str(exc) and not (out / "runs" / "k").exists()
