@@ -178,6 +178,10 @@ def slurm_cluster():
         unavailable(
             f"Slurm binaries {missing} not found: apt-get install -y --no-install-recommends slurm-wlm munge"
         )
+    if os.geteuid() != 0:
+        unavailable(
+            "the test Slurm runs slurmctld and slurmd as root (SlurmUser=root): run the tests as root"
+        )
     try:
         import submitit  # noqa: F401
     except ImportError:

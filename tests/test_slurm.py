@@ -142,7 +142,6 @@ def test_a_job_cancelled_mid_epoch_fails_with_its_job_and_a_rerun_resumes_it(tmp
     stdout, stderr = proc.communicate(timeout=900)
     assert proc.returncode == 1, stdout + stderr
     assert f"Slurm job {job} CANCELLED on node" in stdout, stdout
-    print(stdout)
     assert "1 run(s) failed" in stderr
     again = _study(tmp_path, LONG_RUNS)
     stdout, stderr = again.communicate(timeout=900)
@@ -188,6 +187,7 @@ def test_ctrl_c_on_a_waiting_run_cancels_its_jobs_and_exits_130(tmp_path, slurm_
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 130, stdout + stderr
+    assert stderr.strip().splitlines()[-1].startswith("interrupted (SIGINT): stopped "), stderr
     left = subprocess.run(
         ["squeue", "--noheader", "--states=PENDING,RUNNING"], capture_output=True, text=True
     )
