@@ -18,27 +18,20 @@ from pydantic import Field, model_validator
 
 from analysis.inference import JTTest, identical_rows, jonckheere_terpstra
 from analysis.kinds._adjust import adjusted_outcome, group_covariate
-from analysis.kinds.base import (
-    ClaimBase,
-    ClaimKind,
-    FigureContext,
-    Outcome,
-    Result,
-    Scenario,
-    TableView,
-    Trial,
+from analysis.kinds._claim import ClaimBase
+from analysis.kinds._curves import crossing, crossing_lines, summarise_layers
+from analysis.kinds._display import FigureContext, Result
+from analysis.kinds._outcome import Outcome, outcome_from_stats, token_count_warnings
+from analysis.kinds._registry import ClaimKind, register_kind
+from analysis.kinds._scenario import Scenario, Trial
+from analysis.kinds._selection import (
     claim_view,
     complete_seeds,
-    crossing,
-    crossing_lines,
     knob_levels_of,
     knob_rows,
-    outcome_from_stats,
-    register_kind,
-    summarise_layers,
-    token_count_warnings,
     token_counts,
 )
+from analysis.kinds._table import TableView
 from analysis.kinds.trend import TrendStatistic, trend_statistics
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.knobs import Knob

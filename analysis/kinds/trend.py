@@ -34,30 +34,15 @@ from analysis.kinds._adjust import (
     draw_confounded,
     group_covariate,
 )
-from analysis.kinds.base import (
-    ClaimBase,
-    ClaimKind,
-    Estimate,
-    FigureContext,
-    Needs,
-    Outcome,
-    Result,
-    Scenario,
-    Statistic,
-    TableView,
-    Trial,
-    claim_view,
-    combined_against,
-    complete_seeds,
-    contradiction,
-    crossing,
-    crossing_lines,
-    few_seeds_warning,
-    knob_levels_of,
-    knob_rows,
-    register_kind,
-    std_effect,
-)
+from analysis.kinds._claim import ClaimBase
+from analysis.kinds._curves import crossing, crossing_lines
+from analysis.kinds._display import FigureContext, Result
+from analysis.kinds._outcome import Outcome, Statistic, few_seeds_warning, std_effect
+from analysis.kinds._registry import ClaimKind, register_kind
+from analysis.kinds._rejection import Estimate, Needs, combined_against, contradiction
+from analysis.kinds._scenario import Scenario, Trial
+from analysis.kinds._selection import claim_view, complete_seeds, knob_levels_of, knob_rows
+from analysis.kinds._table import TableView
 from analysis.mixed import SlopeTest, fit_random_slopes, mixed_slope_test
 from analysis.simulate import KNOB_LEVELS, PAPER_EPOCHS, simulate_trends
 from vitstudy_core.errors import StudyError
@@ -391,7 +376,7 @@ class LayersStatistic:
         binding: the series whose effect and CI are reported.
         holm_p: per series, its p after Holm across the series (``any``; else the raw p).
         needs: ``every`` series must trend (``all``, ``pooled``) or ``one`` (``any``).
-        p_against: the p of the claim's opposite (:func:`~analysis.kinds.base.combined_against`).
+        p_against: the p of the claim's opposite (:func:`~analysis.kinds._rejection.combined_against`).
         contradicted: the REJECTED rule: ``p_against`` < 2.5%.
     """
 

@@ -33,30 +33,18 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from scipy import stats
 
 from analysis.inference import Alternative, opposite, t_p
-from analysis.kinds.base import (
-    CONDITION_NAME,
-    KINDS,
-    ClaimBase,
-    ClaimKind,
-    Estimate,
-    FigureContext,
-    Outcome,
-    Result,
-    Scenario,
-    Statistic,
-    Strict,
-    TableView,
-    Trial,
-    contradiction,
-    few_seeds_warning,
-    get_kind,
-    holm_min,
-    register_kind,
-)
+from analysis.kinds._claim import CONDITION_NAME, ClaimBase
+from analysis.kinds._display import FigureContext, Result
+from analysis.kinds._outcome import Outcome, Statistic, few_seeds_warning
+from analysis.kinds._registry import KINDS, ClaimKind, get_kind, register_kind
+from analysis.kinds._rejection import Estimate, contradiction, holm_min
+from analysis.kinds._scenario import Scenario, Trial
+from analysis.kinds._table import TableView
 from analysis.kinds.compare import compare_statistics
 from analysis.kinds.u_shape import u_shape_statistics
 from analysis.simulate import simulate_profiles
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
+from vitstudy_core.settings import Strict
 
 if TYPE_CHECKING:
     from analysis.figures import Figure
@@ -697,7 +685,7 @@ def _test_holds(arrays: Arrays, truth: Any, rng: np.random.Generator) -> Trial:
     stats_ = [u_shape_statistics(*_regions(prof)) for prof in arrays]
     ps = [s.p for s in stats_]
     p = float("nan") if any(math.isnan(v) for v in ps) else max(ps)
-    from analysis.kinds.base import combined_against
+    from analysis.kinds._rejection import combined_against
 
     against = [combined_against(s.p_against, "every") for s in stats_]
     return {"p": p, "covered": None, "warned": False, "contradicted": contradiction(against, "every")}
@@ -719,7 +707,7 @@ def _draw_controls(boundary: bool) -> Draw:
 
 
 def _test_controls(arrays: Arrays, truth: Any, rng: np.random.Generator) -> Trial:
-    from analysis.kinds.base import combined_against
+    from analysis.kinds._rejection import combined_against
 
     own = u_shape_statistics(*_regions(arrays[0]))
     ex = difference_statistics(_dip(arrays[0]), _dip(arrays[1]), "greater", True)
