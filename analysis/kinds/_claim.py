@@ -78,7 +78,7 @@ class ClaimBase(Strict):
     sesoi: float | None = Field(None, gt=0)
     # Exploratory claims (confirmatory: false) are adjusted among themselves: holm (default) or bh (FDR).
     adjust: Literal["holm", "bh", "none"] = "holm"
-    # conditions the claim's per-seed effect must also exceed (analysis.kinds.versus.apply_controls)
+    # conditions the claim's per-seed effect must also exceed (analysis.kinds._controls.apply_controls)
     controls: list[str] = Field(default_factory=list)
     # a per-run scalar (RUN_SCALARS) held fixed in each seed's regression on the knob (adjusted claims)
     adjust_for: str | None = None
