@@ -32,7 +32,7 @@ from analysis.kinds._selection import (
     token_counts,
 )
 from analysis.kinds._table import TableView
-from analysis.kinds.trend import TrendStatistic, trend_statistics
+from analysis.kinds._trend_statistics import TrendStatistic, trend_statistics
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.knobs import Knob
 
@@ -101,7 +101,7 @@ class OrderingClaim(ClaimBase):
 
 @dataclass(frozen=True, kw_only=True)
 class OrderingStatistic(TrendStatistic):
-    """:class:`~analysis.kinds.trend.TrendStatistic` of the per-seed slopes on the rank (or levels), plus
+    """:class:`~analysis.kinds._trend_statistics.TrendStatistic` of the per-seed slopes on the rank (or levels), plus
     ``jt``: the Jonckheere-Terpstra test that decides without levels (else None)."""
 
     jt: JTTest | None = None
@@ -126,7 +126,7 @@ def ordering_statistics(
     (on the rank 0..K-1 without levels) with a 95% t CI over seeds.
 
     Returns:
-        An :class:`OrderingStatistic` (a :class:`~analysis.kinds.trend.TrendStatistic` plus ``jt``).
+        An :class:`OrderingStatistic` (a :class:`~analysis.kinds._trend_statistics.TrendStatistic` plus ``jt``).
     """
     y = np.asarray(y, dtype=np.float64)
     k = y.shape[1]
