@@ -398,7 +398,8 @@ def _sweep_verb(args: argparse.Namespace, hyp, argv, names: dict[str, str]) -> i
     if args.n_trials is not None and args.n_trials < 1:
         raise StudyError(f"--n-trials: expected a positive integer, got {args.n_trials}")
     from study.cluster import check_reachable
-    from study.sweep import SweepOptions, storage_url
+    from study.sweep import SweepOptions
+    from study.sweep_storage import storage_url
 
     sweep = SweepOptions(n_trials=args.n_trials, storage=args.storage, storage_from=names["--storage"])
     opts = _run_options(args, argv, names)

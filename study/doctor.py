@@ -114,7 +114,7 @@ def _trial_runs(out_dir: Path, sweep_dir: Path, hyp) -> dict[str, object | None]
     """Run key -> RunSpec (None where the sweep's file is not at hand) of every trial a sweep asked: each
     trial's ``run_keys`` (recorded when it is asked) or, with the file, its knob values' runs; from
     ``trials.csv`` when the optuna study cannot be read."""
-    from study.sweep import trial_point
+    from study.sweep_trials import trial_point
 
     try:
         trials = [
