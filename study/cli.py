@@ -358,9 +358,10 @@ def _metrics_verb(path: Path) -> int:
 
 def _table_verb(args: argparse.Namespace) -> int:
     from analysis.table import save_table
+    from study.run_tables import collect_table
+    from study.run_triage import plan
     from study.runspecs import unknown_fingerprints
     from study.schema import load_hypothesis
-    from study.stages import collect_table, plan
 
     hyp = load_hypothesis(args.hypothesis)
     specs = plan(hyp, args.out / "data")  # recorded fingerprints: the data need not be on this host

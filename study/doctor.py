@@ -137,7 +137,7 @@ def _trial_runs(out_dir: Path, sweep_dir: Path, hyp) -> dict[str, object | None]
 def planned_runs(out_dir: Path, studies, sweeps=()) -> dict[str, object | None]:
     """Run key -> RunSpec (None: known by key only) of every run the studies plan and the sweeps' trials
     need (``sweeps``: :func:`_sweeps`)."""
-    from study.stages import plan
+    from study.run_triage import plan
 
     planned: dict[str, object | None] = {}
     for sweep_dir, hyp in sweeps:
@@ -322,7 +322,8 @@ def _runs_in(study_dir: Path, saved: pd.DataFrame | None) -> tuple[int, str]:
 def check_tables(out_dir: Path, studies, repair: bool = False) -> list[Finding]:
     """Each study's table.parquet against the table rebuilt from its run folders (never shrunk)."""
     from analysis.table import save_table
-    from study.stages import collect_table, plan
+    from study.run_tables import collect_table
+    from study.run_triage import plan
 
     out = []
     for study_dir, hyp in studies:

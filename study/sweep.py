@@ -39,7 +39,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.verdicts import ClaimResult, format_verdicts
-from study import registration, stages
+from study import outputs, registration, run_logging, run_triage, stages
 from study.preflight import check_hypothesis
 from study.schema import Hypothesis
 from study.stopping import stopping_cleanly
@@ -112,7 +112,9 @@ def _run_batch(
                 if not waiting[p.number] and p.number not in told:
                     told[p.number] = _tell_trial(p, hyp, runs_dir, log, failed)
 
-    def triaged(_specs, tri: stages.Triage) -> None:  # runs reused or finished before: nothing to wait for
+    def triaged(
+        _specs, tri: run_triage.Triage
+    ) -> None:  # runs reused or finished before: nothing to wait for
         todo = {s.key for s in tri.todo}
         for key in {s.key for s in specs} - todo:
             run_ended(key)
@@ -244,18 +246,18 @@ def _conclude(optuna_study, hyp, hyp_path, out_dir, tracker, opts, log, filled, 
     # the runs of every complete trial: trained or reused in this invocation, or finished by an earlier one
     known = {s.key for s in filled.specs}
     earlier = list({s.key: s for s in specs if s.key not in known}.values())
-    filled.merge(stages.Filled(earlier, stages.Triage(finished=[s.key for s in earlier])))
+    filled.merge(stages.Filled(earlier, run_triage.Triage(finished=[s.key for s in earlier])))
     # those the tracking store lacks (their invocation was killed before logging them, or the store lost
     # them) are logged now, tagged with their trial, as `run` catches up its missing runs
-    stages.log_missing(
+    run_logging.log_missing(
         tracker, earlier, out_dir / "runs", hyp.design.layers, tags_of=_tags_by_key(trials, hyp)
     )
     tracker.log_study(hyp, hyp_path, filled.specs, filled.tri, opts.command)
     knob_claims = [c for c in hyp.claims if c.knob() is not None]
     results = registration.evaluate_registered(reg, hyp, knob_claims, table, str(hyp_path))
     accuracy_warnings(results, knob_claims, trials)
-    out = stages.Outcome(hyp_path, filled, table, results, opts.command)
-    paths = stages.write_outputs(
+    out = outputs.Outcome(hyp_path, filled, table, results, opts.command)
+    paths = outputs.write_outputs(
         sweep_dir,
         out,
         {"sweep": sweep_dir.name, "trials": trials.to_dict(orient="records")},

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from study import stages
+from study import outputs
 from study.schema import Hypothesis
 from study.sweep_storage import open_optuna_study, storage_url
 from study.sweep_tables import learning_lines, learnt, with_task_size
@@ -20,14 +20,14 @@ def write_sweep_report(
     sweep_dir: Path,
     hyp: Hypothesis,
     claims: list,
-    out: stages.Outcome,
+    out: outputs.Outcome,
     trials: pd.DataFrame,
     optuna_study,
     out_dir: Path,
 ) -> Path:
     """The report of a sweep that just ran: :func:`sweep_report` over its runs (counts, environment,
     covariance snapshots of every complete trial's runs)."""
-    inp = stages.report_input(f"{hyp.name} (sweep)", hyp, out, out_dir / "runs", claims)
+    inp = outputs.report_input(f"{hyp.name} (sweep)", hyp, out, out_dir / "runs", claims)
     return sweep_report(sweep_dir, hyp, inp, trials, optuna_study)
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 
 from analysis.table import make_table
 from analysis.verdicts import ClaimResult
-from study import stages
+from study import run_tables
 from study.run_scalars import with_run_scalars
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
@@ -66,7 +66,7 @@ def _sweep_rows(trials: pd.DataFrame, hyp: Hypothesis, out_dir: Path) -> tuple[p
     knobs = list(hyp.sweep.space)
     for _, first in (trials.drop_duplicates(knobs) if len(trials) else trials).iterrows():
         point = trial_point(hyp, int(first.trial), {k: first[k] for k in knobs}, out_dir / "data")
-        got = stages.collect_table(point.specs, out_dir / "runs", hyp.design.layers)
+        got = run_tables.collect_table(point.specs, out_dir / "runs", hyp.design.layers)
         frames.append(got.table.assign(**point.params))
         specs += point.specs
     table = pd.concat(frames, ignore_index=True) if frames else make_table([])

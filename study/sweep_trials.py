@@ -16,7 +16,7 @@ import pandas as pd
 
 from analysis.kinds.base import summarise_layers
 from runners.datasets.procedural import ProceduralDataset
-from study import stages
+from study import run_tables, run_triage
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
 from study.sweep_heartbeat import OWNER, _owner
@@ -52,7 +52,7 @@ def trial_point(hyp: Hypothesis, number: int, params: dict, data_dir: Path) -> T
         {**base.model_dump(), **values, "name": trial_label(base.name, values)}
     )
     design = hyp.design.model_copy(update={"datasets": [ds]})
-    specs = stages.plan(hyp.model_copy(update={"design": design}), data_dir)
+    specs = run_triage.plan(hyp.model_copy(update={"design": design}), data_dir)
     return TrialPoint(number, values, ds, specs)
 
 
@@ -140,7 +140,7 @@ def _tell_trial(p: TrialPoint, hyp: Hypothesis, runs_dir: Path, log: Log, failed
     (``runs_started_at``/``runs_finished_at``, unix seconds), which is also its start in optuna
     (:func:`restamp_start`). True when the trial completed. A trial another driver failed meanwhile (its
     heartbeat stopped during a database outage) is left to its queued copy, which reuses these runs."""
-    got = stages.collect_table(p.specs, runs_dir, hyp.design.layers, failed)
+    got = run_tables.collect_table(p.specs, runs_dir, hyp.design.layers, failed)
     per_seed = seed_objective(hyp, got.table, hyp.sweep.dataset) if len(got.table) else pd.Series(dtype=float)
     finite = per_seed[np.isfinite(per_seed.to_numpy(dtype=float))]
     try:

@@ -43,8 +43,8 @@ def _finish(run_dir: Path) -> dict:
 
 
 def _tiny_specs(text: str = ONE_SEED):
+    from study.run_triage import plan
     from study.schema import parse_hypothesis
-    from study.stages import plan
 
     hyp = parse_hypothesis(yaml.safe_load(text))
     return hyp, plan(hyp)
@@ -784,7 +784,7 @@ def test_case6_each_output_folder_s_training_reaches_mlflow_once(tmp_path, case6
     from mlflow.tracking import MlflowClient
 
     from study.doctor import check_store
-    from study.stages import log_run
+    from study.run_logging import log_run
     from study.tracking import Tracker
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", case6_store)

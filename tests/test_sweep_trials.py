@@ -13,7 +13,7 @@ import optuna
 import pytest
 import yaml
 
-from study import stages, sweep, sweep_heartbeat, sweep_storage, sweep_trials
+from study import run_triage, stages, sweep, sweep_heartbeat, sweep_storage, sweep_trials
 from study.schema import parse_hypothesis
 from study.tracking import NullTracker
 from tests.conftest import TINY_SWEEP
@@ -40,7 +40,7 @@ def test_each_trial_is_told_when_its_own_runs_end(tmp_path, monkeypatch):
     states: list[list[str]] = []
 
     def fill_runs(specs, out_dir, hyp, tracker, opts, log, *, on_triaged=None, on_ended=None, **kw):
-        tri = stages.Triage(todo=[s for s in specs if s.key not in {x.key for x in points[2].specs}])
+        tri = run_triage.Triage(todo=[s for s in specs if s.key not in {x.key for x in points[2].specs}])
         on_triaged(specs, tri)  # trial 2's runs were finished before: it is told now
         states.append([t.state.name for t in study.get_trials()])
         for p in points[:2]:  # trial 0's runs end, then trial 1's
@@ -122,7 +122,7 @@ def test_trials_of_one_batch_last_as_long_as_their_own_runs(tmp_path, monkeypatc
     spans, starts = {}, {}
 
     def fill_runs(specs, out_dir, hyp, tracker, opts, log, *, on_triaged=None, on_ended=None, **kw):
-        on_triaged(specs, stages.Triage(todo=list(specs)))
+        on_triaged(specs, run_triage.Triage(todo=list(specs)))
         for p, length in zip(points, (0.15, 0.45), strict=True):  # trial 1's runs start after trial 0's end
             t0 = starts[p.number] = time.time()
             time.sleep(length)
@@ -131,7 +131,7 @@ def test_trials_of_one_batch_last_as_long_as_their_own_runs(tmp_path, monkeypatc
                 RunFolder(tmp_path / "runs" / s.key).write_result({**result, "started_at": t0})
                 on_ended(s, result)
             spans[p.number] = time.time() - t0
-        return stages.Filled(list(specs), stages.Triage(todo=list(specs)))
+        return stages.Filled(list(specs), run_triage.Triage(todo=list(specs)))
 
     monkeypatch.setattr(stages, "fill_runs", fill_runs)
     sweep._run_batch(points, hyp, tmp_path, NullTracker(), stages.RunOptions(), print, stages.Filled())
@@ -185,9 +185,9 @@ def test_a_gone_driver_s_trials_on_another_host_are_rerun_at_once(tmp_path, monk
 
     def fill_runs(specs, out_dir, hyp, tracker, opts, log, *, on_triaged=None, on_ended=None, **kw):
         _plant([sweep_trials.TrialPoint(0, {}, None, list(specs))], tmp_path / "runs")
-        on_triaged(specs, stages.Triage())  # every run finished: each trial is told at once
+        on_triaged(specs, run_triage.Triage())  # every run finished: each trial is told at once
         told.append(len(specs))
-        return stages.Filled(list(specs), stages.Triage(finished=[s.key for s in specs]))
+        return stages.Filled(list(specs), run_triage.Triage(finished=[s.key for s in specs]))
 
     monkeypatch.setattr(stages, "fill_runs", fill_runs)
     lines: list[str] = []
