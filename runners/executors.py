@@ -8,7 +8,8 @@ adding an executor is one class and one ``EXECUTORS.register(NAME, ExecutorKind(
 (``tests/test_executors.py`` runs its shared contract over every entry).
 
 An executor takes a picklable job function and a list of job argument tuples and yields
-``(index, result, error)`` as jobs finish. ``InlineExecutor`` runs in this process (tests, GPU);
+``(index, result, error)`` as jobs finish. ``InlineExecutor`` runs in this process (tests, one GPU);
+``runners.gpu_workers``' ``GpuExecutor`` one spawned worker per GPU of the host (or K per GPU);
 ``ProcessExecutor`` runs jobs in spawned worker processes (on 2 CPU cores, two 1-thread processes nearly
 double throughput on small images); ``RayExecutor`` runs them as Ray tasks, and ``runners.slurm``'s
 ``SlurmExecutor`` as tasks of Slurm job arrays.
@@ -424,8 +425,16 @@ class ExecutorKind:
 
 
 def _local(opts: ExecutorOptions) -> Executor:
-    """``workers='auto'`` is one in-process worker on a GPU; on CPU one process per core, 1 thread each.
-    Every run's thread count is :func:`run_threads` (the workers asked for, not as many as there are jobs)."""
+    """``workers='auto'`` is one worker per visible GPU (``runners.gpu_workers``: ``--runs-per-gpu`` K per
+    GPU, ``--gpus`` to pick them; one GPU: one in-process worker); on CPU one process per core, 1 thread
+    each. Every CPU run's thread count is :func:`run_threads` (the workers asked for, not as many as there
+    are jobs)."""
+    if opts.cuda or opts.options:
+        from runners import gpu_workers
+
+        pinned = gpu_workers.from_options(opts.workers, opts.n_jobs, opts.options)
+        if pinned is not None:
+            return pinned
     cores = os.cpu_count() or 1
     threads = run_threads(opts.workers, cores, opts.cuda)
     workers = opts.workers
@@ -454,7 +463,17 @@ def _slurm_check(opts: ExecutorOptions) -> None:
 
 
 EXECUTORS: Registry[ExecutorKind] = Registry("executor")
-EXECUTORS.register("local", ExecutorKind(_local, summary="processes on this host"))
+
+
+def _local_check(opts: ExecutorOptions) -> None:
+    from runners.gpu_workers import check_options
+
+    check_options(opts.options)
+
+
+EXECUTORS.register(
+    "local", ExecutorKind(_local, summary="processes on this host, one per GPU", check=_local_check)
+)
 EXECUTORS.register("ray", ExecutorKind(_ray, needs_cluster=True, summary="tasks on a Ray cluster"))
 EXECUTORS.register(
     "slurm",

@@ -64,7 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--out", type=Path, default=Path("study_results"), help="output folder (default: study_results)"
     )
-    r.add_argument("--workers", default="auto", help="parallel training processes ('auto': one per CPU core)")
+    r.add_argument(
+        "--workers",
+        default="auto",
+        help="parallel training processes ('auto': one per CPU core, or one per visible GPU)",
+    )
     r.add_argument("--force", action="store_true", help="retrain runs even if finished results exist")
     r.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     r.add_argument(
@@ -106,7 +110,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sw.add_argument("--storage", default=None, help=_STORAGE_HELP)
     sw.add_argument(
-        "--workers", default="auto", help="parallel training processes ('auto': one per CPU core)"
+        "--workers",
+        default="auto",
+        help="parallel training processes ('auto': one per CPU core, or one per visible GPU)",
     )
     sw.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     sw.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
@@ -167,8 +173,10 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpus-per-run", type=float, default=0, help="GPUs each Ray or Slurm task requests (default 0)"
     )
+    from study.gpu_flags import add_gpu_flags
     from study.slurm_flags import add_slurm_flags
 
+    add_gpu_flags(p)
     add_slurm_flags(p)
     p.add_argument(
         "--leases",
@@ -465,6 +473,7 @@ def _run_options(args: argparse.Namespace, argv: list[str] | None, names: dict[s
     workers = _workers(args.workers)
     if args.cpus_per_run <= 0 or args.gpus_per_run < 0:
         raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
+    from study.gpu_flags import gpu_options
     from study.slurm_flags import executor_options
 
     placement = Placement(
@@ -473,7 +482,7 @@ def _run_options(args: argparse.Namespace, argv: list[str] | None, names: dict[s
         args.cpus_per_run,
         args.gpus_per_run,
         args.leases,
-        tuple(executor_options(args).items()),
+        tuple({**executor_options(args), **gpu_options(args)}.items()),
     )
     return RunOptions(
         workers=workers,
@@ -499,6 +508,7 @@ def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
     from analysis.verdicts import format_verdicts
     from study import api
     from study.cluster import check_database
+    from study.gpu_flags import gpu_options
     from study.slurm_flags import executor_options
 
     if names["--leases"] != "--leases":  # from STUDY_LEASES: its one line names the variable
@@ -523,7 +533,7 @@ def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
         cpus_per_run=args.cpus_per_run,
         gpus_per_run=args.gpus_per_run,
         leases=args.leases,
-        executor_options=executor_options(args),
+        executor_options={**executor_options(args), **gpu_options(args)},
         log=print,
         command=redact(_command(argv, args, names)),  # recorded in MLflow, verdicts.json and the report
     )
