@@ -40,3 +40,19 @@ def oom_on(i: int, device: str, pause: float = 0.0) -> dict:
         fake.set_num_threads = lambda n: None  # type: ignore[attr-defined]
         raise OutOfMemoryError(f"CUDA out of memory (job {i})")
     return record(i, pause)
+
+
+def cuda_probe(i: int) -> dict:
+    """What a real GPU worker sees: how many devices, and the one it trains on (``tests/test_gpu.py``)."""
+    import torch
+
+    x = torch.ones(1024, device="cuda")
+    props = torch.cuda.get_device_properties(0)
+    return {**record(i), "count": torch.cuda.device_count(), "uuid": str(props.uuid), "sum": float(x.sum())}
+
+
+def allocate(gib: float) -> None:
+    """Ask for ``gib`` GiB of device memory at once (more than the GPU has: a real out-of-memory error)."""
+    import torch
+
+    torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
