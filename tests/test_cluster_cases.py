@@ -99,9 +99,9 @@ def _private_node(monkeypatch, tmp_path):
 
     real = runners.jobs.execute_claimed_run
 
-    def on_private_node(run, run_dir, data_dir, leases, study="", token=""):
+    def on_private_node(run, run_dir, data_dir, leases, study="", token="", label=""):
         node_out = tmp_path / "node-disk"
-        return real(run, str(node_out / "runs" / Path(run_dir).name), data_dir, leases, study, token)
+        return real(run, str(node_out / "runs" / Path(run_dir).name), data_dir, leases, study, token, label)
 
     monkeypatch.setattr(runners.jobs, "execute_claimed_run", on_private_node)
 
@@ -487,7 +487,7 @@ def test_case9_a_run_leased_elsewhere_frees_its_slot_and_reuses_the_holder_s_res
     scoped = lease_key(a.key, write_token(tmp_path / "out"))  # this folder's lease of run A
     assert store.acquire(scoped, "other-host:1:abc", 60)  # a live holder elsewhere
 
-    def training(run, run_dir, data_dir):
+    def training(run, run_dir, data_dir, label=""):
         trained.append(run["key"])
         return _finish(Path(run_dir))
 
@@ -745,7 +745,7 @@ def test_case6_two_output_folders_hold_separate_leases_each_run_filled_once(
     from study.cluster import format_status
 
     db = fresh_database(postgres_url, "case6_leases")
-    monkeypatch.setattr(runners.jobs, "execute_run", lambda run, run_dir, data_dir: _finish(Path(run_dir)))
+    monkeypatch.setattr(runners.jobs, "execute_run", lambda run, run_dir, data_dir, label="": _finish(Path(run_dir)))
     _, [spec] = _tiny_specs()
     try:
         for out in ("a", "b"):  # B's job after A's run finished: A's finished lease is not B's run
