@@ -467,7 +467,9 @@ def execute(
     )
     # absolute paths: a Ray worker runs in its own folder, and reaches the shared output folder by them
     runs_dir, data_dir = Path(runs_dir).resolve(), Path(data_dir).resolve()
-    jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir), leases, study, token, s.label) for s in todo]
+    jobs = [
+        (s.model_dump(), str(runs_dir / s.key), str(data_dir), leases, study, token, s.label) for s in todo
+    ]
     failed, t0 = dict[str, str](), time.perf_counter()
     # a run finished on disk is never failed; one reported finished but not readable here is (its host)
     requeue = _requeue_waiting(todo, log)  # a run leased live elsewhere: sent again later, holding no slot

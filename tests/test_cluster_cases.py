@@ -745,7 +745,9 @@ def test_case6_two_output_folders_hold_separate_leases_each_run_filled_once(
     from study.cluster import format_status
 
     db = fresh_database(postgres_url, "case6_leases")
-    monkeypatch.setattr(runners.jobs, "execute_run", lambda run, run_dir, data_dir, label="": _finish(Path(run_dir)))
+    monkeypatch.setattr(
+        runners.jobs, "execute_run", lambda run, run_dir, data_dir, label="": _finish(Path(run_dir))
+    )
     _, [spec] = _tiny_specs()
     try:
         for out in ("a", "b"):  # B's job after A's run finished: A's finished lease is not B's run
