@@ -118,8 +118,8 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--json", action="store_true", help="print the verdicts as JSON")
 
     # ---- observatory verbs: score spectra / rebuild tables from saved runs (no model needed) -----------
-    mt = sub.add_parser("metrics", help="eigenvalue metrics of a spectrum (.npy) as JSON (null: undefined)")
-    mt.add_argument("spectrum", type=Path, help="a .npy file holding a 1-D vector of eigenvalues")
+    mt = sub.add_parser("metrics", help="eigenvalue metrics of spectra (.npy/.npz) as JSON (null: undefined)")
+    mt.add_argument("spectrum", type=Path, help="a .npy 1-D vector of eigenvalues, or a run's spectra.npz")
     tb = sub.add_parser("table", help="rebuild the tidy table from the saved spectra of a hypothesis's runs")
     tb.add_argument("hypothesis", type=Path)
     tb.add_argument("--out", type=Path, default=Path("study_results"), help="the folder `run` wrote to")
@@ -350,9 +350,9 @@ def _serve(cmd: list[str], env: dict[str, str] | None = None, on_start=None) -> 
 
 
 def _metrics_verb(path: Path) -> int:
-    from analysis.spectral import load_spectrum, metrics_json
+    from analysis.spectral import spectra_metrics_json
 
-    print(json.dumps(metrics_json(load_spectrum(path)), indent=1, allow_nan=False))
+    print(json.dumps(spectra_metrics_json(path), indent=1, allow_nan=False))
     return 0
 
 
