@@ -30,7 +30,7 @@ import numpy as np
 
 from analysis.kinds import get_kind
 from analysis.kinds.base import TableView
-from analysis.power import plan_claim
+from analysis.power import MAX_SEEDS, plan_claim
 from analysis.verdicts import families
 from study.gpu_cost import format_estimate, gpu_estimate
 from study.runspecs import RunSpec
@@ -210,11 +210,12 @@ def format_plan(plan: dict) -> str:
 
     def seeds(row, k):
         a, b = row[f"seeds_{k}"], row[f"seeds_{k}_upper"]
-        return f"{a if a is not None else '-'} ({b if b is not None else '-'})"
+        return f"{_seeds_cell(a, row['d'])} ({_seeds_cell(b, row['d_upper'])})"
 
-    def hours(row):
+    def hours(row):  # ?: no run time known for the design; n/a: no seeds to multiply it by
         a, b = row["run_hours_80"], row["run_hours_80_upper"]
-        return f"{fmt_num(a, 2) if a is not None else '-'} ({fmt_num(b, 2) if b is not None else '-'})"
+        na, nb = ("?" if row[k] is not None else "n/a" for k in ("seeds_80", "seeds_80_upper"))
+        return f"{fmt_num(a, 2) if a is not None else na} ({fmt_num(b, 2) if b is not None else nb})"
 
     rows = [head]
     for r in plan["claims"]:
@@ -247,7 +248,34 @@ def format_plan(plan: dict) -> str:
             )
         if r["effect"] is None:
             lines.append(f"! {r['claim']}: no smallest effect of interest (declare sesoi, or give a pilot)")
+        elif (why := _no_seeds_reason(r)) is not None:
+            lines.append(f"! {r['claim']}: {why}")
     return "\n".join(lines)
+
+
+def _seeds_cell(n: int | None, d: float) -> str:
+    """A seeds cell: the number, ``>MAX_SEEDS`` when the power is reached beyond the plan's count (a
+    positive effect too small), or ``n/a`` (no effect, no SD, or an effect against the claim: said below)."""
+    if n is not None:
+        return str(n)
+    return f">{MAX_SEEDS}" if math.isfinite(d) and d > 0 else "n/a"
+
+
+def _no_seeds_reason(row: dict) -> str | None:
+    """Why a claim with an effect has no seeds for 80% power (None: it has them)."""
+    if row["seeds_80"] is not None:
+        return None
+    d = row["d"]
+    if not math.isfinite(row["sd"]):
+        return f"seeds n/a: no per-seed SD (a pilot of >= 2 seeds gives it; this one has {row['n_pilot']})"
+    if row["sd"] == 0:
+        return "seeds n/a: the pilot's per-seed values do not vary (SD 0)"
+    if not (math.isfinite(d) and d > 0):
+        return f"seeds n/a: the effect points away from the claim (d = {fmt_num(d, 3)}): no number of seeds"
+    return (
+        f"80% power needs more than {MAX_SEEDS} seeds at d = {fmt_num(d, 3)} (effect / per-seed SD); the "
+        f"plan counts up to {MAX_SEEDS}"
+    )
 
 
 def _timed_step(run: dict) -> float:
