@@ -159,13 +159,15 @@ class Design(Strict):
         cell is keyed as the single-condition file with the same parts: ``study.conditions``)."""
         design = handler(data)
         is_cell = bool(info.context and info.context.get("cell"))
+        trains = not (info.context and info.context.get("trains") is False)  # max_runs bounds training only
         if design.untrained and not is_cell:
             raise _FieldError(
                 "design.untrained",
                 "untrained: true goes in a condition (its rows are the epoch-0 rows of a trained condition's runs)",
             )
         if design.conditions is None and design.factors is None:
-            design._check_size([Cell(None, design)], "design.seeds")
+            if trains:
+                design._check_size([Cell(None, design)], "design.seeds")
             return design
         if design.conditions is not None and design.factors is not None:
             raise _FieldError("design.factors", "give conditions or factors, not both")
@@ -182,10 +184,11 @@ class Design(Strict):
             data if isinstance(data, dict) else design.model_dump(),
             design.conditions,
             design.factors,
-            lambda raw: cls.model_validate(raw, context={"cell": True}),
+            lambda raw: cls.model_validate(raw, context={**(info.context or {}), "cell": True}),
             _error_of,
         )
-        design._check_size(cells, "design.factors" if design.factors else "design.conditions")
+        if trains:
+            design._check_size(cells, "design.factors" if design.factors else "design.conditions")
         design._cells = cells
         return design
 
@@ -658,12 +661,15 @@ def _error_of(exc: ValidationError) -> tuple[str, str]:
     return _loc(err["loc"]), msg
 
 
-def parse_hypothesis(data: object, file: str = "<hypothesis>") -> Hypothesis:
-    """Validate already-parsed YAML data; raise StudyError naming file, field and expectation."""
+def parse_hypothesis(data: object, file: str = "<hypothesis>", trains: bool = True) -> Hypothesis:
+    """Validate already-parsed YAML data; raise StudyError naming file, field and expectation.
+
+    ``trains=False`` (``analyze`` on a saved table): ``design.max_runs``, a bound on training, is not
+    applied."""
     if not isinstance(data, dict):
         raise StudyError(f"expected a mapping at the top level, got {type(data).__name__}", file)
     try:
-        return Hypothesis.model_validate(data)
+        return Hypothesis.model_validate(data, context={"trains": trains})
     except ValidationError as exc:
         raise _study_error(exc, file) from None
 
@@ -782,7 +788,7 @@ def _read_yaml(path: Path) -> object:
             loader.dispose()
 
 
-def load_hypothesis(path: str | Path) -> Hypothesis:
+def load_hypothesis(path: str | Path, trains: bool = True) -> Hypothesis:
     """Read and validate a hypothesis YAML file.
 
     The loader is safe (no tag executes code or constructs an object) and strict: a duplicate key, nesting
@@ -791,4 +797,4 @@ def load_hypothesis(path: str | Path) -> Hypothesis:
     path = Path(path)
     if not path.is_file():
         raise StudyError("file not found (expected a hypothesis YAML file)", str(path))
-    return parse_hypothesis(_read_yaml(path), str(path))
+    return parse_hypothesis(_read_yaml(path), str(path), trains)
