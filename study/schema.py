@@ -240,11 +240,14 @@ class Design(Strict):
             data = {**data, "objective": obj}
         return data
 
-    @field_validator("seeds")
+    @field_validator("seeds", "checkpoints")
     @classmethod
-    def _unique_seeds(cls, v: list[int]) -> list[int]:
-        if len(set(v)) != len(v):
-            raise ValueError("seeds must be unique")
+    def _each_once(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        """A repeated seed or checkpoint epoch changes no run but the design's hash (pre-registration)."""
+        twice = sorted({x for i, x in enumerate(v or []) if x in v[:i]}) if v else []
+        if twice:
+            what = "seed" if info.field_name == "seeds" else "epoch"
+            raise ValueError(f"expected each {what} once; {', '.join(map(str, twice))} given more than once")
         return v
 
     @model_validator(mode="after")
