@@ -314,7 +314,7 @@ def header_lines(inp: ReportInput) -> list[str]:
         reg = r.registration
         if reg:
             extra = f" (its data existed from {reg['data_from']})" if reg.get("data_from") else ""
-            extra += f" ({reg['reason']})" if reg.get("reason") and not reg.get("data_from") else ""
+            extra += f" ({reg['reason']})" if reg.get("reason") else ""  # why: which runs existed before
             extra += (
                 f"; a new registration was started {reg['new_registration']}"
                 if reg.get("new_registration")

@@ -192,17 +192,29 @@ def _mark_post_hoc(data: dict, claim, now: float, reason: str) -> None:
     )
 
 
+def _finished(claim, specs, runs_dir: Path) -> tuple[list[tuple[float, str]], int]:
+    """((finish time, label) of each finished run of the datasets ``claim`` names, earliest first; how
+    many runs of those datasets are planned)."""
+    named = set(claim.datasets_named())
+    mine = [s for s in specs if s.dataset["name"] in named]
+    done = [(t, s.label) for s in mine if (t := RunFolder(Path(runs_dir) / s.key).finished_at()) is not None]
+    return sorted(done), len(mine)
+
+
 def _earliest_finish(claim, specs, runs_dir: Path) -> float | None:
     """The earliest finish time (unix s) of the runs of the datasets ``claim`` names (None: none)."""
-    named = set(claim.datasets_named())
-    return min(
-        (
-            t
-            for s in specs
-            if s.dataset["name"] in named
-            and (t := RunFolder(Path(runs_dir) / s.key).finished_at()) is not None
-        ),
-        default=None,
+    done, _ = _finished(claim, specs, runs_dir)
+    return done[0][0] if done else None
+
+
+def _late_reason(now: float, done: list[tuple[float, str]], planned: int) -> str:
+    """Why a claim registered at ``now`` is post hoc: which of its runs existed already, and what that means
+    (runs reused from another study of the folder, e.g. a control file's trained cell, count too)."""
+    first_t, first = done[0]
+    return (
+        f"registered {_iso(now)}, after {len(done)} of its {planned} runs had finished (the first, {first}, "
+        f"at {_iso(first_t)}; runs reused from an earlier invocation or from another study of this output "
+        "folder count): its data existed before the claim"
     )
 
 
@@ -293,9 +305,14 @@ def register(
             claims.setdefault(h, entry)  # a legacy hash moves to the canonical one, with its first time
             continue
         claims[h] = {"name": claim.name, **_stamp(now), "claim": _dump(claim)}
-        late = data_existed or (runs is not None and _earliest_finish(claim, *runs) is not None)
-        if late and not fresh:
-            _mark_post_hoc(data, claim, now, f"registered {_iso(now)}, after some of its runs had finished")
+        done, planned = _finished(claim, *runs) if runs is not None else ([], 0)
+        if (data_existed or done) and not fresh:
+            why = (
+                _late_reason(now, done, planned)
+                if done
+                else f"registered {_iso(now)}, after some of its runs had finished"
+            )
+            _mark_post_hoc(data, claim, now, why)
     dh, dump = design_hash(hyp.design), hyp.design.model_dump(mode="json")
     by_runs = _runs_edited(data, hyp, runs[0], tested, now) if runs is not None else {}
     for claim in hyp.claims:

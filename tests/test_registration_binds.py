@@ -123,6 +123,28 @@ def test_register_judges_a_design_edit_by_the_claim_s_runs(tmp_path, seeds, max_
     assert [e["what"] for e in reg.get("edits", [])] == (["seeds"] if status == "post hoc" else [])
 
 
+def test_a_claim_registered_after_its_runs_says_which_runs_existed(tmp_path):
+    """A control file run after the default study reuses its trained runs: each claim is post hoc, and the
+    reason names how many of its runs, which one first, and that reused runs count (it was said nowhere)."""
+    from types import SimpleNamespace
+
+    from study.registration import claim_status, register
+    from vitstudy_core.runfolder import RunFolder
+
+    hyp = parse_hypothesis(yaml.safe_load(open(_write(tmp_path, [DIFF]))))
+    specs = [
+        SimpleNamespace(key=f"k{s}", seed=s, dataset={"name": "objects"}, label=f"trained/objects/seed{s}")
+        for s in (0, 1, 2)
+    ]
+    RunFolder(tmp_path / "runs" / "k0").write_result({"status": "finished", "finished_at": 1.0e9})
+    reg = register(tmp_path / "studies" / "tiny", hyp, runs=(specs, tmp_path / "runs"), now=2.0e9)
+    status = claim_status(reg, hyp, specs, tmp_path / "runs")["higher"]
+    assert status["status"] == "post hoc"
+    why = status["reason"]
+    assert "after 1 of its 3 runs had finished (the first, trained/objects/seed0, at 2001-09-09" in why
+    assert "another study of this output folder" in status["reason"]
+
+
 @pytest.mark.slow  # through the CLI; test_register_judges_a_design_edit_by_the_claim_s_runs is the default
 def test_seeds_edited_with_a_no_op_design_edit_are_still_flagged(tmp_path, source, capsys):
     """An edit elsewhere in the design that changes no run (here ``max_runs``) gives the design a new hash;
