@@ -260,11 +260,13 @@ def _check_database(flag: str, url: str) -> None:
 def status_counts(leases: str | Path, name: str = "--leases") -> dict[str, Counter]:
     """Study name -> counts of its runs by :data:`COLUMNS`, from the lease store (``name``: what an error
     calls it, the flag or the variable it came from)."""
+    from runners.lease_members import members
     from runners.leases import open_lease_store
 
     try:
         store = open_lease_store(leases)
         rows, now = store.leases(), store.now()  # a database's leases expire on its own clock
+        planned = members(store)  # each study's own runs, shared ones too (runners.lease_members)
     except Exception as exc:  # noqa: BLE001 - an unreachable store is one line
         raise StudyError(
             f"{name}: cannot read the lease store ({type(exc).__name__}: {exc})", redact(str(leases))
@@ -274,15 +276,24 @@ def status_counts(leases: str | Path, name: str = "--leases") -> dict[str, Count
     # a lease from before leases were scoped by folder (``<run key>`` alone) is superseded by a scoped one
     scoped = {(x.study, x.run_key.partition("@")[0]) for x in rows if "@" in x.run_key}
     rows = [x for x in rows if "@" in x.run_key or (x.study, x.run_key) not in scoped]
+    # a run counts for the study that leased it and for every study that plans it (a control file's
+    # trained cell is the default study's runs): each study by its own runs, not by who trained them
+    owners: dict[str, set[str]] = {}
+    for lease in rows:
+        owners.setdefault(lease.run_key, set()).add(lease.study or "(unnamed)")
+    for study, keys in planned.items():
+        for key in keys:
+            if key in owners:
+                owners[key].add(study)
     for lease in rows:
         state = lease.state
         if state == "running" and not lease.live(now):
             state = "stalled"
-        study = lease.study or "(unnamed)"
-        out.setdefault(study, Counter())[state] += 1
         scope = lease.run_key.partition("@")[2]  # its output folder (runners.shared_out.lease_key)
-        if scope:  # a pre-scope lease belongs to no folder this can tell apart
-            folders.setdefault(study, set()).add(scope)
+        for study in owners[lease.run_key]:
+            out.setdefault(study, Counter())[state] += 1
+            if scope:  # a pre-scope lease belongs to no folder this can tell apart
+                folders.setdefault(study, set()).add(scope)
     # output folders sharing the store each train their own copy of a study's runs: said, not hidden
     return {
         (f"{s} ({len(folders[s])} output folders)" if len(folders.get(s, ())) > 1 else s): c

@@ -374,6 +374,11 @@ def fill_runs(
     fetch_stored(tri, specs, runs_dir, tracker)
     clear_for_training(tri.todo, runs_dir, force)
     log_triage(log, heading or f"study {hyp.name}", specs, tri)
+    from runners.lease_members import record_planned  # status counts a study by all its runs
+
+    record_planned(
+        opts.placement.lease_store(runs_dir), runs_dir, hyp.name, [s.key for s in specs], bool(tri.todo)
+    )
     data = prepare_data(tri.todo, data_dir, log)
     if on_triaged is not None:
         on_triaged(specs, tri)
@@ -466,10 +471,8 @@ def execute(
         gpus_per_run=place.gpus_per_run,
     )
     # absolute paths: a Ray worker runs in its own folder, and reaches the shared output folder by them
-    runs_dir, data_dir = Path(runs_dir).resolve(), Path(data_dir).resolve()
-    jobs = [
-        (s.model_dump(), str(runs_dir / s.key), str(data_dir), leases, study, token, s.label) for s in todo
-    ]
+    runs_dir, data = Path(runs_dir).resolve(), str(Path(data_dir).resolve())
+    jobs = [(s.model_dump(), str(runs_dir / s.key), data, leases, study, token, s.label) for s in todo]
     failed, t0 = dict[str, str](), time.perf_counter()
     # a run finished on disk is never failed; one reported finished but not readable here is (its host)
     requeue = _requeue_waiting(todo, log)  # a run leased live elsewhere: sent again later, holding no slot

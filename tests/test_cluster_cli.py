@@ -70,6 +70,36 @@ def test_status_counts_each_study_s_runs_by_state_from_a_lease_folder(tmp_path):
     assert by_url.returncode == 0 and status_table(by_url.stdout) == EXPECTED
 
 
+@pytest.mark.parametrize("kind", ["folder", "sqlite"])
+def test_status_counts_a_study_by_its_own_runs_shared_ones_too(tmp_path, kind):
+    """``controls`` plans 10 runs, 5 of them the default study's (trained and leased by it): it counts 10
+    (was 5: a lease names the study that trained it), and ``u_shape`` still counts its 5."""
+    from runners.lease_members import members, record, record_planned
+    from runners.leases import open_lease_store
+    from runners.shared_out import lease_key, read_token
+    from study.cluster import status_counts
+
+    where = str(tmp_path / "leases") if kind == "folder" else f"sqlite:///{tmp_path / 'leases.db'}"
+    store = open_lease_store(where)
+    trained, shuffled = [f"t{i}" for i in range(5)], [f"s{i}" for i in range(5)]
+    for study, keys in (("u_shape", trained), ("controls", shuffled)):
+        store.announce(study, keys)
+        for key in keys:
+            assert store.acquire(key, "w1", ttl=60, study=study)
+            store.release(key, "w1", "finished")
+    record(store, "u_shape", trained)
+    record(store, "controls", trained + shuffled)
+    record(store, "controls", trained)  # recorded again by a rerun: counted once
+    counts = status_counts(where)
+    assert counts["controls"]["finished"] == 10 and sum(counts["controls"].values()) == 10
+    assert counts["u_shape"]["finished"] == 5 and sum(counts["u_shape"].values()) == 5
+    # what ``run`` records: every planned run (reused ones too), scoped by the output folder's token
+    runs = tmp_path / "out" / "runs"
+    record_planned(where, runs, "controls", ["r0", "r1"], training=True)
+    token = read_token(tmp_path / "out")
+    assert {lease_key("r0", token), lease_key("r1", token)} <= members(open_lease_store(where))["controls"]
+
+
 def test_status_reads_a_postgresql_lease_store(postgres_url):
     from runners.leases import open_lease_store
 
