@@ -204,8 +204,20 @@ class StudyResult:
         """The looks of a study run until decided (``verdicts.json`` ``sequential``), else None."""
         return self.payload.get("sequential")
 
+    @property
+    def conditions(self) -> list[str]:
+        """The design's conditions (cells) in the table, in order; [] for a design without conditions."""
+        from analysis.table import conditions_of
+
+        return conditions_of(self.table)
+
     def profile(
-        self, metric: str, dataset: str | None = None, epoch: int | str = "last", token_set: str = "all"
+        self,
+        metric: str,
+        dataset: str | None = None,
+        epoch: int | str = "last",
+        token_set: str = "all",
+        condition: str | None = None,
     ) -> pd.DataFrame:
         """The metric by layer: one row per seed, then ``mean``, ``ci_low``, ``ci_high`` (the two-sided 95% t
         interval of the mean across seeds, ``analysis.inference.t_test``) and ``n`` (seeds with a value).
@@ -213,8 +225,10 @@ class StudyResult:
         Args:
             metric: a metric of the table (``eed_pct``, ``spectral_entropy``, an observable, ...).
             dataset: the dataset (default: the table's only one; with several, required).
-            epoch: a checkpoint epoch or ``last`` (the largest in the table).
+            epoch: a checkpoint epoch or ``last`` (the largest of the slice; 0 in an untrained cell).
             token_set: ``all``, ``cls`` or ``patch``.
+            condition: the design's condition (:attr:`conditions`; with several, required: a profile never
+                averages the runs of different conditions).
 
         Returns:
             (S + 4, L) DataFrame: index ``seed`` (the seeds, then the four summary rows), columns the
@@ -222,7 +236,7 @@ class StudyResult:
         """
         from analysis.table import seed_profile
 
-        return seed_profile(self.table, metric, dataset, epoch, token_set, str(self.folder))
+        return seed_profile(self.table, metric, dataset, epoch, token_set, str(self.folder), condition)
 
     def figures(self, claim: int | str) -> list[Figure]:
         """The report's figures of one claim (``analysis.report.build_sections``), rendered PNGs with what

@@ -154,16 +154,65 @@ def test_quickstart_notebook_runs(flows, monkeypatch):
     assert "higher" in shown and "ACCEPTED" in shown
 
 
+def _two_studies(result, root):
+    """An output folder ``root/study_results`` as the README's first two steps leave it: the default study
+    (``u_shape``) and ``controls`` finished side by side (here both the tiny study's folder, linked)."""
+    out = root / "study_results"
+    (out / "studies").mkdir(parents=True)
+    (out / "runs").symlink_to(result.folder.parent.parent / "runs")
+    for name in ("u_shape", "controls"):
+        (out / "studies" / name).symlink_to(result.folder)
+    return out
+
+
 def test_use_from_python_example(flows, capsys, tmp_path, monkeypatch):
     """examples/use_from_python.py (the README's "Use from Python" snippet) runs as written, in a folder
-    whose ``study_results`` is the finished study's output folder."""
+    whose ``study_results`` holds two finished studies (the default study and controls.yaml's); without
+    ``name=`` ``load`` says in one line which to pick."""
     _, result, _, _ = flows
-    (tmp_path / "study_results").symlink_to(result.folder.parent.parent)
+    out = _two_studies(result, tmp_path)
+    with pytest.raises(study.StudyError) as err:
+        study.load(out)
+    assert str(err.value) == (
+        f"{out}: 2 finished studies and sweeps here ['controls', 'u_shape']: pick one with "
+        f"study.load('{out}', name='controls')"
+    )
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(REPO / "examples" / "use_from_python.py"))
-    out = capsys.readouterr().out
-    assert "higher" in out and "ACCEPTED" in out and "ci_high" in out
+    printed = capsys.readouterr().out
+    assert "higher" in printed and "ACCEPTED" in printed and "ci_high" in printed
     assert (tmp_path / "claim.png").stat().st_size > 1000
+
+
+def test_profile_of_a_study_with_conditions_names_one(flows):
+    """``profile`` never averages conditions (before: trained and shuffled runs of a seed were averaged):
+    without ``condition=`` on a study of several it is one error; with it, that condition's seeds alone."""
+    from dataclasses import replace
+
+    _, result, _, _ = flows
+    table = result.table
+    shifted = table.assign(condition="shuffled", value=table.value + 10.0, run_key=table.run_key + "s")
+    both = replace(
+        result, inp=replace(result.inp, table=pd.concat([table.assign(condition="trained"), shifted]))
+    )
+    assert both.conditions == ["trained", "shuffled"] and result.conditions == []
+    with pytest.raises(study.StudyError) as err:
+        both.profile("diagonality")
+    assert str(err.value) == (
+        f"{result.folder}: condition: this study has 2 conditions ['trained', 'shuffled']: expected "
+        "condition= one of them (rows of different conditions come from different runs and are never averaged)"
+    )
+    plain = result.profile("diagonality")
+    pd.testing.assert_frame_equal(both.profile("diagonality", condition="trained"), plain)
+    pd.testing.assert_frame_equal(
+        both.profile("diagonality", condition="shuffled").loc[[0, 1, 2]], plain.loc[[0, 1, 2]] + 10.0
+    )
+    with pytest.raises(
+        study.StudyError, match=r"condition: expected condition= one of \['trained', 'shuffled'\]"
+    ):
+        both.profile("diagonality", condition="untrained")
+    with pytest.raises(study.StudyError, match="this study's design has none"):
+        result.profile("diagonality", condition="trained")
 
 
 def test_import_study_stays_light():
