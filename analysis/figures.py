@@ -1,5 +1,9 @@
 """The report's figures: matplotlib, headless, each returned as PNG bytes with a record of what it drew.
 
+Figures are made through matplotlib's object API (``matplotlib.figure.Figure``, :func:`new_figure`), which
+needs no backend and leaves pyplot's state alone: importing this module never switches the backend, so a
+notebook that loads a study keeps its own (inline figures in Jupyter).
+
 Every figure function takes the tidy table and plain arguments (metric, token set, datasets, epochs,
 layers) that a claim kind chooses (``analysis.kinds``: each kind's ``figures``), and returns a
 :class:`Figure` whose ``plotted`` says which datasets, epochs and layers were actually drawn, so tests can
@@ -16,19 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure as MplFigure
+from scipy import stats
 
-matplotlib.use("Agg")  # no display; set before pyplot is imported anywhere
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from scipy import stats  # noqa: E402
-
-from analysis.observables import metric_range  # noqa: E402
-from analysis.spectral import Bounds  # noqa: E402
-from vitstudy_core.fmt import unit_of  # noqa: E402
-from vitstudy_core.knobs import KNOBS  # noqa: E402
-from vitstudy_core.runfolder import RunFolder  # noqa: E402
+from analysis.observables import metric_range
+from analysis.spectral import Bounds
+from vitstudy_core.fmt import unit_of
+from vitstudy_core.knobs import KNOBS
+from vitstudy_core.runfolder import RunFolder
 
 _DPI = 90  # enough to read axis labels; keeps a 15-layer study's report well under 1 MB
 _CI = 0.95
@@ -52,10 +53,40 @@ class Figure:
     plotted: dict = field(default_factory=dict)
 
 
+class ReportFigure(MplFigure):
+    """A matplotlib Figure holding one rendered report figure (``png``), as the Python API returns it:
+    IPython shows it as the cell's value through ``_repr_png_`` (the report's exact image), with no
+    backend or pyplot figure involved."""
+
+    def __init__(self, png: bytes, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.png = png
+
+    def _repr_png_(self) -> bytes:
+        return self.png
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, **kw: Any) -> tuple[MplFigure, Any]:
+    """A figure and its axes, as ``pyplot.subplots`` returns them, made without pyplot: a
+    ``matplotlib.figure.Figure`` needs no backend and is never registered with pyplot, so drawing a
+    report figure neither switches a notebook's backend nor leaves a figure for it to show.
+
+    Args:
+        kw: ``figsize`` (and ``dpi``) go to the figure, the rest (``sharey``, ``squeeze``, ...) to
+            ``Figure.subplots``.
+    """
+    fig_kw = {k: kw.pop(k) for k in ("figsize", "dpi") if k in kw}
+    fig = MplFigure(**fig_kw)
+    return fig, fig.subplots(nrows, ncols, **kw)
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight")
-    plt.close(fig)
+    if fig.canvas.manager is not None:  # a pyplot figure (optuna's draws through pyplot): released
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
     return buf.getvalue()
 
 
@@ -133,7 +164,7 @@ def profile_figure(
         return Figure(name, caption, missing=f"no {metric}/{token_set} rows at epoch {ep} in the table")
     layer_order = sel.drop_duplicates("layer").sort_values("layer_index")["layer"].tolist()
     x = np.arange(len(layer_order))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(layer_order)), 3.6))
+    fig, ax = new_figure(figsize=(max(6.0, 0.45 * len(layer_order)), 3.6))
     for j, (r_name, r_layers) in enumerate((regions or {}).items()):
         idx = [layer_order.index(layer) for layer in r_layers if layer in layer_order]
         if idx:
@@ -189,8 +220,8 @@ def epoch_figure(
     ]
     if sel.empty:
         return Figure(name, caption, missing=f"no {metric}/{token_set} rows over epochs in the table")
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 3.6), squeeze=False)
-    cmap = plt.get_cmap("viridis")
+    fig, axes = new_figure(1, len(datasets), figsize=(5.2 * len(datasets), 3.6), squeeze=False)
+    cmap = matplotlib.colormaps["viridis"]
     drawn_epochs: set[int] = set()
     drawn_layers: list[str] = []
     for ax, ds in zip(axes[0], datasets, strict=True):
@@ -238,7 +269,7 @@ def effect_figure(result, unit: str | None = None) -> Figure:
     if math.isnan(effect):
         return Figure(name, caption, missing="no effect estimate (no test was possible)")
     label = textwrap.fill(result.name, 36)  # the whole name, wrapped, never clipped
-    fig, ax = plt.subplots(figsize=(6.0, 1.0 + 0.15 * (label.count("\n") + 1)))
+    fig, ax = new_figure(figsize=(6.0, 1.0 + 0.15 * (label.count("\n") + 1)))
     colour = _VERDICT_COLOURS.get(result.verdict, "black")
     if not (math.isnan(lo) or math.isnan(hi)):
         ax.errorbar([effect], [0], xerr=[[effect - lo], [hi - effect]], fmt="o", color=colour, capsize=5)
@@ -272,7 +303,7 @@ def covariance_figures(runs_dir: Path, run_keys: list[str], labels: dict, missin
         layers = list(dict.fromkeys(layer for _, layer in parsed))
         pick = [layers[i] for i in sorted({round(j * (len(layers) - 1) / 3) for j in range(4)})]
         rows = [epochs[0], epochs[-1]] if len(epochs) > 1 else epochs
-        fig, axes = plt.subplots(
+        fig, axes = new_figure(
             len(rows), len(pick), figsize=(2.6 * len(pick), 2.5 * len(rows)), squeeze=False
         )
         for r, epoch in enumerate(rows):
@@ -414,7 +445,7 @@ def knob_figure(
     x = np.asarray(curve["x"], float)
     seeds = list(curve["per_seed"])
     y = np.asarray([curve["per_seed"][s] for s in seeds], float)  # (S, T)
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = new_figure(figsize=(6.4, 3.8))
     _seed_points(ax, x, y, bounds, joined, "C0", f"mean of {len(seeds)} seeds (95% t CI)")
     fits = np.array([np.polyval(np.polyfit(x, row, 1), x) for row in y]) if len(x) > 1 else y
     fmean = _band(ax, x, fits, bounds, "C3", alpha=0.12)
@@ -497,7 +528,7 @@ def trials_figure(
         "grouped": f"; one line per value of {', '.join(others)} (trials differing in it are not joined)",
         "points": f"; points only: the trials also differ in {', '.join(others)}, so no line joins them",
     }[mode]
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = new_figure(figsize=(6.4, 3.8))
     if mode == "points":  # one point per trial x seed, and per trial its seeds' mean: no line
         ax.plot(trials[knob], trials.objective, "o", color="C0", alpha=0.35, ms=3)
         x, mean = _trial_means(trials, knob, "objective")
@@ -532,7 +563,7 @@ def optuna_figures(optuna_study) -> list[Figure]:
     out = []
     for name, plot in (("contour", ovm.plot_contour), ("slice", ovm.plot_slice)):
         try:
-            with warnings.catch_warnings(), plt.rc_context():
+            with warnings.catch_warnings(), matplotlib.rc_context():
                 warnings.simplefilter("ignore")  # optuna marks its matplotlib plots experimental
                 axes = plot(optuna_study)
             ax = np.ravel(axes)[0] if isinstance(axes, np.ndarray) else axes
@@ -559,7 +590,7 @@ def conditions_grid(table: pd.DataFrame, metric: str, token_set: str = "all") ->
     datasets = list(dict.fromkeys(map(str, sel["dataset"])))
     layer_order = sel.drop_duplicates("layer").sort_values("layer_index")["layer"].tolist()
     x = np.arange(len(layer_order))
-    fig, axes = plt.subplots(
+    fig, axes = new_figure(
         len(conditions), len(datasets), sharex=True, sharey=True, squeeze=False,
         figsize=(max(4.0, 0.3 * len(layer_order)) * len(datasets), 2.2 * len(conditions) + 0.6),
     )  # fmt: skip

@@ -12,6 +12,7 @@ import base64
 import html
 import io
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -134,20 +135,34 @@ def _claim_index(results: list[ClaimResult], key: int | str) -> int:
     )
 
 
+def _show_as_png(cls: type) -> None:
+    """In IPython, display ``cls`` (a Figure subclass) by its own ``_repr_png_``: the inline backend's
+    printer for every matplotlib Figure, which IPython tries before ``_repr_png_``, would redraw the image
+    with margins and resampled. Nothing outside IPython (it is never imported here)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None:
+        shell.display_formatter.formatters["image/png"].for_type(cls, cls._repr_png_)
+
+
 def figure_to_matplotlib(fig: Figure) -> matplotlib.figure.Figure:
     """A report figure (rendered PNG) as a matplotlib Figure showing it at its size (no axes drawn).
 
-    The report's figure functions render and close their figures (``analysis.figures``); this holds the
-    exact image the report shows, for display or saving from a notebook.
+    The report's figure functions render their figures (``analysis.figures``); this holds the exact image
+    the report shows, for display or saving from a notebook. It is made without pyplot (no backend, no
+    pyplot state) and shows itself inline in Jupyter as the cell's value (``_repr_png_``: the report's
+    PNG), whatever the notebook's backend.
     """
-    import matplotlib.figure
     import matplotlib.image
+
+    from analysis.figures import ReportFigure
 
     if fig.png is None:
         raise StudyError(f"figure {fig.name!r} was not drawn: {fig.missing}", None, "claim")
+    _show_as_png(ReportFigure)
     image = matplotlib.image.imread(io.BytesIO(fig.png), format="png")
     dpi = 90
-    out = matplotlib.figure.Figure(figsize=(image.shape[1] / dpi, image.shape[0] / dpi), dpi=dpi)
+    out = ReportFigure(fig.png, figsize=(image.shape[1] / dpi, image.shape[0] / dpi), dpi=dpi)
     ax = out.add_axes((0, 0, 1, 1))
     ax.imshow(image)
     ax.set_axis_off()

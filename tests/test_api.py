@@ -8,6 +8,7 @@ once through the API (with MLflow) and once through the CLI, and every test here
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -15,6 +16,7 @@ import os
 import runpy
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -143,7 +145,7 @@ def test_quickstart_notebook_runs(flows, monkeypatch):
     _, result, _, _ = flows
     monkeypatch.setenv("STUDY_FOLDER", str(result.folder))
     monkeypatch.setenv("PYTHONPATH", f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's own backend (inline), as in Jupyter
     nb = nbformat.read(REPO / "examples" / "quickstart.ipynb", as_version=4)
     nbclient.NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}
@@ -152,6 +154,23 @@ def test_quickstart_notebook_runs(flows, monkeypatch):
         str(o.get("data", {}).get("text/html", "")) for c in nb.cells for o in c.get("outputs", [])
     )
     assert "higher" in shown and "ACCEPTED" in shown
+    # figures show inline (before: importing study switched the kernel to Agg, so neither the notebook's
+    # own plot nor result.figure(...) showed anything but "<Figure size ... with 1 Axes>")
+    images = {
+        "".join(c.source): base64.b64decode(o["data"]["image/png"])
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "image/png" in o.get("data", {})
+    }
+    own_plot = next(src for src in images if "fill_between" in src)
+    report_figure = next(src for src in images if src.startswith("result.figure("))
+    expected = result.figures(result.hypothesis.claims[-1].name)[0].png
+    assert images[report_figure] == expected  # the report's exact image
+    assert images[own_plot][:8] == b"\x89PNG\r\n\x1a\n" and len(images[own_plot]) > 5000
+    if os.environ.get("STUDY_KEEP_NOTEBOOK_PNG"):  # to look at what a notebook user sees
+        for i, png in enumerate(images.values()):
+            (Path(os.environ["STUDY_KEEP_NOTEBOOK_PNG"]) / f"cell{i}.png").write_bytes(png)
 
 
 def _two_studies(result, root):

@@ -555,10 +555,10 @@ def _inner_figures(ctx: FigureContext, inner: ClaimBase, per: dict[str, dict[str
 def effects_figure(sides: dict[str, dict[str, Any]], statistic: str, plotted: dict[str, Any]) -> Figure:
     """Two (or more) conditions' per-seed effects side by side: one dot per seed (joined across conditions
     by seed id), the mean with its 95% t CI per condition."""
-    from analysis.figures import Figure, _png, plt, t_band
+    from analysis.figures import Figure, _png, new_figure, t_band
 
     names = list(sides)
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(names), 3.4))
+    fig, ax = new_figure(figsize=(1.6 + 1.4 * len(names), 3.4))
     per = pd.DataFrame({n: pd.Series(sides[n]["per_seed"], dtype=float) for n in names})
     for _, row in per.iterrows():
         ax.plot(range(len(names)), row.to_numpy(), color="0.6", lw=0.8, marker="o", ms=3, alpha=0.7)
