@@ -135,6 +135,8 @@ def test_seed_aggregates_on_the_parent_run(flows):
         assert [m.value for m in hist] == pytest.approx(prof.loc[row].to_numpy(dtype=float))
     arts = {a.path for a in client.list_artifacts(parent.info.run_id, "seed_aggregates")}
     assert arts == {"seed_aggregates/diagonality_all.png"}
+    note = client.get_run(parent.info.run_id).data.tags["seed_aggregates"]  # what step i means
+    assert "step = layer (0 patch_embed, 1 pos_embed, 2 block_01, 3 block_02, 4 block_03, 5 norm)" in note
 
 
 def test_quickstart_notebook_runs(flows, monkeypatch):
