@@ -38,7 +38,7 @@ from statsmodels.stats.multitest import multipletests
 
 from analysis.inference import bootstrap_ci, power_and_seeds_needed
 from analysis.kinds import get_kind
-from analysis.kinds.base import NotTestable, Outcome, TableView, layer_location
+from analysis.kinds.base import NotTestable, Outcome, TableView, layer_location, no_interior_minimum
 from analysis.kinds.versus import apply_controls
 from analysis.power import seed_floor
 from analysis.probe import ProbeData, claim_rows, excludes_zero, matched_table, multibootstrap, sensitivity
@@ -523,8 +523,10 @@ def format_verdicts(results: list[ClaimResult]) -> str:
         if loc and depth and r.n_seeds >= 2:
             # in layer names, the CI clipped to the layers observed: never an index no layer has
             observed = {str(p["layer"]): int(p["layer_index"]) for p in r.details.get("profile") or []}
+            none = no_interior_minimum(loc)
+            at = none or f"bottleneck at {layer_location(loc['mean_layer_index'], loc['ci'], observed)}"
             lines.append(
-                f"  - {r.name}: bottleneck at {layer_location(loc['mean_layer_index'], loc['ci'], observed)}, "
+                f"  - {r.name}: {at}, "
                 f"depth {fmt_num(depth['mean'], 2)} ({fmt_num(depth['ci'][0], 2)}, {fmt_num(depth['ci'][1], 2)})"
             )
         if r.verdict == INCONCLUSIVE and r.n_seeds >= 2 and math.isnan(r.power):

@@ -316,3 +316,36 @@ def test_a_one_level_curve_is_not_testable_without_numpy_warnings(tmp_path):
         assert not any("between-seed variance" in w or "other way" in w for w in r.warnings), r.warnings
     for sec in sections:
         assert not any("power" in line for line in sec.findings)
+
+
+# ---- 8. issue 39: a profile that peaks between the shoulders has no bottleneck to locate ----------------------
+def test_a_profile_peaking_between_the_shoulders_reports_no_interior_minimum():
+    """Before: "bottleneck at block_09 (95% CI block_09 to block_09)", the edge where the search between the
+    shoulders is cut, not a minimum of the profile."""
+    hyp = load_hypothesis(ROOT / "hypotheses" / "u_shape.yaml")
+    blocks = [f"block_{i:02d}" for i in range(1, 13)]
+    rows = []
+    for s in range(3):  # an inverted U: up to block_05, then down to the late shoulder
+        for i, layer in enumerate(blocks):
+            rows.append(
+                {"run_key": f"r{s}", "dataset": "objects", "seed": s, "epoch": 8, "layer": layer,
+                 "layer_index": i + 2, "token_set": "all", "n_tokens": 80, "metric": "eed_pct",
+                 "value": 40.0 - 2 * abs(i + 1 - 5) + 0.3 * s}
+            )  # fmt: skip
+    (r,) = evaluate_claims(hyp, pd.DataFrame(rows))
+    assert r.details["bottleneck_location"]["interior_seeds"] == 0
+    text = format_verdicts([r])
+    assert "bottleneck at block_09" not in text and "block_09 to block_09" not in text
+    assert (
+        "no interior minimum between the shoulders (in every seed the lowest layer between them, block_09,"
+        in text
+    )
+    (line,) = [x for x in findings(hyp.claims[0], r) if x.startswith("bottleneck location")]
+    assert "no interior minimum" in line and "95% CI" not in line.split(";")[0]
+    # a real dip keeps its location
+    for row in rows:
+        row["value"] = 40.0 - 2 * (row["layer"] == "block_04") - (row["layer"] in ("block_03", "block_05"))
+        row["value"] += 0.1 * row["seed"]
+    (r,) = evaluate_claims(hyp, pd.DataFrame(rows))
+    assert r.details["bottleneck_location"]["interior_seeds"] == 3
+    assert "bottleneck at block_04 (95% CI block_04 to block_04)" in format_verdicts([r])
