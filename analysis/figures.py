@@ -412,6 +412,35 @@ def _joined_caption(joined: bool, others: list[str]) -> str:
     return f"; points only: the trials at different values also differ in {', '.join(others)}"
 
 
+def _slope(x: np.ndarray, y: np.ndarray) -> float:
+    """The OLS slope of one drawn line ``y`` (T,) over ``x`` (T,) (NaN with fewer than 2 finite points)."""
+    ok = np.isfinite(y)
+    return float(np.polyfit(x[ok], y[ok], 1)[0]) if ok.sum() >= 2 else float("nan")
+
+
+def _adjusted_fits(result, x: np.ndarray, y: np.ndarray, seeds: list) -> tuple[str, np.ndarray] | None:
+    """An adjusted claim's (``details.adjusted``: ``adjust_for``) fitted relation at equal covariate: per
+    seed the OLS fit ``y = a + b x + c z`` evaluated at the seed's mean covariate, ``a + b x + c mean(z)``
+    (slope ``b``, the per-seed coefficient the verdict tests). Returns (the covariate's name, (S', T)
+    fits of the seeds whose fit is defined), or None when the claim is not adjusted or records no
+    covariate per seed."""
+    adjusted = (result.details or {}).get("adjusted") or {}
+    covariate = {str(k): v for k, v in (adjusted.get("covariate") or {}).items()}
+    if not covariate or len(x) < 3:
+        return None
+    out = []
+    for s, row in zip(seeds, y, strict=True):
+        z = np.asarray(covariate.get(str(s), []), float)
+        if z.shape != x.shape or not (np.isfinite(z).all() and np.isfinite(row).all()):
+            continue
+        design = np.column_stack([np.ones_like(x), x, z])
+        if np.linalg.matrix_rank(design) < 3:  # the covariate is a linear function of the knob: no slope
+            continue
+        coef = np.linalg.lstsq(design, row, rcond=None)[0]
+        out.append(coef[0] + coef[1] * x + coef[2] * z.mean())
+    return (str(adjusted.get("for", "the covariate")), np.asarray(out)) if out else None
+
+
 def knob_figure(
     result,
     ylabel: str,
@@ -429,6 +458,10 @@ def knob_figure(
     the same levels of it, the curve's points are not joined (points with error bars), since a line
     would join trials that differ in the other knob. ``slope_unit``: the slope's unit (`` pp per unit
     of clutter``). Reads ``result.details["curve"] = {"knob", "x": (T,), "per_seed": {seed: (T,)}}``.
+
+    An adjusted claim (``adjust_for``, ``details["adjusted"]``) is decided by the slope at equal covariate,
+    so that relation is the trend drawn (per seed ``y = a + b x + c z`` at the seed's mean ``z``), the raw
+    fit dotted beside it; each line's legend gives the slope of the line drawn.
     """
     curve = (result.details or {}).get("curve") or {}
     knob = curve.get("knob", "knob")
@@ -448,15 +481,28 @@ def knob_figure(
     fig, ax = new_figure(figsize=(6.4, 3.8))
     _seed_points(ax, x, y, bounds, joined, "C0", f"mean of {len(seeds)} seeds (95% t CI)")
     fits = np.array([np.polyval(np.polyfit(x, row, 1), x) for row in y]) if len(x) > 1 else y
-    fmean = _band(ax, x, fits, bounds, "C3", alpha=0.12)
-    ax.plot(
-        x,
-        fmean,
-        color="C3",
-        lw=1.5,
-        ls="--",
-        label=f"fitted trend, slope {result.effect:.3g}{slope_unit} ({result.verdict})",
-    )
+    adjusted = _adjusted_fits(result, x, y, seeds)
+    if adjusted is None:
+        fmean = _band(ax, x, fits, bounds, "C3", alpha=0.12)
+        label = f"fitted trend, slope {result.effect:.3g}{slope_unit} ({result.verdict})"
+        ax.plot(x, fmean, color="C3", lw=1.5, ls="--", label=label)
+    else:  # the verdict's slope is at equal covariate: draw that relation, and the raw fit for what it is
+        name, adj = adjusted
+        raw = _seed_mean(fits)
+        ax.plot(
+            x,
+            raw,
+            color="0.45",
+            lw=1.2,
+            ls=":",
+            label=f"raw fit, slope {_slope(x, raw):.3g}{slope_unit} (not adjusted)",
+        )
+        fmean = _band(ax, x, adj, bounds, "C3", alpha=0.12)
+        label = (
+            f"at equal {name} (each seed's mean), slope {_slope(x, fmean):.3g}{slope_unit} ({result.verdict})"
+        )
+        ax.plot(x, fmean, color="C3", lw=1.5, ls="--", label=label)
+        caption += f"; the trend drawn is at equal {name} (the verdict's), the raw fit dotted"
     cross = (result.details or {}).get("crossing") or {}
     if cross.get("mean_curve") is not None and np.isfinite(cross["mean_curve"]):  # null once read back
         ax.axhline(cross["level"], color="grey", lw=0.8, ls=":")
