@@ -1,34 +1,20 @@
-"""A study's conditions in its figures: one colour per condition, decided once per study, and the
-across-seed profile of every condition in one chart over layer names.
+"""The across-seed profile of every condition of a study in one chart over layer names, each condition in
+its colour of the study's palette (``analysis.palette.condition_colours``).
 
-:func:`condition_colours` maps a study's conditions (its table's ``condition`` column) to colours by name
-alone, so every figure that draws a condition, whichever others it draws beside it, gives it the same
-colour. :func:`seed_aggregate_figure` is the study-level profile the MLflow parent run holds
+:func:`seed_aggregate_figure` is the study-level profile the MLflow parent run holds
 (``seed_aggregates/*.png``): per condition its mean over seeds with the 95% t band, the layers named on
 the axis. Made through matplotlib's object API (``analysis.figures.new_figure``); never imports torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 import pandas as pd
 
 from analysis.figures import Figure, _band, _epoch_of, _png, new_figure
 from analysis.observables import metric_range
+from analysis.palette import condition_colours
 from analysis.table import conditions_of
-
-# matplotlib's default cycle without C2, the accuracy axis's green: a condition never looks like accuracy
-CONDITION_PALETTE = ("C0", "C1", "C3", "C4", "C5", "C6", "C7", "C8", "C9")
-
-
-def condition_colours(conditions: Iterable[str]) -> dict[str, str]:
-    """One colour per condition: the study's conditions in sorted order take the palette in turn (a
-    palette's worth and more repeat it). Depends only on the set of names, so every figure of a study
-    that is given the study's conditions colours each one alike."""
-    names = sorted(set(map(str, conditions)))
-    return {name: CONDITION_PALETTE[i % len(CONDITION_PALETTE)] for i, name in enumerate(names)}
 
 
 def seed_aggregate_figure(

@@ -151,10 +151,14 @@ def profile_figure(
     datasets: list[str],
     epoch: int | str,
     regions: dict[str, list[str]] | None = None,
+    colours: dict[str, str] | None = None,
+    ylim: tuple[float, float] | None = None,
 ) -> Figure:
     """The metric by layer at one epoch: per-seed lines, and the mean with a 95% t band per dataset.
 
     ``regions``: name -> layers, shaded (declared regions of a U, the layers a summary runs over, ...).
+    ``colours``: the study's condition palette (``analysis.palette``): rows of one condition are drawn in
+    its colour and named by it. ``ylim``: the y range shared by every figure of the claim.
     """
     ep = _epoch_of(table, epoch)
     name = f"profile_{metric}"
@@ -172,26 +176,39 @@ def profile_figure(
             ax.axvspan(min(idx) - 0.4, max(idx) + 0.4, color=colour, alpha=0.12, lw=0)
             ax.text((min(idx) + max(idx)) / 2, 1.0, r_name, transform=ax.get_xaxis_transform(),
                     ha="center", va="bottom", fontsize=8, color=colour)  # fmt: skip
-    drawn = []
+    drawn, drawn_colours = [], {}
+    conds = list(dict.fromkeys(map(str, sel["condition"]))) if "condition" in sel.columns else []
+    colours = colours or {}
+    cond = conds[0] if len(conds) == 1 and conds[0] in colours else None
     for i, ds in enumerate(datasets):
         wide = sel[sel.dataset == ds].pivot_table(index="seed", columns="layer", values="value")
         wide = wide.reindex(columns=layer_order)
         if wide.empty:
             continue
         drawn.append(ds)
-        colour = f"C{i}"
+        colour = colours[cond] if cond is not None and len(datasets) == 1 else f"C{i}"
+        drawn_colours[ds] = colour
         for _, row in wide.iterrows():
             ax.plot(x, row.to_numpy(), color=colour, alpha=0.35, lw=0.8)
         mean = _band(ax, x, wide.to_numpy(), metric_range(metric), colour)
+        who = f"{cond}: {ds}" if cond is not None else ds
         ax.plot(
-            x, mean, color=colour, lw=2, marker="o", ms=3, label=f"{ds} (mean of {len(wide)} seeds, 95% t CI)"
+            x,
+            mean,
+            color=colour,
+            lw=2,
+            marker="o",
+            ms=3,
+            label=f"{who} (mean of {len(wide)} seeds, 95% t CI)",
         )
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     ax.set_xticks(x, layer_order, rotation=60, ha="right", fontsize=8)
     ax.set_ylabel(metric)
     if drawn:
         ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
-    plotted = {"datasets": drawn, "epochs": [ep], "layers": layer_order}
+    plotted = {"datasets": drawn, "epochs": [ep], "layers": layer_order, "colours": drawn_colours}
     return Figure(name, caption, png=_png(fig), plotted=plotted)
 
 
@@ -202,10 +219,12 @@ def epoch_figure(
     datasets: list[str],
     epochs: list[int],
     layers: list[str],
+    ylim: tuple[float, float] | None = None,
 ) -> Figure:
     """The metric against epoch, one panel per dataset, per layer: one thin line per seed and the
     across-seed mean with its 95% t band (clipped to the metric's range), the seed being the unit the
-    trend is tested over."""
+    trend is tested over. The panels share their y axis (``ylim``: the range every figure of the claim
+    shares)."""
     name = f"epochs_{metric}"
     caption = (
         f"{metric} against epoch, per layer: seeds (thin), mean and 95% t band ({token_set} tokens, "
@@ -220,7 +239,7 @@ def epoch_figure(
     ]
     if sel.empty:
         return Figure(name, caption, missing=f"no {metric}/{token_set} rows over epochs in the table")
-    fig, axes = new_figure(1, len(datasets), figsize=(5.2 * len(datasets), 3.6), squeeze=False)
+    fig, axes = new_figure(1, len(datasets), figsize=(5.2 * len(datasets), 3.6), squeeze=False, sharey=True)
     cmap = matplotlib.colormaps["viridis"]
     drawn_epochs: set[int] = set()
     drawn_layers: list[str] = []
@@ -245,6 +264,8 @@ def epoch_figure(
         ax.set_xlabel("epoch")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
+    if ylim is not None:
+        axes[0][0].set_ylim(*ylim)
     axes[0][-1].legend(
         fontsize=7,
         ncol=2,
@@ -268,7 +289,8 @@ def effect_figure(result, unit: str | None = None) -> Figure:
     effect, lo, hi = (float(v) for v in (result.effect, result.ci_low, result.ci_high))
     if math.isnan(effect):
         return Figure(name, caption, missing="no effect estimate (no test was possible)")
-    label = textwrap.fill(result.name, 36)  # the whole name, wrapped, never clipped
+    # the whole name, wrapped between words (never inside one), never clipped
+    label = textwrap.fill(result.name, 36, break_long_words=False, break_on_hyphens=False)
     fig, ax = new_figure(figsize=(6.0, 1.0 + 0.15 * (label.count("\n") + 1)))
     colour = _VERDICT_COLOURS.get(result.verdict, "black")
     if not (math.isnan(lo) or math.isnan(hi)):
@@ -619,20 +641,27 @@ def optuna_figures(optuna_study) -> list[Figure]:
     return out
 
 
-def conditions_grid(table: pd.DataFrame, metric: str, token_set: str = "all") -> Figure:
+def conditions_grid(
+    table: pd.DataFrame, metric: str, token_set: str = "all", colours: dict[str, str] | None = None
+) -> Figure:
     """A design with conditions at a glance: one panel per condition (rows) x dataset (columns), the metric
     by layer at the condition's last epoch (an untrained cell's is 0): a thin line per seed, the mean with
     its 95% t band (clipped to the metric's range). Shared axes, so panels compare by eye.
 
     Args:
         table: a tidy table with a ``condition`` column.
+        colours: the study's condition palette (default: ``analysis.palette.condition_colours`` of the
+            table's conditions), each condition's panels in its colour.
     """
+    from analysis.palette import condition_colours
+
     name = f"conditions_{metric}_{token_set}"
     caption = f"{metric} by layer ({token_set} tokens) per condition (rows) and dataset (columns), last epoch"
     sel = table[(table.metric == metric) & (table.token_set == token_set)]
     if sel.empty or "condition" not in sel.columns:
         return Figure(name, caption, missing=f"no {metric}/{token_set} rows with conditions in the table")
     conditions = list(dict.fromkeys(map(str, sel["condition"])))
+    colours = colours or condition_colours(conditions)
     datasets = list(dict.fromkeys(map(str, sel["dataset"])))
     layer_order = sel.drop_duplicates("layer").sort_values("layer_index")["layer"].tolist()
     x = np.arange(len(layer_order))
@@ -651,10 +680,11 @@ def conditions_grid(table: pd.DataFrame, metric: str, token_set: str = "all") ->
             epochs[cond] = ep
             wide = part[part.epoch == ep].pivot_table(index="seed", columns="layer", values="value")
             wide = wide.reindex(columns=layer_order)
+            colour = colours.get(cond, "C0")
             for _, row in wide.iterrows():
-                ax.plot(x, row.to_numpy(), color="C0", alpha=0.35, lw=0.7)
-            mean = _band(ax, x, wide.to_numpy(dtype=float), metric_range(metric), "C0")
-            ax.plot(x, mean, color="C0", lw=1.8, marker="o", ms=2.5)
+                ax.plot(x, row.to_numpy(), color=colour, alpha=0.35, lw=0.7)
+            mean = _band(ax, x, wide.to_numpy(dtype=float), metric_range(metric), colour)
+            ax.plot(x, mean, color=colour, lw=1.8, marker="o", ms=2.5)
             ax.set_title(f"{cond} | {ds} (epoch {ep}, {len(wide)} seeds)", fontsize=8)
             if c == 0:
                 ax.set_ylabel(metric, fontsize=8)
@@ -662,4 +692,5 @@ def conditions_grid(table: pd.DataFrame, metric: str, token_set: str = "all") ->
         ax.set_xticks(x, layer_order, rotation=60, ha="right", fontsize=7)
     fig.tight_layout()
     plotted = {"conditions": conditions, "datasets": datasets, "layers": layer_order, "epochs": epochs}
+    plotted["colours"] = {c: colours.get(c, "C0") for c in conditions}
     return Figure(name, caption, png=_png(fig), plotted=plotted)

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.condition_figures import condition_colours, seed_aggregate_figure
+from analysis.condition_figures import seed_aggregate_figure
+from analysis.palette import condition_colours
 from analysis.table import make_table, seed_profile
 from study.tracking_write import RunWriter
 
@@ -113,3 +114,118 @@ def test_condition_colours_depend_on_the_names_alone():
     a = condition_colours(["trained", "shuffled", "untrained"])
     assert a == condition_colours(["untrained", "trained", "shuffled", "trained"])
     assert len(set(a.values())) == 3 and "C2" not in a.values()  # C2: the accuracy axis
+
+
+# ---- the report: one colour per condition in every figure, one y range per claim, labels whole ----------------
+def _controls_report(drawn_figs: list):
+    """A controls.yaml-shaped study (trained, shuffled, untrained; the claims of hypotheses/controls.yaml)
+    on a synthetic table, its report sections built; ``drawn_figs`` collects the matplotlib figures."""
+    import yaml
+
+    from analysis.report import ReportInput, build_sections, conditions_preface
+    from analysis.verdicts import evaluate_claims
+    from study.schema import parse_hypothesis
+    from tests.conftest import TINY_HYPOTHESIS
+
+    doc = yaml.safe_load(TINY_HYPOTHESIS)
+    doc["design"]["conditions"] = [
+        {"name": "trained"},
+        {"name": "shuffled", "labels": "shuffled"},
+        {"name": "untrained", "untrained": True},
+    ]
+    regions = {"early": ["block_01"], "bottleneck": ["block_02"], "late": ["block_03"]}
+    inner = {"kind": "u_shape", "regions": regions}
+    base = {"metric": "eed_pct", "subset": {"dataset": "objects"}}
+    doc["claims"] = [
+        {**base, "name": "dip beats controls", "kind": "u_shape", "regions": regions, "controls": ["untrained", "shuffled"],
+         "subset": {"dataset": "objects", "condition": "trained"}},
+        {**base, "name": "deeper trained than untrained", "kind": "exceeds", "claim": inner,
+         "a": {"condition": "trained"}, "b": {"condition": "untrained"}},
+        {**base, "name": "deeper on true labels than on shuffled ones", "kind": "exceeds", "claim": inner,
+         "a": {"condition": "trained"}, "b": {"condition": "shuffled"}},
+    ]  # fmt: skip
+    hyp = parse_hypothesis(doc)
+    table = _table()
+    table.loc[(table.condition == "trained") & (table.layer == "block_02"), "value"] -= 8.0  # a dip, trained
+    results = evaluate_claims(hyp, table)
+    sections = build_sections(ReportInput(hyp.name, "", list(hyp.claims), results, table, Path(".")))
+    return table, sections, conditions_preface(table, list(hyp.claims))
+
+
+def test_a_reports_figures_keep_one_colour_per_condition_and_one_y_range_per_claim(monkeypatch):
+    """Before: each figure coloured conditions by their place in it (C0, C1, ...): shuffled was green in the
+    controls figure and orange in the trained-vs-shuffled one, and every profile was blue; and each
+    condition's profile had its own y range, so a dip drawn beside another looked as deep."""
+    import matplotlib.colors
+
+    import analysis.figures as figures
+
+    kept: list = []
+    png = figures._png
+    monkeypatch.setattr(figures, "_png", lambda fig: kept.append(fig) or png(fig))
+    table, sections, preface = _controls_report(kept)
+    palette = condition_colours(["trained", "shuffled", "untrained"])
+    seen: dict[str, set[str]] = {c: set() for c in palette}
+    for f in [g for s in sections for g in s.figures] + preface:
+        for cond, colour in (f.plotted.get("colours") or {}).items():
+            if cond in palette:
+                seen[cond].add(colour)
+    # effects figures: each condition's mean marker is drawn in its palette colour
+    effect_figs = [fig for fig in kept if fig.axes[0].get_ylabel().startswith("the bottleneck depth")]
+    assert len(effect_figs) == 3
+    for fig in effect_figs:
+        ax = fig.axes[0]
+        names = [t.get_text() for t in ax.get_xticklabels()]
+        markers = [line for line in ax.get_lines() if line.get_marker() == "s"]
+        assert len(markers) == len(names)
+        for name, line in zip(names, markers, strict=True):
+            assert matplotlib.colors.same_color(line.get_color(), palette[name]), (name, line.get_color())
+            seen[name].add(palette[name])
+    # profiles of one condition: in its colour, named by it
+    profiles = [f for s in sections for f in s.figures if "profile" in f.name]
+    assert len(profiles) == 5  # claim 1's own, and each exceeds claim's two conditions
+    for f in profiles:
+        ((label, colour),) = f.plotted["colours"].items()
+        cond = f.caption.split("condition ")[-1] if "condition " in f.caption else "trained"
+        assert colour == palette[cond], (f.name, colour)
+    assert preface[0].plotted["colours"] == palette
+    assert all(len(colours) == 1 for colours in seen.values()), seen
+    profile_axes = [
+        fig.axes[0] for fig in kept if fig.axes[0].get_ylabel() == "eed_pct" and len(fig.axes) == 1
+    ]
+    # drawn in order: claim 1's own profile, then each exceeds claim's two (the preface grid has 3 axes)
+    by_claim = [profile_axes[1:3], profile_axes[3:5]]
+    for pair in by_claim:
+        assert pair[0].get_ylim() == pytest.approx(pair[1].get_ylim())
+        for ax in pair:  # every line drawn inside the shared range
+            lo, hi = ax.get_ylim()
+            assert all(lo <= min(line.get_ydata()) and max(line.get_ydata()) <= hi for line in ax.get_lines())
+
+
+def test_axis_labels_break_between_words_only():
+    """Before: the effects figure's y label was cut every 40 characters ("mea/n", "deep/er")."""
+    from analysis.kinds.versus import _wrapped
+
+    text = "the bottleneck depth: the shoulders' mean minus the bottleneck, per seed (a deeper dip is larger)"
+    lines = _wrapped(text).split("\n")
+    assert len(lines) <= 3 and all(len(line) <= 40 for line in lines)
+    words = set(text.split())
+    assert all(w in words or w == "..." for line in lines for w in line.split()), lines
+    assert " ".join(lines).replace(" ...", "") in text
+
+
+def test_the_panels_of_an_epoch_figure_share_their_y_axis(monkeypatch):
+    """Before: one panel per dataset, each zoomed on its own values (a 1-pp change looked like a 20-pp one)."""
+    import analysis.figures as figures
+
+    kept: list = []
+    png = figures._png
+    monkeypatch.setattr(figures, "_png", lambda fig: kept.append(fig) or png(fig))
+    table = _table()
+    table = table[table.condition == "trained"].drop(columns="condition")
+    other = table.assign(dataset="textures", value=table.value * 3.0)
+    figures.epoch_figure(
+        pd.concat([table, other]), "eed_pct", "all", ["objects", "textures"], [0, 2], LAYERS[2:4]
+    )
+    (fig,) = kept
+    assert fig.axes[0].get_ylim() == fig.axes[1].get_ylim()

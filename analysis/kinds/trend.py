@@ -637,6 +637,7 @@ def figures(ctx: FigureContext) -> list[Figure]:
                 [claim.subset.dataset],
                 [int(e) for e in x],
                 list(claim.layers),
+                ylim=ctx.ylim,
             )
         ]
     return [
@@ -647,6 +648,8 @@ def figures(ctx: FigureContext) -> list[Figure]:
             [claim.subset.dataset],
             claim.subset.epoch,
             regions={"trend": list(claim.layers)},
+            colours=ctx.colours,
+            ylim=ctx.ylim,
         )
     ]
 

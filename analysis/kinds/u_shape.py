@@ -449,6 +449,8 @@ def figures(ctx: FigureContext) -> list[Figure]:
             [claim.subset.dataset],
             details.get("epoch", claim.subset.epoch),
             regions=regions,
+            colours=ctx.colours,
+            ylim=ctx.ylim,
         )
     ]
 

@@ -541,38 +541,97 @@ def explain_controls(claim: ClaimBase, details: dict[str, Any]) -> list[str]:
 
 
 def _inner_figures(ctx: FigureContext, inner: ClaimBase, per: dict[str, dict[str, Any]]) -> list[Figure]:
-    """The inner claim's own figures, once per condition, on that condition's rows."""
+    """The inner claim's own figures, once per condition, on that condition's rows, in the condition's
+    colour and on one y range for all of them (the conditions are compared by eye)."""
     figs = []
+    ylim = _shared_ylim(ctx.table, inner, per)
     for c, r in per.items():
         rows = ctx.table[ctx.table["condition"].astype(str) == c] if "condition" in ctx.table else ctx.table
         res = SimpleNamespace(effect=r["effect"], ci_low=r["ci"][0], ci_high=r["ci"][1], details=r["details"])
-        for f in get_kind(inner.kind).figures(FigureContext(rows, inner, res)):
+        for f in get_kind(inner.kind).figures(FigureContext(rows, inner, res, ctx.colours, ylim)):
             f.name, f.caption = f"{f.name}_{c}", f"{f.caption}; condition {c}"
             figs.append(f)
     return figs
 
 
-def effects_figure(sides: dict[str, dict[str, Any]], statistic: str, plotted: dict[str, Any]) -> Figure:
+def _shared_ylim(
+    table: pd.DataFrame, inner: ClaimBase, per: dict[str, dict[str, Any]]
+) -> tuple[float, float] | None:
+    """One y range for the inner claim's figures in every condition: the per-seed values of its metric
+    (at each condition's tested epoch, where it has one) and their 95% t bands, clipped to the metric's
+    range, with a 5% margin; None when no condition has rows."""
+    from analysis.figures import clip_band, t_band
+    from analysis.observables import metric_range
+
+    if "condition" not in table.columns:
+        return None
+    sel = table[(table.metric == inner.metric) & (table.token_set == inner.subset.token_set)]
+    named = inner.datasets_named() or ([inner.subset.dataset] if inner.subset.dataset else [])
+    if named:
+        sel = sel[sel.dataset.isin(named)]
+    lows, highs = [], []
+    for c, r in per.items():
+        rows = sel[sel["condition"].astype(str) == c]
+        epoch = (r.get("details") or {}).get("epoch")
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            rows = rows[rows.epoch == epoch]
+        for _, part in rows.groupby(["dataset", "epoch"]):
+            wide = part.pivot_table(index="seed", columns="layer", values="value").to_numpy(dtype=float)
+            _, low, high = t_band(wide)
+            low, high = clip_band(low, high, metric_range(inner.metric))
+            lows.append(float(np.nanmin([np.nanmin(wide), np.nanmin(low)])))
+            highs.append(float(np.nanmax([np.nanmax(wide), np.nanmax(high)])))
+    if not lows or not all(map(math.isfinite, [*lows, *highs])):
+        return None
+    lo, hi = min(lows), max(highs)
+    pad = 0.05 * (hi - lo) if hi > lo else 1.0
+    return lo - pad, hi + pad
+
+
+def effects_figure(
+    sides: dict[str, dict[str, Any]],
+    statistic: str,
+    plotted: dict[str, Any],
+    colours: dict[str, str] | None = None,
+) -> Figure:
     """Two (or more) conditions' per-seed effects side by side: one dot per seed (joined across conditions
-    by seed id), the mean with its 95% t CI per condition."""
+    by seed id), the mean with its 95% t CI per condition, each in its colour of the study's palette
+    (``colours``; default: the palette of these conditions alone)."""
+
     from analysis.figures import Figure, _png, new_figure, t_band
+    from analysis.palette import condition_colours
 
     names = list(sides)
+    colours = colours or condition_colours(names)
     fig, ax = new_figure(figsize=(1.6 + 1.4 * len(names), 3.4))
     per = pd.DataFrame({n: pd.Series(sides[n]["per_seed"], dtype=float) for n in names})
     for _, row in per.iterrows():
         ax.plot(range(len(names)), row.to_numpy(), color="0.6", lw=0.8, marker="o", ms=3, alpha=0.7)
     for j, n in enumerate(names):
         mean, low, high = t_band(per[[n]].dropna().to_numpy())
-        ax.errorbar([j + 0.15], mean, yerr=[mean - low, high - mean], fmt="s", color=f"C{j}", capsize=4)
+        colour = colours.get(n, f"C{j}")
+        ax.errorbar([j + 0.15], mean, yerr=[mean - low, high - mean], fmt="s", color=colour, capsize=4)
     ax.axhline(0, color="0.3", lw=0.8, ls="--")
     ax.set_xticks(range(len(names)), names, fontsize=8)
-    ax.set_ylabel(
-        "\n".join([statistic[i : i + 40] for i in range(0, min(len(statistic), 120), 40)]), fontsize=7
-    )
+    for tick, n in zip(ax.get_xticklabels(), names, strict=True):
+        tick.set_color(colours.get(n, "black"))
+    ax.set_ylabel(_wrapped(statistic), fontsize=7)
     ax.grid(alpha=0.3)
     caption = f"per-seed effect by condition ({statistic}); lines join a seed across conditions"
-    return Figure("effects_by_condition", caption, png=_png(fig), plotted={**plotted, "conditions": names})
+    drawn = {**plotted, "conditions": names, "colours": {n: colours.get(n, "") for n in names}}
+    return Figure("effects_by_condition", caption, png=_png(fig), plotted=drawn)
+
+
+def _wrapped(text: str, width: int = 40, lines: int = 3) -> str:
+    """An axis label over at most ``lines`` lines of ``width`` characters, broken between words only
+    (never inside one: "mean" stays "mean"); what does not fit ends in "...", the caption has it whole."""
+    import textwrap
+
+    return "\n".join(
+        textwrap.wrap(
+            text, width, break_long_words=False, break_on_hyphens=False, max_lines=lines, placeholder=" ..."
+        )
+    )
 
 
 def _plotted(claim: ClaimBase, per: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -588,7 +647,10 @@ def figures_differs(ctx: FigureContext) -> list[Figure]:
     d = ctx.result.details
     sides = d.get("sides") or {}
     figs = _inner_figures(ctx, ctx.claim.claim, sides)
-    return [*figs, effects_figure(sides, d.get("statistic", ""), _plotted(ctx.claim.claim, sides))]
+    return [
+        *figs,
+        effects_figure(sides, d.get("statistic", ""), _plotted(ctx.claim.claim, sides), ctx.colours),
+    ]
 
 
 def figures_holds(ctx: FigureContext) -> list[Figure]:
@@ -608,7 +670,7 @@ def controls_figures(ctx: FigureContext) -> list[Figure]:
         "datasets": ctx.claim.datasets_named() or [ctx.claim.subset.dataset],
         "epochs": [ctx.claim.subset.epoch],
     }
-    return [effects_figure(sides, ctx.result.details.get("statistic", ""), plotted)]
+    return [effects_figure(sides, ctx.result.details.get("statistic", ""), plotted, ctx.colours)]
 
 
 # --------------------------------------------------------------------------------------------------
