@@ -6,7 +6,7 @@ import study
 
 result = study.load("study_results", name="u_shape")  # or: study.run("hypotheses/u_shape.yaml")
 print(result.verdicts[["verdict", "effect", "ci_low", "ci_high", "p_adjusted"]])
-claim = result.hypothesis.claims[0]  # its profile: per seed, the mean and its 95% t CI, by layer
+claim = result.hypothesis.claims[0]
 print(result.profile(claim.metric, dataset=claim.subset.dataset, condition=claim.subset.condition))
 result.figure(claim.name).savefig("claim.png")  # the report's figure of that claim
-print(study.analyze(result.hypothesis, result.table))  # the claims re-tested on the saved table
+print(study.analyze(result.hypothesis, result.table))  # re-tested on the saved table
