@@ -204,7 +204,7 @@ def test_a_reports_figures_keep_one_colour_per_condition_and_one_y_range_per_cla
 
 def test_axis_labels_break_between_words_only():
     """Before: the effects figure's y label was cut every 40 characters ("mea/n", "deep/er")."""
-    from analysis.kinds.versus import _wrapped
+    from analysis.kinds._difference_display import _wrapped
 
     text = "the bottleneck depth: the shoulders' mean minus the bottleneck, per seed (a deeper dip is larger)"
     lines = _wrapped(text).split("\n")
