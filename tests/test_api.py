@@ -109,7 +109,10 @@ def test_profile_figure_report_and_html(flows, tmp_path):
     with pytest.raises(study.StudyError, match="token_set: expected one of \\['all'\\], got 'cls'"):
         result.profile("diagonality", token_set="cls")
     fig = result.figure("dip")
-    assert type(fig).__name__ == "Figure" and fig.get_size_inches()[0] > 3
+    import matplotlib.figure
+
+    assert isinstance(fig, matplotlib.figure.Figure) and fig.get_size_inches()[0] > 3
+    assert fig._repr_png_() == result.figures("dip")[0].png  # shown inline as the report's own PNG
     assert result.figures("dip")[0].plotted["layers"][:2] == ["patch_embed", "pos_embed"]
     page = result._repr_html_()
     assert "#2e7d32" in page and "data:image/png;base64," in page and "higher" in page
