@@ -39,7 +39,7 @@ from statsmodels.stats.multitest import multipletests
 from analysis.inference import bootstrap_ci, power_and_seeds_needed
 from analysis.kinds import get_kind
 from analysis.kinds._controls import apply_controls
-from analysis.kinds._curves import layer_location
+from analysis.kinds._curves import layer_location, no_interior_minimum
 from analysis.kinds._outcome import Outcome
 from analysis.kinds._table import NotTestable, TableView
 from analysis.power import seed_floor
@@ -525,8 +525,10 @@ def format_verdicts(results: list[ClaimResult]) -> str:
         if loc and depth and r.n_seeds >= 2:
             # in layer names, the CI clipped to the layers observed: never an index no layer has
             observed = {str(p["layer"]): int(p["layer_index"]) for p in r.details.get("profile") or []}
+            none = no_interior_minimum(loc)
+            at = none or f"bottleneck at {layer_location(loc['mean_layer_index'], loc['ci'], observed)}"
             lines.append(
-                f"  - {r.name}: bottleneck at {layer_location(loc['mean_layer_index'], loc['ci'], observed)}, "
+                f"  - {r.name}: {at}, "
                 f"depth {fmt_num(depth['mean'], 2)} ({fmt_num(depth['ci'][0], 2)}, {fmt_num(depth['ci'][1], 2)})"
             )
         if r.verdict == INCONCLUSIVE and r.n_seeds >= 2 and math.isnan(r.power):

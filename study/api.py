@@ -371,7 +371,12 @@ def _study_folder(path: Path, name: str | None) -> Path:
             "expected a study folder with verdicts.json, or an output folder holding one (run the study first)",
             str(path),
         )
-    raise StudyError(f"expected name= one of the finished studies and sweeps {sorted(found)}", str(path))
+    names = sorted(found)
+    raise StudyError(
+        f"{len(names)} finished studies and sweeps here {names}: pick one with "
+        f"study.load({str(path)!r}, name={names[0]!r})",
+        str(path),
+    )
 
 
 def load(path: str | Path = "study_results", name: str | None = None) -> StudyResult:
