@@ -41,7 +41,7 @@ from runners.datasets import LABEL_SEED_OFFSET, load_split, num_classes, shuffle
 from runners.executors import adopt_thread_budget
 from runners.extract import extract_spectra, save_covariances, save_observables, save_probe, snapshot_epochs
 from runners.inputs import to_tensor
-from runners.leases import check_lease
+from runners.lease_model import check_lease
 from runners.objectives import Trainer, TrainerSetup, TrainingSpec, build_trainer
 from runners.objectives.dino import AUG_SEED_OFFSET
 from vitstudy_core.errors import RunFailedError
