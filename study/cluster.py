@@ -261,7 +261,7 @@ def check_database(name: str, url: str | None) -> None:
 
 
 def _check_database(flag: str, url: str) -> None:
-    from runners.leases import engine_for
+    from runners.lease_sql import engine_for
 
     try:
         with engine_for(url).connect():

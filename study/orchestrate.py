@@ -13,7 +13,7 @@ Before anything is trained the claims and the design are registered (``study.reg
 first registered after some of its runs had finished is ``post hoc`` and adjusted as exploratory. With
 a :class:`SequentialPlan` (``run --until-decided``) seeds are added in batches after each look until every
 confirmatory claim is decided or the maximum is reached, and the verdicts come from group-sequential
-boundaries over the looks (``analysis.verdicts.decide_sequential``).
+boundaries over the looks (``analysis.sequential_verdicts.decide_sequential``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.verdicts import INCONCLUSIVE, ClaimResult, decide_sequential, families, format_verdicts
+from analysis.sequential_verdicts import decide_sequential
+from analysis.verdicts import INCONCLUSIVE, ClaimResult, families, format_verdicts
 from study import evaluation, outputs, registration, run_tables, run_triage, stages
 from study.preflight import check_hypothesis
 from study.run_scalars import with_run_scalars

@@ -140,7 +140,7 @@ def schema_lock(uri: str) -> Iterator[None]:
     if not uri.startswith("postgresql"):
         yield
         return
-    from runners.leases import engine_for
+    from runners.lease_sql import engine_for
 
     with database_lock(engine_for(uri), "study.mlflow.schema"):
         yield

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runners.leases import FileLeaseStore, SqlLeaseStore, dispose_engines, fill_once, open_lease_store
+from runners.lease_file import FileLeaseStore
+from runners.lease_sql import SqlLeaseStore, dispose_engines
+from runners.leases import fill_once, open_lease_store
 from runners.shared_out import TOKEN, OutNotShared, check_token, lease_key, seen_by_driver, write_token
 from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for, fresh_database
 from tests.studyproc import study_cmd
@@ -346,7 +348,7 @@ def test_case5_workers_share_one_pool_each_under_a_low_connection_limit(tmp_path
 
 
 def test_case5_one_engine_per_url_and_process(tmp_path):
-    from runners.leases import engine_for
+    from runners.lease_sql import engine_for
 
     url = f"sqlite:///{tmp_path / 'l.db'}"
     assert open_lease_store(url) is open_lease_store(url) and engine_for(url) is engine_for(url)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.leases import FileLeaseStore
+from runners.lease_file import FileLeaseStore
 from study.cluster import submit_command
 from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for, fresh_database
 
