@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, ClaimResult, Claims, families
+from analysis.verdicts import (
+    ACCEPTED,
+    INCONCLUSIVE,
+    REJECTED,
+    ClaimResult,
+    Claims,
+    families,
+    first_step_levels,
+)
 from vitstudy_core.fmt import fmt_p
 
 if TYPE_CHECKING:
@@ -87,3 +95,48 @@ def decide_sequential(
         }
         out.append(r)
     return out
+
+
+def looks_spent(
+    hyp: Claims,
+    results: list[ClaimResult],
+    seeds_at: list[int],
+    max_seeds: int,
+    spending: Spending = "obf",
+    post_hoc: set[str] | None = None,
+) -> list[dict]:
+    """The study's looks as :func:`decide_sequential` decided them (verdicts.json ``sequential.looks``).
+
+    The deciding family is the confirmatory one (every claim, if none is confirmatory: the claims
+    ``run --until-decided`` waits for). At each look, ``alpha_spent`` is what that family has spent by
+    then: the sum over its claims of ``spending`` at each claim's first-step level (its alpha over its
+    family's size, :func:`analysis.verdicts.first_step_levels`; the sum bounds the family's error), and
+    ``by_claim`` is each claim's own spending at the level it was tested at (its ``sequential.looks``).
+
+    Args:
+        results: the sequential results, one per claim (``sequential`` filled in).
+        seeds_at: (K,) seeds at each look; ``max_seeds``: the planned maximum.
+
+    Returns:
+        (K,) ``{look, seeds, fraction, alpha_spent, by_claim}``.
+    """
+    from analysis.sequential import alpha_spent
+
+    fractions = np.asarray([n / max_seeds for n in seeds_at], dtype=np.float64)
+    deciding = families(hyp, post_hoc).get("confirmatory") or range(len(hyp.claims))
+    first = first_step_levels(hyp, post_hoc)
+    family = np.sum([alpha_spent(fractions, first[i], spending) for i in deciding], axis=0)
+    return [
+        {
+            "look": j + 1,
+            "seeds": n,
+            "fraction": float(fractions[j]),
+            "alpha_spent": float(family[j]),
+            "by_claim": {
+                hyp.claims[i].name: float(results[i].sequential["looks"][j]["alpha_spent"])
+                for i in deciding
+                if results[i].sequential is not None
+            },
+        }
+        for j, n in enumerate(seeds_at)
+    ]

@@ -229,6 +229,21 @@ def families(hyp: Claims, post_hoc: set[str] | None = None) -> dict[str, list[in
     return out
 
 
+def first_step_levels(hyp: Claims, post_hoc: set[str] | None = None) -> dict[int, float]:
+    """Each claim's level at the first step of its family's multiplicity rule (:func:`families`):
+    ``alpha / m`` in a family of m claims (Holm, and BH's first step), ``alpha`` in an ``exploratory/none``
+    family. The one place a claim's alpha is divided: seed planning and the sequential summary read it.
+
+    Returns:
+        claim index -> level.
+    """
+    level: dict[int, float] = {}
+    for fam, idx in families(hyp, post_hoc).items():
+        m = 1 if fam.endswith("/none") else len(idx)
+        level.update({i: hyp.claims[i].alpha / m for i in idx})
+    return level
+
+
 def evaluate_claims(
     hyp: Claims,
     table: pd.DataFrame,

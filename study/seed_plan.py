@@ -31,7 +31,7 @@ import numpy as np
 from analysis.kinds import get_kind
 from analysis.kinds._table import TableView
 from analysis.power import MAX_SEEDS, plan_claim
-from analysis.verdicts import families
+from analysis.verdicts import first_step_levels
 from study.gpu_cost import format_estimate, gpu_estimate
 from study.run_triage import plan as plan_runs
 from study.runspecs import RunSpec
@@ -138,10 +138,7 @@ def _pilot_table(hyp: Hypothesis, out_dir: Path, pilot: Path | None):
 def plan_claims(hyp: Hypothesis, table, source: str = "pilot") -> list[dict]:
     """One plan row per claim (``analysis.power.plan_claim`` plus the claim's name, kind and level)."""
     view = TableView.of(table) if table is not None else None
-    level: dict[int, float] = {}
-    for fam, idx in families(hyp).items():
-        m = 1 if fam.endswith("/none") else len(idx)
-        level.update({i: hyp.claims[i].alpha / m for i in idx})
+    level = first_step_levels(hyp)
     rows = []
     for i, claim in enumerate(hyp.claims):
         kind = get_kind(claim.kind)
