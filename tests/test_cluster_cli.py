@@ -118,6 +118,79 @@ def test_submit_command_runs_a_sweep_file_as_a_sweep_with_absolute_paths(tmp_pat
     assert run[3] == "run" and "--storage" not in run  # a study has no optuna storage
 
 
+def _agent_starting(monkeypatch, refusals: int) -> list[dict]:
+    """Ray's job client as it answers while the head's job agent starts: ``refusals`` submissions refused
+    with Ray's own 500, then accepted; returns the submissions it saw (no real sleep between them)."""
+    import ray.job_submission
+
+    from study import cluster
+
+    seen: list[dict] = []
+
+    class Client:
+        def __init__(self, address):
+            pass
+
+        def submit_job(self, **job):
+            seen.append(job)
+            if len(seen) <= refusals:  # what ray.dashboard.modules.dashboard_sdk raises for it
+                raise RuntimeError(
+                    "Request failed with status code 500: No available agent to submit job, please try again later.."
+                )
+            return job["submission_id"]
+
+    clock = [0.0]
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
+    monkeypatch.setattr(cluster.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cluster.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    return seen
+
+
+def test_submit_waits_for_the_job_agent_then_submits_once(tmp_path, monkeypatch, capsys):
+    from study.cli import main
+
+    seen = _agent_starting(monkeypatch, refusals=3)
+    hyp = tmp_path / "tiny.yaml"
+    hyp.write_text(TINY_HYPOTHESIS)
+    assert main(["submit", str(hyp), "--address", "http://head:8265", "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr()
+    assert len(seen) == 4 and len({j["submission_id"] for j in seen}) == 1  # the refused ones started nothing
+    assert printed.out.split()[1] == seen[-1]["submission_id"]
+    assert printed.err.strip() == "waiting for the Ray cluster's job agent (up to 120s)"
+
+
+def test_submit_whose_job_agent_never_comes_is_one_line_within_its_bound(tmp_path, monkeypatch, capsys):
+    from study import cluster
+    from study.cli import main
+
+    seen = _agent_starting(monkeypatch, refusals=10**6)
+    hyp, out = tmp_path / "tiny.yaml", tmp_path / "out"
+    hyp.write_text(TINY_HYPOTHESIS)
+    monkeypatch.setenv(
+        "STUDY_LEASES", "postgresql://study:S3cretPW@db/study"
+    )  # travels in a file under --out
+    assert main(["submit", str(hyp), "--address", "http://head:8265", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == "waiting for the Ray cluster's job agent (up to 120s)" and len(err) == 2
+    assert err[1].startswith(
+        "error: --address: the Ray cluster 'http://head:8265' has no job agent ready after 120s"
+    )
+    assert (
+        cluster.time.monotonic() <= cluster.AGENT_WAIT_S and len(seen) == cluster.AGENT_WAIT_S / 2 + 1
+    )  # every 2 s
+    assert not list((out / cluster.SECRETS_DIR).iterdir())  # no job will read the secrets file: deleted
+    calls = []
+
+    class Refusing:  # any other refusal is raised at once (submit makes it one line), not retried
+        def submit_job(self, **job):
+            calls.append(job)
+            raise RuntimeError("Request failed with status code 400: bad.")
+
+    with pytest.raises(RuntimeError, match="status code 400"):
+        cluster.submit_job(Refusing(), {}, "http://head:8265")
+    assert len(calls) == 1
+
+
 @pytest.fixture
 def job_cluster(tmp_path):
     """A one-node Ray cluster (2 CPUs) with its dashboard, the job server ``submit`` talks to."""
