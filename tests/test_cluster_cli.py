@@ -203,11 +203,35 @@ def job_cluster(tmp_path):
     cluster = RayCluster(tmp_path, {"MLFLOW_DISABLE_TELEMETRY": "true"})
     dashboard = free_port()
     cluster.start_node(head=True, num_cpus=2, dashboard_port=dashboard)
-    cluster.wait_for_cpus(2)
     try:
-        yield f"http://127.0.0.1:{dashboard}"
+        cluster.wait_for_cpus(2)
+        address = f"http://127.0.0.1:{dashboard}"
+        wait_for_job_server(address)
+        yield address
     finally:
         cluster.stop()
+
+
+def wait_for_job_server(address: str, timeout: float = 300) -> None:
+    """Until the head's dashboard answers and its job agent has run a job (``true``): the cluster's CPUs
+    are there seconds before either, and a submission meanwhile is refused (``Failed to connect to Ray``,
+    ``No available agent``). The job has no study metadata, so ``status`` does not list it."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client = JobSubmissionClient(address)
+            job_id = client.submit_job(entrypoint="true")
+            break
+        except (ConnectionError, RuntimeError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+    while (status := client.get_job_status(job_id)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED}:
+        assert time.monotonic() < deadline, client.get_job_logs(job_id)[-3000:]
+        time.sleep(0.5)
+    assert status == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
 
 
 def wait_for_job(address: str, job_id: str, timeout: float = 400) -> str:
