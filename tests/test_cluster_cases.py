@@ -93,6 +93,42 @@ def test_case1_a_run_finished_elsewhere_but_unreadable_here_is_an_error_naming_t
     assert out[2][2] is None and out[2][1]["status"] == "finished"  # finished on disk: never failed
 
 
+def test_case1_a_ray_task_s_error_is_the_job_s_own_one_line_without_ray_s_traceback():
+    exceptions = pytest.importorskip("ray.exceptions")
+    from runners.executors import ray_job_error
+
+    own = OutNotShared("host node-7 does not see the study's output folder /out (...): --out must be ...")
+    # what Ray's driver gets: the task's traceback in colour, and the job's exception as its cause
+    traceback = (
+        "\x1b[36mray::_ray_call()\x1b[39m (pid=27373, ip=10.0.0.7)\n  File ...\nOutNotShared: host node-7"
+    )
+    wrapped = exceptions.RayTaskError("_ray_call", traceback, own, pid=27373, ip="10.0.0.7")
+    assert ray_job_error(wrapped) is own and ray_job_error(wrapped.as_instanceof_cause()) is own
+    # a job's error Ray could not rebuild, and Ray's own errors: one line naming the node, no colour codes
+    lost = ray_job_error(exceptions.RayTaskError("_ray_call", traceback, None, pid=1, ip="10.0.0.7"))
+    assert str(lost) == "a Ray task on node 10.0.0.7 failed: RayTaskError: OutNotShared: host node-7"
+    crashed = str(ray_job_error(exceptions.WorkerCrashedError()))
+    assert (
+        crashed.startswith("a Ray task failed: WorkerCrashedError: The worker died") and "\n" not in crashed
+    )
+    assert ray_job_error(own) is own  # anything else is left as it is
+
+
+@pytest.mark.slow  # a Ray task on the loopback cluster (~10 s: its worker imports torch)
+def test_case1_on_ray_a_task_that_does_not_see_out_fails_with_one_line_naming_its_host(tmp_path, ray_address):
+    from runners.executors import RayExecutor
+
+    [(i, result, exc)] = list(
+        RayExecutor(ray_address).map_jobs(check_token, [(str(tmp_path / "private"), "t")])
+    )
+    assert (i, result) == (0, None) and isinstance(exc, OutNotShared), repr(exc)
+    (line,) = f"{type(exc).__name__}: {exc}".splitlines()  # the reason a failed run records
+    assert line.startswith(
+        f"OutNotShared: host {socket.gethostname()} does not see the study's output folder"
+    )
+    assert "\x1b" not in line and "ray::" not in line and "Traceback" not in line
+
+
 def _private_node(monkeypatch, tmp_path):
     """Every job runs as on a node whose --out is a private folder (the driver's path, another disk)."""
     import runners.jobs
