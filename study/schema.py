@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from analysis.kinds import KINDS, claim_models
-from analysis.kinds.base import Condition, Subset  # noqa: F401 - part of the schema's public names
+from analysis.kinds._claim import Condition, Subset  # noqa: F401 - part of the schema's public names
 from analysis.observables import ALL_METRICS
 from runners.datasets import DATASETS, kind_of
 from runners.datasets.procedural import ProceduralDataset
@@ -598,7 +598,7 @@ class Hypothesis(Strict):
 
     def _check_adjust_for(self) -> None:
         """A claim's ``adjust_for`` scalar is one its runs record, in every cell (checked before training)."""
-        from analysis.kinds.base import RUN_SCALARS
+        from analysis.kinds._claim import RUN_SCALARS
 
         objectives = [self.design.objective, *(c.design.objective for c in self.design.cells())]
         for i, claim in enumerate(self.claims):

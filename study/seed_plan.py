@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.kinds import get_kind
-from analysis.kinds.base import TableView
+from analysis.kinds._table import TableView
 from analysis.power import plan_claim
 from analysis.verdicts import families
 from study.gpu_cost import format_estimate, gpu_estimate

@@ -37,7 +37,7 @@ import numpy as np
 import optuna
 import pandas as pd
 
-from analysis.kinds.base import summarise_layers
+from analysis.kinds._curves import summarise_layers
 from analysis.table import make_table
 from analysis.verdicts import ClaimResult, format_verdicts
 from runners.datasets.procedural import ProceduralDataset
@@ -485,7 +485,7 @@ def seed_objective(hyp: Hypothesis, table: pd.DataFrame, base_name: str) -> pd.S
     obj = hyp.sweep.objective
     if obj.claim is not None:
         from analysis.kinds import get_kind
-        from analysis.kinds.base import TableView
+        from analysis.kinds._table import TableView
 
         claim = next(c for c in hyp.claims if c.name == obj.claim)
         out = get_kind(claim.kind).evaluate(

@@ -16,7 +16,9 @@ import pytest
 
 from analysis.figures import Figure
 from analysis.kinds import KINDS, FigureContext
-from analysis.kinds.base import ClaimBase, Outcome, TableView
+from analysis.kinds._claim import ClaimBase
+from analysis.kinds._outcome import Outcome
+from analysis.kinds._table import TableView
 from analysis.simulate import simulate_study_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims
 from study.schema import parse_hypothesis

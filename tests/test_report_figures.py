@@ -247,7 +247,7 @@ def test_slopes_say_per_unit_of_the_knob_and_a_missing_crossing_says_never(drawn
 
 
 def test_a_crossing_reached_by_some_seeds_only():
-    from analysis.kinds.base import crossing, crossing_lines
+    from analysis.kinds._curves import crossing, crossing_lines
 
     x, y = np.array([0.0, 1.0]), np.array([[0.0, 4.0], [0.0, 1.0], [0.0, 6.0]])  # mean reaches 3.0 at 0.818
     (line,) = crossing_lines(crossing(x, y, 3.0), "clutter")

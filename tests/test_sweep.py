@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis.kinds.base import crossing
+from analysis.kinds._curves import crossing
 from analysis.verdicts import evaluate_claims
 from study.cli import main
 from study.schema import parse_hypothesis
