@@ -229,7 +229,8 @@ def submit_job(client, job: dict, address: str, wait: float = AGENT_WAIT_S, paus
                 raise StudyError(
                     f"--address: the Ray cluster {address!r} has no job agent ready after {wait:.0f}s "
                     "(its dashboard answers, the head's job agent does not: see dashboard_agent.log in "
-                    "the head's Ray session logs); submit again once it is up"
+                    "the head's Ray session logs; two Ray nodes on one host need distinct "
+                    "--dashboard-agent-listen-port); submit again once it is up"
                 ) from None
         time.sleep(pause)
 
