@@ -66,7 +66,7 @@ def table(request, plain_table, conditions_table):
 
 
 def _claim(kind: str, **override):
-    from study.schema import Design
+    from study.schema_design import Design
 
     design = dict(DESIGN)
     if _names_conditions(kind) and "conditions" in Design.model_fields:  # a design with conditions
