@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -271,6 +272,31 @@ def _ray_call(fn: Callable, *job) -> object:
     return fn(*job)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # the colour codes of Ray's task tracebacks
+
+
+def ray_job_error(exc: BaseException) -> BaseException:
+    """What a Ray task's failure is for the study. A ``RayTaskError``: the job's own exception (its own
+    type and one-line message, as the local executors report it; an ``OutNotShared`` names its host),
+    without Ray's traceback and its colour codes. One of Ray's own errors (a worker lost beyond its
+    retries), or a job's error Ray could not rebuild here: a ``RuntimeError`` of one line naming the node.
+    Anything else is returned as it is."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, Exception) and not _from_ray(cause):
+        return cause
+    if not _from_ray(exc):
+        return exc
+    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
+    # a task's traceback ends with its exception's line; Ray's own errors say what happened first
+    why = (lines[-1] if hasattr(exc, "traceback_str") else lines[0]) if lines else ""
+    node = f" on node {exc.ip}" if getattr(exc, "ip", None) else ""
+    return RuntimeError(f"a Ray task{node} failed: {type(exc).__name__}" + (f": {why}" if why else ""))
+
+
+def _from_ray(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] == "ray"
+
+
 class RayExecutor:
     """Runs each job as a Ray task on a running cluster (``ray`` is imported only here).
 
@@ -317,10 +343,10 @@ class RayExecutor:
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayTaskError as exc:  # the job's own exception, as its own type
-                    yield i, None, exc.as_instanceof_cause()
+                    yield i, None, ray_job_error(exc)
                     continue
                 except Exception as exc:  # noqa: BLE001 - a worker lost beyond its retries: reported per job
-                    yield i, None, exc
+                    yield i, None, ray_job_error(exc)
                     continue
                 if not back.back(i, result):
                     yield i, result, None

@@ -187,19 +187,52 @@ def submit(hyp_path: Path, address: str, out: Path, opts: SubmitOptions | None =
         raise StudyError("submit needs Ray: pip install -e '.[ray]'") from None
     env["env_vars"], lead = ship_secrets(env["env_vars"], out, job_id)
     entrypoint = lead + submit_command(hyp_path, out, opts, sweep)
+    job = dict(
+        entrypoint=entrypoint,
+        submission_id=job_id,
+        metadata={"study": hyp.name, "kind": "sweep" if sweep else "run"},
+        runtime_env=env,
+    )
     try:
-        client = JobSubmissionClient(address)
-        return client.submit_job(
-            entrypoint=entrypoint,
-            submission_id=job_id,
-            metadata={"study": hyp.name, "kind": "sweep" if sweep else "run"},
-            runtime_env=env,
-        )
+        return submit_job(JobSubmissionClient(address), job, address)
     except Exception as exc:  # noqa: BLE001 - an unreachable cluster is one line
         (Path(out).resolve() / SECRETS_DIR / f"{job_id}.env").unlink(missing_ok=True)  # no job will read it
+        if isinstance(exc, StudyError):
+            raise
         raise StudyError(
             f"--address: cannot submit to the Ray cluster {address!r} ({type(exc).__name__}: {redact(str(exc))})"
         ) from None
+
+
+# Ray's job server answers ``500: No available agent to submit job`` until the head's job agent has
+# registered, seconds (tens of seconds on a loaded host) after ``ray start --head`` returns; the server
+# itself waits ~10 s per request, so a retry every few seconds until this bound
+AGENT_WAIT_S = 120.0
+NO_AGENT = "No available agent"
+
+
+def submit_job(client, job: dict, address: str, wait: float = AGENT_WAIT_S, pause: float = 2.0) -> str:
+    """``client.submit_job(**job)``, retried while the cluster's job agent is not ready yet (for at most
+    ``wait`` seconds, then one line); any other failure is raised at once. A refused request submitted
+    nothing, so the retry cannot start the job twice."""
+    deadline, said = time.monotonic() + wait, False
+    while True:
+        try:
+            return client.submit_job(**job)
+        except RuntimeError as exc:
+            if NO_AGENT not in str(exc):
+                raise
+            if not said:
+                print(f"waiting for the Ray cluster's job agent (up to {wait:.0f}s)", file=sys.stderr)
+                said = True
+            if time.monotonic() + pause > deadline:
+                raise StudyError(
+                    f"--address: the Ray cluster {address!r} has no job agent ready after {wait:.0f}s "
+                    "(its dashboard answers, the head's job agent does not: see dashboard_agent.log in "
+                    "the head's Ray session logs; two Ray nodes on one host need distinct "
+                    "--dashboard-agent-listen-port); submit again once it is up"
+                ) from None
+        time.sleep(pause)
 
 
 def url_option(flag: str, given: str | None) -> tuple[str | None, str]:
@@ -267,10 +300,15 @@ def _check_database(flag: str, url: str) -> None:
         with engine_for(url).connect():
             pass
     except Exception as exc:  # noqa: BLE001 - any failure to connect is the same one line
-        why = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        raise StudyError(
-            f"{flag}: cannot reach the database {redact(url)} ({type(exc).__name__}: {why[0] if why else ''})"
-        ) from None
+        raise StudyError(f"{flag}: cannot reach the database {redact(url)} ({db_reason(exc)})") from None
+
+
+def db_reason(exc: BaseException) -> str:
+    """``Type: reason`` of a database error in one line: the driver's own message (SQLAlchemy's wrapped
+    ``orig``), its first line, without SQLAlchemy's ``(Background on this error at: ...)`` tail."""
+    text = str(getattr(exc, "orig", None) or exc)
+    text = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", text).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0].strip() if text else ''}".rstrip(": ")
 
 
 def status_counts(leases: str | Path, name: str = "--leases") -> dict[str, Counter]:
@@ -285,7 +323,7 @@ def status_counts(leases: str | Path, name: str = "--leases") -> dict[str, Count
         planned = members(store)  # each study's own runs, shared ones too (runners.lease_members)
     except Exception as exc:  # noqa: BLE001 - an unreachable store is one line
         raise StudyError(
-            f"{name}: cannot read the lease store ({type(exc).__name__}: {exc})", redact(str(leases))
+            f"{name}: cannot read the lease store {redact(str(leases))} ({db_reason(exc)})"
         ) from None
     out: dict[str, Counter] = {}
     folders: dict[str, set[str]] = {}

@@ -237,9 +237,16 @@ RULES: list[Rule] = [
     # ---- the suite itself and installs
     Rule(
         r'^pip install -e "\.\[test\]"$',
-        Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command",)),
+        Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command_in_a_venv_then_the_slow_tests",)),
     ),
-    Rule(r"^python -m pytest$", Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command",))),
+    Rule(
+        r"^python -m pytest -m slow$",
+        Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command_in_a_venv_then_the_slow_tests",)),
+    ),
+    Rule(
+        r"^python -m pytest$",
+        Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command_in_a_venv_then_the_slow_tests",)),
+    ),
     Rule(
         r"^pip install -e \.$",
         Mapped(
@@ -545,10 +552,16 @@ def test_mapped_tests_exist_and_run_by_default():
     )
 
 
-def test_ci_runs_the_readme_test_command():
-    """The README's second command is what CI runs (.ci/run's last line)."""
-    ci = REPO.joinpath(".ci", "run").read_text().strip().split("\n")
-    assert ci[-1] == 'pip install -e ".[test]" && python -m pytest'
+def test_ci_runs_the_readme_test_command_in_a_venv_then_the_slow_tests():
+    """The README's second command is what CI runs, as a line of its own, in a venv it makes and enters
+    first; the slow tests run after it."""
+    readme = REPO.joinpath("README.md").read_text().split("\n")
+    command = [ln.strip() for ln in readme[:8] if ln.startswith("    ")][1]
+    assert command == 'pip install -e ".[test]" && python -m pytest'
+    ci = [ln.strip() for ln in REPO.joinpath(".ci", "run").read_text().split("\n")]
+    at = ci.index(command)
+    assert ci.index('python -m venv "$venv"') < ci.index('. "$venv/bin/activate"') < at
+    assert "python -m pytest -m slow" in ci[at + 1 :] and "pip install" not in " ".join(ci[at + 1 :])
 
 
 def test_extras_named_in_the_docs_exist():
