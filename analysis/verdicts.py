@@ -44,6 +44,7 @@ from analysis.power import seed_floor
 from analysis.probe import ProbeData, claim_rows, excludes_zero, matched_table, multibootstrap, sensitivity
 from vitstudy_core.errors import StudyError
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
+from vitstudy_core.runfolder import BLOCKS
 
 if TYPE_CHECKING:
     from analysis.sequential import Spending
@@ -214,10 +215,13 @@ def _probe_outcome(
     excluded: dict[int, str],
     probe: ProbeData | None,
     study_match: bool,
+    names: list[str] | None = None,
 ) -> Outcome:
     """A claim's outcome, at a matched token count if it asks, with the probe's numbers in its details
     (``analysis.probe``): the effect at N/4, N/2 and N probe images, the matched comparison behind an
     unequal-count warning, and the seed x probe intervals of ``uncertainty: seeds+probe``."""
+    if getattr(claim, "unit", None) == "images":
+        return images_outcome(view, claim, where, excluded, probe, names)
     match = claim.match_tokens if claim.match_tokens is not None else study_match
     if (match or claim.uncertainty != "seeds") and probe is None:
         # a table alone (python -m study analyze, the preflight): tested over seeds, never ACCEPTED
@@ -253,6 +257,34 @@ def _probe_outcome(
     o.details["probe_sizes"] = sensitivity(view.table, claim, probe, evaluate)
     if claim.uncertainty == "seeds+probe" and math.isfinite(o.effect):
         o.details["seeds_probe"] = multibootstrap(table, claim, probe, evaluate, o.effect, o.ci, where)
+    return o
+
+
+def images_outcome(
+    view: TableView,
+    claim: Any,
+    where: str,
+    excluded: dict[int, str],
+    probe: ProbeData | None,
+    names: list[str] | None,
+) -> Outcome:
+    """A ``unit: images`` claim: its kind's test on jackknife pseudo-values over probe blocks
+    (``analysis.units``); without the runs' probe files (a table alone) it is not testable."""
+    from analysis.units import images_table
+
+    if probe is None or not probe.has(BLOCKS):
+        why = "unit: images needs the runs' probe blocks (blocks.npz; set design.probe.blocks and rerun the runs)"
+        nan = float("nan")
+        return Outcome(
+            p_value=nan, effect=nan, ci=(nan, nan), seeds_excluded=excluded, warnings=[why], not_testable=why
+        )
+    pseudo = images_table(view.table, claim, probe, where, names)
+    o = _evaluate_one(TableView.of(pseudo), claim, where, {})
+    o.details["unit"] = {
+        "unit": "images",
+        "blocks": int(pseudo.seed.nunique()),
+        "test": "jackknife over probe blocks",
+    }
     return o
 
 
@@ -342,14 +374,23 @@ def evaluate_claims(
             sensitivity (``details.probe_sizes``), a matched-count note on an unequal-count warning,
             ``match_tokens`` and ``uncertainty: seeds+probe``; None (a table alone): none of these.
     """
+    from analysis.units import model_names, population
+
     view = TableView.of(table)
     study_match = bool(getattr(hyp, "match_tokens", False))
+    design = getattr(hyp, "design", None)
+    src = getattr(design, "source", None)
+    names = model_names(src.model_dump() if src is not None else None) or None
     outcomes = [
         _probe_outcome(
-            view, claim, f"{source}: claims[{i}]", _failed_seeds(claim, failed), probe, study_match
+            view, claim, f"{source}: claims[{i}]", _failed_seeds(claim, failed), probe, study_match, names
         )
         for i, claim in enumerate(hyp.claims)
     ]
+    n_images = getattr(getattr(design, "probe", None), "size", None)
+    for claim, o in zip(hyp.claims, outcomes, strict=True):
+        blocks = int(o.details.get("unit", {}).get("blocks", 0))
+        o.details["population"] = population(claim, names, list(o.seeds_used), n_images, blocks)
     adjusted: dict[int, float] = {}
     method_of: dict[int, str] = {}
     for fam, idx in families(hyp, post_hoc).items():
@@ -399,6 +440,8 @@ def _result(claim: Any, o: Outcome, p_adjusted: float, adjustment: str) -> Claim
     verdict, reason = decide(o, p_adjusted, claim.alpha, margin)
     verdict, reason = _seeds_probe_rule(claim, o, verdict, reason)
     power, needed = _power(o, claim.alpha) if verdict == INCONCLUSIVE else (float("nan"), None)
+    if getattr(claim, "unit", None) == "images":  # more seeds cannot help a claim about one checkpoint
+        power, needed = float("nan"), None
     return ClaimResult(
         name=claim.name,
         kind=claim.kind,
@@ -550,6 +593,13 @@ def format_verdicts(results: list[ClaimResult]) -> str:
                 f"{lk['seeds']} seeds: p {fmt_p(lk['p'])} vs {lk['nominal']:.3g}" for lk in seq["looks"]
             )
             lines.append(f"  ~ {r.name}: {len(seq['looks'])} looks ({seq['spending']}): {looks}")
+        if r.details.get("unit"):
+            lines.append(
+                f"  = {r.name}: about {r.details.get('population')}; its 'seeds' are the "
+                f"{r.details['unit']['blocks']} probe blocks"
+            )
+        elif r.details.get("population", "").startswith("models like"):
+            lines.append(f"  = {r.name}: about {r.details['population']}")
         for w in r.warnings:
             lines.append(f"  ! {r.name}: {w}")
         for seed, why in r.seeds_excluded.items():

@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from analysis.units import model_names  # noqa: F401 - re-exported: the models in seed order
 from runners.sources.base import SOURCES, DataRecord, DesignFacts, ImportedSettings, ImportedSourceBase
 from vitstudy_core.errors import StudyError
 from vitstudy_core.hashing import digest
@@ -74,11 +75,6 @@ def model_entry(source: dict, seed: int) -> tuple[str, str, str | None, dict]:
     if source.get("path") and not Path(file).is_absolute() and not file.startswith(("$", "~")):
         file = f"{source['path'].rstrip('/')}/{file}"
     return name, entry["timm"], file, dict(entry.get("model_args") or {})
-
-
-def model_names(source: dict | None) -> list[str]:
-    """The models' names in seed order ([] for another source)."""
-    return list(source["models"]) if source and source.get("kind") == "pretrained" else []
 
 
 class PretrainedSource(ImportedSourceBase):
