@@ -37,6 +37,9 @@ from analysis.probe import ProbeData, _block_sums, claim_rows, resampled_values
 UNITS = ("seeds", "images", "models")
 DEFAULT_UNIT = "seeds"
 MIN_BLOCKS = 8  # the jackknife t test on K - 1 df: fewer blocks give a wide, noisy interval
+# the smallest probe calibrated (bench/calibration.py --unit-images: 256, 1,024, 4,096 images); at 64
+# images the jackknife's interval under-covered (0.87) in the same simulation
+MIN_IMAGES = 256
 
 
 def model_names(source: dict | None) -> list[str]:
@@ -73,14 +76,14 @@ IMAGE_KINDS = {
 
 
 def unit_problem(
-    claim: Any, n_models: int | None, n_seeds: int, blocks: int, resamplable: bool
+    claim: Any, n_models: int | None, n_seeds: int, blocks: int, resamplable: bool, n_images: int = MIN_IMAGES
 ) -> str | None:
     """Why a claim's unit does not fit its design (one phrase), or None.
 
     Args:
         n_models: the pretrained source's number of models (None: another source).
         n_seeds: the design's seeds; blocks: ``design.probe.blocks``; resamplable: the claim's metric can
-            be recomputed from covariance sums.
+            be recomputed from covariance sums; n_images: ``design.probe.size``.
     """
     unit = claim.unit or DEFAULT_UNIT
     if unit == "seeds":
@@ -108,6 +111,10 @@ def unit_problem(
         return f"unit: images is about one fixed model: the design has {n_seeds} seeds (keep one)"
     if blocks < MIN_BLOCKS:
         return f"unit: images needs design.probe.blocks >= {MIN_BLOCKS} (e.g. 16): the probe's image blocks are the replicates"
+    if n_images < MIN_IMAGES:
+        return (
+            f"unit: images is calibrated from {MIN_IMAGES} probe images up (design.probe.size is {n_images})"
+        )
     if not resamplable:
         return f"unit: images recomputes the metric from covariance sums; {claim.metric!r} is measured on a token subsample"
     return None

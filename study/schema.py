@@ -638,6 +638,7 @@ class Hypothesis(Strict):
                 len(self.design.seeds),
                 self.design.probe.blocks,
                 resamplable(claim.metric),
+                self.design.probe.size,
             )
             if problem:
                 raise _FieldError(f"claims[{i}].unit", problem)

@@ -87,7 +87,8 @@ class PretrainedSource(ImportedSourceBase):
             "kind": "pretrained",
             "path": "/weights",
             "models": {"a": {"timm": "vit_tiny_patch16_224", "file": "a.safetensors"}},
-        }
+        },
+        "probe": {"size": 256, "blocks": 8},  # unit: images (one model) resamples the probe's image blocks
     }
     tag_fields = ("model", "timm", "preprocessing")
 
