@@ -65,6 +65,10 @@ def _always(claim: Any) -> str | None:
     return None
 
 
+# (kind, metric) pairs whose unit: images rows hold at 256, 1,024 and 4,096 probe images
+# (bench/calibration.py --unit-images, docs/statistics.md); the others are refused until theirs do
+CALIBRATED = {("u_shape", "eed_pct"), ("differs", "eed_pct"), ("exceeds", "eed_pct")}
+
 # kind -> a check of a claim of that kind for unit: images (None: fits). Kinds left out are refused: each
 # one here has its calibration rows (analysis.unit_calibration).
 IMAGE_KINDS = {
@@ -107,6 +111,12 @@ def unit_problem(
     problem = check(claim)
     if problem:
         return f"unit: images: {problem}"
+    if (claim.kind, claim.metric) not in CALIBRATED:
+        held = ", ".join(f"{k} on {m}" for k, m in sorted(CALIBRATED))
+        return (
+            f"unit: images is not calibrated for {claim.kind} on {claim.metric} (its calibration rows hold "
+            f"for {held}; docs/statistics.md)"
+        )
     if n_models is None and n_seeds != 1:
         return f"unit: images is about one fixed model: the design has {n_seeds} seeds (keep one)"
     if blocks < MIN_BLOCKS:

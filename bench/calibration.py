@@ -1,6 +1,6 @@
 """Calibration of every claim kind: type-I error, power and CI coverage on simulated studies.
 
-    PYTHONPATH=. python bench/calibration.py --unit-images [--reps 300] [--sizes 256 1024 4096]
+    PYTHONPATH=. python bench/calibration.py --unit-images [--reps 300] [--sizes 256 1024 4096] [--metrics eed_pct]
 
 ``--unit-images``: ``unit: images`` (``analysis.unit_calibration``): simulated probes with known population
 spectra per layer, through the jackknife over probe blocks and the kind's own test.
@@ -254,7 +254,9 @@ def print_t_grid(rows: list[dict], reps: int, alpha: float, seconds: float) -> b
     return ok_all
 
 
-def unit_images(sizes: list[int], reps: int, alpha: float, t0: float) -> int:
+def unit_images(
+    sizes: list[int], reps: int, alpha: float, t0: float, metrics: list[str], only: list[str] | None = None
+) -> int:
     """``unit: images`` rows: per kind, metric and probe size, the rate of p < alpha (type-I on a null,
     power on ``compare_alt``) and the 95% CI's coverage of the population effect (0.93-0.97 required),
     beside the naive test's (plug-in values, same spread: a reference, not checked)."""
@@ -268,8 +270,10 @@ def unit_images(sizes: list[int], reps: int, alpha: float, t0: float) -> int:
     print(head)
     print("|" + "|".join(["---"] * (head.count("|") - 1)) + "|")
     ok_all = True
-    for metric in ("eed_pct", "participation_ratio"):
+    for metric in metrics:
         for label, sc in scenarios(metric).items():
+            if only and label not in only:
+                continue
             for n in sizes:
                 r = calibrate_unit(label, metric, n, reps, alpha)
                 ok = (not sc.null or r["rate"] <= r["bound"]) and 0.93 <= r["coverage"] <= 0.97
@@ -307,10 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--sizes", type=int, nargs="+", default=[256, 1024, 4096], help="probe images (--unit-images)"
     )
+    ap.add_argument(
+        "--metrics", nargs="+", default=["eed_pct", "participation_ratio"], help="metrics (--unit-images)"
+    )
+    ap.add_argument("--scenarios", nargs="+", default=None, help="scenarios (--unit-images; default all)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     if args.unit_images:
-        return unit_images(args.sizes, args.reps, args.alpha, t0)
+        return unit_images(args.sizes, args.reps, args.alpha, t0, args.metrics, args.scenarios)
     if args.sequential and args.t_grid:
         rows = [
             t_type1(lk, args.reps, args.alpha, sp) for lk in t_grid_designs() for sp in SPENDING_FUNCTIONS

@@ -80,6 +80,19 @@ def _doc(claim: dict, **design) -> dict:
             "claims[0].unit: unit: images is calibrated from 256 probe images up (design.probe.size is 128)",
         ),
         (
+            {
+                "kind": "compare",
+                "unit": "images",
+                "metric": "eed_pct",
+                "subset": {"dataset": "objects", "condition": "a"},
+                "a": {"layers": ["block_01"]},
+                "b": {"layers": ["block_02"]},
+            },
+            {},
+            "claims[0].unit: unit: images is not calibrated for compare on eed_pct (its calibration rows "
+            "hold for differs on eed_pct, exceeds on eed_pct, u_shape on eed_pct; docs/statistics.md)",
+        ),
+        (
             {**U_SHAPE, "unit": "images", "regions": {**REGIONS, "bottleneck": "leave_one_seed_out"}},
             {},
             "claims[0].unit: unit: images: a leave-one-seed-out bottleneck is chosen per replicate (not "

@@ -44,13 +44,23 @@ CLAIM = {
 }
 
 
-# what a claim declares beyond CLAIM on a source's designs: published models are no seeds (analysis.units)
-CLAIM_FIELDS = {"pretrained": {"unit": "images"}}
+# a source whose designs need another claim than CLAIM: published models are no seeds, and one model's
+# claim (unit: images) is one of the kinds and metrics calibrated for it (analysis.units)
+CLAIMS = {
+    "pretrained": {
+        "name": "c",
+        "kind": "u_shape",
+        "unit": "images",
+        "metric": "eed_pct",
+        "subset": {"dataset": "objects"},
+        "regions": {"early": ["block_01"], "bottleneck": ["block_02"], "late": ["norm"]},
+    }
+}
 
 
 def _doc(**design) -> dict:
     kind = (design.get("source") or {}).get("kind")
-    claim = {**CLAIM, **CLAIM_FIELDS.get(kind, {})}
+    claim = CLAIMS.get(kind, CLAIM)
     return {"name": "contract", "design": {**copy.deepcopy(DESIGN), **design}, "claims": [claim]}
 
 
