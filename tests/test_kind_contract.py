@@ -16,7 +16,9 @@ import pytest
 
 from analysis.figures import Figure
 from analysis.kinds import KINDS, FigureContext
-from analysis.kinds.base import ClaimBase, Outcome, TableView
+from analysis.kinds._claim import ClaimBase
+from analysis.kinds._outcome import Outcome
+from analysis.kinds._table import TableView
 from analysis.simulate import simulate_study_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims
 from study.schema import parse_hypothesis
@@ -64,7 +66,7 @@ def table(request, plain_table, conditions_table):
 
 
 def _claim(kind: str, **override):
-    from study.schema import Design
+    from study.schema_design import Design
 
     design = dict(DESIGN)
     if _names_conditions(kind) and "conditions" in Design.model_fields:  # a design with conditions
