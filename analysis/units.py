@@ -17,8 +17,9 @@ O(N^-2)`` with an ``a`` that depends on the spectrum's shape, and the jackknife 
 whatever ``a`` is, so two layers with equal population values but different spectra are compared
 without their finite-probe biases. Their spread gives the jackknife SE. The pseudo-values stand in for
 seeds (K "seeds", paired by block across layers and across models): a kind whose test is linear in the
-per-seed layer values (a u_shape's region contrasts, a compare's difference, a differs' difference of
-per-seed effects) then runs the jackknife t test on K - 1 degrees of freedom. A kind whose statistic is
+per-seed layer values (a u_shape's region contrasts, a differs' difference of per-seed effects) then runs
+the jackknife t test on K - 1 degrees of freedom; only the (kind, metric) pairs whose calibration rows hold
+(:data:`CALIBRATED`) are allowed. A kind whose statistic is
 not linear in them (a leave-one-seed-out bottleneck, Kendall's tau, a mixed model) is refused for
 ``unit: images``; so is every kind not calibrated for it (``bench/calibration.py --unit-images``,
 docs/statistics.md). The jackknife needs a metric recomputable from covariance sums
