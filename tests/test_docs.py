@@ -368,6 +368,13 @@ RULES: list[Rule] = [
         External("PostgreSQL's own tools; tests/clusters.py starts a throwaway server with initdb instead"),
     ),
     Rule(
+        r"^python -c \"import timm; \[timm\.create_model\(n, pretrained=True\) for n in ",
+        External(
+            "timm fetching published weights into the Hugging Face cache (the network); "
+            "tests/test_pretrained.py builds that cache from tiny models and runs the study offline"
+        ),
+    ),
+    Rule(
         r"^mlflow server ",
         External(
             "an MLflow tracking server; the scale-out tests log to PostgreSQL directly (not measured, see bench)"

@@ -45,8 +45,24 @@ CLAIM = {
 }
 
 
+# a source whose designs need another claim than CLAIM: published models are no seeds, and one model's
+# claim (unit: images) is one of the kinds and metrics calibrated for it (analysis.units)
+CLAIMS = {
+    "pretrained": {
+        "name": "c",
+        "kind": "u_shape",
+        "unit": "images",
+        "metric": "eed_pct",
+        "subset": {"dataset": "objects"},
+        "regions": {"early": ["block_01"], "bottleneck": ["block_02"], "late": ["norm"]},
+    }
+}
+
+
 def _doc(**design) -> dict:
-    return {"name": "contract", "design": {**copy.deepcopy(DESIGN), **design}, "claims": [CLAIM]}
+    kind = (design.get("source") or {}).get("kind")
+    claim = CLAIMS.get(kind, CLAIM)
+    return {"name": "contract", "design": {**copy.deepcopy(DESIGN), **design}, "claims": [claim]}
 
 
 def _run(doc: dict) -> dict:
@@ -87,7 +103,22 @@ def _table_fixture(tmp_path: Path, trained: Path) -> dict:
     )
 
 
+def _pretrained_fixture(tmp_path: Path, trained: Path) -> dict:
+    from tests.zoo_cache import DESIGN_MODEL, MODEL_ARGS, checkpoint_file
+
+    checkpoint_file(tmp_path / "w" / "a.safetensors", 0)
+    args = {k: v for k, v in MODEL_ARGS.items() if k != "num_classes"}
+    entry = {"timm": "vit_tiny_patch16_224", "file": "a.safetensors", "model_args": args}
+    return _doc(
+        datasets=[{"name": "objects", "n_train": 32, "n_test": 256, "image_size": 8}],
+        model=DESIGN_MODEL,
+        probe={"size": 256, "blocks": 8},
+        source={"kind": "pretrained", "path": str(tmp_path / "w"), "models": {"a": entry}},
+    )
+
+
 FIXTURES: dict[str, Callable[[Path, Path], dict]] = {
+    "pretrained": _pretrained_fixture,
     "train": _train_fixture,
     "checkpoints": _checkpoints_fixture,
     "table": _table_fixture,

@@ -106,6 +106,9 @@ class ClaimBase(Strict):
     # test at a matched token count: the larger populations subsampled to the smaller (analysis.probe);
     # None: the hypothesis file's `match_tokens` (default false)
     match_tokens: bool | None = None
+    # what the verdict generalises over (analysis.units): seeds of a recipe (None: the default, seeds),
+    # the probe images of one fixed model, or the named published models of a family
+    unit: Literal["seeds", "images", "models"] | None = None
 
     @field_validator("metric")
     @classmethod

@@ -194,6 +194,10 @@ def imported_record(source: dict, dataset: str, seed: int, epochs: list[int], n_
         (the source's :meth:`RunSource.fingerprint` of the files), None when the files are not there yet
         (the study stops on that before anything runs).
     """
+    entry = SOURCES.get(source["kind"])
+    own = getattr(entry, "record", None)
+    if own is not None:  # a source that lays out its runs' records itself (``pretrained``: one per model)
+        return own(source, dataset, seed, epochs, n_seeds)
     from runners.imported import raw_path, resolve
 
     raw = raw_path(source, dataset, seed)
@@ -203,7 +207,7 @@ def imported_record(source: dict, dataset: str, seed: int, epochs: list[int], n_
     record["shared"] = n_seeds > 1 and not source.get("paths") and "{seed}" not in source["path"]
     if path is not None:
         try:
-            record.update(SOURCES.get(source["kind"]).fingerprint(source, path, epochs))
+            record.update(entry.fingerprint(source, path, epochs))
         except StudyError:
             pass  # reported by the source's check before anything is recorded
     return record
