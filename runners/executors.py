@@ -431,7 +431,7 @@ def _ray(opts: ExecutorOptions) -> Executor:
     return RayExecutor(opts.address, num_cpus=opts.cpus_per_run, num_gpus=opts.gpus_per_run)
 
 
-EXECUTORS: Registry[ExecutorKind] = Registry("executor")
+EXECUTORS: Registry[ExecutorKind] = Registry("executor", group="vitstudy.executors")
 EXECUTORS.register("local", ExecutorKind(_local, summary="processes on this host"))
 EXECUTORS.register("ray", ExecutorKind(_ray, needs_cluster=True, summary="tasks on a Ray cluster"))
 

@@ -45,7 +45,11 @@ from study.conditions import FieldError as _FieldError
 from vitstudy_core.errors import StudyError
 from vitstudy_core.knobs import INTEGER_KNOBS, Knob
 from vitstudy_core.layers import TokenSet, layer_names
+from vitstudy_core.plugins import load_plugins
 from vitstudy_core.settings import Strict
+
+# the installed plug-ins register before any union below is built from the registries
+load_plugins()
 
 
 # --------------------------------------------------------------------------------------------------

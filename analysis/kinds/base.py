@@ -1044,7 +1044,7 @@ def _new_labels(name: str, kind: ClaimKind) -> None:
         raise ValueError(f"calibration labels {sorted(labels & set(kind.calibration))} are taken")
 
 
-KINDS: Registry[ClaimKind] = Registry("claim kind", check=_new_labels)
+KINDS: Registry[ClaimKind] = Registry("claim kind", check=_new_labels, group="vitstudy.kinds")
 
 
 def register_kind(kind: ClaimKind) -> ClaimKind:

@@ -70,7 +70,7 @@ def _check(name: str, entry: DatasetKind) -> None:
         raise ValueError(f"dataset kind {name!r}: give both load and num_classes, or neither")
 
 
-DATASETS: Registry[DatasetKind] = Registry("dataset kind", check=_check)
+DATASETS: Registry[DatasetKind] = Registry("dataset kind", check=_check, group="vitstudy.datasets")
 
 
 def kind_of(spec: object) -> str:

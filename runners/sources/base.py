@@ -174,7 +174,7 @@ def _check_entry(name: str, entry: RunSource) -> None:
             raise ValueError(f"run source {name!r}: its settings need kind: Literal[{name!r}]")
 
 
-SOURCES: Registry[RunSource] = Registry("run source", check=_check_entry)
+SOURCES: Registry[RunSource] = Registry("run source", check=_check_entry, group="vitstudy.sources")
 
 
 def get_source(name: str) -> RunSource:
