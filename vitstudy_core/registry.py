@@ -115,7 +115,14 @@ class Registry(Mapping[str, T], Generic[T]):
         return list(self._entries)
 
     def __getitem__(self, name: str) -> T:
+        if name not in self._entries and self.group is not None:  # as get(): load the plug-ins, once
+            from vitstudy_core.plugins import load_plugins
+
+            load_plugins()
         return self._entries[name]
+
+    def __contains__(self, name: object) -> bool:  # never loads plug-ins: registries' checks ask it
+        return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)

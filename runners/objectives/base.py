@@ -116,7 +116,9 @@ def _check_entry(name: str, cls: type[ObjectiveSettings]) -> None:
         raise ValueError(f"objective {name!r}: trainer must be 'module:Class', got {cls.trainer!r}")
 
 
-OBJECTIVES: Registry[type[ObjectiveSettings]] = Registry("objective", check=_check_entry, group="vitstudy.objectives")
+OBJECTIVES: Registry[type[ObjectiveSettings]] = Registry(
+    "objective", check=_check_entry, group="vitstudy.objectives"
+)
 
 
 def objective_names() -> list[str]:

@@ -55,6 +55,7 @@ def registered(part: str) -> list[str]:
 
 def check_part(part: str, name: str) -> None:
     """Run every contract check of ``part`` on its entry ``name`` (the first failure raises)."""
+    load_plugins()
     for check in checks(part):
         check(name)
 
@@ -64,6 +65,7 @@ def parametrize_with_checks(part: str, names: Iterable[str] | None = None):  # -
     ``names`` (default: every registered entry) times :func:`checks`; test ids are ``name-check``."""
     import pytest
 
+    load_plugins()
     pairs = [(n, c) for n in (registered(part) if names is None else list(names)) for c in checks(part)]
     return pytest.mark.parametrize(("name", "check"), pairs, ids=[f"{n}-{c.__name__}" for n, c in pairs])
 

@@ -32,7 +32,9 @@ CONDITIONS = ("trained", "untrained")
 
 @lru_cache(maxsize=1)
 def _plain_table() -> pd.DataFrame:
-    return simulate_study_table(n_seeds=5, datasets=("objects", "mixed", "textures"), epochs=(0, 2, 4), seed=3)
+    return simulate_study_table(
+        n_seeds=5, datasets=("objects", "mixed", "textures"), epochs=(0, 2, 4), seed=3
+    )
 
 
 @lru_cache(maxsize=1)
@@ -59,7 +61,11 @@ def example_hypothesis(kind: str, **override: object):  # -> study.schema.Hypoth
     design: dict = dict(DESIGN)
     if _names_conditions(kind) and "conditions" in Design.model_fields:
         design["conditions"] = [{"name": "trained"}, {"name": "untrained", "untrained": True}]
-    doc = {"name": "t", "design": design, "claims": [{"name": f"{kind} example", **KINDS[kind].example, **override}]}
+    doc = {
+        "name": "t",
+        "design": design,
+        "claims": [{"name": f"{kind} example", **KINDS[kind].example, **override}],
+    }
     return parse_hypothesis(doc)
 
 
@@ -78,7 +84,9 @@ def check_kind_evaluates(kind: str) -> None:
     assert type(claim) is KINDS[kind].model
     out = KINDS[kind].evaluate(TableView(table_for(kind)), claim, where="contract", excluded={})
     assert isinstance(out, Outcome)
-    assert 0.0 <= out.p_value <= 1.0 and math.isfinite(out.effect), f"{kind}: p {out.p_value}, effect {out.effect}"
+    assert 0.0 <= out.p_value <= 1.0 and math.isfinite(out.effect), (
+        f"{kind}: p {out.p_value}, effect {out.effect}"
+    )
     assert out.ci[0] <= out.ci[1] and out.seeds_used == [0, 1, 2, 3, 4]
     assert all(isinstance(w, str) and "\n" not in w for w in out.warnings)
     (result,) = evaluate_claims(hyp, table_for(kind))
@@ -117,7 +125,9 @@ def check_kind_calibration(kind: str) -> None:
         assert sc.sequential, f"{kind}/{label}: not split into draw + test"
         for effect in (0.0, 2.0):
             r = sc.simulate(5, effect, np.random.default_rng(0))
-            assert {"p", "covered", "warned"} <= set(r) <= {"p", "covered", "warned", "contradicted", "fallback"}
+            assert (
+                {"p", "covered", "warned"} <= set(r) <= {"p", "covered", "warned", "contradicted", "fallback"}
+            )
             assert math.isnan(r["p"]) or 0.0 <= r["p"] <= 1.0
             assert r["covered"] in (None, True, False) and isinstance(r["warned"], bool)
             one = sc.simulate(6, effect, np.random.default_rng(1))
