@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 
-from vitstudy_core.plugins import BROKEN, load_plugins, origin, registry_of
+import vitstudy_core.plugins as loader
+from vitstudy_core.plugins import load_plugins, origin, registry_of
 from vitstudy_core.registry import Registry
 
 # title -> (entry-point group, module and name of the registry), in study order
@@ -40,7 +41,7 @@ def plugins_verb(as_json: bool = False) -> int:
     each with its origin when it is not built-in (``--json``: ``{"registries": {title: {"registry": module,
     "group": group, "names": [...], "origins": {name: origin}}}, "broken": [line, ...]}``)."""
     regs = registries()
-    broken = [b.line() for b in BROKEN]
+    broken = [b.line() for b in loader.BROKEN]
     if as_json:
         out = {
             t: {"registry": m, "group": r.group, "names": r.names(), "origins": {n: origin(r, n) for n in r}}

@@ -20,6 +20,7 @@ from runners.datasets import (
     load_split,
     num_classes,
 )
+from runners.objectives import OBJECTIVES
 from study.runspecs import plan_runs
 from study.schema import parse_hypothesis
 from tests.datasets.conftest import DISK_HYPOTHESIS, N_CLASSES, PER_CLASS, disk_spec
@@ -113,7 +114,7 @@ def test_a_kind_without_images_says_so(kind, tmp_path):
         assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("objective", ["supervised", "dino"])
+@pytest.mark.parametrize("objective", OBJECTIVES.names())
 @pytest.mark.parametrize("kind", WITH_IMAGES)
 def test_tiny_training_on_each_kind(kind, objective, roots, tmp_path, monkeypatch):
     """A depth-2 ViT trains 2 steps with each objective on each kind and yields spectra."""
