@@ -140,3 +140,28 @@ def test_registry_refuses_a_bad_entry():
     with pytest.raises(ValueError, match="'on' must be one of"):
         register_observable("new_one", on="gram")(lambda c: 0.0)
     assert "new_one" not in OBSERVABLES
+
+
+# what a finished run measures beside the spectra (scalars.json), per study.runspecs.PROTOCOL_VERSION
+MEASURED_BY_PROTOCOL = {
+    2: {
+        "observables": ["cosine_anisotropy", "diagonality", "twonn_id"],
+        "token_metrics": ["participation_ratio_bc"],
+    }
+}
+
+
+def test_a_new_builtin_observable_bumps_the_protocol_version():
+    """A run folder holds the observables and token-count metrics registered when it was measured: a new
+    built-in one must bump PROTOCOL_VERSION (so runs are measured again) and be recorded here."""
+    from study.runspecs import PROTOCOL_VERSION
+    from vitstudy_core.plugins import origin
+
+    now = {
+        part: [n for n in reg if origin(reg, n) == "built-in"]
+        for part, reg in (("observables", OBSERVABLES), ("token_metrics", TOKEN_METRICS))
+    }
+    assert MEASURED_BY_PROTOCOL.get(PROTOCOL_VERSION) == now, (
+        f"the built-in observables or token-count metrics are {now}: bump study.runspecs.PROTOCOL_VERSION "
+        f"(finished runs lack the new one) and record the names under it in MEASURED_BY_PROTOCOL"
+    )

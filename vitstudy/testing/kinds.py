@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -73,7 +74,8 @@ def check_kind_model(kind: str) -> None:
     """The model is a ``ClaimBase`` registered under its own ``kind`` literal, with an example of it."""
     entry = KINDS[kind]
     assert issubclass(entry.model, ClaimBase) and entry.name == kind
-    assert entry.model.model_fields["kind"].annotation.__args__ == (kind,), f"{kind}: kind literal"
+    literal: Any = entry.model.model_fields["kind"].annotation
+    assert literal.__args__ == (kind,), f"{kind}: kind literal"
     assert entry.example and entry.example["kind"] == kind, f"{kind}: example claim"
 
 
@@ -123,14 +125,16 @@ def check_kind_calibration(kind: str) -> None:
     look at S seeds is exactly the one-shot study."""
     for label, sc in KINDS[kind].calibration.items():
         assert sc.sequential, f"{kind}/{label}: not split into draw + test"
+        simulate = sc.simulate
+        assert simulate is not None, f"{kind}/{label}: no simulate"
         for effect in (0.0, 2.0):
-            r = sc.simulate(5, effect, np.random.default_rng(0))
+            r = simulate(5, effect, np.random.default_rng(0))
             assert (
                 {"p", "covered", "warned"} <= set(r) <= {"p", "covered", "warned", "contradicted", "fallback"}
             )
             assert math.isnan(r["p"]) or 0.0 <= r["p"] <= 1.0
             assert r["covered"] in (None, True, False) and isinstance(r["warned"], bool)
-            one = sc.simulate(6, effect, np.random.default_rng(1))
+            one = simulate(6, effect, np.random.default_rng(1))
             (look,) = sc.at_looks([6], effect, np.random.default_rng(1))
             assert one == look or (math.isnan(one["p"]) and math.isnan(look["p"])), f"{kind}/{label}"
             looks = sc.at_looks([3, 4, 6], effect, np.random.default_rng(2))

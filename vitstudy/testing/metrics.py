@@ -25,8 +25,8 @@ def _documented(fn: object, name: str) -> None:
 
 
 def _in_module_table(fn: object, name: str) -> None:
-    doc = sys.modules[fn.__module__].__doc__ or ""  # type: ignore[attr-defined]
-    assert f"\n{name} " in doc, f"{name}: no row in the docstring table of {fn.__module__}"  # type: ignore[attr-defined]
+    doc = sys.modules[fn.__module__].__doc__ or ""
+    assert f"\n{name} " in doc, f"{name}: no row in the docstring table of {fn.__module__}"
 
 
 def check_metric_is_finite_invariant_and_deterministic(name: str) -> None:

@@ -11,6 +11,7 @@ import copy
 import io
 import json
 import math
+from typing import Any
 
 from runners.objectives import (
     DEFAULT_OBJECTIVE,
@@ -120,7 +121,8 @@ def check_objective_trains_and_resumes(name: str) -> None:
 
     torch.manual_seed(0)
     a = make_objective(run, n_classes, size, 2, cpu)
-    assert isinstance(a, trainer_class(name)) and isinstance(a.measured, torch.nn.Module)
+    cls: Any = trainer_class(name)
+    assert isinstance(a, cls) and isinstance(a.measured, torch.nn.Module)
     assert hasattr(a.measured, "forward_features"), f"{name}: the measured model is not a timm ViT"
     ticks: list[tuple] = []
     stats = a.train_epoch(1, x, y, order, lambda step, loss, n: ticks.append((step, loss, n)))
