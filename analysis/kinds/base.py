@@ -97,7 +97,7 @@ class ClaimBase(Strict):
     sesoi: float | None = Field(None, gt=0)
     # Exploratory claims (confirmatory: false) are adjusted among themselves: holm (default) or bh (FDR).
     adjust: Literal["holm", "bh", "none"] = "holm"
-    # conditions the claim's per-seed effect must also exceed (analysis.kinds.across.apply_controls)
+    # conditions the claim's per-seed effect must also exceed (analysis.kinds.versus.apply_controls)
     controls: list[str] = Field(default_factory=list)
     # a per-run scalar (RUN_SCALARS) held fixed in each seed's regression on the knob (adjusted claims)
     adjust_for: str | None = None
@@ -144,13 +144,9 @@ class ClaimBase(Strict):
             )
         if self.requires_dataset() and self.subset.dataset is None:
             raise ValueError(f"a {self.kind} claim needs subset.dataset")
-        for fld in ("a", "b", "target"):
-            cond = getattr(self, fld, None)
-            if isinstance(cond, Condition) and cond.dataset is None and self.subset.dataset is None:
-                raise ValueError(f"{fld}.dataset or subset.dataset is required")
-        for cond in getattr(self, "competitors", None) or []:
+        for fld, i, cond in self.operands():
             if cond.dataset is None and self.subset.dataset is None:
-                raise ValueError("competitors[].dataset or subset.dataset is required")
+                raise ValueError(f"{fld}{'' if i is None else '[]'}.dataset or subset.dataset is required")
         if self.controls:
             problem = self.cross_problem()
             if problem:
@@ -163,6 +159,19 @@ class ClaimBase(Strict):
                 "ordering) with method: slope and one series"
             )
         return self
+
+    def operands(self) -> list[tuple[str, int | None, Condition]]:
+        """Every condition the claim compares, ``(field, index or None, condition)`` in field order: the
+        fields of its model that hold a :class:`Condition` (index None) or a list of them (each with its
+        index). A kind declares its operands by their type; nothing here knows their names."""
+        out: list[tuple[str, int | None, Condition]] = []
+        for fld in type(self).model_fields:
+            value = getattr(self, fld)
+            if isinstance(value, Condition):
+                out.append((fld, None, value))
+            elif isinstance(value, list) and value and all(isinstance(c, Condition) for c in value):
+                out += [(fld, i, c) for i, c in enumerate(value)]
+        return out
 
     def cross_problem(self) -> str | None:
         """Why this claim's per-seed effect cannot be compared across conditions (None: it can).
@@ -202,12 +211,8 @@ class ClaimBase(Strict):
         out: list[tuple[str, str, object]] = [("subset.epoch", "epoch", self.subset.epoch)]
         if self.subset.dataset is not None:
             out.append(("subset.dataset", "dataset", self.subset.dataset))
-        for fld in ("a", "b", "target"):
-            cond = getattr(self, fld, None)
-            if isinstance(cond, Condition):
-                out += _named_condition(fld, cond)
-        for i, cond in enumerate(getattr(self, "competitors", None) or []):
-            out += _named_condition(f"competitors[{i}]", cond)
+        for fld, i, cond in self.operands():
+            out += _named_condition(fld if i is None else f"{fld}[{i}]", cond)
         for fld in ("layers", "datasets", "epochs"):
             values = getattr(self, fld, None)
             if isinstance(values, list):
@@ -224,13 +229,9 @@ class ClaimBase(Strict):
         out: list[tuple[str, str]] = []
         if self.subset.condition is not None:
             out.append(("subset.condition", self.subset.condition))
-        for fld in ("a", "b", "target"):
-            cond = getattr(self, fld, None)
-            if isinstance(cond, Condition) and cond.condition is not None:
-                out.append((f"{fld}.condition", cond.condition))
-        for i, cond in enumerate(getattr(self, "competitors", None) or []):
+        for fld, i, cond in self.operands():
             if cond.condition is not None:
-                out.append((f"competitors[{i}].condition", cond.condition))
+                out.append((f"{fld if i is None else f'{fld}[{i}]'}.condition", cond.condition))
         out += [(f"controls[{i}]", c) for i, c in enumerate(self.controls)]
         return out
 
@@ -978,6 +979,10 @@ def _t_based(claim: Any) -> int:
     return 0
 
 
+def _asserts_an_effect(claim: Any) -> float | None:
+    return None
+
+
 def _declared_sesoi(claim: Any) -> float | None:
     return claim.sesoi
 
@@ -1008,6 +1013,9 @@ class ClaimKind:
             reason, power, warnings and excluded seeds are added for every kind).
         rejection_margin: ``claim -> margin or None``: a margin within which equivalence REJECTS the
             claim (default: the claim's ``margin`` field, if any).
+        holds_within: ``claim -> margin or None``: the claim says the effect lies within +-margin (an
+            equivalence), so a second interval (the seed x probe one) agrees when it lies inside; None
+            (the default): the claim says there is an effect, and an interval agrees when it excludes 0.
         labellings_per_seed: ``claim -> int``: for a randomisation test, the equally likely labellings
             of one seed's data under the null (2 for sign flips, K! for a permutation of K conditions), so
             its p cannot go below ``labellings^-S``; 0 for a t-based test (the default). What
@@ -1031,6 +1039,7 @@ class ClaimKind:
     figures: Callable[[FigureContext], list[Figure]] = _no_figures
     explain: Callable[[Any, Result], list[str]] = _no_explanation
     rejection_margin: Callable[[Any], float | None] = _declared_margin
+    holds_within: Callable[[Any], float | None] = _asserts_an_effect
     labellings_per_seed: Callable[[Any], int] = _t_based
     planning_effect: Callable[[Any], float | None] = _declared_sesoi
     holm_contrasts: Callable[[Any], int] = _one_test
