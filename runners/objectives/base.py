@@ -100,6 +100,11 @@ class ObjectiveSettings(Strict):
             raise ValueError(f"Input should be {expected}" if names else "this objective has no presets")
         return v
 
+    def throughput_key(self) -> str | None:
+        """The rate of ``study.gpu_cost.MEASURED["images_per_s"]`` measured with these settings (the GPU
+        estimate of ``study plan``); None: not measured, no estimate."""
+        return None
+
     def check_model(self, model: TimmModel) -> tuple[str, str] | None:
         """A conflict of these settings with the resolved model: ``(field, expectation)``, or None."""
         return None
