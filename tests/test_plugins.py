@@ -14,6 +14,7 @@ import vitstudy_core.plugins as plugins
 from study.cli import main
 from study.plugins import TITLES, registries
 from vitstudy_core.plugins import GROUPS, load_plugins, origin
+from vitstudy_core.registry import OWN_PACKAGES as OWN
 from vitstudy_core.registry import Registry
 
 ROOT = Path(__file__).parents[1]
@@ -31,8 +32,10 @@ def test_every_registry_is_listed_with_its_names(capsys):
         # the module path the listing names is where the registry lives
         mod, _, attr = module.rpartition(".")
         assert getattr(__import__(mod, fromlist=[attr]), attr) is reg
-        # a built-in entry is registered by module-level code of our own packages
-        assert all(origin(reg, n) == "built-in" for n in reg if reg.module_of(n).split(".")[0] != "tests")
+        # built-in: registered by our own packages' code, and nothing else is
+        assert all((origin(reg, n) == "built-in") == (reg.module_of(n).split(".")[0] in OWN) for n in reg)
+    assert registries()["claim kinds"][1].module_of("compare") == "analysis.kinds.compare"
+    assert registries()["eigenvalue metrics"][1].module_of("effective_rank") == "analysis.spectral"
 
 
 def test_an_entry_registered_outside_a_distribution_names_its_module():

@@ -34,6 +34,9 @@ _MODULES = {
     "observables": "vitstudy.testing.metrics",
     "kinds": "vitstudy.testing.kinds",
     "objectives": "vitstudy.testing.objectives",
+    "datasets": "vitstudy.testing.runs",
+    "sources": "vitstudy.testing.runs",
+    "executors": "vitstudy.testing.runs",
 }
 PARTS = tuple(g.partition(".")[2] for g in GROUPS)
 
@@ -42,8 +45,6 @@ def checks(part: str) -> list[Check]:
     """The contract checks of one part (``"metrics"``, ``"kinds"``, ...), in the order they run."""
     if part not in PARTS:
         raise ValueError(f"unknown part {part!r}; expected one of {list(PARTS)}")
-    if part not in _MODULES:
-        return []
     return list(importlib.import_module(_MODULES[part]).CHECKS[part])
 
 
