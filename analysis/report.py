@@ -30,7 +30,7 @@ import pandas as pd
 
 from analysis.figures import Figure, covariance_figures, effect_figure
 from analysis.kinds import FigureContext, get_kind
-from analysis.kinds.versus import controls_figures, explain_controls
+from analysis.kinds._controls import controls_figures, explain_controls
 from analysis.verdicts import INCONCLUSIVE, ClaimResult
 from vitstudy_core.errors import StudyError
 from vitstudy_core.faults import fault_point

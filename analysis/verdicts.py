@@ -38,8 +38,10 @@ from statsmodels.stats.multitest import multipletests
 
 from analysis.inference import bootstrap_ci, power_and_seeds_needed
 from analysis.kinds import get_kind
-from analysis.kinds.base import NotTestable, Outcome, TableView, layer_location
-from analysis.kinds.versus import apply_controls
+from analysis.kinds._controls import apply_controls
+from analysis.kinds._curves import layer_location
+from analysis.kinds._outcome import Outcome
+from analysis.kinds._table import NotTestable, TableView
 from analysis.power import seed_floor
 from analysis.probe import ProbeData, claim_rows, excludes_zero, matched_table, multibootstrap, sensitivity
 from vitstudy_core.errors import StudyError

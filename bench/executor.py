@@ -25,8 +25,9 @@ from pathlib import Path
 
 from runners.executors import ProcessExecutor
 from runners.jobs import execute_run
+from study.run_triage import plan
 from study.schema import load_hypothesis, parse_hypothesis
-from study.stages import plan, prepare_data
+from study.stages import prepare_data
 
 VARIANTS = {  # ProcessExecutor settings of each variant
     "fixed": {"share_tail": False},

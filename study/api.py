@@ -461,7 +461,7 @@ def report(study: str | Path, out: str | Path = "study_results") -> tuple[Path, 
         hyp = load_hypothesis(folder)
         folder = Path(out) / ("sweeps" if hyp.sweep else "studies") / hyp.name
     if (folder / "trials.csv").is_file() and (folder / "verdicts.json").is_file():
-        from study.sweep import report_from_folder
+        from study.sweep_report import report_from_folder
 
         html_path = report_from_folder(folder)
         return html_path, html_path.with_suffix(".md")

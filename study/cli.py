@@ -358,9 +358,10 @@ def _metrics_verb(path: Path) -> int:
 
 def _table_verb(args: argparse.Namespace) -> int:
     from analysis.table import save_table
+    from study.run_tables import collect_table
+    from study.run_triage import plan
     from study.runspecs import unknown_fingerprints
     from study.schema import load_hypothesis
-    from study.stages import collect_table, plan
 
     hyp = load_hypothesis(args.hypothesis)
     specs = plan(hyp, args.out / "data")  # recorded fingerprints: the data need not be on this host
@@ -398,7 +399,8 @@ def _sweep_verb(args: argparse.Namespace, hyp, argv, names: dict[str, str]) -> i
     if args.n_trials is not None and args.n_trials < 1:
         raise StudyError(f"--n-trials: expected a positive integer, got {args.n_trials}")
     from study.cluster import check_reachable
-    from study.sweep import SweepOptions, storage_url
+    from study.sweep import SweepOptions
+    from study.sweep_storage import storage_url
 
     sweep = SweepOptions(n_trials=args.n_trials, storage=args.storage, storage_from=names["--storage"])
     opts = _run_options(args, argv, names)

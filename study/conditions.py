@@ -77,7 +77,7 @@ class Cell:
 
     Attributes:
         name: the condition's name (None: a design without conditions, its one cell).
-        design: the cell's own design (``study.schema.Design``, without conditions): its runs' settings.
+        design: the cell's own design (``study.schema_design.Design``, without conditions): its runs' settings.
         levels: factor -> level name (a factorial design), or part -> value as written (a list).
         twin: for an untrained cell, the name of the trained cell whose runs' epoch-0 rows it reads.
     """
@@ -201,7 +201,7 @@ def expand(
 
     Args:
         raw: the base design as written (a mapping).
-        validate: validates a raw design mapping as a cell (``study.schema.Design``).
+        validate: validates a raw design mapping as a cell (``study.schema_design.Design``).
         error_of: ``ValidationError`` -> ``(field, message)`` (``study.schema``).
 
     Raises:

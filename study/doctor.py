@@ -114,7 +114,7 @@ def _trial_runs(out_dir: Path, sweep_dir: Path, hyp) -> dict[str, object | None]
     """Run key -> RunSpec (None where the sweep's file is not at hand) of every trial a sweep asked: each
     trial's ``run_keys`` (recorded when it is asked) or, with the file, its knob values' runs; from
     ``trials.csv`` when the optuna study cannot be read."""
-    from study.sweep import trial_point
+    from study.sweep_trials import trial_point
 
     try:
         trials = [
@@ -137,7 +137,7 @@ def _trial_runs(out_dir: Path, sweep_dir: Path, hyp) -> dict[str, object | None]
 def planned_runs(out_dir: Path, studies, sweeps=()) -> dict[str, object | None]:
     """Run key -> RunSpec (None: known by key only) of every run the studies plan and the sweeps' trials
     need (``sweeps``: :func:`_sweeps`)."""
-    from study.stages import plan
+    from study.run_triage import plan
 
     planned: dict[str, object | None] = {}
     for sweep_dir, hyp in sweeps:
@@ -322,7 +322,8 @@ def _runs_in(study_dir: Path, saved: pd.DataFrame | None) -> tuple[int, str]:
 def check_tables(out_dir: Path, studies, repair: bool = False) -> list[Finding]:
     """Each study's table.parquet against the table rebuilt from its run folders (never shrunk)."""
     from analysis.table import save_table
-    from study.stages import collect_table, plan
+    from study.run_tables import collect_table
+    from study.run_triage import plan
 
     out = []
     for study_dir, hyp in studies:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.verdicts import INCONCLUSIVE, ClaimResult, decide_sequential, families, format_verdicts
-from study import registration, stages
+from study import evaluation, outputs, registration, run_tables, run_triage, stages
 from study.preflight import check_hypothesis
 from study.run_scalars import with_run_scalars
 from study.schema import Hypothesis
@@ -93,7 +93,7 @@ class _Looked:
     """What every look of a study gave, for writing its outputs."""
 
     runs: stages.Filled  # merged over the looks (specs: the last look's plan)
-    collected: stages.Collected  # the last look's table
+    collected: run_tables.Collected  # the last look's table
     results: list[ClaimResult]
     status: dict[str, dict]  # claim name -> registration status
     sequential: dict | None  # the summary of --until-decided's looks; None for one look
@@ -107,16 +107,16 @@ def _train_look(
     opts: stages.RunOptions,
     log,
     on_triaged=None,
-) -> tuple[stages.Filled, stages.Collected]:
+) -> tuple[stages.Filled, run_tables.Collected]:
     """Fill (``stages.fill_runs``) and collect the runs of one look.
 
     ``done``: keys handled by earlier looks (never retrained, not counted as reused); updated here.
     ``on_triaged(specs, tri)``: called before training.
     """
-    specs = stages.plan(hyp, out_dir / "data")
+    specs = run_triage.plan(hyp, out_dir / "data")
     new = [s for s in specs if s.key not in done]
     filled = stages.fill_runs(new, out_dir, hyp, tracker, opts, log, on_triaged=on_triaged)
-    collected = stages.collect_table(specs, out_dir / "runs", hyp.design.layers, filled.failed)
+    collected = run_tables.collect_table(specs, out_dir / "runs", hyp.design.layers, filled.failed)
     # per-run scalars a claim adjusts for (adjust_for) become columns; no such claim: today's table
     collected.table = with_run_scalars(collected.table, hyp.claims, out_dir / "runs")
     done.update(s.key for s in specs)
@@ -157,7 +157,7 @@ def _run_looks(
         status = registration.claim_status(reg, hyp_k, filled.specs, out_dir / "runs")
         post_hoc = {n for n, st in status.items() if st["status"] == registration.POST_HOC}
         looks.append(
-            stages.evaluate(
+            evaluation.evaluate(
                 hyp_k, collected.table, str(hyp_path), collected.failed_seeds, post_hoc, out_dir / "runs"
             )
         )
@@ -220,13 +220,13 @@ def _run_study(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sequential
     check_hypothesis(hyp, str(hyp_path), out_dir)  # what would stop the study later stops it now
     # bad data paths or imports stop the study before anything is written or recorded; on-disk
     # fingerprints are recorded for hosts without the data
-    planned = stages.plan(hyp, data_dir, record=True, log=log)
-    stages.check_inputs(planned, runs_dir, opts.force)
+    planned = run_triage.plan(hyp, data_dir, record=True, log=log)
+    run_triage.check_inputs(planned, runs_dir, opts.force)
     plan = sequential.as_dict() if sequential else None
     if opts.new_registration is not None:  # only now: every input check above has passed
         registration.start_new(study_dir, opts.new_registration)
     registration.check_binding(study_dir, hyp, plan)
-    stages.record_fingerprints(planned, data_dir)
+    run_triage.record_fingerprints(planned, data_dir)
     with open_tracker(opts.track, out_dir, hyp.name, opts.log_model) as tracker:
         # what the study declares is recorded before anything is trained (post hoc is decided here)
         reg = registration.register(study_dir, hyp, plan, runs=(planned, runs_dir), force=opts.force)
@@ -244,7 +244,7 @@ def _run_study(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sequential
                 "sequential",
                 f"{len(seq['looks'])} looks, stopped at {seq['stopped_at']} seeds: {seq['stopped_because']}",
             )
-        out = stages.Outcome(hyp_path, looked.runs, looked.collected.table, looked.results, opts.command)
+        out = outputs.Outcome(hyp_path, looked.runs, looked.collected.table, looked.results, opts.command)
         return _finish(final_hyp, study_dir, runs_dir, out, seq, tracker, opts.report, log)
 
 
@@ -252,7 +252,7 @@ def _finish(
     hyp: Hypothesis,
     study_dir: Path,
     runs_dir: Path,
-    out: stages.Outcome,
+    out: outputs.Outcome,
     seq: dict | None,
     tracker: TrackerProtocol,
     report: bool,
@@ -265,9 +265,9 @@ def _finish(
     # removed without touching a live one's
     with file_lock(study_dir.parent / f"{study_dir.name}.lock"):
         remove_temporaries(study_dir)
-        paths = stages.write_outputs(study_dir, out, {"hypothesis": study_dir.name, **extra})
+        paths = outputs.write_outputs(study_dir, out, {"hypothesis": study_dir.name, **extra})
         if report:
-            report_paths = stages.write_study_report(study_dir, hyp, out, runs_dir, seq)
+            report_paths = outputs.write_study_report(study_dir, hyp, out, runs_dir, seq)
             log(f"report: {report_paths[0]}")
     tracker.log_seed_aggregates(list(hyp.claims), out.table)  # the study-level curves in MLflow's views
     summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(out.results)}\n```"

@@ -274,7 +274,7 @@ def knob_levels(values, integer: bool) -> list[float]:
 
 def synthetic_sweep_table(hyp: Hypothesis, seed: int = 0) -> pd.DataFrame:
     """A synthetic table of a sweep's shape: the swept dataset as a trial dataset per combination of knob
-    levels (named as ``study.sweep.trial_label`` names them), each row carrying the knob values as columns."""
+    levels (named as ``study.sweep_trials.trial_label`` names them), each row carrying the knob values as columns."""
     from vitstudy_core.knobs import INTEGER_KNOBS
 
     knobs = list(hyp.sweep.space)

@@ -248,7 +248,7 @@ class StudyResult:
 
         target = Path(path) if path is not None else self.folder
         if self.trials is not None and self.hypothesis is not None:
-            from study.sweep import sweep_report
+            from study.sweep_report import sweep_report
 
             return sweep_report(target, self.hypothesis, self.inp, self.trials, None)
         return write_report(target, self.inp)[0]

@@ -2,7 +2,7 @@
 
 A claim adjusted for a per-run scalar (``adjust_for: test_accuracy``) reads it from a column of the tidy
 table named after it, on every row of the run: the value the run's training history (``result.json``)
-records at the row's epoch (``analysis.kinds.base.RUN_SCALARS`` maps the name to the history key; NaN
+records at the row's epoch (``analysis.kinds._claim.RUN_SCALARS`` maps the name to the history key; NaN
 where the history has no entry for that epoch, e.g. epoch 0 before any training, or an objective that
 records none). ``run`` and ``sweep`` add the columns only when some claim asks for them, so every other
 table is today's; a table given to ``analyze --table`` carries the column itself.
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.kinds.base import RUN_SCALARS
+from analysis.kinds._claim import RUN_SCALARS
 from vitstudy_core.runfolder import RunFolder
 
 

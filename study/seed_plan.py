@@ -29,13 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from analysis.kinds import get_kind
-from analysis.kinds.base import TableView
+from analysis.kinds._table import TableView
 from analysis.power import plan_claim
 from analysis.verdicts import families
 from study.gpu_cost import format_estimate, gpu_estimate
+from study.run_triage import plan as plan_runs
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
-from study.stages import plan as plan_runs
 from vitstudy_core.fmt import fmt_num
 
 _NOT_IN_KEY = ("key", "seed", "source")

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.kinds.base import TableView
-from analysis.kinds.versus import difference_statistics, welch_statistics
+from analysis.kinds._difference import difference_statistics, welch_statistics
+from analysis.kinds._table import TableView
 from analysis.simulate import simulate_study_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims
 from study.schema import parse_hypothesis

@@ -105,5 +105,5 @@ def test_the_checks_see_real_imports():
     # guards against a graph that is empty because parsing found nothing
     assert (
         "vitstudy_core.errors" in GRAPH["study.cli"]
-        and "analysis.kinds.base" in GRAPH["analysis.kinds.u_shape"]
+        and "analysis.kinds._selection" in GRAPH["analysis.kinds.u_shape"]
     )

@@ -43,8 +43,8 @@ def _finish(run_dir: Path) -> dict:
 
 
 def _tiny_specs(text: str = ONE_SEED):
+    from study.run_triage import plan
     from study.schema import parse_hypothesis
-    from study.stages import plan
 
     hyp = parse_hypothesis(yaml.safe_load(text))
     return hyp, plan(hyp)
@@ -359,7 +359,7 @@ def test_case2_optuna_then_mlflow_then_leases_share_one_database_url(postgres_ur
     import mlflow
     import optuna
 
-    from study.sweep import _database_storage
+    from study.sweep_storage import _database_storage
 
     db = fresh_database(postgres_url, "shared")
     optuna.create_study(study_name="s", storage=_database_storage(db)).enqueue_trial({"x": 1})
@@ -718,7 +718,7 @@ def test_case6_two_invocations_on_a_fresh_database_both_create_its_tables(
 
     import mlflow.tracking._tracking_service.registry as mlflow_stores
 
-    from study.sweep import _database_storage
+    from study.sweep_storage import _database_storage
     from study.tracking import Tracker
 
     db = fresh_database(postgres_url, "case6_fresh")
@@ -784,7 +784,7 @@ def test_case6_each_output_folder_s_training_reaches_mlflow_once(tmp_path, case6
     from mlflow.tracking import MlflowClient
 
     from study.doctor import check_store
-    from study.stages import log_run
+    from study.run_logging import log_run
     from study.tracking import Tracker
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", case6_store)
@@ -1034,7 +1034,7 @@ def test_case7_a_driver_on_another_host_waits_for_a_live_driver_s_trials(
 ):
     import optuna
 
-    from study.sweep import _database_storage
+    from study.sweep_storage import _database_storage
 
     db = fresh_database(postgres_url, "case7_live")
     hyp, hold = tmp_path / "s.yaml", tmp_path / "go"
@@ -1068,22 +1068,26 @@ def test_case7_a_driver_on_another_host_waits_for_a_live_driver_s_trials(
 def test_case7_drivers_whose_postgresql_sessions_keep_other_time_zones_agree_on_heartbeats(
     tmp_path, postgres_url, monkeypatch
 ):
-    from study import sweep
+    from study import sweep_heartbeat, sweep_storage, sweep_trials
     from study.schema import parse_hypothesis
 
     hyp = parse_hypothesis(yaml.safe_load(TINY_SWEEP))
     db = fresh_database(postgres_url, "case7_time_zones")
-    monkeypatch.setenv(sweep.HEARTBEAT_ENV, "20")
+    monkeypatch.setenv(sweep_storage.HEARTBEAT_ENV, "20")
     # node-a's libpq keeps its session in Los Angeles time (PGTZ): optuna stores the database's now() in
     # a column without a time zone, so its heartbeats read 7-8 hours old in a UTC session
     monkeypatch.setenv("PGTZ", "America/Los_Angeles")
-    monkeypatch.setattr(sweep, "_hostname", lambda: "node-a")
-    (point,) = sweep._ask(sweep.open_optuna_study(hyp, tmp_path, db, "s.yaml"), hyp, 1, tmp_path / "data")
+    monkeypatch.setattr(sweep_heartbeat, "_hostname", lambda: "node-a")
+    (point,) = sweep_trials._ask(
+        sweep_storage.open_optuna_study(hyp, tmp_path, db, "s.yaml"), hyp, 1, tmp_path / "data"
+    )
     monkeypatch.delenv("PGTZ")
-    monkeypatch.setattr(sweep, "_hostname", lambda: "node-b")
-    again = sweep.open_optuna_study(hyp, tmp_path, db, "s.yaml")
+    monkeypatch.setattr(sweep_heartbeat, "_hostname", lambda: "node-b")
+    again = sweep_storage.open_optuna_study(hyp, tmp_path, db, "s.yaml")
     lines: list[str] = []
-    assert sweep.recover_stale(again, hyp, lines.append) == 0, lines  # was: node-a's live trial failed
+    assert sweep_heartbeat.recover_stale(again, hyp, lines.append) == 0, (
+        lines
+    )  # was: node-a's live trial failed
     assert again.trials[point.number].state.name == "RUNNING"
     dispose_engines()
 

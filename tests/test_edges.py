@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from analysis.calibration import scenario
-from analysis.kinds.base import REJECT_LEVEL
+from analysis.kinds._rejection import REJECT_LEVEL
 from analysis.power import plan_claim, seed_floor
 from analysis.table import make_table, save_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims, format_verdicts

@@ -18,7 +18,8 @@ from analysis.kinds.u_shape import loso_bottleneck
 from analysis.simulate import simulate_study_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims
 from study.cli import main
-from study.schema import CLAIM_KINDS, parse_hypothesis
+from study.schema import parse_hypothesis
+from study.schema_unions import CLAIM_KINDS
 from vitstudy_core.errors import StudyError
 
 BLOCKS = [f"block_{i:02d}" for i in range(1, 13)]

@@ -215,8 +215,8 @@ def test_train_run_stops_at_the_epoch_after_its_lease_is_lost(tmp_path):
     import yaml
 
     import runners.train as train
+    from study.run_triage import plan
     from study.schema import parse_hypothesis
-    from study.stages import plan
     from tests.conftest import TINY_HYPOTHESIS
 
     spec = plan(parse_hypothesis(yaml.safe_load(TINY_HYPOTHESIS.replace("epochs: 2", "epochs: 3"))))[0]

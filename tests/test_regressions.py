@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from study import sweep
+from study import sweep_heartbeat, sweep_storage, sweep_trials
 from tests.test_sweep_trials import _asked_on, _hyp, _sqlite_sweep
 
 
-# ---- 1. study/sweep.py restamp_start: optuna 5's RDB column is naive *UTC*, restamp writes naive *local* ----
+# ---- 1. study/sweep_trials.py restamp_start: optuna 5's RDB column is naive *UTC*, restamp writes naive *local* ----
 def test_restamp_start_on_a_database_storage_outside_utc(tmp_path, monkeypatch):
     """Was: on a host whose time zone is not UTC, a restamped trial on a database storage (sqlite here,
     PostgreSQL alike) starts hours away from its first run's start: optuna >= 5 keeps
@@ -26,11 +26,11 @@ def test_restamp_start_on_a_database_storage_outside_utc(tmp_path, monkeypatch):
     try:
         hyp = _hyp()
         url = f"sqlite:///{tmp_path / 'optuna.db'}"
-        study = sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")
-        (point,) = sweep._ask(study, hyp, 1, tmp_path / "data")
+        study = sweep_storage.open_optuna_study(hyp, tmp_path, url, "s.yaml")
+        (point,) = sweep_trials._ask(study, hyp, 1, tmp_path / "data")
         started = time.time() + 2.0  # the trial's first run began 2 s after it was asked
-        assert sweep.restamp_start(point.trial, started)
-        again = sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")
+        assert sweep_trials.restamp_start(point.trial, started)
+        again = sweep_storage.open_optuna_study(hyp, tmp_path, url, "s.yaml")
         got = again.trials[point.number].datetime_start.timestamp()  # naive local, as optuna returns it
         assert got == pytest.approx(started, abs=0.01), f"off by {got - started:+.0f} s"
     finally:
@@ -119,7 +119,7 @@ def test_a_negative_heartbeat_period_does_not_make_a_live_parent_stale():
     assert not is_stale(run, Path("/nonexistent"), "me", now + 0.5)
 
 
-# ---- 5. study/sweep.py fail_stale: a trial another driver failed meanwhile crashes the sweep ----------------
+# ---- 5. study/sweep_heartbeat.py fail_stale: a trial another driver failed meanwhile crashes the sweep ----------------
 def test_fail_stale_when_another_driver_failed_the_trial_first(tmp_path, monkeypatch):
     """Was: two restarted drivers that both fail a gone driver's trial without heartbeat (one asked by a
     driver from before heartbeats): the second one's set_trial_state_values raises
@@ -129,9 +129,9 @@ def test_fail_stale_when_another_driver_failed_the_trial_first(tmp_path, monkeyp
 
     hyp, url, study = _sqlite_sweep(tmp_path)
     old = _asked_on(monkeypatch, study, hyp, "node-b", tmp_path, "none")
-    monkeypatch.setattr(sweep, "_hostname", lambda: "node-c")
-    again = sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")
-    other = sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")  # the other restarted driver
+    monkeypatch.setattr(sweep_heartbeat, "_hostname", lambda: "node-c")
+    again = sweep_storage.open_optuna_study(hyp, tmp_path, url, "s.yaml")
+    other = sweep_storage.open_optuna_study(hyp, tmp_path, url, "s.yaml")  # the other restarted driver
     real = optuna.storages.fail_stale_trials
 
     def racing(s):
@@ -139,7 +139,7 @@ def test_fail_stale_when_another_driver_failed_the_trial_first(tmp_path, monkeyp
         other._storage.set_trial_state_values(old.trial._trial_id, optuna.trial.TrialState.FAIL)
 
     monkeypatch.setattr(optuna.storages, "fail_stale_trials", racing)
-    sweep.fail_stale(again, print)  # raises UpdateFinishedTrialError
+    sweep_heartbeat.fail_stale(again, print)  # raises UpdateFinishedTrialError
 
 
 if __name__ == "__main__":  # pragma: no cover

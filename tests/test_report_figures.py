@@ -20,7 +20,7 @@ from analysis.report import ReportInput, build_sections, findings
 from analysis.spectral import METRICS, RANGES
 from analysis.verdicts import evaluate_claims, format_verdicts
 from study.schema import load_hypothesis, parse_hypothesis
-from study.sweep import accuracy_warnings, learning_lines, with_task_size
+from study.sweep_tables import accuracy_warnings, learning_lines, with_task_size
 from tests.conftest import TINY_SWEEP
 
 ROOT = Path(__file__).parents[1]
@@ -101,7 +101,7 @@ def test_runs_at_chance_fixed_accuracy_axis_chance_line_and_no_confound(drawn, t
     """Every run at chance over an n_classes knob (accuracy 0.5 -> 0.1 only because chance does): the sweep
     report's figures show accuracy on [0, 1] with a legend and the chance of each trial; the verdicts and
     the report say no run learnt, and no accuracy confound is claimed."""
-    from study.sweep import sweep_report
+    from study.sweep_report import sweep_report
 
     hyp = _hyp({"n_classes": [2, 4, 10]}, n_test=400)
     trials = with_task_size(_trials(AT_CHANCE, _at_chance), hyp)
@@ -247,7 +247,7 @@ def test_slopes_say_per_unit_of_the_knob_and_a_missing_crossing_says_never(drawn
 
 
 def test_a_crossing_reached_by_some_seeds_only():
-    from analysis.kinds.base import crossing, crossing_lines
+    from analysis.kinds._curves import crossing, crossing_lines
 
     x, y = np.array([0.0, 1.0]), np.array([[0.0, 4.0], [0.0, 1.0], [0.0, 6.0]])  # mean reaches 3.0 at 0.818
     (line,) = crossing_lines(crossing(x, y, 3.0), "clutter")

@@ -21,7 +21,8 @@ import pytest
 from analysis.table import COLUMNS
 from runners.sources import DEFAULT_SOURCE, SOURCES
 from study.runspecs import plan_runs
-from study.schema import SOURCE_TAGS, parse_hypothesis
+from study.schema import parse_hypothesis
+from study.schema_unions import SOURCE_TAGS
 from vitstudy.testing import parametrize_with_checks
 from vitstudy_core.errors import StudyError
 from vitstudy_core.layers import layer_names

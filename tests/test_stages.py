@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from study import stages
+from study import evaluation, outputs, run_tables, run_triage, stages
 from study.schema import parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS, write_runs
 from vitstudy_core.runfolder import RunFolder
@@ -20,7 +20,7 @@ from vitstudy_core.runfolder import RunFolder
 def tiny(tmp_path):
     hyp_path, out = write_runs(tmp_path)
     hyp = parse_hypothesis(yaml.safe_load(TINY_HYPOTHESIS))
-    return hyp, hyp_path, out, stages.plan(hyp)
+    return hyp, hyp_path, out, run_triage.plan(hyp)
 
 
 def test_plan_is_one_run_per_dataset_and_seed(tiny):
@@ -35,12 +35,12 @@ def test_triage_sorts_finished_stored_and_todo_without_touching_disk(tiny):
     shutil.rmtree(runs / specs[1].key)
     (runs / specs[2].key / "result.json").write_text(json.dumps({"status": "failed"}))
     stored = {specs[1].key: SimpleNamespace(info=SimpleNamespace(run_id="abc"))}
-    tri = stages.triage(specs, runs, stored)
+    tri = run_triage.triage(specs, runs, stored)
     assert tri.finished == [specs[0].key] and list(tri.stored) == [specs[1].key]
     assert tri.todo == [specs[2]]
     assert tri.reused_from == {specs[0].key: "local", specs[1].key: "mlflow:abc"}
     assert (runs / specs[2].key / "result.json").exists()  # triage removes nothing
-    assert [s.key for s in stages.triage(specs, runs, stored, force=True).todo] == [s.key for s in specs]
+    assert [s.key for s in run_triage.triage(specs, runs, stored, force=True).todo] == [s.key for s in specs]
 
 
 def test_fetch_stored_replaces_a_partial_attempt(tiny):
@@ -55,8 +55,8 @@ def test_fetch_stored_replaces_a_partial_attempt(tiny):
             assert not run_dir.exists()  # the partial attempt is gone first
             fetched.append((run, spec.key))
 
-    tri = stages.Triage(stored={specs[1].key: "run-1"})
-    stages.fetch_stored(tri, specs, runs, Store())
+    tri = run_triage.Triage(stored={specs[1].key: "run-1"})
+    run_triage.fetch_stored(tri, specs, runs, Store())
     assert fetched == [("run-1", specs[1].key)]
 
 
@@ -65,9 +65,9 @@ def test_clear_for_training_keeps_interrupted_runs_and_drops_ended_ones(tiny):
     runs = out / "runs"
     (runs / specs[0].key / "result.json").write_text(json.dumps({"status": "failed"}))
     (runs / specs[1].key / "result.json").unlink()  # interrupted: resumes
-    stages.clear_for_training(specs[:2], runs)
+    run_triage.clear_for_training(specs[:2], runs)
     assert not (runs / specs[0].key).exists() and (runs / specs[1].key / "spectra.npz").exists()
-    stages.clear_for_training(specs[1:2], runs, force=True)
+    run_triage.clear_for_training(specs[1:2], runs, force=True)
     assert not (runs / specs[1].key).exists()
 
 
@@ -78,7 +78,7 @@ def test_prepare_data_makes_each_dataset_once(tiny, tmp_path):
     assert len(records) == 1 and len(lines) == 1  # three runs, one dataset
     (rec,) = records.values()
     assert rec.name == "objects" and rec.profile["train"] == [64, 8, 8, 3] and rec.profile["probe"][0] == 16
-    assert records == {stages.dataset_key(specs[0].dataset): rec}
+    assert records == {run_triage.dataset_key(specs[0].dataset): rec}
     assert len(list((tmp_path / "data").glob("*.npz"))) == 3  # train, test, probe caches
 
 
@@ -113,7 +113,7 @@ def test_collect_table_leaves_out_unfinished_and_failed_runs(tiny):
     hyp, _, out, specs = tiny
     runs = out / "runs"
     (runs / specs[2].key / "result.json").unlink()
-    got = stages.collect_table(specs, runs, hyp.design.layers, failed={specs[1].key: "boom"})
+    got = run_tables.collect_table(specs, runs, hyp.design.layers, failed={specs[1].key: "boom"})
     assert list(got.rows) == [specs[0].key] and set(got.table.seed) == {0}
     assert got.failed_seeds == {"objects": {1: "boom", 2: "run did not finish"}}
     assert [s.key for s in got.missing] == [specs[1].key, specs[2].key]
@@ -121,12 +121,12 @@ def test_collect_table_leaves_out_unfinished_and_failed_runs(tiny):
 
 def test_evaluate_and_write_outputs(tiny, tmp_path):
     hyp, hyp_path, out, specs = tiny
-    got = stages.collect_table(specs, out / "runs", hyp.design.layers)
-    results = stages.evaluate(hyp, got.table, str(hyp_path), got.failed_seeds)
+    got = run_tables.collect_table(specs, out / "runs", hyp.design.layers)
+    results = evaluation.evaluate(hyp, got.table, str(hyp_path), got.failed_seeds)
     assert [r.name for r in results] == ["u"] and results[0].n_seeds == 3
-    tri = stages.triage(specs, out / "runs")
-    outcome = stages.Outcome(hyp_path, stages.Filled(specs, tri, {}), got.table, results, "cmd")
-    paths = stages.write_outputs(tmp_path / "studies" / "tiny", outcome, {"hypothesis": "tiny"})
+    tri = run_triage.triage(specs, out / "runs")
+    outcome = outputs.Outcome(hyp_path, stages.Filled(specs, tri, {}), got.table, results, "cmd")
+    paths = outputs.write_outputs(tmp_path / "studies" / "tiny", outcome, {"hypothesis": "tiny"})
     verdicts = json.loads(paths["verdicts"].read_text())
     assert verdicts["runs"] == [s.key for s in specs] and verdicts["reused"] == verdicts["runs"]
     assert verdicts["claims"][0]["verdict"] == results[0].verdict and verdicts["command"] == "cmd"
@@ -134,5 +134,5 @@ def test_evaluate_and_write_outputs(tiny, tmp_path):
     assert paths["hypothesis"].read_text() == hyp_path.read_text()
     assert paths["text"].read_text().startswith("claim")
     assert not list((tmp_path / "studies" / "tiny").glob(".*"))  # no temporary file left behind
-    html, md = stages.write_study_report(tmp_path / "studies" / "tiny", hyp, outcome, out / "runs")
+    html, md = outputs.write_study_report(tmp_path / "studies" / "tiny", hyp, outcome, out / "runs")
     assert "What the test found" in html.read_text() and RunFolder(out / "runs" / specs[0].key).is_finished()

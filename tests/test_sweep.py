@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis.kinds.base import crossing
+from analysis.kinds._curves import crossing
 from analysis.verdicts import evaluate_claims
 from study.cli import main
 from study.schema import parse_hypothesis
@@ -374,7 +374,7 @@ def test_shipped_sweep_validates_and_its_claims_run_on_a_sweep_table():
 def _begun(tmp_path, text: str = TINY_SWEEP):
     """A sweep whose first pass has begun in ``out``: its optuna study records what its trials run under
     (as ``run_sweep`` records it before asking the first trial)."""
-    from study.sweep import check_unchanged, open_optuna_study
+    from study.sweep_storage import check_unchanged, open_optuna_study
 
     path, out = tmp_path / "s.yaml", tmp_path / "out"
     path.write_text(text)
@@ -410,7 +410,7 @@ def test_an_edited_sweep_rerun_into_the_same_out_is_refused_with_one_line(tmp_pa
 
 
 def test_sweep_edits_its_trials_do_not_depend_on_are_accepted(tmp_path):
-    from study.sweep import check_unchanged, open_optuna_study
+    from study.sweep_storage import check_unchanged, open_optuna_study
 
     path, out = _begun(tmp_path)
     # the swept knob's design point (each trial replaces it) and the claims change nothing of the trials

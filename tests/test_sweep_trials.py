@@ -13,7 +13,7 @@ import optuna
 import pytest
 import yaml
 
-from study import stages, sweep
+from study import run_triage, stages, sweep, sweep_heartbeat, sweep_storage, sweep_trials
 from study.schema import parse_hypothesis
 from study.tracking import NullTracker
 from tests.conftest import TINY_SWEEP
@@ -34,13 +34,13 @@ def _plant(points, runs_dir) -> None:
 
 def test_each_trial_is_told_when_its_own_runs_end(tmp_path, monkeypatch):
     hyp = _hyp()
-    study = sweep.open_optuna_study(hyp, tmp_path, None, "s.yaml")
-    points = sweep._ask(study, hyp, 3, tmp_path / "data")
+    study = sweep_storage.open_optuna_study(hyp, tmp_path, None, "s.yaml")
+    points = sweep_trials._ask(study, hyp, 3, tmp_path / "data")
     _plant(points, tmp_path / "runs")
     states: list[list[str]] = []
 
     def fill_runs(specs, out_dir, hyp, tracker, opts, log, *, on_triaged=None, on_ended=None, **kw):
-        tri = stages.Triage(todo=[s for s in specs if s.key not in {x.key for x in points[2].specs}])
+        tri = run_triage.Triage(todo=[s for s in specs if s.key not in {x.key for x in points[2].specs}])
         on_triaged(specs, tri)  # trial 2's runs were finished before: it is told now
         states.append([t.state.name for t in study.get_trials()])
         for p in points[:2]:  # trial 0's runs end, then trial 1's
@@ -67,12 +67,14 @@ def test_each_trial_is_told_when_its_own_runs_end(tmp_path, monkeypatch):
 
 def test_tpe_asks_its_start_up_trials_as_one_batch():
     hyp = _hyp(sampler="tpe", space={"texture_reliance": {"low": 0.0, "high": 1.0}}, n_trials=14)
-    assert sweep._batch_size(hyp, 14, 2, asked=0) == sweep.TPE_STARTUP == 10  # was 1: one trial a batch
+    assert (
+        sweep._batch_size(hyp, 14, 2, asked=0) == sweep_storage.TPE_STARTUP == 10
+    )  # was 1: one trial a batch
     assert sweep._batch_size(hyp, 6, 2, asked=8) == 2  # the start-up trials left
     assert sweep._batch_size(hyp, 4, 2, asked=10) == 1  # then one at a time on 2 workers x 2 seeds
     assert sweep._batch_size(hyp, 4, 8, asked=10) == 4  # or enough to keep every worker busy
     assert sweep._batch_size(hyp, 3, 2, asked=0) == 3  # never more than the trials left
-    assert sweep._sampler(hyp)._n_startup_trials == sweep.TPE_STARTUP
+    assert sweep_storage._sampler(hyp)._n_startup_trials == sweep_storage.TPE_STARTUP
 
 
 def _get(app, path: str) -> tuple[str, bytes]:
@@ -88,11 +90,11 @@ def test_optuna_dashboard_opens_the_sweep_journal(tmp_path):
     from optuna_dashboard._storage_url import get_storage
 
     hyp = _hyp()
-    study = sweep.open_optuna_study(hyp, tmp_path, None, "s.yaml")
-    points = sweep._ask(study, hyp, 2, tmp_path / "data")
+    study = sweep_storage.open_optuna_study(hyp, tmp_path, None, "s.yaml")
+    points = sweep_trials._ask(study, hyp, 2, tmp_path / "data")
     _plant(points, tmp_path / "runs")
     for p in points:
-        sweep._tell_trial(p, hyp, tmp_path / "runs", print, None)
+        sweep_trials._tell_trial(p, hyp, tmp_path / "runs", print, None)
     journal = tmp_path / "sweeps" / "tiny_sweep" / "journal.log"
     # the loader `optuna-dashboard <journal>` uses, and the study as the dashboard reads it
     storage = get_storage(str(journal))
@@ -115,12 +117,12 @@ def test_trials_of_one_batch_last_as_long_as_their_own_runs(tmp_path, monkeypatc
 
     hyp = _hyp()
     url = None if storage == "journal" else f"sqlite:///{tmp_path / 'optuna.db'}"
-    study = sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")
-    points = sweep._ask(study, hyp, 2, tmp_path / "data")
+    study = sweep_storage.open_optuna_study(hyp, tmp_path, url, "s.yaml")
+    points = sweep_trials._ask(study, hyp, 2, tmp_path / "data")
     spans, starts = {}, {}
 
     def fill_runs(specs, out_dir, hyp, tracker, opts, log, *, on_triaged=None, on_ended=None, **kw):
-        on_triaged(specs, stages.Triage(todo=list(specs)))
+        on_triaged(specs, run_triage.Triage(todo=list(specs)))
         for p, length in zip(points, (0.15, 0.45), strict=True):  # trial 1's runs start after trial 0's end
             t0 = starts[p.number] = time.time()
             time.sleep(length)
@@ -129,11 +131,13 @@ def test_trials_of_one_batch_last_as_long_as_their_own_runs(tmp_path, monkeypatc
                 RunFolder(tmp_path / "runs" / s.key).write_result({**result, "started_at": t0})
                 on_ended(s, result)
             spans[p.number] = time.time() - t0
-        return stages.Filled(list(specs), stages.Triage(todo=list(specs)))
+        return stages.Filled(list(specs), run_triage.Triage(todo=list(specs)))
 
     monkeypatch.setattr(stages, "fill_runs", fill_runs)
     sweep._run_batch(points, hyp, tmp_path, NullTracker(), stages.RunOptions(), print, stages.Filled())
-    again = sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")  # as optuna-dashboard reads the storage
+    again = sweep_storage.open_optuna_study(
+        hyp, tmp_path, url, "s.yaml"
+    )  # as optuna-dashboard reads the storage
     took = {t.number: t.duration.total_seconds() for t in again.get_trials()}
     began = {t.number: t.datetime_start.timestamp() for t in again.get_trials()}
     for n, t0 in starts.items():  # was: trial 1 began when the batch was asked, 0.15 s before its runs
@@ -147,7 +151,7 @@ def test_trials_of_one_batch_last_as_long_as_their_own_runs(tmp_path, monkeypatc
 def _sqlite_sweep(tmp_path, **over):
     hyp = _hyp(**over)
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    return hyp, url, sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")
+    return hyp, url, sweep_storage.open_optuna_study(hyp, tmp_path, url, "s.yaml")
 
 
 def _asked_on(monkeypatch, study, hyp, host: str, tmp_path, heartbeat: str):
@@ -155,9 +159,9 @@ def _asked_on(monkeypatch, study, hyp, host: str, tmp_path, heartbeat: str):
     ``none`` (a driver from before heartbeats were recorded)."""
     import sqlalchemy as sa
 
-    monkeypatch.setattr(sweep, "_hostname", lambda: host)
-    (point,) = sweep._ask(study, hyp, 1, tmp_path / "data")
-    engine = sweep._rdb(study).engine
+    monkeypatch.setattr(sweep_heartbeat, "_hostname", lambda: host)
+    (point,) = sweep_trials._ask(study, hyp, 1, tmp_path / "data")
+    engine = sweep_storage._rdb(study).engine
     with engine.begin() as conn:
         if heartbeat == "old":
             conn.execute(sa.text("UPDATE trial_heartbeats SET heartbeat = datetime('now', '-1 hour')"))
@@ -174,19 +178,21 @@ def test_a_gone_driver_s_trials_on_another_host_are_rerun_at_once(tmp_path, monk
     hyp, url, study = _sqlite_sweep(tmp_path)
     dead = _asked_on(monkeypatch, study, hyp, "node-a", tmp_path, "old")
     old = _asked_on(monkeypatch, study, hyp, "node-b", tmp_path, "none")
-    monkeypatch.setattr(sweep, "_hostname", lambda: "node-c")  # the restarted driver, on a third host
+    monkeypatch.setattr(
+        sweep_heartbeat, "_hostname", lambda: "node-c"
+    )  # the restarted driver, on a third host
     told = []
 
     def fill_runs(specs, out_dir, hyp, tracker, opts, log, *, on_triaged=None, on_ended=None, **kw):
-        _plant([sweep.TrialPoint(0, {}, None, list(specs))], tmp_path / "runs")
-        on_triaged(specs, stages.Triage())  # every run finished: each trial is told at once
+        _plant([sweep_trials.TrialPoint(0, {}, None, list(specs))], tmp_path / "runs")
+        on_triaged(specs, run_triage.Triage())  # every run finished: each trial is told at once
         told.append(len(specs))
-        return stages.Filled(list(specs), stages.Triage(finished=[s.key for s in specs]))
+        return stages.Filled(list(specs), run_triage.Triage(finished=[s.key for s in specs]))
 
     monkeypatch.setattr(stages, "fill_runs", fill_runs)
     lines: list[str] = []
     t0 = time.monotonic()
-    again = sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")
+    again = sweep_storage.open_optuna_study(hyp, tmp_path, url, "s.yaml")
     sweep._optimize(
         again, hyp, tmp_path, 3, NullTracker(), stages.RunOptions(), lines.append, stages.Filled()
     )
@@ -201,19 +207,19 @@ def test_a_gone_driver_s_trials_on_another_host_are_rerun_at_once(tmp_path, monk
 def test_a_live_trial_on_another_host_is_waited_for(tmp_path, monkeypatch):
     hyp, url, study = _sqlite_sweep(tmp_path)
     live = _asked_on(monkeypatch, study, hyp, "node-a", tmp_path, "fresh")
-    monkeypatch.setattr(sweep, "_hostname", lambda: "node-c")
-    again = sweep.open_optuna_study(hyp, tmp_path, url, "s.yaml")
-    assert sweep.recover_stale(again, hyp, print) == 0
+    monkeypatch.setattr(sweep_heartbeat, "_hostname", lambda: "node-c")
+    again = sweep_storage.open_optuna_study(hyp, tmp_path, url, "s.yaml")
+    assert sweep_heartbeat.recover_stale(again, hyp, print) == 0
     assert sweep._counts(again) == (0, 1) and again.trials[live.number].state.name == "RUNNING"
     # its driver keeps it fresh: the heartbeat thread of the process that owns it
-    monkeypatch.setattr(sweep, "_hostname", lambda: "node-a")
-    monkeypatch.setenv(sweep.HEARTBEAT_ENV, "1")
+    monkeypatch.setattr(sweep_heartbeat, "_hostname", lambda: "node-a")
+    monkeypatch.setenv(sweep_storage.HEARTBEAT_ENV, "1")
     import sqlalchemy as sa
 
-    engine = sweep._rdb(study).engine
+    engine = sweep_storage._rdb(study).engine
     with engine.begin() as conn:
         conn.execute(sa.text("UPDATE trial_heartbeats SET heartbeat = datetime('now', '-1 hour')"))
-    with sweep.Heartbeat(study):
+    with sweep_heartbeat.Heartbeat(study):
         import time
 
         time.sleep(1.2)

@@ -12,9 +12,10 @@ import pytest
 
 from study.cli import main
 from study.orchestrate import run_study
+from study.run_tables import collect_table
 from study.runspecs import plan_runs
 from study.schema import load_hypothesis
-from study.stages import RunOptions, collect_table
+from study.stages import RunOptions
 from study.tracking import sanitize_metric_name
 from vitstudy_core.errors import StudyError
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from analysis.kinds.base import KINDS, ClaimKind, FigureContext, Scenario, get_kind, register_kind
+from analysis.kinds._display import FigureContext
+from analysis.kinds._registry import KINDS, ClaimKind, get_kind, register_kind
+from analysis.kinds._scenario import Scenario
 
 __all__ = ["KINDS", "ClaimKind", "FigureContext", "Scenario", "claim_models", "get_kind", "register_kind"]
 

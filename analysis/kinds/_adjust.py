@@ -22,16 +22,10 @@ import numpy as np
 import pandas as pd
 
 from analysis.inference import Alternative, opposite, t_test
-from analysis.kinds.base import (
-    Estimate,
-    Outcome,
-    Statistic,
-    Trial,
-    complete_seeds,
-    contradiction,
-    few_seeds_warning,
-    std_effect,
-)
+from analysis.kinds._outcome import Outcome, Statistic, few_seeds_warning, std_effect
+from analysis.kinds._rejection import Estimate, contradiction
+from analysis.kinds._scenario import Trial
+from analysis.kinds._selection import complete_seeds
 from vitstudy_core.errors import StudyError
 
 COLLINEAR_R2 = 0.9  # a seed whose covariate explains this share of the knob's variation warns

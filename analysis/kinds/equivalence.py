@@ -14,25 +14,13 @@ import pandas as pd
 from pydantic import Field
 
 from analysis.inference import t_p, tost
-from analysis.kinds.base import (
-    ClaimBase,
-    ClaimKind,
-    Condition,
-    Outcome,
-    Result,
-    Scenario,
-    Statistic,
-    TableView,
-    Trial,
-    claim_view,
-    condition_figures,
-    describe_condition,
-    few_seeds_warning,
-    paired,
-    paired_outcome,
-    per_seed_text,
-    register_kind,
-)
+from analysis.kinds._claim import ClaimBase, Condition
+from analysis.kinds._display import Result, condition_figures, describe_condition, per_seed_text
+from analysis.kinds._outcome import Outcome, Statistic, few_seeds_warning, paired_outcome
+from analysis.kinds._registry import ClaimKind, register_kind
+from analysis.kinds._scenario import Scenario, Trial
+from analysis.kinds._selection import claim_view, paired
+from analysis.kinds._table import TableView
 from vitstudy_core.fmt import fmt_num, unit_of
 
 

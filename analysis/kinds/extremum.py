@@ -15,27 +15,14 @@ import pandas as pd
 from pydantic import Field
 
 from analysis.inference import TTest, t_test
-from analysis.kinds.base import (
-    ClaimBase,
-    ClaimKind,
-    Condition,
-    Estimate,
-    Outcome,
-    Result,
-    Scenario,
-    Statistic,
-    TableView,
-    Trial,
-    claim_view,
-    condition_figures,
-    contradiction,
-    describe_condition,
-    few_seeds_warning,
-    paired,
-    paired_outcome,
-    register_kind,
-    std_effect,
-)
+from analysis.kinds._claim import ClaimBase, Condition
+from analysis.kinds._display import Result, condition_figures, describe_condition
+from analysis.kinds._outcome import Outcome, Statistic, few_seeds_warning, paired_outcome, std_effect
+from analysis.kinds._registry import ClaimKind, register_kind
+from analysis.kinds._rejection import Estimate, contradiction
+from analysis.kinds._scenario import Scenario, Trial
+from analysis.kinds._selection import claim_view, paired
+from analysis.kinds._table import TableView
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 
 

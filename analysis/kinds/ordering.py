@@ -18,28 +18,21 @@ from pydantic import Field, model_validator
 
 from analysis.inference import JTTest, identical_rows, jonckheere_terpstra
 from analysis.kinds._adjust import adjusted_outcome, group_covariate
-from analysis.kinds.base import (
-    ClaimBase,
-    ClaimKind,
-    FigureContext,
-    Outcome,
-    Result,
-    Scenario,
-    TableView,
-    Trial,
+from analysis.kinds._claim import ClaimBase
+from analysis.kinds._curves import crossing, crossing_lines, summarise_layers
+from analysis.kinds._display import FigureContext, Result
+from analysis.kinds._outcome import Outcome, outcome_from_stats, token_count_warnings
+from analysis.kinds._registry import ClaimKind, register_kind
+from analysis.kinds._scenario import Scenario, Trial
+from analysis.kinds._selection import (
     claim_view,
     complete_seeds,
-    crossing,
-    crossing_lines,
     knob_levels_of,
     knob_rows,
-    outcome_from_stats,
-    register_kind,
-    summarise_layers,
-    token_count_warnings,
     token_counts,
 )
-from analysis.kinds.trend import TrendStatistic, trend_statistics
+from analysis.kinds._table import TableView
+from analysis.kinds._trend_statistics import TrendStatistic, trend_statistics
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.knobs import Knob
 
@@ -108,7 +101,7 @@ class OrderingClaim(ClaimBase):
 
 @dataclass(frozen=True, kw_only=True)
 class OrderingStatistic(TrendStatistic):
-    """:class:`~analysis.kinds.trend.TrendStatistic` of the per-seed slopes on the rank (or levels), plus
+    """:class:`~analysis.kinds._trend_statistics.TrendStatistic` of the per-seed slopes on the rank (or levels), plus
     ``jt``: the Jonckheere-Terpstra test that decides without levels (else None)."""
 
     jt: JTTest | None = None
@@ -133,7 +126,7 @@ def ordering_statistics(
     (on the rank 0..K-1 without levels) with a 95% t CI over seeds.
 
     Returns:
-        An :class:`OrderingStatistic` (a :class:`~analysis.kinds.trend.TrendStatistic` plus ``jt``).
+        An :class:`OrderingStatistic` (a :class:`~analysis.kinds._trend_statistics.TrendStatistic` plus ``jt``).
     """
     y = np.asarray(y, dtype=np.float64)
     k = y.shape[1]

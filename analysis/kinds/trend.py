@@ -7,9 +7,6 @@ t(S-1). Several layers are pooled, or all / any of them required.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
@@ -17,49 +14,35 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from analysis.inference import (
-    Alternative,
-    holm,
-    identical_rows,
-    opposite,
     per_seed_kendall,
-    per_seed_slopes,
-    sign_flip_p,
-    t_p,
-    t_test,
 )
 from analysis.kinds._adjust import (
-    KNOB,
     adjusted_outcome,
     adjusted_trial,
     draw_confounded,
     group_covariate,
 )
-from analysis.kinds.base import (
-    ClaimBase,
-    ClaimKind,
-    Estimate,
-    FigureContext,
-    Needs,
-    Outcome,
-    Result,
-    Scenario,
-    Statistic,
-    TableView,
-    Trial,
-    claim_view,
-    combined_against,
-    complete_seeds,
-    contradiction,
-    crossing,
-    crossing_lines,
-    few_seeds_warning,
-    knob_levels_of,
-    knob_rows,
-    register_kind,
-    std_effect,
+from analysis.kinds._claim import ClaimBase
+from analysis.kinds._curves import crossing, crossing_lines
+from analysis.kinds._display import FigureContext, Result
+from analysis.kinds._outcome import Outcome
+from analysis.kinds._registry import ClaimKind, register_kind
+from analysis.kinds._scenario import Scenario
+from analysis.kinds._selection import claim_view, complete_seeds, knob_levels_of, knob_rows
+from analysis.kinds._table import TableView
+from analysis.kinds._trend_scenarios import (
+    _SPACINGS,
+    _draw,
+    _draw_at,
+    _layer_scenarios,
+    _raw_trial,
+    _test,
 )
-from analysis.mixed import SlopeTest, fit_random_slopes, mixed_slope_test
-from analysis.simulate import KNOB_LEVELS, PAPER_EPOCHS, simulate_trends
+from analysis.kinds._trend_statistics import (
+    TrendStatistic,
+    layers_statistics,
+)
+from analysis.mixed import fit_random_slopes
 from vitstudy_core.errors import StudyError
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.knobs import Knob
@@ -119,80 +102,6 @@ class TrendClaim(ClaimBase):
         if self.level is not None and self.knob() is None:
             raise ValueError("level is for a trend over a swept knob (over: <knob>)")
         return self
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrendStatistic(Statistic):
-    """:class:`Statistic` of a trend, plus ``method_used`` (the test that decided, in words), ``mixed``
-    (the :class:`~analysis.mixed.SlopeTest` of ``method: mixed``, else None) and ``estimate`` (the slope,
-    or mean tau, its SE and df: what a declared margin is tested on)."""
-
-    method_used: str
-    estimate: Estimate
-    mixed: SlopeTest | None = None
-
-
-def trend_statistics(
-    x: np.ndarray, y: np.ndarray, direction: str = "increasing", method: str = "slope"
-) -> TrendStatistic:
-    """Test a monotone trend of y over x with the seed as the unit.
-
-    Args:
-        x: (T,) the ordered factor (epochs, layer indices), shared by all seeds.
-        y: (S, T) per-seed values.
-        direction: ``increasing`` or ``decreasing``.
-        method: ``slope`` (per-seed OLS slopes, one-sample t(S-1)), ``kendall`` (per-seed Kendall tau-b, exact
-            sign-flip p) or ``mixed`` (MixedLM ``y ~ x + (1 + x | seed)``, REML, slope tested with t(S-1)).
-
-    Returns:
-        A :class:`TrendStatistic`: ``p`` one-sided in ``direction``, ``effect`` (mean per-seed slope in
-        units of the metric per unit of x, or mean tau; the fixed slope for ``mixed``), ``ci`` (95%),
-        ``values`` (per-seed slopes or taus, (S,)), ``p_against`` (the same test the other way) and
-        ``contradicted`` (it is below 2.5%: for a t test, the CI lies entirely on the other side of 0).
-        Seeds whose trajectories coincide up to a constant (one run copied, or noise-free parallel
-        curves) have no between-seed variance: no method tests them (p NaN).
-    """
-    y = np.asarray(y, dtype=np.float64)
-    alt: Alternative = "greater" if direction == "increasing" else "less"
-    sign = 1.0 if direction == "increasing" else -1.0
-    values = per_seed_kendall(x, y) if method == "kendall" else per_seed_slopes(x, y)
-    t = t_test(values, alt)
-    p, effect, ci, mixed = t.p, t.mean, t.ci, None
-    against = t_test(values, opposite(alt)).p
-    if method == "kendall" and len(values) >= 2:
-        # taus are discrete and bounded: with few seeds a t test on them is not calibrated (0.084 at S = 3),
-        # the exact sign-flip test is, both ways (the CI stays a t interval, for display). Identical seeds
-        # give identical taus whose sign-flip p looks small (2^-S): they carry one seed's information
-        testable = (np.ptp(values) > 0 or t.mean != 0) and not identical_rows(y)
-        p = sign_flip_p(values, alt) if testable else float("nan")
-        against = sign_flip_p(values, opposite(alt)) if testable else float("nan")
-    warnings = few_seeds_warning(len(values), p)
-    if method == "kendall" and 2 ** len(values) < 40:
-        warnings.append(
-            f"sign-flip p of Kendall taus cannot go below 2^-{len(values)} = {0.5 ** len(values):.3f}"
-        )
-    method_used = "per-seed Kendall tau (sign-flip)" if method == "kendall" else "per-seed slopes"
-    estimate = Estimate.of(t)
-    if method == "mixed":
-        mixed = mixed_slope_test(x, y, alt)  # the fit, or the per-seed slopes where the fit is unsound
-        p, effect, ci, method_used = mixed.p, mixed.effect, mixed.ci, mixed.method_used
-        warnings = few_seeds_warning(len(values), mixed.p) + mixed.warnings
-        estimate = Estimate(mixed.effect, mixed.se, len(values) - 1)
-        ok = math.isfinite(mixed.p) and mixed.se > 0
-        against = t_p(mixed.effect / mixed.se, len(values) - 1, opposite(alt)) if ok else float("nan")
-    return TrendStatistic(
-        p=p,
-        effect=effect,
-        ci=ci,
-        values=values,
-        std_effect=std_effect(t, sign),
-        mixed=mixed,
-        warnings=warnings,
-        method_used=method_used,
-        estimate=estimate,
-        p_against=[against],
-        contradicted=contradiction([against], "every") and len(values) >= 2,
-    )
 
 
 def _epochs(df: pd.DataFrame, claim: TrendClaim, where: str) -> list[int]:
@@ -381,71 +290,6 @@ def _knob_covariate(view: TableView, claim: TrendClaim, where: str, x: np.ndarra
     )
 
 
-@dataclass(frozen=True)
-class LayersStatistic:
-    """A trend's test over several series (layers) combined as the claim says (:func:`layers_statistics`).
-
-    Attributes:
-        stats: series name -> its :class:`TrendStatistic`.
-        p: the claim's p (``all``/one series: max p; ``any``: smallest Holm-adjusted p).
-        binding: the series whose effect and CI are reported.
-        holm_p: per series, its p after Holm across the series (``any``; else the raw p).
-        needs: ``every`` series must trend (``all``, ``pooled``) or ``one`` (``any``).
-        p_against: the p of the claim's opposite (:func:`~analysis.kinds.base.combined_against`).
-        contradicted: the REJECTED rule: ``p_against`` < 2.5%.
-    """
-
-    stats: dict[str, TrendStatistic]
-    p: float
-    binding: str
-    holm_p: list[float]
-    needs: Needs
-    p_against: float
-    contradicted: bool
-
-
-def layers_statistics(
-    x: np.ndarray, ys: dict[str, np.ndarray], direction: str, method: str, aggregate: str
-) -> LayersStatistic:
-    """:func:`trend_statistics` of each series ``ys[name]`` (S, T), combined: ``all`` (intersection-union:
-    max p; REJECTED when some series falls, Holm across them), ``any`` (Holm across series; REJECTED only
-    when every series falls) or one series (``pooled``)."""
-    stats_by = {name: trend_statistics(x, y, direction, method) for name, y in ys.items()}
-    p, binding, holm_p = _combine(stats_by, aggregate)
-    needs: Needs = "one" if aggregate == "any" and len(stats_by) > 1 else "every"
-    against = [s.p_against[0] for s in stats_by.values()]
-    n = min((len(s.values) for s in stats_by.values()), default=0)
-    return LayersStatistic(
-        stats=stats_by,
-        p=p,
-        binding=binding,
-        holm_p=holm_p,
-        needs=needs,
-        p_against=combined_against(against, needs),
-        contradicted=n >= 2 and contradiction(against, needs),
-    )
-
-
-def _combine(stats_by: dict[str, TrendStatistic], aggregate: str) -> tuple[float, str, list[float]]:
-    """Several series' tests as the claim combines them: (p, the binding series, the p of each series
-    after Holm across them (``any``; else the raw p))."""
-    names = list(stats_by)
-    ps = [stats_by[n].p for n in names]
-    if len(names) == 1 or aggregate != "any":
-        # IUT over layers: the claim holds only where every layer's does; max p needs no correction
-        p = float("nan") if any(math.isnan(v) for v in ps) else max(ps)
-        binding = max(names, key=lambda n: stats_by[n].p if not math.isnan(stats_by[n].p) else math.inf)
-        return p, binding, ps
-    finite = [i for i, v in enumerate(ps) if not math.isnan(v)]
-    holm_p = [float("nan")] * len(ps)
-    if finite:
-        for i, a in zip(finite, holm(np.array([ps[i] for i in finite])), strict=True):
-            holm_p[i] = float(a)
-    p = min((v for v in holm_p if not math.isnan(v)), default=float("nan"))
-    binding = names[int(np.nanargmin(holm_p))] if finite else names[0]
-    return p, binding, holm_p
-
-
 def _details(
     x: np.ndarray,
     claim: TrendClaim,
@@ -488,114 +332,6 @@ def _display_mixed(x: np.ndarray, y: np.ndarray, details: dict[str, Any]) -> lis
         f"mixed model (display only, not the verdict's test): {n} fitting warning{'s' * (n > 1)}, "
         f"last: {fit.warnings[-1]} (all in details.mixed_model.warnings)"
     ]
-
-
-Draw = Callable[[int, float, np.random.Generator], tuple[tuple[np.ndarray, ...], float]]
-Test = Callable[[tuple[np.ndarray, ...], Any, np.random.Generator], Trial]
-
-
-def _draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
-    _, y = simulate_trends(n_seeds, 6, effect * 0.5, rng, slope_sd=0.5)  # 0.5 SD per epoch of slope spread
-    return (y,), effect * 0.5
-
-
-def _draw_at(x: np.ndarray, slope_sd: float) -> Draw:
-    """Paper scale: checkpoints 0, 1, 10, ..., 100 with a slope SD of 0.03 per epoch (a slope variance of
-    ~1e-3 per epoch^2) beside an intercept SD of 3; a knob 0..1 keeps the same spread of y over its range
-    (3 per unit). ``effect`` is in units of the per-seed slope SD."""
-
-    def draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
-        truth = effect * slope_sd
-        _, y = simulate_trends(n_seeds, len(x), truth, rng, slope_sd=slope_sd, seed_sd=3.0, x=x)
-        return (y,), truth
-
-    return draw
-
-
-def _test(method: str, x: np.ndarray | None = None) -> Test:
-    def test(arrays: tuple[np.ndarray, ...], truth: float, rng: np.random.Generator) -> Trial:
-        y = arrays[0]
-        xs = np.arange(y.shape[1], dtype=float) if x is None else x
-        st = trend_statistics(xs, y, "increasing", method)
-        covered = None if method == "kendall" else bool(st.ci[0] <= truth <= st.ci[1])
-        return {
-            "p": st.p,
-            "covered": covered,
-            "warned": bool(st.mixed and st.mixed.fit.warnings),
-            "fallback": bool(st.mixed and st.mixed.fallback_reason),
-            "contradicted": bool(st.contradicted),
-        }
-
-    return test
-
-
-N_LAYERS = 12  # the aggregate scenarios: a claim over every block of a 12-block ViT
-
-
-def _draw_layers(aggregate: str, boundary: bool) -> Draw:
-    """(y (S, L, 6),) (the seed first, so a sequential look takes the first seeds) for a trend over 12 layers, each with random slopes (SD 0.5 per epoch) and AR(1)
-    noise. ``all``: layer 0 at ``effect`` and the rest far up (the IUT's least favourable null); its
-    REJECTED boundary: every layer at 0. ``any``: every layer at ``effect`` (Holm's least favourable
-    null); its REJECTED boundary: layer 0 at 0 and the rest far down."""
-
-    def draw(n_seeds: int, effect: float, rng: np.random.Generator) -> tuple[tuple[np.ndarray, ...], float]:
-        if aggregate == "all":
-            means = np.zeros(N_LAYERS) if boundary else np.r_[effect, np.full(N_LAYERS - 1, 10.0)]
-        else:
-            means = np.r_[0.0, np.full(N_LAYERS - 1, -10.0)] if boundary else np.full(N_LAYERS, effect)
-        ys = [simulate_trends(n_seeds, 6, 0.5 * m, rng, slope_sd=0.5)[1] for m in means]
-        return (np.stack(ys, axis=1),), 0.5 * effect
-
-    return draw
-
-
-def _boundary_layers(
-    aggregate: str,
-) -> Callable[[int, np.random.Generator], tuple[tuple[np.ndarray, ...], float]]:
-    draw = _draw_layers(aggregate, True)
-    return lambda n_seeds, rng: draw(n_seeds, 0.0, rng)
-
-
-def _test_layers(method: str, aggregate: str) -> Test:
-    def test(arrays: tuple[np.ndarray, ...], truth: float, rng: np.random.Generator) -> Trial:
-        ys = arrays[0]
-        x = np.arange(ys.shape[2], dtype=float)
-        layers = {f"layer{i}": ys[:, i] for i in range(ys.shape[1])}
-        agg = layers_statistics(x, layers, "increasing", method, aggregate)
-        return {"p": agg.p, "covered": None, "warned": False, "contradicted": agg.contradicted}
-
-    return test
-
-
-def _layer_scenarios() -> dict[str, Scenario]:
-    out = {}
-    for aggregate in ("all", "any"):
-        for method in ("slope", "kendall"):
-            rest = "far up" if aggregate == "all" else "at the same effect"
-            out[f"trend_{method}_{aggregate}12"] = Scenario(
-                f"aggregate {aggregate} over 12 layers: layer 1 at the effect, the rest {rest}; REJECTED at "
-                + ("all 12 at 0" if aggregate == "all" else "layer 1 at 0, the rest far down"),
-                draw=_draw_layers(aggregate, False),
-                test=_test_layers(method, aggregate),
-                boundary=_boundary_layers(aggregate),
-            )
-    return out
-
-
-def _raw_trial(arrays: tuple[np.ndarray, ...], truth: Any, rng: np.random.Generator) -> Trial:
-    """The unadjusted per-seed slope test on an adjusted claim's confounded null (a reference row)."""
-    st = trend_statistics(KNOB, arrays[0], "decreasing", "slope")
-    return {"p": st.p, "covered": None, "warned": False, "contradicted": bool(st.contradicted)}
-
-
-_SPACINGS = {
-    "paper": (
-        PAPER_EPOCHS,
-        0.03,
-        "random slopes (mean 0, SD 0.03/epoch), intercept SD 3, AR(1); epochs 0,1,10..100",
-    ),
-    "knob": (KNOB_LEVELS, 3.0, "random slopes (mean 0, SD 3/unit), intercept SD 3, AR(1); knob 0,.25,..,1"),
-}
 
 
 def effect_unit(claim: TrendClaim) -> str:

@@ -18,30 +18,19 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from analysis.inference import TTest, t_test
-from analysis.kinds.base import (
-    ClaimBase,
-    ClaimKind,
-    FigureContext,
-    Outcome,
-    Result,
-    Scenario,
-    Statistic,
-    Strict,
-    TableView,
-    Trial,
-    claim_view,
-    combined_against,
-    complete_seeds,
-    contradiction,
-    few_seeds_warning,
-    layer_location,
-    register_kind,
-    select,
-    std_effect,
-)
+from analysis.kinds._claim import ClaimBase
+from analysis.kinds._curves import layer_location
+from analysis.kinds._display import FigureContext, Result
+from analysis.kinds._outcome import Outcome, Statistic, few_seeds_warning, std_effect
+from analysis.kinds._registry import ClaimKind, register_kind
+from analysis.kinds._rejection import combined_against, contradiction
+from analysis.kinds._scenario import Scenario, Trial
+from analysis.kinds._selection import claim_view, complete_seeds, select
+from analysis.kinds._table import TableView
 from analysis.simulate import simulate_profiles
 from vitstudy_core.errors import StudyError
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
+from vitstudy_core.settings import Strict
 
 if TYPE_CHECKING:
     from analysis.figures import Figure

@@ -1,0 +1,125 @@
+"""The ``sweep`` of a hypothesis file (``python -m study sweep``): a design dataset's knobs varied over
+optuna trials, with the knob ranges, the objective each trial is scored by, and their checks.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from study.conditions import FieldError as _FieldError
+from vitstudy_core.knobs import Knob
+from vitstudy_core.layers import TokenSet
+from vitstudy_core.settings import Strict
+
+
+class KnobRange(Strict):
+    """A range of a knob for the ``qmc``, ``random`` and ``tpe`` samplers (integers for integer knobs)."""
+
+    low: float
+    high: float
+    step: float | None = Field(None, gt=0)  # a discrete grid inside the range
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _ordered(self) -> KnobRange:
+        if not self.low < self.high:
+            raise ValueError(f"expected low < high, got low {self.low} and high {self.high} (an empty range)")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log range needs low > 0, got low {self.low:g}")
+        if self.log and self.step is not None:
+            raise ValueError("a log range takes no step (give log or step, not both)")
+        return self
+
+
+class SweepObjective(Strict):
+    """Each trial's objective: a per-seed number, averaged over seeds; optuna maximises or minimises it.
+
+    Either a per-seed summary of ``metric`` over ``layers`` at ``epoch`` (``min``, ``mean``, ``range`` =
+    max - min, ``argmin`` = the depth index of the minimum), or the effect of the claim named ``claim``
+    (a claim of the file that is not over a knob; its per-seed values on the trial's runs).
+    """
+
+    metric: str | None = None
+    summary: Literal["min", "mean", "range", "argmin"] = "min"
+    layers: list[str] | None = None  # default: every block
+    epoch: int | Literal["last"] = "last"
+    token_set: TokenSet = "all"
+    claim: str | None = None
+    direction: Literal["maximize", "minimize"] = "maximize"
+
+    @model_validator(mode="after")
+    def _one_of(self) -> SweepObjective:
+        if (self.metric is None) == (self.claim is None):
+            raise ValueError("give either metric (a per-seed summary) or claim (a claim's effect)")
+        return self
+
+
+class Sweep(Strict):
+    """Which dataset's knobs vary, over what, with which optuna sampler, for how many trials.
+
+    ``space`` maps a knob to a list of values (any sampler; ``grid`` needs lists) or a range
+    (``{low, high, step?, log?}``; ``qmc``, ``random``, ``tpe``). ``storage``: any optuna storage URL
+    (e.g. a database shared by many workers); default an embedded journal file in the output folder.
+    """
+
+    dataset: str
+    space: dict[Knob, list[float] | KnobRange] = Field(min_length=1)
+    sampler: Literal["grid", "qmc", "random", "tpe"] = "grid"
+    n_trials: int | None = Field(None, ge=1)  # default: the grid's size (grid), else required
+    objective: SweepObjective
+    storage: str | None = None
+    seed: int = 0  # the sampler's seed
+
+    @field_validator("space", mode="before")
+    @classmethod
+    def _ranges(cls, space: object) -> object:
+        """A mapping value is a range: validated here so an error names the knob and the problem."""
+        if not isinstance(space, dict):
+            return space
+        out = {}
+        for knob, values in space.items():
+            if isinstance(values, dict):
+                try:
+                    values = KnobRange.model_validate(values)
+                except ValidationError as exc:
+                    err = exc.errors()[0]
+                    what = (
+                        "unknown key"
+                        if err["type"] == "extra_forbidden"
+                        else err["msg"].removeprefix("Value error, ")
+                    )
+                    loc = ".".join(map(str, err["loc"]))
+                    raise _FieldError(f"sweep.space.{knob}" + (f".{loc}" if loc else ""), what) from None
+            elif not isinstance(values, list):
+                raise _FieldError(
+                    f"sweep.space.{knob}",
+                    f"expected a list of values or a range {{low, high}}, got {values!r}",
+                )
+            out[knob] = values
+        return out
+
+    @model_validator(mode="after")
+    def _space(self) -> Sweep:
+        for knob, values in self.space.items():
+            if isinstance(values, list) and not values:
+                raise _FieldError(f"sweep.space.{knob}", "expected at least one value, got an empty list")
+            if self.sampler == "grid" and not isinstance(values, list):
+                raise _FieldError(
+                    f"sweep.space.{knob}", "the grid sampler needs a list of values, got a range"
+                )
+        if self.sampler != "grid" and self.n_trials is None:
+            raise _FieldError("sweep.n_trials", f"the {self.sampler} sampler needs n_trials")
+        return self
+
+    def grid_size(self) -> int:
+        size = 1
+        for values in self.space.values():
+            size *= len(values) if isinstance(values, list) else 1
+        return size
