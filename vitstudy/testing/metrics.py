@@ -7,6 +7,7 @@ Each check is ``check(name)`` on a registered entry of :data:`analysis.spectral.
 from __future__ import annotations
 
 import sys
+import warnings
 
 import numpy as np
 
@@ -42,6 +43,16 @@ def check_metric_is_finite_invariant_and_deterministic(name: str) -> None:
     assert fn(lam.copy()) == v, f"{name}: not deterministic"
     low, high = RANGES.get(name, (None, None))
     assert (low is None or v >= low) and (high is None or v <= high), f"{name}: {v} outside {low, high}"
+
+
+def check_metric_on_extreme_spectra_warns_nothing(name: str) -> None:
+    """On the largest float spectrum (``[1e308] * 3``), a rank-one one and a tiny one: a float (NaN where
+    undefined, which ``study metrics`` prints as null) and no numpy warning (overflow, division by 0)."""
+    for lam in (np.full(3, 1e308), np.array([2.0, 0.0, 0.0, 0.0]), np.full(5, 1e-300)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            v = METRICS[name](lam)
+        assert isinstance(v, float | np.floating), f"{name}: {v!r} on {lam} is not a float"
 
 
 def check_metric_name_is_its_own(name: str) -> None:
@@ -87,7 +98,11 @@ def check_observable_entry(name: str) -> None:
 
 
 CHECKS = {
-    "metrics": [check_metric_is_finite_invariant_and_deterministic, check_metric_name_is_its_own],
+    "metrics": [
+        check_metric_is_finite_invariant_and_deterministic,
+        check_metric_on_extreme_spectra_warns_nothing,
+        check_metric_name_is_its_own,
+    ],
     "token_metrics": [check_token_metric_is_finite_and_shift_invariant],
     "observables": [check_observable_entry],
 }
