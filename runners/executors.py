@@ -1,4 +1,4 @@
-"""Executors run training jobs; one small interface, local and Ray implementations, registered by name.
+"""Executors run training jobs; one small interface, local, Ray and Slurm implementations, registered by name.
 
     executor = EXECUTORS.get("local").make(ExecutorOptions(workers="auto", n_jobs=12, cuda=False))
     for index, result, error in executor.map_jobs(fn, jobs): ...
@@ -10,7 +10,8 @@ adding an executor is one class and one ``EXECUTORS.register(NAME, ExecutorKind(
 An executor takes a picklable job function and a list of job argument tuples and yields
 ``(index, result, error)`` as jobs finish. ``InlineExecutor`` runs in this process (tests, GPU);
 ``ProcessExecutor`` runs jobs in spawned worker processes (on 2 CPU cores, two 1-thread processes nearly
-double throughput on small images).
+double throughput on small images); ``RayExecutor`` runs them as Ray tasks, and ``runners.slurm``'s
+``SlurmExecutor`` as tasks of Slurm job arrays.
 
 A run's torch thread count is fixed by the host and ``--workers`` alone (:func:`run_threads`: the cores
 divided by the workers asked for; ``auto`` is one worker per core, so one thread), never by how many
@@ -37,9 +38,9 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -387,6 +388,10 @@ class ExecutorOptions:
         cuda: whether this host trains on a GPU.
         address: a cluster's address (``auto``: the one this host belongs to).
         cpus_per_run, gpus_per_run: what each job asks a cluster for.
+        out: the study's output folder (a cluster executor keeps its job logs under it; empty: the
+            working folder).
+        options: an executor's own options (Slurm: ``partition``, ``time``, ``sbatch`` options), from
+            ``--slurm-*`` flags.
     """
 
     workers: int | str = "auto"
@@ -395,6 +400,8 @@ class ExecutorOptions:
     address: str = "auto"
     cpus_per_run: float = 1
     gpus_per_run: float = 0
+    out: str = ""
+    options: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -406,11 +413,14 @@ class ExecutorKind:
         needs_cluster: it runs jobs on a cluster at ``options.address`` (the shared contract test gets
             one from the pytest fixture ``<name>_address``).
         summary: one line for ``--help``.
+        check: called before anything is written (``study.cluster.check_reachable``): a one-line
+            ``StudyError`` when the executor cannot run what is asked (its cluster is down or refuses).
     """
 
     make: Callable[[ExecutorOptions], Executor]
     needs_cluster: bool = False
     summary: str = ""
+    check: Callable[[ExecutorOptions], None] | None = None
 
 
 def _local(opts: ExecutorOptions) -> Executor:
@@ -431,9 +441,27 @@ def _ray(opts: ExecutorOptions) -> Executor:
     return RayExecutor(opts.address, num_cpus=opts.cpus_per_run, num_gpus=opts.gpus_per_run)
 
 
+def _slurm(opts: ExecutorOptions) -> Executor:
+    from runners.slurm import from_options
+
+    return from_options(Path(opts.out or ".") / "slurm", opts.cpus_per_run, opts.gpus_per_run, opts.options)
+
+
+def _slurm_check(opts: ExecutorOptions) -> None:
+    from runners.slurm import check_cluster
+
+    check_cluster(_slurm(opts))  # type: ignore[arg-type]
+
+
 EXECUTORS: Registry[ExecutorKind] = Registry("executor", group="vitstudy.executors")
 EXECUTORS.register("local", ExecutorKind(_local, summary="processes on this host"))
 EXECUTORS.register("ray", ExecutorKind(_ray, needs_cluster=True, summary="tasks on a Ray cluster"))
+EXECUTORS.register(
+    "slurm",
+    ExecutorKind(
+        _slurm, needs_cluster=True, summary="tasks of Slurm job arrays (submitit)", check=_slurm_check
+    ),
+)
 
 
 def make_executor(
@@ -444,12 +472,17 @@ def make_executor(
     address: str = "auto",
     cpus_per_run: float = 1,
     gpus_per_run: float = 0,
+    out: str | Path = "",
+    options: Mapping[str, str] | None = None,
 ) -> Executor:
     """The executor registered as ``kind`` (:data:`EXECUTORS`), built from these options.
 
     ``kind='ray'``: a :class:`RayExecutor` on ``address`` (each run asks for ``cpus_per_run`` CPUs and
-    ``gpus_per_run`` GPUs). ``'local'``: ``workers='auto'`` is one in-process worker on a GPU; on CPU one
+    ``gpus_per_run`` GPUs). ``'slurm'``: a ``runners.slurm.SlurmExecutor`` logging under ``<out>/slurm``
+    (``options``: its ``--slurm-*`` flags). ``'local'``: ``workers='auto'`` is one in-process worker on a GPU; on CPU one
     process per core, 1 thread each. An unknown ``kind`` is a one-line ``StudyError`` naming the known ones.
     """
-    opts = ExecutorOptions(workers, n_jobs, cuda, address, cpus_per_run, gpus_per_run)
+    opts = ExecutorOptions(
+        workers, n_jobs, cuda, address, cpus_per_run, gpus_per_run, str(out), dict(options or {})
+    )
     return EXECUTORS.get(kind).make(opts)

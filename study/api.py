@@ -251,7 +251,14 @@ def _with_roots(
     return with_data_roots(hyp, roots, file) if roots else hyp
 
 
-def _placement(executor: str, address: str, cpus: float, gpus: float, leases: str | None):
+def _placement(
+    executor: str,
+    address: str,
+    cpus: float,
+    gpus: float,
+    leases: str | None,
+    options: Mapping[str, str] | None = None,
+):
     """Where the runs execute (``stages.Placement``), checked: an unreachable cluster or database is one
     line before anything is written."""
     import study.stages as stages
@@ -259,7 +266,7 @@ def _placement(executor: str, address: str, cpus: float, gpus: float, leases: st
 
     if cpus <= 0 or gpus < 0:
         raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
-    placement = stages.Placement(executor, address, cpus, gpus, leases)
+    placement = stages.Placement(executor, address, cpus, gpus, leases, tuple((options or {}).items()))
     check_reachable(placement)
     return placement
 
@@ -284,6 +291,7 @@ def run(
     cpus_per_run: float = 1,
     gpus_per_run: float = 0,
     leases: str | None = None,
+    executor_options: Mapping[str, str] | None = None,
     progress: bool = True,
     log: Log | None = None,
     command: str | None = None,
@@ -303,6 +311,8 @@ def run(
         until_decided, max_seeds, batch, spending: add seeds in batches until every confirmatory claim is
             decided (group-sequential; default ``max_seeds``: twice the file's seeds).
         executor, address, cpus_per_run, gpus_per_run, leases: where runs train (``stages.Placement``).
+        executor_options: the executor's own options (Slurm: ``partition``, ``time``,
+            ``array_parallelism`` and any ``sbatch`` option, as ``--slurm-*`` gives them).
         progress: a progress bar per look (``tqdm.auto``), log lines printed above it; False: lines only.
         log: where progress lines go instead (a callable taking one line).
         command: what to record as the command that ran the study (MLflow, the report).
@@ -323,7 +333,7 @@ def run(
     if new_registration is not None and not new_registration.strip():
         raise StudyError("--new-registration: expected a reason (recorded with the new registration)")
     workers = _workers(workers)
-    placement = _placement(executor, address, cpus_per_run, gpus_per_run, leases)
+    placement = _placement(executor, address, cpus_per_run, gpus_per_run, leases, executor_options)
     bar = _Bar() if progress and log is None else None
     opts = stages.RunOptions(
         workers, force, track, log_model, report, command, placement, bar, new_registration

@@ -161,8 +161,15 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
         "--executor", choices=EXECUTORS.names(), default="local", help=f"where runs train ({kinds})"
     )
     p.add_argument("--address", default="auto", help="Ray cluster address for --executor ray (default: auto)")
-    p.add_argument("--cpus-per-run", type=float, default=1, help="CPUs each Ray task requests (default 1)")
-    p.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each Ray task requests (default 0)")
+    p.add_argument(
+        "--cpus-per-run", type=float, default=1, help="CPUs each Ray or Slurm task requests (default 1)"
+    )
+    p.add_argument(
+        "--gpus-per-run", type=float, default=0, help="GPUs each Ray or Slurm task requests (default 0)"
+    )
+    from study.slurm_flags import add_slurm_flags
+
+    add_slurm_flags(p)
     p.add_argument(
         "--leases",
         default=None,
@@ -173,9 +180,15 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
 
 
 def _add_scale_verbs(sub) -> None:
-    sb = sub.add_parser("submit", help="start a study or sweep as a Ray job on a running cluster")
+    sb = sub.add_parser("submit", help="start a study or sweep as a Ray or Slurm job on a running cluster")
     sb.add_argument("hypothesis", type=Path, help="the file, on a filesystem every node reaches")
-    sb.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
+    sb.add_argument(
+        "--executor",
+        choices=("ray", "slurm"),
+        default="ray",
+        help="ray: a Ray job (--address); slurm: the driver as a 1-CPU Slurm job (default ray)",
+    )
+    sb.add_argument("--address", default=None, help="the Ray cluster's dashboard, e.g. http://HEAD:8265")
     sb.add_argument("--out", type=Path, default=Path("study_results"), help="shared output folder")
     sb.add_argument(
         "--leases",
@@ -199,6 +212,9 @@ def _add_scale_verbs(sub) -> None:
         action="store_true",
         help="send this checkout's code with the job (Ray working_dir), for nodes that lack it",
     )
+    from study.slurm_flags import add_slurm_flags
+
+    add_slurm_flags(sb)
     st = sub.add_parser("status", help="studies with their runs done, running and to do")
     st.add_argument("--out", type=Path, default=Path("study_results"), help="output folder (file leases)")
     st.add_argument(
@@ -239,6 +255,17 @@ def _scale_verbs(args, names: dict[str, str]) -> int | None:
             args.no_report,
             args.ship_code,
         )
+        if args.executor == "slurm":
+            from study.slurm_flags import executor_options
+            from study.slurm_submit import submit_driver
+
+            job, log = submit_driver(args.hypothesis, args.out, opts, executor_options(args))
+            print(f"submitted: Slurm job {job} (the driver)\nfollow:    tail -f {log}")
+            return 0
+        if not args.address:
+            raise StudyError(
+                "submit: --address is required with --executor ray (the dashboard, http://HEAD:8265)"
+            )
         job_id = submit(args.hypothesis, args.address, args.out, opts)
         print(f"submitted: {job_id}\nfollow:    ray job logs --follow {job_id} --address {args.address}")
         return 0
@@ -248,6 +275,11 @@ def _scale_verbs(args, names: dict[str, str]) -> int | None:
         print(format_status(args.leases or args.out / "leases", names["--leases"]))
         if args.address:
             print(ray_jobs(args.address))
+        from runners.slurm import job_table
+
+        slurm = job_table(args.out / "slurm")  # runs submitted with --executor slurm into this --out
+        if slurm:
+            print(slurm)
         return 0
     return None
 
@@ -433,7 +465,16 @@ def _run_options(args: argparse.Namespace, argv: list[str] | None, names: dict[s
     workers = _workers(args.workers)
     if args.cpus_per_run <= 0 or args.gpus_per_run < 0:
         raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
-    placement = Placement(args.executor, args.address, args.cpus_per_run, args.gpus_per_run, args.leases)
+    from study.slurm_flags import executor_options
+
+    placement = Placement(
+        args.executor,
+        args.address,
+        args.cpus_per_run,
+        args.gpus_per_run,
+        args.leases,
+        tuple(executor_options(args).items()),
+    )
     return RunOptions(
         workers=workers,
         track=not args.no_mlflow,
@@ -458,6 +499,7 @@ def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
     from analysis.verdicts import format_verdicts
     from study import api
     from study.cluster import check_database
+    from study.slurm_flags import executor_options
 
     if names["--leases"] != "--leases":  # from STUDY_LEASES: its one line names the variable
         check_database(names["--leases"], args.leases)
@@ -481,6 +523,7 @@ def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
         cpus_per_run=args.cpus_per_run,
         gpus_per_run=args.gpus_per_run,
         leases=args.leases,
+        executor_options=executor_options(args),
         log=print,
         command=redact(_command(argv, args, names)),  # recorded in MLflow, verdicts.json and the report
     )

@@ -224,6 +224,7 @@ def check_reachable(
     job's driver also checks that it runs the submitter's code (:func:`check_code_digest`). ``names``:
     what the lines call the lease store and the storage (a variable they came from, :func:`url_option`)."""
     check_code_digest()
+    _check_executor(placement)
     if placement.executor == "ray" and placement.address != "auto":
         host, _, port = placement.address.split("://", 1)[-1].rstrip("/").rpartition(":")
         try:
@@ -235,6 +236,21 @@ def check_reachable(
             ) from None
     for name, url in zip(names, (placement.leases, storage), strict=True):
         check_database(name, url)
+
+
+def _check_executor(placement) -> None:
+    """The executor's own check (``ExecutorKind.check``: Slurm asks its controller, ``sbatch --test-only``)."""
+    from runners.executors import EXECUTORS, ExecutorOptions
+
+    kind = EXECUTORS.get(placement.executor)
+    if kind.check is not None:
+        opts = ExecutorOptions(
+            address=placement.address,
+            cpus_per_run=placement.cpus_per_run,
+            gpus_per_run=placement.gpus_per_run,
+            options=dict(placement.options),
+        )
+        kind.check(opts)
 
 
 def check_database(name: str, url: str | None) -> None:

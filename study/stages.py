@@ -72,6 +72,7 @@ class Placement:
         cpus_per_run, gpus_per_run: what each Ray task requests.
         leases: the lease store (``runners.leases``): a database URL shared by every worker, or a folder;
             None: the folder ``<out>/leases``.
+        options: the executor's own options as (name, value) pairs (Slurm: ``--slurm-*``).
     """
 
     executor: str = "local"
@@ -79,6 +80,7 @@ class Placement:
     cpus_per_run: float = 1
     gpus_per_run: float = 0
     leases: str | None = None
+    options: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         from runners.executors import EXECUTORS
@@ -311,6 +313,8 @@ def execute(
         address=place.address,
         cpus_per_run=place.cpus_per_run,
         gpus_per_run=place.gpus_per_run,
+        out=Path(runs_dir).resolve().parent,
+        options=dict(place.options),
     )
     # absolute paths: a Ray worker runs in its own folder, and reaches the shared output folder by them
     runs_dir, data_dir = Path(runs_dir).resolve(), Path(data_dir).resolve()

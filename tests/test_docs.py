@@ -268,7 +268,7 @@ RULES: list[Rule] = [
         ),
     ),
     Rule(
-        r'^pip install -e "\.\[(?:ray|dashboard)\]"$',
+        r'^pip install -e "\.\[(?:ray|dashboard|slurm)\]"$',
         Mapped(("tests/test_docs.py::test_extras_named_in_the_docs_exist",)),
     ),
     # ---- run at test size by other tests
@@ -303,6 +303,10 @@ RULES: list[Rule] = [
         ),
     ),
     Rule(r"^python -m study run FILE --executor ray ", Mapped((CLUSTER,))),
+    Rule(
+        r"^python -m study (run hypotheses/u_shape\.yaml|sweep FILE) --executor slurm ",
+        Mapped(("tests/test_slurm.py::test_a_study_on_slurm_gives_the_local_executor_s_tables_bit_for_bit",)),
+    ),
     Rule(
         r"^python -m study validate FILE$",
         Mapped(("tests/test_schema.py::test_malformed_file_one_line_exit_2",)),
@@ -360,7 +364,7 @@ RULES: list[Rule] = [
         Bench(("tests/test_gpu_check.py::test_cpu_smoke_runs_every_step_and_writes_json_and_table",)),
     ),
     Rule(
-        r"^(?:nice )?PYTHONPATH=\. python bench/(calibration|extract|train|data|scale|faults|executor|probe_coverage|step_profile)\.py",
+        r"^(?:nice )?PYTHONPATH=\. python bench/(calibration|extract|train|data|scale|faults|executor|probe_coverage|step_profile|slurm_overhead)\.py",
         Bench(),
     ),
     # ---- other tools' set-up commands

@@ -14,6 +14,7 @@ from runners.executors import (
     RayExecutor,
     make_executor,
 )
+from runners.slurm import SlurmExecutor, check_cluster, from_options, parse_time
 from study.stages import Placement
 from vitstudy.testing import parametrize_with_checks
 from vitstudy.testing.runs import square_or_fail
@@ -26,18 +27,29 @@ def test_shipped_executor_contract(name, check):
     check(name)
 
 
-@pytest.fixture(
-    params=[(n, w) for n in EXECUTORS.names() if EXECUTORS[n].needs_cluster for w in (1, 2)],
-    ids=lambda p: f"{p[0]}-{p[1]}",
-)
-def executor(request):
+def _params():
+    """(name, workers) per registered executor that needs a cluster; one other than Ray (whose loopback
+    cluster the default suite starts anyway) is slow: starting its cluster costs more than the budget."""
+    for name in EXECUTORS.names():
+        if not EXECUTORS.get(name).needs_cluster:
+            continue  # a local executor: the shipped check above runs it
+        marks = [pytest.mark.slow] if name != "ray" else []
+        for w in (1, 2):
+            yield pytest.param((name, w), id=f"{name}-{w}", marks=marks)
+
+
+@pytest.fixture(params=list(_params()))
+def executor(request, tmp_path, monkeypatch):
     """Every registered executor that needs a cluster, built through its registry entry with 1 and with 2
-    workers, on the cluster of the fixture ``<name>_address`` (Ray: a real loopback cluster,
-    tests/clusters.py: a head and a worker node; it skips without Ray)."""
+    workers. It gets its cluster from the fixture ``<name>_address``
+    (Ray: a real loopback cluster, tests/clusters.py: a head and a worker node; Slurm: a single-node
+    cluster, tests/slurm_cluster.py; each skips without its binaries) and keeps its logs in ``tmp_path``."""
     name, workers = request.param
     kind = EXECUTORS.get(name)
     address = request.getfixturevalue(f"{name}_address") if kind.needs_cluster else "auto"
-    return kind.make(ExecutorOptions(workers=workers, n_jobs=5, cuda=False, address=address, cpus_per_run=1))
+    monkeypatch.chdir(tmp_path)  # a cluster executor's job logs, without an --out
+    opts = ExecutorOptions(workers=workers, n_jobs=5, cuda=False, address=address, cpus_per_run=1)
+    return kind.make(opts)
 
 
 def test_executor_contract(executor):
@@ -64,6 +76,48 @@ def test_make_executor_choices():
     assert isinstance(make_executor(2, 5, cuda=False), ProcessExecutor)
     ray_ex = make_executor(1, 5, cuda=False, kind="ray", address="127.0.0.1:1", gpus_per_run=1)
     assert isinstance(ray_ex, RayExecutor) and (ray_ex.num_gpus, ray_ex.max_retries) == (1, 3)
+    slurm = make_executor(
+        1, 5, False, "slurm", gpus_per_run=2, out="/o", options={"partition": "p", "qos": "hi"}
+    )
+    assert isinstance(slurm, SlurmExecutor) and str(slurm.folder) == "/o/slurm"
+    assert slurm.parameters() == {
+        "job_name": slurm.job_name,
+        "time": 24 * 60,
+        "cpus_per_task": 1,
+        "array_parallelism": 256,
+        "additional_parameters": {"qos": "hi"},
+        "partition": "p",
+        "gpus_per_task": 2,
+    }
+
+
+@pytest.mark.parametrize(
+    "value, minutes", [("90", 90), ("90:30", 91), ("1:30:00", 90), ("2-00:00:00", 2880), ("0:00:01", 1)]
+)
+def test_slurm_time_is_read_as_sbatch_reads_it(value, minutes):
+    assert parse_time(value) == minutes
+
+
+@pytest.mark.parametrize(
+    "cpus, gpus, options, expected",
+    [
+        (1, 0, {"time": "soon"}, "--slurm-time: expected minutes or"),
+        (1, 0, {"time": "0"}, "--slurm-time: expected at least 1 minute"),
+        (1, 0.5, {}, "Slurm allocates whole CPUs and GPUs, got 1 / 0.5"),
+        (1, 0, {"array_parallelism": "0"}, "--slurm-array-parallelism: expected a positive integer"),
+    ],
+)
+def test_bad_slurm_options_are_one_line(cpus, gpus, options, expected):
+    with pytest.raises(StudyError, match=expected):
+        from_options("/o", cpus, gpus, options)
+
+
+def test_slurm_without_sbatch_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no Slurm client here
+    with pytest.raises(
+        StudyError, match="sbatch not found on this host; run the study from a Slurm login node"
+    ):
+        check_cluster(from_options(tmp_path, 1, 0, {}))
 
 
 def die_once(marker: str) -> int:
