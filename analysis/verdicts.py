@@ -203,12 +203,8 @@ def _seeds_probe_rule(claim: Any, o: Outcome, verdict: str, reason: str) -> tupl
     if verdict != ACCEPTED or not joint:
         return verdict, reason
     lo, hi = joint["interval"]
-    margin = getattr(claim, "margin", None)
-    ok = (
-        (-margin < lo and hi < margin)
-        if claim.kind == "equivalence" and margin
-        else excludes_zero((lo, hi), o.effect)
-    )
+    margin = get_kind(claim.kind).holds_within(claim)
+    ok = (-margin < lo and hi < margin) if margin else excludes_zero((lo, hi), o.effect)
     if ok:
         return verdict, f"{reason}; the seed x probe 95% interval ({fmt_num(lo, 3)}, {fmt_num(hi, 3)}) agrees"
     return INCONCLUSIVE, (

@@ -77,7 +77,7 @@ class Hypothesis(Strict):
         """``uncertainty: seeds+probe`` needs probe blocks and a covariance metric; matching needs spectra."""
         from analysis.probe import resamplable
 
-        log = self.design.source is not None and self.design.source.kind == "table"
+        log = not self.design.run_source.measures_spectra  # a metric log: no spectra, no probe
         for i, claim in enumerate(self.claims):
             match = claim.match_tokens if claim.match_tokens is not None else self.match_tokens
             if match and log:

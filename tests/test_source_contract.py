@@ -19,14 +19,14 @@ import pandas as pd
 import pytest
 
 from analysis.table import COLUMNS
-from runners.sources import DEFAULT_SOURCE, SOURCES, ImportedSettings
+from runners.sources import DEFAULT_SOURCE, SOURCES
 from study.runspecs import plan_runs
 from study.schema import parse_hypothesis
 from study.schema_unions import SOURCE_TAGS
+from vitstudy.testing import parametrize_with_checks
 from vitstudy_core.errors import StudyError
 from vitstudy_core.layers import layer_names
 from vitstudy_core.runfolder import RunFolder, parse_spectrum_key
-from vitstudy_core.settings import Strict
 
 DESIGN = {
     "datasets": [{"name": "objects", "n_train": 32, "n_test": 16, "image_size": 8}],
@@ -125,35 +125,15 @@ FIXTURES: dict[str, Callable[[Path, Path], dict]] = {
 }
 
 
-def test_every_source_has_a_fixture():
-    assert set(FIXTURES) == set(SOURCES)
-
-
 @pytest.mark.parametrize("name", list(SOURCES))
-def test_registered_under_its_kind_with_its_settings(name):
-    entry = SOURCES.get(name)
-    assert entry.name == name and SOURCES.names().count(name) == 1
-    if entry.settings is None:
-        assert name == DEFAULT_SOURCE  # only the source of a design without a ``source`` section has none
-        return
-    assert issubclass(entry.settings, ImportedSettings) and issubclass(entry.settings, Strict)
-    assert entry.settings.model_fields["kind"].annotation.__args__ == (name,)
-    assert entry.example["source"]["kind"] == name
-    assert all(isinstance(f, str) for f in entry.tag_fields)
+def test_every_source_has_a_fixture(name):
+    assert name in FIXTURES, f"source {name!r}: add the fixture that fills its example to FIXTURES"
 
 
-@pytest.mark.parametrize("name", list(SOURCES))
-def test_example_validates_through_the_schema(name):
-    entry = SOURCES.get(name)
-    hyp = parse_hypothesis(_doc(**copy.deepcopy(entry.example)), "contract.yaml")
-    assert hyp.design.run_source is entry
-    if entry.settings is None:
-        assert hyp.design.source is None
-    else:
-        assert type(hyp.design.source) is entry.settings
-    given = entry.example.get("checkpoints")
-    expected = sorted(set(given)) if given else entry.default_epochs(DESIGN["training"]["epochs"])
-    assert hyp.design.checkpoint_epochs == expected
+@parametrize_with_checks("sources")
+def test_source_contract(name, check):
+    """The shipped checks (vitstudy.testing.runs): the entry and its example validated through the schema."""
+    check(name)
 
 
 @pytest.mark.parametrize("name", list(SOURCES))
