@@ -31,9 +31,9 @@ them) and exit on their own when the calling process is gone (a ``kill -9`` of i
 
 from __future__ import annotations
 
-import heapq
 import multiprocessing as mp
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -43,57 +43,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
+from runners.executor_base import Executor, Requeue, _SentBack
 from vitstudy_core.registry import Registry
 
 THREADS_FILE_ENV = "STUDY_THREADS_FILE"  # per job: the file holding its current torch thread budget
-
-
-Requeue = Callable[[int, object, int], "float | None"]  # (job index, result, times sent back) -> delay
-
-
-class Executor(Protocol):
-    def map_jobs(
-        self, fn: Callable, jobs: Sequence[tuple], requeue: Requeue | None = None
-    ) -> Iterator[tuple[int, object, BaseException | None]]:
-        """Call ``fn(*job)`` for every job; yield (job index, result or None, exception or None).
-
-        ``requeue(index, result, times)``, called here as a job returns: a number of seconds sends the job
-        again after that delay instead of yielding it (a run leased live elsewhere), holding no worker
-        meanwhile; None yields it. An executor without it is driven by :func:`map_requeued`.
-        """
-        ...
-
-
-class _SentBack:
-    """The jobs ``requeue`` sent back, each due again after its delay (a heap by due time)."""
-
-    def __init__(self, requeue: Requeue | None):
-        self.requeue, self.heap, self.times = requeue, [], {}
-
-    def __len__(self) -> int:
-        return len(self.heap)
-
-    def back(self, i: int, result: object) -> bool:
-        """True when job ``i``'s ``result`` sends it back (it is then due after requeue's delay)."""
-        delay = None if self.requeue is None else self.requeue(i, result, self.times.get(i, 0))
-        if delay is None:
-            return False
-        self.times[i] = self.times.get(i, 0) + 1
-        heapq.heappush(self.heap, (time.monotonic() + delay, i))
-        return True
-
-    def due(self) -> list[int]:
-        """The jobs due now, taken off the heap."""
-        now, out = time.monotonic(), []
-        while self.heap and self.heap[0][0] <= now:
-            out.append(heapq.heappop(self.heap)[1])
-        return out
-
-    def timeout(self) -> float | None:
-        """Seconds until the next job is due (None: none sent back)."""
-        return max(0.0, self.heap[0][0] - time.monotonic()) if self.heap else None
 
 
 def map_requeued(
@@ -319,6 +273,31 @@ def _ray_call(fn: Callable, *job) -> object:
     return fn(*job)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # the colour codes of Ray's task tracebacks
+
+
+def ray_job_error(exc: BaseException) -> BaseException:
+    """What a Ray task's failure is for the study. A ``RayTaskError``: the job's own exception (its own
+    type and one-line message, as the local executors report it; an ``OutNotShared`` names its host),
+    without Ray's traceback and its colour codes. One of Ray's own errors (a worker lost beyond its
+    retries), or a job's error Ray could not rebuild here: a ``RuntimeError`` of one line naming the node.
+    Anything else is returned as it is."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, Exception) and not _from_ray(cause):
+        return cause
+    if not _from_ray(exc):
+        return exc
+    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
+    # a task's traceback ends with its exception's line; Ray's own errors say what happened first
+    why = (lines[-1] if hasattr(exc, "traceback_str") else lines[0]) if lines else ""
+    node = f" on node {exc.ip}" if getattr(exc, "ip", None) else ""
+    return RuntimeError(f"a Ray task{node} failed: {type(exc).__name__}" + (f": {why}" if why else ""))
+
+
+def _from_ray(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] == "ray"
+
+
 class RayExecutor:
     """Runs each job as a Ray task on a running cluster (``ray`` is imported only here).
 
@@ -365,10 +344,10 @@ class RayExecutor:
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayTaskError as exc:  # the job's own exception, as its own type
-                    yield i, None, exc.as_instanceof_cause()
+                    yield i, None, ray_job_error(exc)
                     continue
                 except Exception as exc:  # noqa: BLE001 - a worker lost beyond its retries: reported per job
-                    yield i, None, exc
+                    yield i, None, ray_job_error(exc)
                     continue
                 if not back.back(i, result):
                     yield i, result, None
@@ -462,7 +441,7 @@ def _slurm_check(opts: ExecutorOptions) -> None:
     check_cluster(_slurm(opts))  # type: ignore[arg-type]
 
 
-EXECUTORS: Registry[ExecutorKind] = Registry("executor")
+EXECUTORS: Registry[ExecutorKind] = Registry("executor", group="vitstudy.executors")
 
 
 def _local_check(opts: ExecutorOptions) -> None:

@@ -227,7 +227,7 @@ class SlurmExecutor:
         return ex
 
     def map_jobs(self, fn, jobs, requeue=None):
-        from runners.executors import _SentBack
+        from runners.executor_base import _SentBack
 
         if not jobs:
             return

@@ -34,16 +34,17 @@ HypothesisLike = str | os.PathLike | Mapping[str, Any] | Hypothesis
 Log = Callable[[str], None]
 
 
-def _hypothesis(hypothesis: HypothesisLike) -> tuple[Hypothesis, Path | None, str]:
-    """(the validated hypothesis, its file or None, the name errors give for it)."""
+def _hypothesis(hypothesis: HypothesisLike, trains: bool = True) -> tuple[Hypothesis, Path | None, str]:
+    """(the validated hypothesis, its file or None, the name errors give for it). ``trains=False``: for a
+    saved table, without ``design.max_runs`` (a bound on training)."""
     from study.schema import load_hypothesis, parse_hypothesis
 
     if isinstance(hypothesis, Hypothesis):
         return hypothesis, None, f"<hypothesis {hypothesis.name}>"
     if isinstance(hypothesis, Mapping):
-        return parse_hypothesis(dict(hypothesis), "<hypothesis>"), None, "<hypothesis>"
+        return parse_hypothesis(dict(hypothesis), "<hypothesis>", trains), None, "<hypothesis>"
     if isinstance(hypothesis, str | os.PathLike):
-        return load_hypothesis(hypothesis), Path(hypothesis), str(hypothesis)
+        return load_hypothesis(hypothesis, trains), Path(hypothesis), str(hypothesis)
     raise StudyError(
         f"expected a hypothesis file's path, a mapping or a Hypothesis, got {type(hypothesis).__name__}"
     )
@@ -370,7 +371,12 @@ def _study_folder(path: Path, name: str | None) -> Path:
             "expected a study folder with verdicts.json, or an output folder holding one (run the study first)",
             str(path),
         )
-    raise StudyError(f"expected name= one of the finished studies and sweeps {sorted(found)}", str(path))
+    names = sorted(found)
+    raise StudyError(
+        f"{len(names)} finished studies and sweeps here {names}: pick one with "
+        f"study.load({str(path)!r}, name={names[0]!r})",
+        str(path),
+    )
 
 
 def load(path: str | Path = "study_results", name: str | None = None) -> StudyResult:
@@ -400,7 +406,7 @@ def _claims(claims_or_hypothesis: Any) -> tuple[Any, str]:
     if isinstance(given, list):
         dicts = [dict(c) if isinstance(c, Mapping) else c.model_dump(mode="json") for c in given]
         return SimpleNamespace(claims=parse_claims(dicts, "<claims>")), "<claims>"
-    hyp, _, file = _hypothesis(given)
+    hyp, _, file = _hypothesis(given, trains=False)  # analyze trains nothing: max_runs does not apply
     return hyp, file
 
 

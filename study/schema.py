@@ -77,7 +77,7 @@ class Hypothesis(Strict):
         """``uncertainty: seeds+probe`` needs probe blocks and a covariance metric; matching needs spectra."""
         from analysis.probe import resamplable
 
-        log = self.design.source is not None and self.design.source.kind == "table"
+        log = not self.design.run_source.measures_spectra  # a metric log: no spectra, no probe
         for i, claim in enumerate(self.claims):
             match = claim.match_tokens if claim.match_tokens is not None else self.match_tokens
             if match and log:
@@ -201,6 +201,7 @@ class Hypothesis(Strict):
                     raise _FieldError(where, f"unknown layer {value!r}; expected one of {self.design.layers}")
                 if what == "epoch" and value != "last" and epochs and value not in epochs:
                     raise _FieldError(where, f"expected a checkpoint epoch {epochs} or 'last', got {value}")
+        self._check_units()
         self._check_conditions_named()
         self._check_adjust_for()
         return self
@@ -222,10 +223,34 @@ class Hypothesis(Strict):
                         f"objective {objective.kind} does not record {name!r} (its runs record {have})",
                     )
 
-    def _check_conditions_named(self) -> None:
-        """Every condition a claim names is one of the design's (``ClaimBase.conditions_named``)."""
-        names = self.design.condition_names()
+    def _check_units(self) -> None:
+        """Each claim's unit fits the design (``analysis.units.unit_problem``)."""
+        from analysis.probe import resamplable
+        from analysis.units import model_names, unit_problem
+
+        source = self.design.source.model_dump() if self.design.source is not None else None
+        models = model_names(source)
         for i, claim in enumerate(self.claims):
+            problem = unit_problem(
+                claim,
+                len(models) if source and source["kind"] == "pretrained" else None,
+                len(self.design.seeds),
+                self.design.probe.blocks,
+                resamplable(claim.metric),
+                self.design.probe.size,
+            )
+            if problem:
+                raise _FieldError(f"claims[{i}].unit", problem)
+
+    def _check_conditions_named(self) -> None:
+        """Every condition a claim names is one of the design's (``ClaimBase.conditions_named``); with a
+        pretrained source a ``unit: images`` claim names models as its conditions."""
+        from analysis.units import model_names
+
+        own = self.design.condition_names()
+        models = model_names(self.design.source.model_dump() if self.design.source is not None else None)
+        for i, claim in enumerate(self.claims):
+            names = models if models and claim.unit == "images" else own
             for fld, name in claim.conditions_named():
                 if name not in names:
                     has = f"it has {names}" if names else "it has no conditions"
@@ -234,12 +259,15 @@ class Hypothesis(Strict):
                     )
 
 
-def parse_hypothesis(data: object, file: str = "<hypothesis>") -> Hypothesis:
-    """Validate already-parsed YAML data; raise StudyError naming file, field and expectation."""
+def parse_hypothesis(data: object, file: str = "<hypothesis>", trains: bool = True) -> Hypothesis:
+    """Validate already-parsed YAML data; raise StudyError naming file, field and expectation.
+
+    ``trains=False`` (``analyze`` on a saved table): ``design.max_runs``, a bound on training, is not
+    applied."""
     if not isinstance(data, dict):
         raise StudyError(f"expected a mapping at the top level, got {type(data).__name__}", file)
     try:
-        return Hypothesis.model_validate(data)
+        return Hypothesis.model_validate(data, context={"trains": trains})
     except ValidationError as exc:
         raise _study_error(exc, file) from None
 
@@ -265,7 +293,7 @@ def parse_claims(data: object, file: str = "<claims>") -> list:
         raise StudyError(err.message, file, f"claims{err.field}" if err.field else "claims") from None
 
 
-def load_hypothesis(path: str | Path) -> Hypothesis:
+def load_hypothesis(path: str | Path, trains: bool = True) -> Hypothesis:
     """Read and validate a hypothesis YAML file.
 
     The loader is safe (no tag executes code or constructs an object) and strict: a duplicate key, nesting
@@ -274,4 +302,4 @@ def load_hypothesis(path: str | Path) -> Hypothesis:
     path = Path(path)
     if not path.is_file():
         raise StudyError("file not found (expected a hypothesis YAML file)", str(path))
-    return parse_hypothesis(_read_yaml(path), str(path))
+    return parse_hypothesis(_read_yaml(path), str(path), trains)

@@ -223,6 +223,7 @@ E2E = (
     "tests/test_end_to_end.py::test_rerun_reuses_and_analyze_agrees",
 )
 CLUSTER = "tests/test_executors.py::test_executor_contract"  # the Ray executor on a loopback cluster
+PLUGIN = "tests/test_third_party_plugin.py::"
 RULES: list[Rule] = [
     # ---- run here
     Rule(r"^python -m study validate hypotheses/[\w/]+\.yaml$", Run()),
@@ -233,13 +234,37 @@ RULES: list[Rule] = [
     Rule(r"^python -m study plan hypotheses/u_shape\.yaml --pilot pilot/table\.parquet$", Run(_pilot)),
     Rule(r"^python -m study metrics SPECTRUM\.npy$", Run(_spectrum)),
     Rule(r"^python -m study plugins$", Run()),
+    # docs/plugins.md's example package, built and installed in a fresh venv by one slow test module
+    Rule(
+        r"^pip wheel --no-deps --no-build-isolation -w dist \.$",
+        Mapped((PLUGIN + "test_plugins_names_the_distribution",)),
+    ),
+    Rule(
+        r"^pip install dist/vitstudy_example-0\.1\.0-",
+        Mapped((PLUGIN + "test_plugins_names_the_distribution",)),
+    ),
+    Rule(
+        r"^python -m pytest tests/$",
+        Mapped((PLUGIN + "test_the_shipped_contract_suite_runs_on_the_plugins_parts",)),
+    ),
+    Rule(
+        r"^python -m study run example\.yaml --out out$",
+        Mapped((PLUGIN + "test_a_study_using_the_three_parts_validates_and_runs",)),
+    ),
     Rule(r"^PYTHONPATH=\. python bench/analyze\.py$", Run(cwd_repo=True)),
     # ---- the suite itself and installs
     Rule(
         r'^pip install -e "\.\[test\]"$',
-        Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command",)),
+        Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command_in_a_venv_then_the_slow_tests",)),
     ),
-    Rule(r"^python -m pytest$", Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command",))),
+    Rule(
+        r"^python -m pytest -m slow$",
+        Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command_in_a_venv_then_the_slow_tests",)),
+    ),
+    Rule(
+        r"^python -m pytest$",
+        Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command_in_a_venv_then_the_slow_tests",)),
+    ),
     Rule(
         r"^pip install -e \.$",
         Mapped(
@@ -371,6 +396,13 @@ RULES: list[Rule] = [
         External("PostgreSQL's own tools; tests/clusters.py starts a throwaway server with initdb instead"),
     ),
     Rule(
+        r"^python -c \"import timm; \[timm\.create_model\(n, pretrained=True\) for n in ",
+        External(
+            "timm fetching published weights into the Hugging Face cache (the network); "
+            "tests/test_pretrained.py builds that cache from tiny models and runs the study offline"
+        ),
+    ),
+    Rule(
         r"^mlflow server ",
         External(
             "an MLflow tracking server; the scale-out tests log to PostgreSQL directly (not measured, see bench)"
@@ -471,7 +503,7 @@ def _verbs() -> dict[str, list[str]]:
     """Every verb of ``python -m study`` and its option strings, from the CLI's own parser."""
     import argparse
 
-    from study.cli import _parser
+    from study.cli_parser import _parser
 
     sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     return {verb: [o for a in p._actions for o in a.option_strings] for verb, p in sub.choices.items()}
@@ -555,10 +587,16 @@ def test_mapped_tests_exist_and_run_by_default():
     )
 
 
-def test_ci_runs_the_readme_test_command():
-    """The README's second command is what CI runs (.ci/run's last line)."""
-    ci = REPO.joinpath(".ci", "run").read_text().strip().split("\n")
-    assert ci[-1] == 'pip install -e ".[test]" && python -m pytest'
+def test_ci_runs_the_readme_test_command_in_a_venv_then_the_slow_tests():
+    """The README's second command is what CI runs, as a line of its own, in a venv it makes and enters
+    first; the slow tests run after it."""
+    readme = REPO.joinpath("README.md").read_text().split("\n")
+    command = [ln.strip() for ln in readme[:8] if ln.startswith("    ")][1]
+    assert command == 'pip install -e ".[test]" && python -m pytest'
+    ci = [ln.strip() for ln in REPO.joinpath(".ci", "run").read_text().split("\n")]
+    at = ci.index(command)
+    assert ci.index('python -m venv "$venv"') < ci.index('. "$venv/bin/activate"') < at
+    assert "python -m pytest -m slow" in ci[at + 1 :] and "pip install" not in " ".join(ci[at + 1 :])
 
 
 def test_extras_named_in_the_docs_exist():
