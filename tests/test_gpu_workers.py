@@ -117,3 +117,33 @@ def test_bad_gpu_flags_are_one_line_exit_2_before_anything_is_written(
     err = capsys.readouterr().err.strip()
     assert line in err and len(err.splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.slow  # two tiny studies of 3 runs each (81 s on 2 cores shared with other jobs)
+def test_a_study_on_two_fake_gpus_gives_the_cpu_executor_s_table_bit_for_bit(
+    monkeypatch, tiny_yaml, tmp_path
+):
+    """Through ``study.api.run``: the same run keys and the same table whether two pinned GPU workers (fake
+    devices: on the CPU their runs train on the CPU, one thread each) or the CPU's own workers trained
+    them; the per-GPU lines follow the runs."""
+    import pandas as pd
+
+    from study import api
+
+    monkeypatch.setattr(gpu_workers, "visible_gpus", lambda: ["0", "1"])
+    lines: list[str] = []
+    kw = {"track": False, "report": False, "progress": False}
+    pinned = api.run(tiny_yaml, tmp_path / "gpus", executor_options={"gpus": "0,1"}, log=lines.append, **kw)
+    plain = api.run(tiny_yaml, tmp_path / "cpu", log=lambda line: None, **kw)
+    per_gpu = [ln for ln in lines if ln.startswith("GPU ")]
+    assert [ln.split(":")[0] for ln in per_gpu] == [
+        "GPU 0 (CUDA_VISIBLE_DEVICES=0)",
+        "GPU 1 (CUDA_VISIBLE_DEVICES=1)",
+    ]
+    assert sum(int(ln.split(": ")[1].split(" runs")[0]) for ln in per_gpu) == 3  # the tiny study's 3 runs
+    assert sorted(p.name for p in (tmp_path / "gpus" / "runs").iterdir()) == sorted(
+        p.name for p in (tmp_path / "cpu" / "runs").iterdir()
+    )
+    a = pd.read_parquet(pinned.folder / "table.parquet")
+    b = pd.read_parquet(plain.folder / "table.parquet")
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
