@@ -18,6 +18,8 @@ from vitstudy_core.locks import file_lock, run_lock_path
 from vitstudy_core.runfolder import RESULT, RunFolder
 
 if TYPE_CHECKING:
+    from mlflow.entities import Run
+
     from study.tracking import TrackerProtocol
 
 Log = Callable[[str], None]
@@ -37,7 +39,7 @@ class Triage:
     """
 
     finished: list[str] = field(default_factory=list)
-    stored: dict[str, object] = field(default_factory=dict)
+    stored: dict[str, Run] = field(default_factory=dict)
     todo: list[RunSpec] = field(default_factory=list)
     damaged: dict[str, str] = field(default_factory=dict)
 
@@ -103,7 +105,7 @@ def check_inputs(specs: list[RunSpec], runs_dir: Path, force: bool = False) -> N
 
 
 def triage(
-    specs: list[RunSpec], runs_dir: Path, stored: dict[str, object] | None = None, force: bool = False
+    specs: list[RunSpec], runs_dir: Path, stored: dict[str, Run] | None = None, force: bool = False
 ) -> Triage:
     """Stage 2: which runs are finished here, finished in the tracking store, or to do. Touches nothing.
 
@@ -123,7 +125,7 @@ def triage(
             out.damaged[spec.key] = why
         if not force and why is None and folder.is_finished():
             out.finished.append(spec.key)
-        elif not force and spec.key in (stored or {}):
+        elif not force and stored is not None and spec.key in stored:
             out.stored[spec.key] = stored[spec.key]
         else:
             out.todo.append(spec)
