@@ -21,12 +21,22 @@ Only runs of the measured configuration get an estimate: the ViT-S/16 model (tim
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from study.runspecs import RunSpec
+
+
+class _Measured(TypedDict):
+    device: str
+    source: str
+    images_per_s: dict[str, float]
+    batch_size: int
+
 
 # Measured once on one NVIDIA H200 (torch 2.11.0+cu130, 2026-11-30) by `bench/gpu_check.py --steps
 # throughput`: a training step of ViT-S/16 at 224 px, batch 128, bf16 autocast, torch.compile, through the
 # project's own trainers (bench/README.md, "GPU check, measured once").
-MEASURED = {
+MEASURED: _Measured = {
     "device": "one H200",
     "source": "measured 2026-11-30 by bench/gpu_check.py: ViT-S/16, 224 px, batch 128, bf16, compiled",
     "images_per_s": {"supervised": 4514.0, "dino_paper": 868.0},
@@ -48,9 +58,9 @@ def train_images(dataset: dict) -> int | None:
         n_test = min(UCMERCED_PER_CLASS - 1, max(1, round(dataset.get("test_fraction", 0.2) * 100)))
         known: int | None = UCMERCED_CLASSES * (UCMERCED_PER_CLASS - n_test)
     elif kind == "imagefolder":
-        known = TRAIN_IMAGES.get(name)
+        known = TRAIN_IMAGES.get(name) if isinstance(name, str) else None
     else:
-        known = TRAIN_IMAGES.get(kind)
+        known = TRAIN_IMAGES.get(kind) if isinstance(kind, str) else None
     n_train = dataset.get("n_train")
     if n_train:
         return min(n_train, known) if known else n_train
