@@ -433,7 +433,9 @@ def analyze(claims_or_hypothesis: Any, table: pd.DataFrame | str | Path) -> Verd
 
     hyp, file = _claims(claims_or_hypothesis)
     if isinstance(table, pd.DataFrame):
-        frame, post_hoc, status, note = check_table(table), set(), {}, None
+        frame, note = check_table(table), None
+        post_hoc: set[str] = set()
+        status: dict[str, dict] = {}
     else:
         frame = load_table(table)
         post_hoc, status, note = registration.for_table(Path(table), hyp)

@@ -22,8 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+from analysis.sequential import Spending
 from analysis.verdicts import INCONCLUSIVE, ClaimResult, decide_sequential, families, format_verdicts
 from study import evaluation, outputs, registration, run_tables, run_triage, stages
 from study.preflight import check_hypothesis
@@ -55,7 +57,7 @@ class SequentialPlan:
 
     max_seeds: int
     batch: int = 2  # a look per two new seeds: seeds train in parallel, and each look costs a little power
-    spending: str = "obf"  # O'Brien-Fleming type: almost no alpha early, near-full power at the maximum
+    spending: Spending = "obf"  # O'Brien-Fleming type: almost no alpha early, near-full power at the maximum
 
     def as_dict(self) -> dict:
         return {"max_seeds": self.max_seeds, "batch": self.batch, "spending": self.spending}
@@ -73,7 +75,8 @@ def seed_schedule(seeds: list[int], plan: SequentialPlan | None) -> list[list[in
             None,
             "--max-seeds",
         )
-    extra, n = [], min(seeds)
+    extra: list[int] = []
+    n = min(seeds)
     while len(seeds) + len(extra) < plan.max_seeds:
         if n not in seeds:
             extra.append(n)
@@ -171,6 +174,7 @@ def _run_looks(
         )
         if stop or k == len(schedule) - 1:
             break
+    assert plan is not None  # without a plan the loop returns at its first look
     summary = {
         **plan.as_dict(),
         "looks": [
@@ -188,7 +192,7 @@ def _family_spent(hyp: Hypothesis, seeds_at: list[int], plan: SequentialPlan) ->
     from analysis.sequential import alpha_spent
 
     alpha = next((c.alpha for c in hyp.claims if c.confirmatory), hyp.claims[0].alpha)
-    return list(alpha_spent([n / plan.max_seeds for n in seeds_at], alpha, plan.spending))
+    return list(alpha_spent(np.asarray([n / plan.max_seeds for n in seeds_at]), alpha, plan.spending))
 
 
 def run_study(

@@ -63,7 +63,7 @@ class ProbeSpec(Strict):
 class Design(Strict):
     datasets: list[DatasetSpec] = Field(min_length=1)
     model: ModelSpec = ModelSpec()
-    objective: ObjectiveSpec = OBJECTIVES[DEFAULT_OBJECTIVE]()
+    objective: ObjectiveSpec = OBJECTIVES[DEFAULT_OBJECTIVE].model_validate({})  # its defaults
     training: TrainingSpec = TrainingSpec()
     seeds: list[int] = Field(min_length=1)
     checkpoints: list[int] | None = None  # epochs at which spectra are measured; default: last epoch

@@ -90,10 +90,10 @@ class RunSource(Protocol):
             ``fingerprint`` and ``format`` (as JSON when not a string).
     """
 
-    name: str
-    settings: type[ImportedSettings] | None
-    example: dict
-    tag_fields: tuple[str, ...]
+    name: ClassVar[str]
+    settings: ClassVar[type[ImportedSettings] | None]
+    example: ClassVar[dict]
+    tag_fields: ClassVar[tuple[str, ...]]
 
     def accepts_dataset(self, kind: str) -> bool:
         """Whether a design dataset of this kind can be a run of this source."""
