@@ -18,9 +18,8 @@ from vitstudy_core.locks import file_lock, run_lock_path
 from vitstudy_core.runfolder import RESULT, RunFolder
 
 if TYPE_CHECKING:
-    from mlflow.entities import Run
-
     from study.tracking import TrackerProtocol
+    from study.tracking_reuse import StoredRun
 
 Log = Callable[[str], None]
 
@@ -39,7 +38,7 @@ class Triage:
     """
 
     finished: list[str] = field(default_factory=list)
-    stored: dict[str, Run] = field(default_factory=dict)
+    stored: dict[str, StoredRun] = field(default_factory=dict)
     todo: list[RunSpec] = field(default_factory=list)
     damaged: dict[str, str] = field(default_factory=dict)
 
@@ -105,7 +104,7 @@ def check_inputs(specs: list[RunSpec], runs_dir: Path, force: bool = False) -> N
 
 
 def triage(
-    specs: list[RunSpec], runs_dir: Path, stored: dict[str, Run] | None = None, force: bool = False
+    specs: list[RunSpec], runs_dir: Path, stored: dict[str, StoredRun] | None = None, force: bool = False
 ) -> Triage:
     """Stage 2: which runs are finished here, finished in the tracking store, or to do. Touches nothing.
 

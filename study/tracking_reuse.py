@@ -7,12 +7,20 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from vitstudy_core.errors import StudyError
 from vitstudy_core.runfolder import OPTIONAL, REQUIRED, RESULT, ROWS, SPECTRA, parse_spectrum_key
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from mlflow.entities import Run
+
+    StoredRun: TypeAlias = Run  # a finished run in the store (the modules outside tracking name it from here)
 
 # artifacts of a child run that a reuse needs (required) or carries along when present (optional)
 RUN_ARTIFACTS_REQUIRED = REQUIRED
