@@ -90,10 +90,15 @@ class RunSource(Protocol):
             ``fingerprint`` and ``format`` (as JSON when not a string).
     """
 
-    name: ClassVar[str]
-    settings: ClassVar[type[ImportedSettings] | None]
-    example: ClassVar[dict]
-    tag_fields: ClassVar[tuple[str, ...]]
+    # read-only (a source's class attributes: a subclass narrows settings to its own model)
+    @property
+    def name(self) -> str: ...
+    @property
+    def settings(self) -> type[ImportedSettings] | None: ...
+    @property
+    def example(self) -> dict: ...
+    @property
+    def tag_fields(self) -> tuple[str, ...]: ...
 
     def accepts_dataset(self, kind: str) -> bool:
         """Whether a design dataset of this kind can be a run of this source."""
