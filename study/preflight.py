@@ -116,9 +116,8 @@ def patch_size(hyp: Hypothesis) -> int | None:
         spec = TimmModel.model_validate(model)
         with torch.device("meta"):
             built = timm.create_model(spec.name, pretrained=False, **spec.timm_kwargs())
-        side: Any = (
-            built.patch_embed.patch_size
-        )  # timm's PatchEmbed: an int or (h, w); torch types it Tensor | Module
+        embed: Any = built.patch_embed  # timm's PatchEmbed (torch types a submodule Tensor | Module)
+        side = embed.patch_size  # an int or (h, w)
         return int(side[0] if isinstance(side, tuple | list) else side)
     except Exception:  # noqa: BLE001 - any failure to build falls back to the name
         found = re.search(r"patch(\d+)", model["name"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from pydantic import Field, model_validator
 
@@ -65,6 +65,9 @@ class ImportedSettings(Strict):
 
     path: str | None = Field(None, min_length=1)
     paths: dict[int, str] | None = None
+
+    if TYPE_CHECKING:
+        kind: str  # each source's model declares it as Literal["<name>"] (declared here for the type checker)
 
     @model_validator(mode="after")
     def _one_path(self):
