@@ -182,9 +182,9 @@ class TrainerSetup(Generic[S]):
     @classmethod
     def from_run(
         cls, run: Mapping[str, Any], n_classes: int, image_size: int, steps_per_epoch: int
-    ) -> TrainerSetup:
-        """Typed settings from a run spec dict (``RunSpec.model_dump()``)."""
-        return cls(
+    ) -> TrainerSetup[ObjectiveSettings]:
+        """Typed settings from a run spec dict (``RunSpec.model_dump()``): of whichever objective it names."""
+        return TrainerSetup(
             objective=objective_settings(run["objective"]),
             training=TrainingSpec.model_validate(run["training"]),
             model=TimmModel.model_validate(run["model"]),
@@ -219,7 +219,7 @@ class Trainer(Protocol):
         xtr: torch.Tensor,
         ytr: torch.Tensor,
         order: torch.Tensor,
-        tick: Callable[[int, float, int], None],
+        tick: Callable[[int, float | torch.Tensor, int], None],  # the loss as a device tensor (read lazily)
     ) -> dict: ...
 
     def evaluate(
