@@ -1,5 +1,9 @@
 """The report's figures: matplotlib, headless, each returned as PNG bytes with a record of what it drew.
 
+Figures are made through matplotlib's object API (``matplotlib.figure.Figure``, :func:`new_figure`), which
+needs no backend and leaves pyplot's state alone: importing this module never switches the backend, so a
+notebook that loads a study keeps its own (inline figures in Jupyter).
+
 Every figure function takes the tidy table and plain arguments (metric, token set, datasets, epochs,
 layers) that a claim kind chooses (``analysis.kinds``: each kind's ``figures``), and returns a
 :class:`Figure` whose ``plotted`` says which datasets, epochs and layers were actually drawn, so tests can
@@ -16,19 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure as MplFigure
+from scipy import stats
 
-matplotlib.use("Agg")  # no display; set before pyplot is imported anywhere
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from scipy import stats  # noqa: E402
-
-from analysis.observables import metric_range  # noqa: E402
-from analysis.spectral import Bounds  # noqa: E402
-from vitstudy_core.fmt import unit_of  # noqa: E402
-from vitstudy_core.knobs import KNOBS  # noqa: E402
-from vitstudy_core.runfolder import RunFolder  # noqa: E402
+from analysis.observables import metric_range
+from analysis.spectral import Bounds
+from vitstudy_core.fmt import unit_of
+from vitstudy_core.knobs import KNOBS
+from vitstudy_core.runfolder import RunFolder
 
 _DPI = 90  # enough to read axis labels; keeps a 15-layer study's report well under 1 MB
 _CI = 0.95
@@ -52,10 +53,40 @@ class Figure:
     plotted: dict = field(default_factory=dict)
 
 
+class ReportFigure(MplFigure):
+    """A matplotlib Figure holding one rendered report figure (``png``), as the Python API returns it:
+    IPython shows it as the cell's value through ``_repr_png_`` (the report's exact image), with no
+    backend or pyplot figure involved."""
+
+    def __init__(self, png: bytes, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.png = png
+
+    def _repr_png_(self) -> bytes:
+        return self.png
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, **kw: Any) -> tuple[MplFigure, Any]:
+    """A figure and its axes, as ``pyplot.subplots`` returns them, made without pyplot: a
+    ``matplotlib.figure.Figure`` needs no backend and is never registered with pyplot, so drawing a
+    report figure neither switches a notebook's backend nor leaves a figure for it to show.
+
+    Args:
+        kw: ``figsize`` (and ``dpi``) go to the figure, the rest (``sharey``, ``squeeze``, ...) to
+            ``Figure.subplots``.
+    """
+    fig_kw = {k: kw.pop(k) for k in ("figsize", "dpi") if k in kw}
+    fig = MplFigure(**fig_kw)
+    return fig, fig.subplots(nrows, ncols, **kw)
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=_DPI, bbox_inches="tight")
-    plt.close(fig)
+    if fig.canvas.manager is not None:  # a pyplot figure (optuna's draws through pyplot): released
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
     return buf.getvalue()
 
 
@@ -120,10 +151,14 @@ def profile_figure(
     datasets: list[str],
     epoch: int | str,
     regions: dict[str, list[str]] | None = None,
+    colours: dict[str, str] | None = None,
+    ylim: tuple[float, float] | None = None,
 ) -> Figure:
     """The metric by layer at one epoch: per-seed lines, and the mean with a 95% t band per dataset.
 
     ``regions``: name -> layers, shaded (declared regions of a U, the layers a summary runs over, ...).
+    ``colours``: the study's condition palette (``analysis.palette``): rows of one condition are drawn in
+    its colour and named by it. ``ylim``: the y range shared by every figure of the claim.
     """
     ep = _epoch_of(table, epoch)
     name = f"profile_{metric}"
@@ -133,7 +168,7 @@ def profile_figure(
         return Figure(name, caption, missing=f"no {metric}/{token_set} rows at epoch {ep} in the table")
     layer_order = sel.drop_duplicates("layer").sort_values("layer_index")["layer"].tolist()
     x = np.arange(len(layer_order))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(layer_order)), 3.6))
+    fig, ax = new_figure(figsize=(max(6.0, 0.45 * len(layer_order)), 3.6))
     for j, (r_name, r_layers) in enumerate((regions or {}).items()):
         idx = [layer_order.index(layer) for layer in r_layers if layer in layer_order]
         if idx:
@@ -141,26 +176,39 @@ def profile_figure(
             ax.axvspan(min(idx) - 0.4, max(idx) + 0.4, color=colour, alpha=0.12, lw=0)
             ax.text((min(idx) + max(idx)) / 2, 1.0, r_name, transform=ax.get_xaxis_transform(),
                     ha="center", va="bottom", fontsize=8, color=colour)  # fmt: skip
-    drawn = []
+    drawn, drawn_colours = [], {}
+    conds = list(dict.fromkeys(map(str, sel["condition"]))) if "condition" in sel.columns else []
+    colours = colours or {}
+    cond = conds[0] if len(conds) == 1 and conds[0] in colours else None
     for i, ds in enumerate(datasets):
         wide = sel[sel.dataset == ds].pivot_table(index="seed", columns="layer", values="value")
         wide = wide.reindex(columns=layer_order)
         if wide.empty:
             continue
         drawn.append(ds)
-        colour = f"C{i}"
+        colour = colours[cond] if cond is not None and len(datasets) == 1 else f"C{i}"
+        drawn_colours[ds] = colour
         for _, row in wide.iterrows():
             ax.plot(x, row.to_numpy(), color=colour, alpha=0.35, lw=0.8)
         mean = _band(ax, x, wide.to_numpy(), metric_range(metric), colour)
+        who = f"{cond}: {ds}" if cond is not None else ds
         ax.plot(
-            x, mean, color=colour, lw=2, marker="o", ms=3, label=f"{ds} (mean of {len(wide)} seeds, 95% t CI)"
+            x,
+            mean,
+            color=colour,
+            lw=2,
+            marker="o",
+            ms=3,
+            label=f"{who} (mean of {len(wide)} seeds, 95% t CI)",
         )
+    if ylim is not None:
+        ax.set_ylim(*ylim)
     ax.set_xticks(x, layer_order, rotation=60, ha="right", fontsize=8)
     ax.set_ylabel(metric)
     if drawn:
         ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
-    plotted = {"datasets": drawn, "epochs": [ep], "layers": layer_order}
+    plotted = {"datasets": drawn, "epochs": [ep], "layers": layer_order, "colours": drawn_colours}
     return Figure(name, caption, png=_png(fig), plotted=plotted)
 
 
@@ -171,10 +219,12 @@ def epoch_figure(
     datasets: list[str],
     epochs: list[int],
     layers: list[str],
+    ylim: tuple[float, float] | None = None,
 ) -> Figure:
     """The metric against epoch, one panel per dataset, per layer: one thin line per seed and the
     across-seed mean with its 95% t band (clipped to the metric's range), the seed being the unit the
-    trend is tested over."""
+    trend is tested over. The panels share their y axis (``ylim``: the range every figure of the claim
+    shares)."""
     name = f"epochs_{metric}"
     caption = (
         f"{metric} against epoch, per layer: seeds (thin), mean and 95% t band ({token_set} tokens, "
@@ -189,8 +239,8 @@ def epoch_figure(
     ]
     if sel.empty:
         return Figure(name, caption, missing=f"no {metric}/{token_set} rows over epochs in the table")
-    fig, axes = plt.subplots(1, len(datasets), figsize=(5.2 * len(datasets), 3.6), squeeze=False)
-    cmap = plt.get_cmap("viridis")
+    fig, axes = new_figure(1, len(datasets), figsize=(5.2 * len(datasets), 3.6), squeeze=False, sharey=True)
+    cmap = matplotlib.colormaps["viridis"]
     drawn_epochs: set[int] = set()
     drawn_layers: list[str] = []
     for ax, ds in zip(axes[0], datasets, strict=True):
@@ -214,6 +264,8 @@ def epoch_figure(
         ax.set_xlabel("epoch")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
+    if ylim is not None:
+        axes[0][0].set_ylim(*ylim)
     axes[0][-1].legend(
         fontsize=7,
         ncol=2,
@@ -237,8 +289,9 @@ def effect_figure(result, unit: str | None = None) -> Figure:
     effect, lo, hi = (float(v) for v in (result.effect, result.ci_low, result.ci_high))
     if math.isnan(effect):
         return Figure(name, caption, missing="no effect estimate (no test was possible)")
-    label = textwrap.fill(result.name, 36)  # the whole name, wrapped, never clipped
-    fig, ax = plt.subplots(figsize=(6.0, 1.0 + 0.15 * (label.count("\n") + 1)))
+    # the whole name, wrapped between words (never inside one), never clipped
+    label = textwrap.fill(result.name, 36, break_long_words=False, break_on_hyphens=False)
+    fig, ax = new_figure(figsize=(6.0, 1.0 + 0.15 * (label.count("\n") + 1)))
     colour = _VERDICT_COLOURS.get(result.verdict, "black")
     if not (math.isnan(lo) or math.isnan(hi)):
         ax.errorbar([effect], [0], xerr=[[effect - lo], [hi - effect]], fmt="o", color=colour, capsize=5)
@@ -272,7 +325,7 @@ def covariance_figures(runs_dir: Path, run_keys: list[str], labels: dict, missin
         layers = list(dict.fromkeys(layer for _, layer in parsed))
         pick = [layers[i] for i in sorted({round(j * (len(layers) - 1) / 3) for j in range(4)})]
         rows = [epochs[0], epochs[-1]] if len(epochs) > 1 else epochs
-        fig, axes = plt.subplots(
+        fig, axes = new_figure(
             len(rows), len(pick), figsize=(2.6 * len(pick), 2.5 * len(rows)), squeeze=False
         )
         for r, epoch in enumerate(rows):
@@ -381,6 +434,35 @@ def _joined_caption(joined: bool, others: list[str]) -> str:
     return f"; points only: the trials at different values also differ in {', '.join(others)}"
 
 
+def _slope(x: np.ndarray, y: np.ndarray) -> float:
+    """The OLS slope of one drawn line ``y`` (T,) over ``x`` (T,) (NaN with fewer than 2 finite points)."""
+    ok = np.isfinite(y)
+    return float(np.polyfit(x[ok], y[ok], 1)[0]) if ok.sum() >= 2 else float("nan")
+
+
+def _adjusted_fits(result, x: np.ndarray, y: np.ndarray, seeds: list) -> tuple[str, np.ndarray] | None:
+    """An adjusted claim's (``details.adjusted``: ``adjust_for``) fitted relation at equal covariate: per
+    seed the OLS fit ``y = a + b x + c z`` evaluated at the seed's mean covariate, ``a + b x + c mean(z)``
+    (slope ``b``, the per-seed coefficient the verdict tests). Returns (the covariate's name, (S', T)
+    fits of the seeds whose fit is defined), or None when the claim is not adjusted or records no
+    covariate per seed."""
+    adjusted = (result.details or {}).get("adjusted") or {}
+    covariate = {str(k): v for k, v in (adjusted.get("covariate") or {}).items()}
+    if not covariate or len(x) < 3:
+        return None
+    out = []
+    for s, row in zip(seeds, y, strict=True):
+        z = np.asarray(covariate.get(str(s), []), float)
+        if z.shape != x.shape or not (np.isfinite(z).all() and np.isfinite(row).all()):
+            continue
+        design = np.column_stack([np.ones_like(x), x, z])
+        if np.linalg.matrix_rank(design) < 3:  # the covariate is a linear function of the knob: no slope
+            continue
+        coef = np.linalg.lstsq(design, row, rcond=None)[0]
+        out.append(coef[0] + coef[1] * x + coef[2] * z.mean())
+    return (str(adjusted.get("for", "the covariate")), np.asarray(out)) if out else None
+
+
 def knob_figure(
     result,
     ylabel: str,
@@ -398,6 +480,10 @@ def knob_figure(
     the same levels of it, the curve's points are not joined (points with error bars), since a line
     would join trials that differ in the other knob. ``slope_unit``: the slope's unit (`` pp per unit
     of clutter``). Reads ``result.details["curve"] = {"knob", "x": (T,), "per_seed": {seed: (T,)}}``.
+
+    An adjusted claim (``adjust_for``, ``details["adjusted"]``) is decided by the slope at equal covariate,
+    so that relation is the trend drawn (per seed ``y = a + b x + c z`` at the seed's mean ``z``), the raw
+    fit dotted beside it; each line's legend gives the slope of the line drawn.
     """
     curve = (result.details or {}).get("curve") or {}
     knob = curve.get("knob", "knob")
@@ -414,18 +500,31 @@ def knob_figure(
     x = np.asarray(curve["x"], float)
     seeds = list(curve["per_seed"])
     y = np.asarray([curve["per_seed"][s] for s in seeds], float)  # (S, T)
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = new_figure(figsize=(6.4, 3.8))
     _seed_points(ax, x, y, bounds, joined, "C0", f"mean of {len(seeds)} seeds (95% t CI)")
     fits = np.array([np.polyval(np.polyfit(x, row, 1), x) for row in y]) if len(x) > 1 else y
-    fmean = _band(ax, x, fits, bounds, "C3", alpha=0.12)
-    ax.plot(
-        x,
-        fmean,
-        color="C3",
-        lw=1.5,
-        ls="--",
-        label=f"fitted trend, slope {result.effect:.3g}{slope_unit} ({result.verdict})",
-    )
+    adjusted = _adjusted_fits(result, x, y, seeds)
+    if adjusted is None:
+        fmean = _band(ax, x, fits, bounds, "C3", alpha=0.12)
+        label = f"fitted trend, slope {result.effect:.3g}{slope_unit} ({result.verdict})"
+        ax.plot(x, fmean, color="C3", lw=1.5, ls="--", label=label)
+    else:  # the verdict's slope is at equal covariate: draw that relation, and the raw fit for what it is
+        name, adj = adjusted
+        raw = _seed_mean(fits)
+        ax.plot(
+            x,
+            raw,
+            color="0.45",
+            lw=1.2,
+            ls=":",
+            label=f"raw fit, slope {_slope(x, raw):.3g}{slope_unit} (not adjusted)",
+        )
+        fmean = _band(ax, x, adj, bounds, "C3", alpha=0.12)
+        label = (
+            f"at equal {name} (each seed's mean), slope {_slope(x, fmean):.3g}{slope_unit} ({result.verdict})"
+        )
+        ax.plot(x, fmean, color="C3", lw=1.5, ls="--", label=label)
+        caption += f"; the trend drawn is at equal {name} (the verdict's), the raw fit dotted"
     cross = (result.details or {}).get("crossing") or {}
     if cross.get("mean_curve") is not None and np.isfinite(cross["mean_curve"]):  # null once read back
         ax.axhline(cross["level"], color="grey", lw=0.8, ls=":")
@@ -497,7 +596,7 @@ def trials_figure(
         "grouped": f"; one line per value of {', '.join(others)} (trials differing in it are not joined)",
         "points": f"; points only: the trials also differ in {', '.join(others)}, so no line joins them",
     }[mode]
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    fig, ax = new_figure(figsize=(6.4, 3.8))
     if mode == "points":  # one point per trial x seed, and per trial its seeds' mean: no line
         ax.plot(trials[knob], trials.objective, "o", color="C0", alpha=0.35, ms=3)
         x, mean = _trial_means(trials, knob, "objective")
@@ -532,7 +631,7 @@ def optuna_figures(optuna_study) -> list[Figure]:
     out = []
     for name, plot in (("contour", ovm.plot_contour), ("slice", ovm.plot_slice)):
         try:
-            with warnings.catch_warnings(), plt.rc_context():
+            with warnings.catch_warnings(), matplotlib.rc_context():
                 warnings.simplefilter("ignore")  # optuna marks its matplotlib plots experimental
                 axes = plot(optuna_study)
             ax = np.ravel(axes)[0] if isinstance(axes, np.ndarray) else axes
@@ -542,24 +641,31 @@ def optuna_figures(optuna_study) -> list[Figure]:
     return out
 
 
-def conditions_grid(table: pd.DataFrame, metric: str, token_set: str = "all") -> Figure:
+def conditions_grid(
+    table: pd.DataFrame, metric: str, token_set: str = "all", colours: dict[str, str] | None = None
+) -> Figure:
     """A design with conditions at a glance: one panel per condition (rows) x dataset (columns), the metric
     by layer at the condition's last epoch (an untrained cell's is 0): a thin line per seed, the mean with
     its 95% t band (clipped to the metric's range). Shared axes, so panels compare by eye.
 
     Args:
         table: a tidy table with a ``condition`` column.
+        colours: the study's condition palette (default: ``analysis.palette.condition_colours`` of the
+            table's conditions), each condition's panels in its colour.
     """
+    from analysis.palette import condition_colours
+
     name = f"conditions_{metric}_{token_set}"
     caption = f"{metric} by layer ({token_set} tokens) per condition (rows) and dataset (columns), last epoch"
     sel = table[(table.metric == metric) & (table.token_set == token_set)]
     if sel.empty or "condition" not in sel.columns:
         return Figure(name, caption, missing=f"no {metric}/{token_set} rows with conditions in the table")
     conditions = list(dict.fromkeys(map(str, sel["condition"])))
+    colours = colours or condition_colours(conditions)
     datasets = list(dict.fromkeys(map(str, sel["dataset"])))
     layer_order = sel.drop_duplicates("layer").sort_values("layer_index")["layer"].tolist()
     x = np.arange(len(layer_order))
-    fig, axes = plt.subplots(
+    fig, axes = new_figure(
         len(conditions), len(datasets), sharex=True, sharey=True, squeeze=False,
         figsize=(max(4.0, 0.3 * len(layer_order)) * len(datasets), 2.2 * len(conditions) + 0.6),
     )  # fmt: skip
@@ -574,10 +680,11 @@ def conditions_grid(table: pd.DataFrame, metric: str, token_set: str = "all") ->
             epochs[cond] = ep
             wide = part[part.epoch == ep].pivot_table(index="seed", columns="layer", values="value")
             wide = wide.reindex(columns=layer_order)
+            colour = colours.get(cond, "C0")
             for _, row in wide.iterrows():
-                ax.plot(x, row.to_numpy(), color="C0", alpha=0.35, lw=0.7)
-            mean = _band(ax, x, wide.to_numpy(dtype=float), metric_range(metric), "C0")
-            ax.plot(x, mean, color="C0", lw=1.8, marker="o", ms=2.5)
+                ax.plot(x, row.to_numpy(), color=colour, alpha=0.35, lw=0.7)
+            mean = _band(ax, x, wide.to_numpy(dtype=float), metric_range(metric), colour)
+            ax.plot(x, mean, color=colour, lw=1.8, marker="o", ms=2.5)
             ax.set_title(f"{cond} | {ds} (epoch {ep}, {len(wide)} seeds)", fontsize=8)
             if c == 0:
                 ax.set_ylabel(metric, fontsize=8)
@@ -585,4 +692,5 @@ def conditions_grid(table: pd.DataFrame, metric: str, token_set: str = "all") ->
         ax.set_xticks(x, layer_order, rotation=60, ha="right", fontsize=7)
     fig.tight_layout()
     plotted = {"conditions": conditions, "datasets": datasets, "layers": layer_order, "epochs": epochs}
+    plotted["colours"] = {c: colours.get(c, "C0") for c in conditions}
     return Figure(name, caption, png=_png(fig), plotted=plotted)

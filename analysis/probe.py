@@ -52,39 +52,38 @@ def resamplable(metric: str) -> bool:
 
 
 class ProbeData:
-    """The probe files of a study's runs, keyed (dataset, seed), read once on first use.
+    """The probe files of a study's runs, keyed by run key, read once on first use.
+
+    Keyed by the run, not by (dataset, seed): in a design with conditions one (dataset, seed) has a run
+    per trained condition, and each row reads the files of the run it came from (its ``run_key``; an
+    untrained cell's rows carry its twin's key, whose epoch-0 files they are).
 
     Args:
-        folders: (dataset, seed) -> the run's folder.
+        folders: run key -> the run's folder.
     """
 
-    def __init__(self, folders: dict[tuple[str, int], RunFolder]) -> None:
+    def __init__(self, folders: dict[str, RunFolder]) -> None:
         self.folders = folders
-        self._cache: dict[tuple[str, str, int], dict[str, np.ndarray]] = {}
+        self._cache: dict[tuple[str, str], dict[str, np.ndarray]] = {}
 
     @classmethod
     def of_table(cls, table: pd.DataFrame, runs_dir: Path) -> ProbeData:
         """The runs behind a tidy table (its ``run_key`` column) under ``runs_dir``."""
         if "run_key" not in table or table.empty:
             return cls({})
-        runs = table[["dataset", "seed", "run_key"]].drop_duplicates()
-        return cls(
-            {
-                (str(r.dataset), int(r.seed)): RunFolder(Path(runs_dir) / str(r.run_key))
-                for r in runs.itertuples()
-            }
-        )
+        return cls({str(k): RunFolder(Path(runs_dir) / str(k)) for k in table["run_key"].unique()})
 
-    def read(self, name: str, dataset: str, seed: int) -> dict[str, np.ndarray]:
-        key = (name, dataset, int(seed))
+    def read(self, name: str, run_key: str) -> dict[str, np.ndarray]:
+        """The file ``name`` of run ``run_key`` as arrays ({} when the run or the file is missing)."""
+        key = (name, str(run_key))
         if key not in self._cache:
-            folder = self.folders.get((dataset, int(seed)))
+            folder = self.folders.get(str(run_key))
             self._cache[key] = folder.read_npz(name) if folder is not None else {}
         return self._cache[key]
 
     def has(self, name: str) -> bool:
         """Every run holds the file ``name`` (``probe.npz`` or ``blocks.npz``)."""
-        return bool(self.folders) and all(self.read(name, d, s) for d, s in self.folders)
+        return bool(self.folders) and all(self.read(name, k) for k in self.folders)
 
 
 def _rows(df: pd.DataFrame) -> list[Any]:
@@ -111,7 +110,7 @@ def table_at(table: pd.DataFrame, probe: ProbeData, metric: str, label: str) -> 
     vals, ns, keep = [], [], []
     for r in _rows(rows):
         got = _label_value(
-            probe.read(PROBE, str(r.dataset), int(r.seed)),
+            probe.read(PROBE, str(r.run_key)),
             f"{r.epoch}/{r.layer}/{r.token_set}/{label}",
             metric,
         )
@@ -177,7 +176,7 @@ def matched_table(table: pd.DataFrame, claim: Any, probe: ProbeData, where: str)
     for i, r in enumerate(_rows(rows)):
         if int(r.n_tokens) <= target:
             continue
-        f = probe.read(PROBE, str(r.dataset), int(r.seed))
+        f = probe.read(PROBE, str(r.run_key))
         for label in (MATCHED, *LABELS):
             got = _label_value(f, f"{r.epoch}/{r.layer}/{r.token_set}/{label}", claim.metric)
             if got is not None and got[1] == target:
@@ -227,7 +226,7 @@ def _block_sums(probe: ProbeData, rows: pd.DataFrame, where: str) -> dict[str, n
     (C, K, D, D), ``w`` (C, K), in the rows' order."""
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("n", "s", "q", "u", "w")}
     for r in _rows(rows):
-        f = probe.read(BLOCKS, str(r.dataset), int(r.seed))
+        f = probe.read(BLOCKS, str(r.run_key))
         key = f"{r.epoch}/{r.layer}/{r.token_set}"
         if f"{key}/qtril" not in f:
             raise StudyError(

@@ -243,6 +243,7 @@ def findings(claim, result: ClaimResult) -> list[str]:
 def build_sections(inp: ReportInput) -> list[Section]:
     """One :class:`Section` per claim: findings, the kind's figures and the effect plot."""
     sections = []
+    colours = study_colours(inp.table)  # one colour per condition in every figure of the report
     for i, (claim, result) in enumerate(zip(inp.claims, inp.results, strict=True)):
         figures: list[Figure] = []
         if inp.table is None or inp.table.empty or claim is None:
@@ -250,7 +251,7 @@ def build_sections(inp: ReportInput) -> list[Section]:
             figures.append(Figure("profile", "claim figure", missing=why))
         else:
             try:
-                ctx = FigureContext(_rows_of(inp.table, claim), claim, result)
+                ctx = FigureContext(_rows_of(inp.table, claim), claim, result, colours)
                 figures += get_kind(result.kind).figures(ctx)
                 if getattr(claim, "controls", None):
                     figures += controls_figures(ctx)
@@ -271,6 +272,15 @@ def build_sections(inp: ReportInput) -> list[Section]:
             )
         )
     return sections
+
+
+def study_colours(table: pd.DataFrame | None) -> dict[str, str]:
+    """The study's condition palette (``analysis.palette.condition_colours`` of its table's conditions;
+    {} without conditions), decided once for every figure of its report."""
+    from analysis.palette import condition_colours
+    from analysis.table import conditions_of
+
+    return condition_colours(conditions_of(table)) if table is not None else {}
 
 
 def _rows_of(table: pd.DataFrame, claim) -> pd.DataFrame:
@@ -314,7 +324,7 @@ def header_lines(inp: ReportInput) -> list[str]:
         reg = r.registration
         if reg:
             extra = f" (its data existed from {reg['data_from']})" if reg.get("data_from") else ""
-            extra += f" ({reg['reason']})" if reg.get("reason") and not reg.get("data_from") else ""
+            extra += f" ({reg['reason']})" if reg.get("reason") else ""  # why: which runs existed before
             extra += (
                 f"; a new registration was started {reg['new_registration']}"
                 if reg.get("new_registration")
@@ -533,4 +543,5 @@ def conditions_preface(table: pd.DataFrame | None, claims: list) -> list[Figure]
     from analysis.figures import conditions_grid
 
     pairs = dict.fromkeys((c.metric, getattr(c.subset, "token_set", "all") or "all") for c in claims)
-    return [conditions_grid(table, metric, token_set) for metric, token_set in list(pairs)[:3]]
+    colours = study_colours(table)
+    return [conditions_grid(table, metric, token_set, colours) for metric, token_set in list(pairs)[:3]]

@@ -269,24 +269,72 @@ def load_spectrum(path: str | Path) -> np.ndarray:
             wrong dtype, NaN/Inf, negative values).
     """
     path = Path(path)
-    expect = "expected a .npy file holding a 1-D non-negative finite numeric vector of eigenvalues"
+    lam = _read(path, SPECTRUM_FILE)
+    if not isinstance(lam, np.ndarray):
+        raise StudyError(f"holds several arrays, not one vector ({SPECTRUM_FILE})", str(path))
+    return _checked(lam, path, "", SPECTRUM_FILE)
+
+
+SPECTRUM_FILE = "expected a .npy file holding a 1-D non-negative finite numeric vector of eigenvalues"
+SPECTRA_FILE = (
+    "expected a .npy file holding a 1-D non-negative finite numeric vector of eigenvalues, or a .npz of "
+    "such vectors (a run's spectra.npz)"
+)
+
+
+def load_spectra(path: str | Path) -> dict[str, np.ndarray]:
+    """Every spectrum in ``path``: a ``.npy`` vector (key ``""``), or each named vector of a ``.npz`` (a
+    run's ``spectra.npz``: keys ``<epoch>/<layer>/<token set>``), in the file's order; each checked as
+    :func:`load_spectrum` checks one.
+
+    Raises:
+        StudyError: one line naming the file, the array (for a ``.npz``) and what was expected.
+    """
+    path = Path(path)
+    data = _read(path, SPECTRA_FILE)
+    if isinstance(data, np.ndarray):
+        return {"": _checked(data, path, "", SPECTRA_FILE)}
+    with data:
+        names = list(data.files)
+        if not names:
+            raise StudyError(f"holds no arrays ({SPECTRA_FILE})", str(path))
+        try:
+            arrays = {name: data[name] for name in names}
+        except Exception as exc:  # noqa: BLE001 - a damaged member is a user-facing input error
+            raise StudyError(f"cannot read: {type(exc).__name__} ({SPECTRA_FILE})", str(path)) from None
+    return {name: _checked(lam, path, name, SPECTRA_FILE) for name, lam in arrays.items()}
+
+
+def spectra_metrics_json(path: str | Path) -> dict:
+    """``python -m study metrics``: :func:`metrics_json` of a ``.npy`` spectrum, or ``{name: metrics}``
+    for every spectrum of a ``.npz``."""
+    spectra = load_spectra(path)
+    if list(spectra) == [""]:
+        return metrics_json(spectra[""])
+    return {name: metrics_json(lam) for name, lam in spectra.items()}
+
+
+def _read(path: Path, expect: str) -> np.ndarray | np.lib.npyio.NpzFile:
     if not path.is_file():
         raise StudyError(f"file not found ({expect})", str(path))
     try:
-        lam = np.load(path, allow_pickle=False)
+        return np.load(path, allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - any reader failure is a user-facing input error
         raise StudyError(f"cannot read: {type(exc).__name__} ({expect})", str(path)) from None
-    if not isinstance(lam, np.ndarray):
-        raise StudyError(f"holds several arrays, not one vector ({expect})", str(path))
+
+
+def _checked(lam: np.ndarray, path: Path, name: str, expect: str) -> np.ndarray:
+    """``lam`` as float64 if it is a spectrum, else one line naming ``path`` (and the array ``name``)."""
+    where = f"{name}: " if name else ""
     if lam.dtype.kind not in "iuf":
-        raise StudyError(f"dtype {lam.dtype} is not real numeric ({expect})", str(path))
+        raise StudyError(f"{where}dtype {lam.dtype} is not real numeric ({expect})", str(path))
     if lam.ndim != 1 or lam.size == 0:
-        raise StudyError(f"shape {lam.shape} ({expect})", str(path))
+        raise StudyError(f"{where}shape {lam.shape} ({expect})", str(path))
     lam = lam.astype(np.float64)
     if not np.isfinite(lam).all():
-        raise StudyError(f"{int((~np.isfinite(lam)).sum())} NaN/Inf value(s) ({expect})", str(path))
+        raise StudyError(f"{where}{int((~np.isfinite(lam)).sum())} NaN/Inf value(s) ({expect})", str(path))
     if lam.min() < -ROUNDOFF * np.abs(lam).max():
-        raise StudyError(f"negative value {lam.min():.6g} ({expect})", str(path))
+        raise StudyError(f"{where}negative value {lam.min():.6g} ({expect})", str(path))
     return lam
 
 

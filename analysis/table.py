@@ -227,26 +227,29 @@ def seed_profile(
     epoch: int | str = "last",
     token_set: str = "all",
     where: str = "table",
+    condition: str | None = None,
 ) -> pd.DataFrame:
     """A metric by layer across seeds: one row per seed, then ``mean``, ``ci_low``, ``ci_high`` (the
     two-sided 95% t interval of the mean, ``analysis.inference.t_test``, the claims' interval) and ``n``.
 
     Args:
-        table: a tidy table (:data:`COLUMNS`).
+        table: a tidy table (:data:`COLUMNS`, and ``condition`` in a design with conditions).
         dataset: default: the table's only dataset (with several, required).
-        epoch: a checkpoint epoch, or ``last`` (the largest of this slice).
+        epoch: a checkpoint epoch, or ``last`` (the largest of this slice: 0 in an untrained cell).
         where: what errors name (a file or folder).
+        condition: the design's cell (:func:`of_condition`; required when the table holds several).
 
     Returns:
         (S + 4, L) frame: index ``seed`` (the S seeds, then the four summary rows), columns the L layers in
         depth order; NaN where a seed has no value, and the CI where fewer than 2 seeds have one.
 
     Raises:
-        StudyError: the table has no such metric, dataset, token set or epoch (the error lists what it has).
+        StudyError: the table has no such metric, dataset, token set, epoch or condition, or holds several
+            conditions and none is named (the error lists what it has).
     """
     from analysis.inference import t_test
 
-    sel = _profile_rows(table, metric, dataset, epoch, token_set, where)
+    sel = _profile_rows(of_condition(table, condition, where), metric, dataset, epoch, token_set, where)
     layers = sel.drop_duplicates("layer").sort_values("layer_index")["layer"].tolist()
     wide = sel.pivot_table(index="seed", columns="layer", values="value", aggfunc="mean").reindex(
         columns=layers
@@ -260,6 +263,43 @@ def seed_profile(
     out = pd.concat([wide.astype(float), rows])
     out.index.name, out.columns.name = "seed", "layer"
     return out
+
+
+def conditions_of(table: pd.DataFrame) -> list[str]:
+    """The table's conditions (its ``condition`` column) in the order they first appear; [] without one."""
+    if "condition" not in table.columns:
+        return []
+    return list(dict.fromkeys(map(str, table["condition"].dropna())))
+
+
+def of_condition(table: pd.DataFrame, condition: str | None, where: str = "table") -> pd.DataFrame:
+    """The rows of one condition (a design's cell); the whole table when it has at most one and none is named.
+
+    A table of several conditions holds one row per (seed, layer, ...) in each, and their runs differ (a
+    shuffled-label run is not its seed's trained run): averaging over them is never what a by-seed summary
+    means, so naming none is an error.
+
+    Raises:
+        StudyError: several conditions and ``condition`` None; a name the table lacks; a name given to a
+            table without conditions.
+    """
+    names = conditions_of(table)
+    if condition is None:
+        if len(names) > 1:
+            raise StudyError(
+                f"this study has {len(names)} conditions {names}: expected condition= one of them "
+                "(rows of different conditions come from different runs and are never averaged)",
+                where,
+                "condition",
+            )
+        return table
+    if not names:
+        raise StudyError(
+            f"expected no condition (this study's design has none), got {condition!r}", where, "condition"
+        )
+    if condition not in names:
+        raise StudyError(f"expected condition= one of {names}, got {condition!r}", where, "condition")
+    return table[table["condition"].astype(str) == condition]
 
 
 def _profile_rows(

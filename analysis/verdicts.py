@@ -21,34 +21,31 @@ Verdict rule (also in the README, "Read a verdict"):
 
 A claim registered only after some of its runs had finished (``post_hoc``, see ``study.registration``) is
 adjusted with the exploratory claims, never the confirmatory ones. With seeds added until the claims are
-decided (:func:`decide_sequential`), ACCEPTED needs the stage p below the look's nominal level of a
-group-sequential boundary (``analysis.sequential``) instead of ``alpha``.
+decided (``analysis.sequential_verdicts.decide_sequential``), ACCEPTED needs the stage p below the look's
+nominal level of a group-sequential boundary (``analysis.sequential``) instead of ``alpha``. One claim's
+outcome, probe-size checks included, is computed in ``analysis.claim_outcome``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 from statsmodels.stats.multitest import multipletests
 
+from analysis.claim_outcome import _probe_outcome
 from analysis.inference import bootstrap_ci, power_and_seeds_needed
 from analysis.kinds import get_kind
-from analysis.kinds._controls import apply_controls
-from analysis.kinds._curves import layer_location
+from analysis.kinds._curves import layer_location, no_interior_minimum
 from analysis.kinds._outcome import Outcome
-from analysis.kinds._table import NotTestable, TableView
+from analysis.kinds._table import TableView
 from analysis.power import seed_floor
-from analysis.probe import ProbeData, claim_rows, excludes_zero, matched_table, multibootstrap, sensitivity
-from vitstudy_core.errors import StudyError
+from analysis.probe import ProbeData, excludes_zero
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
-
-if TYPE_CHECKING:
-    from analysis.sequential import Spending
 
 ACCEPTED, REJECTED, INCONCLUSIVE = "ACCEPTED", "REJECTED", "INCONCLUSIVE"
 
@@ -197,95 +194,6 @@ def decide(outcome: Outcome, p_adjusted: float, alpha: float, margin: float | No
     return INCONCLUSIVE, "neither the claim nor its negation is supported"
 
 
-def _evaluate_one(view: TableView, claim: Any, where: str, excluded: dict[int, str]) -> Outcome:
-    """The claim's kind evaluates it; a metric the table lacks makes it not testable instead of an error."""
-    try:
-        out = get_kind(claim.kind).evaluate(view, claim, where=where, excluded=excluded)
-        return apply_controls(view, claim, out, where, excluded) if claim.controls else out
-    except NotTestable as exc:
-        nan, why = float("nan"), f"{exc.why}: {exc.message}"
-        return Outcome(
-            p_value=nan, effect=nan, ci=(nan, nan), seeds_excluded=excluded, warnings=[why], not_testable=why
-        )
-
-
-def _probe_outcome(
-    view: TableView,
-    claim: Any,
-    where: str,
-    excluded: dict[int, str],
-    probe: ProbeData | None,
-    study_match: bool,
-) -> Outcome:
-    """A claim's outcome, at a matched token count if it asks, with the probe's numbers in its details
-    (``analysis.probe``): the effect at N/4, N/2 and N probe images, the matched comparison behind an
-    unequal-count warning, and the seed x probe intervals of ``uncertainty: seeds+probe``."""
-    match = claim.match_tokens if claim.match_tokens is not None else study_match
-    if (match or claim.uncertainty != "seeds") and probe is None:
-        # a table alone (python -m study analyze, the preflight): tested over seeds, never ACCEPTED
-        o = _evaluate_one(view, claim, where, excluded)
-        what = "match_tokens" if match else "uncertainty: seeds+probe"
-        o.details["probe_unavailable"] = what
-        o.warnings.append(
-            f"{what} needs the runs' probe files; a table alone has none: tested over seeds only"
-        )
-        return o
-    table, matched = view.table, None
-    assert probe is not None or not match  # a table alone returned above
-    if match and probe is not None:
-        table, matched = matched_table(view.table, claim, probe, where)
-    o = _evaluate_one(TableView.of(table) if match else view, claim, where, excluded)
-    if probe is None or o.not_testable:
-        return o
-    kind = get_kind(claim.kind)
-
-    def evaluate(rows: pd.DataFrame) -> Outcome:
-        return kind.evaluate(TableView(rows), claim, where=where, excluded={})
-
-    if match:
-        plain = _evaluate_one(view, claim, where, dict(excluded))
-        o.details["matched_tokens"] = {"n_tokens": matched, "unmatched": _summary(plain)}
-        o.warnings.append(
-            f"tested at a matched token count of {matched} (seeded subsample of the larger populations); "
-            f"unmatched: {_summary_text(plain)}"
-        )
-    else:
-        o.warnings = [_with_matched(w, view.table, claim, probe, where, evaluate) for w in o.warnings]
-    # the probe sizes are the unmatched populations' (the N row is the claim's own table unmatched)
-    o.details["probe_sizes"] = sensitivity(view.table, claim, probe, evaluate)
-    if claim.uncertainty == "seeds+probe" and math.isfinite(o.effect):
-        o.details["seeds_probe"] = multibootstrap(table, claim, probe, evaluate, o.effect, o.ci, where)
-    return o
-
-
-def _summary(o: Outcome) -> dict[str, Any]:
-    return {"effect": o.effect, "ci": list(o.ci), "p": o.p_value}
-
-
-def _summary_text(o: Outcome) -> str:
-    return f"effect {fmt_num(o.effect, 3)} (95% CI {fmt_num(o.ci[0], 3)}, {fmt_num(o.ci[1], 3)}), p {fmt_p(o.p_value)}"
-
-
-def _with_matched(
-    warning: str,
-    table: pd.DataFrame,
-    claim: Any,
-    probe: ProbeData,
-    where: str,
-    evaluate: Callable[[pd.DataFrame], Outcome],
-) -> str:
-    """An unequal-token-count warning with what the comparison at a matched count gives, where the runs
-    allow it (else the warning says why not)."""
-    if "different token counts" not in warning:
-        return warning
-    try:
-        matched, n = matched_table(table, claim, probe, where)
-        o = evaluate(claim_rows(matched, claim))
-    except StudyError as exc:
-        return f"{warning}; no matched comparison: {exc.message}"
-    return f"{warning}; at a matched count of {n} tokens: {_summary_text(o)} (match_tokens: true tests it)"
-
-
 def _seeds_probe_rule(claim: Any, o: Outcome, verdict: str, reason: str) -> tuple[str, str]:
     """``uncertainty: seeds+probe``: ACCEPTED also needs the seed x probe interval on the claimed side of 0
     (for an equivalence: inside +-margin); otherwise INCONCLUSIVE. REJECTED is the seeds rule's."""
@@ -319,6 +227,21 @@ def families(hyp: Claims, post_hoc: set[str] | None = None) -> dict[str, list[in
         confirmatory = c.confirmatory and c.name not in (post_hoc or set())
         out.setdefault("confirmatory" if confirmatory else f"exploratory/{c.adjust}", []).append(i)
     return out
+
+
+def first_step_levels(hyp: Claims, post_hoc: set[str] | None = None) -> dict[int, float]:
+    """Each claim's level at the first step of its family's multiplicity rule (:func:`families`):
+    ``alpha / m`` in a family of m claims (Holm, and BH's first step), ``alpha`` in an ``exploratory/none``
+    family. The one place a claim's alpha is divided: seed planning and the sequential summary read it.
+
+    Returns:
+        claim index -> level.
+    """
+    level: dict[int, float] = {}
+    for fam, idx in families(hyp, post_hoc).items():
+        m = 1 if fam.endswith("/none") else len(idx)
+        level.update({i: hyp.claims[i].alpha / m for i in idx})
+    return level
 
 
 def evaluate_claims(
@@ -430,80 +353,6 @@ def _result(claim: Any, o: Outcome, p_adjusted: float, adjustment: str) -> Claim
     )
 
 
-def decide_sequential(
-    hyp: Claims,
-    looks: list[list[ClaimResult]],
-    seeds_at: list[int],
-    max_seeds: int,
-    spending: Spending = "obf",
-    post_hoc: set[str] | None = None,
-) -> list[ClaimResult]:
-    """Verdicts of a study that added seeds between looks (group-sequential, ``analysis.sequential``).
-
-    Each family (:func:`families`) is tested with group-sequential Holm (``none``: each claim at its own
-    alpha; ``bh``: Holm, which also bounds the false discovery rate) over the looks' one-sided stage
-    p-values, with boundaries from ``spending`` at information fractions ``seeds_at / max_seeds``, as
-    t-calibrated nominal levels at each look's planned seeds (``analysis.sequential.nominal_levels``). A claim
-    is ACCEPTED at the first look whose stage p crosses its boundary; REJECTED at the first look where the
-    fixed-sample rule rejects it (its CI excludes the claimed effect, or equivalence within its margin:
-    stopping for this only lowers the chance of accepting, so the type-I error stays bounded); whichever
-    comes first decides it. Otherwise it is INCONCLUSIVE at the last look.
-
-    Args:
-        looks: per look, the fixed-sample results of every claim (:func:`evaluate_claims`).
-        seeds_at: (K,) planned seeds at each look; ``max_seeds``: the planned maximum.
-
-    Returns:
-        One result per claim: the result at the look that decided it (else the last), its verdict and
-        reason from the sequential rule, and ``sequential`` filled in.
-    """
-    from analysis.sequential import alpha_spent, nominal_levels, sequential_holm_levels
-
-    fractions = [n / max_seeds for n in seeds_at]
-    p = np.array([[look[i].p_value for look in looks] for i in range(len(hyp.claims))], dtype=np.float64)
-    crossed: dict[int, tuple[int | None, float]] = {}  # (look crossed or None, the level last tested at)
-    for fam, idx in families(hyp, post_hoc).items():
-        alphas = [hyp.claims[i].alpha for i in idx]
-        weighted = not fam.endswith("/none")
-        got = sequential_holm_levels(p[idx], alphas, fractions, spending, weighted, seeds_at)
-        crossed.update(zip(idx, got, strict=True))
-    out = []
-    for i, _claim in enumerate(hyp.claims):
-        rejected = next((k for k, look in enumerate(looks) if look[i].verdict == REJECTED), None)
-        accepted, level = crossed[i]  # level: the claim's Holm share, the one its looks were tested at
-        noms = nominal_levels(fractions, level, spending, seeds_at)  # t-calibrated (analysis.sequential)
-        if accepted is not None and (rejected is None or accepted <= rejected):
-            k, verdict = accepted, ACCEPTED
-            reason = (
-                f"stage p {fmt_p(p[i, k])} < {noms[k]:.3g}, the nominal level of look {k + 1} "
-                f"({seeds_at[k]} seeds; {spending} spending of alpha {level:.3g})"
-            )
-        elif rejected is not None:
-            k, verdict, reason = rejected, REJECTED, f"{looks[rejected][i].reason} (look {rejected + 1})"
-        else:
-            k, verdict = len(looks) - 1, INCONCLUSIVE
-            reason = (
-                f"no look's stage p crossed its group-sequential boundary ({len(looks)} looks; "
-                f"{spending} spending of alpha {level:.3g})"
-            )
-        r = ClaimResult.from_dict(looks[k][i].to_dict())
-        r.verdict, r.reason = verdict, reason
-        r.adjustment = f"{r.adjustment}, group-sequential ({spending})"
-        spent = alpha_spent(np.asarray(fractions), level, spending)
-        r.sequential = {
-            "spending": spending,
-            "max_seeds": max_seeds,
-            "level": level,
-            "decided_at_look": k + 1 if verdict != INCONCLUSIVE else None,
-            "looks": [
-                {"look": j + 1, "seeds": n, "fraction": f, "p": p[i, j], "nominal": nm, "alpha_spent": s}
-                for j, (n, f, nm, s) in enumerate(zip(seeds_at, fractions, noms, spent, strict=True))
-            ],
-        }
-        out.append(r)
-    return out
-
-
 def format_verdicts(results: list[ClaimResult]) -> str:
     """A plain-text verdict table (one line per claim) followed by warnings and exclusions."""
     rows = [("claim", "verdict", "effect (95% CI)", "p (Holm)", "seeds")]
@@ -525,8 +374,10 @@ def format_verdicts(results: list[ClaimResult]) -> str:
         if loc and depth and r.n_seeds >= 2:
             # in layer names, the CI clipped to the layers observed: never an index no layer has
             observed = {str(p["layer"]): int(p["layer_index"]) for p in r.details.get("profile") or []}
+            none = no_interior_minimum(loc)
+            at = none or f"bottleneck at {layer_location(loc['mean_layer_index'], loc['ci'], observed)}"
             lines.append(
-                f"  - {r.name}: bottleneck at {layer_location(loc['mean_layer_index'], loc['ci'], observed)}, "
+                f"  - {r.name}: {at}, "
                 f"depth {fmt_num(depth['mean'], 2)} ({fmt_num(depth['ci'][0], 2)}, {fmt_num(depth['ci'][1], 2)})"
             )
         if r.verdict == INCONCLUSIVE and r.n_seeds >= 2 and math.isnan(r.power):

@@ -52,7 +52,8 @@ import timm
 import torch
 
 from analysis.spectral import METRICS, compute_metrics
-from runners.extract import SpectralObserver, eigenvalues, observation_points
+from runners.extract import SpectralObserver, observation_points
+from runners.token_moments import eigenvalues
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

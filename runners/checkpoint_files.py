@@ -160,24 +160,24 @@ def load_checkpoint(path: Path, mmap: bool = False) -> object:
             "model's state_dict() with torch.save, or as .safetensors)",
             str(path),
         )
-    try:
-        with torch.serialization.safe_globals(list(SAFE_GLOBALS)), warnings.catch_warnings():
-            # the file is refused above or loaded as weights: torch's hint to call torch.jit.load is no news
-            warnings.filterwarnings(
-                "ignore", message=".*looks like a TorchScript archive", category=UserWarning
-            )
+    with torch.serialization.safe_globals(list(SAFE_GLOBALS)), warnings.catch_warnings():
+        # The file is loaded as weights or refused in one line: torch's own hints on the way (call
+        # torch.jit.load; "Detected pickle protocol 4 in the checkpoint" for a legacy file, which the
+        # weights-only unpickler then refuses) are library chatter above that line, not news to the user.
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch(\.|$)")
+        try:
             try:
                 return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
             except RuntimeError:
                 if not mmap:
                     raise
                 return torch.load(path, map_location="cpu", weights_only=True)  # a pre-zip (legacy) file
-    except Exception as exc:  # noqa: BLE001 - any loader failure is a user-facing input error
-        raise StudyError(
-            f"cannot load a state dict ({_load_failure(path, exc)}); .pt/.pth must hold tensors and plain "
-            "containers only (re-save the state dict alone, or as .safetensors)",
-            str(path),
-        ) from None
+        except Exception as exc:  # noqa: BLE001 - any loader failure is a user-facing input error
+            raise StudyError(
+                f"cannot load a state dict ({_load_failure(path, exc)}); .pt/.pth must hold tensors and "
+                "plain containers only (re-save the state dict alone, or as .safetensors)",
+                str(path),
+            ) from None
 
 
 def _is_torchscript(path: Path) -> bool:

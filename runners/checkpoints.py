@@ -152,8 +152,9 @@ def import_checkpoints(
         The ``result.json`` content (``failed`` on a non-finite activation).
     """
     from runners.datasets import load_split
-    from runners.extract import extract_spectra, save_measurements, snapshot_epochs
+    from runners.extract import extract_spectra
     from runners.inputs import to_tensor
+    from runners.measurement_files import save_measurements, snapshot_epochs
     from runners.train import environment, pick_device
 
     run_dir = Path(run_dir)

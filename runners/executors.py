@@ -1,4 +1,4 @@
-"""Executors run training jobs; one small interface, local and Ray implementations, registered by name.
+"""Executors run training jobs; one small interface, local, Ray and Slurm implementations, registered by name.
 
     executor = EXECUTORS.get("local").make(ExecutorOptions(workers="auto", n_jobs=12, cuda=False))
     for index, result, error in executor.map_jobs(fn, jobs): ...
@@ -10,7 +10,8 @@ adding an executor is one class and one ``EXECUTORS.register(NAME, ExecutorKind(
 An executor takes a picklable job function and a list of job argument tuples and yields
 ``(index, result, error)`` as jobs finish. ``InlineExecutor`` runs in this process (tests, GPU);
 ``ProcessExecutor`` runs jobs in spawned worker processes (on 2 CPU cores, two 1-thread processes nearly
-double throughput on small images).
+double throughput on small images); ``RayExecutor`` runs them as Ray tasks, and ``runners.slurm``'s
+``SlurmExecutor`` as tasks of Slurm job arrays.
 
 A run's torch thread count is fixed by the host and ``--workers`` alone (:func:`run_threads`: the cores
 divided by the workers asked for; ``auto`` is one worker per core, so one thread), never by how many
@@ -29,71 +30,23 @@ them) and exit on their own when the calling process is gone (a ``kill -9`` of i
 
 from __future__ import annotations
 
-import heapq
 import multiprocessing as mp
 import os
+import re
 import signal
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
+from runners.executor_base import Executor, Requeue, _SentBack
 from vitstudy_core.registry import Registry
 
 THREADS_FILE_ENV = "STUDY_THREADS_FILE"  # per job: the file holding its current torch thread budget
-
-
-Requeue = Callable[[int, object, int], "float | None"]  # (job index, result, times sent back) -> delay
-
-
-class Executor(Protocol):
-    def map_jobs(
-        self, fn: Callable, jobs: Sequence[tuple], requeue: Requeue | None = None
-    ) -> Iterator[tuple[int, object, BaseException | None]]:
-        """Call ``fn(*job)`` for every job; yield (job index, result or None, exception or None).
-
-        ``requeue(index, result, times)``, called here as a job returns: a number of seconds sends the job
-        again after that delay instead of yielding it (a run leased live elsewhere), holding no worker
-        meanwhile; None yields it. An executor without it is driven by :func:`map_requeued`.
-        """
-        ...
-
-
-class _SentBack:
-    """The jobs ``requeue`` sent back, each due again after its delay (a heap by due time)."""
-
-    def __init__(self, requeue: Requeue | None):
-        self.requeue = requeue
-        self.heap: list[tuple[float, int]] = []
-        self.times: dict[int, int] = {}
-
-    def __len__(self) -> int:
-        return len(self.heap)
-
-    def back(self, i: int, result: object) -> bool:
-        """True when job ``i``'s ``result`` sends it back (it is then due after requeue's delay)."""
-        delay = None if self.requeue is None else self.requeue(i, result, self.times.get(i, 0))
-        if delay is None:
-            return False
-        self.times[i] = self.times.get(i, 0) + 1
-        heapq.heappush(self.heap, (time.monotonic() + delay, i))
-        return True
-
-    def due(self) -> list[int]:
-        """The jobs due now, taken off the heap."""
-        now, out = time.monotonic(), []
-        while self.heap and self.heap[0][0] <= now:
-            out.append(heapq.heappop(self.heap)[1])
-        return out
-
-    def timeout(self) -> float | None:
-        """Seconds until the next job is due (None: none sent back)."""
-        return max(0.0, self.heap[0][0] - time.monotonic()) if self.heap else None
 
 
 def map_requeued(
@@ -319,6 +272,31 @@ def _ray_call(fn: Callable, *job) -> object:
     return fn(*job)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # the colour codes of Ray's task tracebacks
+
+
+def ray_job_error(exc: BaseException) -> BaseException:
+    """What a Ray task's failure is for the study. A ``RayTaskError``: the job's own exception (its own
+    type and one-line message, as the local executors report it; an ``OutNotShared`` names its host),
+    without Ray's traceback and its colour codes. One of Ray's own errors (a worker lost beyond its
+    retries), or a job's error Ray could not rebuild here: a ``RuntimeError`` of one line naming the node.
+    Anything else is returned as it is."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, Exception) and not _from_ray(cause):
+        return cause
+    if not _from_ray(exc):
+        return exc
+    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
+    # a task's traceback ends with its exception's line; Ray's own errors say what happened first
+    why = (lines[-1] if hasattr(exc, "traceback_str") else lines[0]) if lines else ""
+    node = f" on node {exc.ip}" if getattr(exc, "ip", None) else ""
+    return RuntimeError(f"a Ray task{node} failed: {type(exc).__name__}" + (f": {why}" if why else ""))
+
+
+def _from_ray(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] == "ray"
+
+
 class RayExecutor:
     """Runs each job as a Ray task on a running cluster (``ray`` is imported only here).
 
@@ -365,10 +343,10 @@ class RayExecutor:
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayTaskError as exc:  # the job's own exception, as its own type
-                    yield i, None, exc.as_instanceof_cause()
+                    yield i, None, ray_job_error(exc)
                     continue
                 except Exception as exc:  # noqa: BLE001 - a worker lost beyond its retries: reported per job
-                    yield i, None, exc
+                    yield i, None, ray_job_error(exc)
                     continue
                 if not back.back(i, result):
                     yield i, result, None
@@ -389,6 +367,10 @@ class ExecutorOptions:
         cuda: whether this host trains on a GPU.
         address: a cluster's address (``auto``: the one this host belongs to).
         cpus_per_run, gpus_per_run: what each job asks a cluster for.
+        out: the study's output folder (a cluster executor keeps its job logs under it; empty: the
+            working folder).
+        options: an executor's own options (Slurm: ``partition``, ``time``, ``sbatch`` options), from
+            ``--slurm-*`` flags.
     """
 
     workers: int | str = "auto"
@@ -397,6 +379,8 @@ class ExecutorOptions:
     address: str = "auto"
     cpus_per_run: float = 1
     gpus_per_run: float = 0
+    out: str = ""
+    options: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -408,11 +392,14 @@ class ExecutorKind:
         needs_cluster: it runs jobs on a cluster at ``options.address`` (the shared contract test gets
             one from the pytest fixture ``<name>_address``).
         summary: one line for ``--help``.
+        check: called before anything is written (``study.cluster.check_reachable``): a one-line
+            ``StudyError`` when the executor cannot run what is asked (its cluster is down or refuses).
     """
 
     make: Callable[[ExecutorOptions], Executor]
     needs_cluster: bool = False
     summary: str = ""
+    check: Callable[[ExecutorOptions], None] | None = None
 
 
 def _local(opts: ExecutorOptions) -> Executor:
@@ -433,9 +420,27 @@ def _ray(opts: ExecutorOptions) -> Executor:
     return RayExecutor(opts.address, num_cpus=opts.cpus_per_run, num_gpus=opts.gpus_per_run)
 
 
+def _slurm(opts: ExecutorOptions) -> Executor:
+    from runners.slurm import from_options
+
+    return from_options(Path(opts.out or ".") / "slurm", opts.cpus_per_run, opts.gpus_per_run, opts.options)
+
+
+def _slurm_check(opts: ExecutorOptions) -> None:
+    from runners.slurm import check_cluster
+
+    check_cluster(_slurm(opts))  # type: ignore[arg-type]
+
+
 EXECUTORS: Registry[ExecutorKind] = Registry("executor")
 EXECUTORS.register("local", ExecutorKind(_local, summary="processes on this host"))
 EXECUTORS.register("ray", ExecutorKind(_ray, needs_cluster=True, summary="tasks on a Ray cluster"))
+EXECUTORS.register(
+    "slurm",
+    ExecutorKind(
+        _slurm, needs_cluster=True, summary="tasks of Slurm job arrays (submitit)", check=_slurm_check
+    ),
+)
 
 
 def make_executor(
@@ -446,12 +451,17 @@ def make_executor(
     address: str = "auto",
     cpus_per_run: float = 1,
     gpus_per_run: float = 0,
+    out: str | Path = "",
+    options: Mapping[str, str] | None = None,
 ) -> Executor:
     """The executor registered as ``kind`` (:data:`EXECUTORS`), built from these options.
 
     ``kind='ray'``: a :class:`RayExecutor` on ``address`` (each run asks for ``cpus_per_run`` CPUs and
-    ``gpus_per_run`` GPUs). ``'local'``: ``workers='auto'`` is one in-process worker on a GPU; on CPU one
+    ``gpus_per_run`` GPUs). ``'slurm'``: a ``runners.slurm.SlurmExecutor`` logging under ``<out>/slurm``
+    (``options``: its ``--slurm-*`` flags). ``'local'``: ``workers='auto'`` is one in-process worker on a GPU; on CPU one
     process per core, 1 thread each. An unknown ``kind`` is a one-line ``StudyError`` naming the known ones.
     """
-    opts = ExecutorOptions(workers, n_jobs, cuda, address, cpus_per_run, gpus_per_run)
+    opts = ExecutorOptions(
+        workers, n_jobs, cuda, address, cpus_per_run, gpus_per_run, str(out), dict(options or {})
+    )
     return EXECUTORS.get(kind).make(opts)

@@ -29,159 +29,24 @@ Besides eigenvalues, each (point, token set) gets every observable registered in
 covariance, those computed on the sample (``cosine_anisotropy``, ``twonn_id``) from a fixed, seeded
 subsample of at most ``subsample`` tokens (the same token positions at every point, drawn with
 ``subsample_seed``, so identical across checkpoints and runs that share the probe set).
+
+The streamed sums are in ``runners.token_moments``; what a checkpoint writes into the run folder is in
+``runners.measurement_files``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from analysis.observables import OBSERVABLES, compute_observables
-from analysis.spectral import TOKEN_METRICS
+from analysis.observables import compute_observables
+from runners.token_moments import _Moments, _spectrum, _summary, _Workspace, token_metrics
 from vitstudy_core.errors import RunFailedError
-from vitstudy_core.runfolder import BLOCKS, PROBE, RunFolder
 
 SUBSAMPLE = 1024  # tokens per (point, token set) for cosine anisotropy / TwoNN: O(m^2) distances stay cheap
 SUBSAMPLE_SEED = 0  # fixed: every checkpoint and run that shares a probe set sees the same token positions
-
-
-def gram_blocks(d: int, device: torch.device) -> list[tuple[int, int]]:
-    """Row-block edges ``(a, b)`` of the lower block triangle that ``_Moments`` accumulates.
-
-    The Gram ``Y^T Y`` is symmetric, so only block row ``[a, b)`` times columns ``[0, b)`` is formed: with
-    ``k`` blocks that is ``(k + 1) / 2k`` of a full GEMM. On CPU ``k = min(8, D // 48)`` blocks (at least
-    48 columns each; narrower blocks made MKL's float64 GEMM slower, measured at D = 384); on a GPU a
-    single full GEMM (``k = 1``) is already fast and one kernel launch is cheaper than eight.
-    """
-    k = 1 if device.type == "cuda" else max(1, min(8, d // 48))
-    edges = [round(d * i / k) for i in range(k + 1)]
-    return list(zip(edges[:-1], edges[1:], strict=True))
-
-
-class _Workspace:
-    """One reusable float64 buffer for the shifted activations, grown to the largest batch seen.
-
-    Every point of a forward pass converts its activations into the same memory in turn (a ``(tokens, D)``
-    view of its front), instead of allocating a fresh float64 copy per point and batch: a fresh 13 MiB
-    tensor costs its page faults every time (measured 7 ms against 0.8 ms for the conversion into a
-    reused buffer, D = 384, 4,352 tokens).
-    """
-
-    def __init__(self) -> None:
-        self._buf: torch.Tensor | None = None
-
-    def get(self, rows: int, d: int, device: torch.device) -> torch.Tensor:
-        need = rows * d
-        if self._buf is None or self._buf.numel() < need or self._buf.device != device:
-            self._buf = torch.empty(need, dtype=torch.float64, device=device)
-        return self._buf[:need].view(rows, d)
-
-
-@dataclass
-class _Moments:
-    """Streaming shifted float64 moments ``n``, ``s = sum (x - shift)``, ``q = sum (x - shift)(x - shift)^T``.
-
-    ``q`` is stored as its lower block triangle: ``rows[i]`` is block row ``[a, b)`` of ``gram_blocks``
-    over columns ``[0, b)`` (56% of ``D^2`` at D = 384); ``full_q`` mirrors it into the whole matrix.
-    Everything runs in torch on the activations' device (one thread pool on CPU: mixing in a second BLAS
-    pool, e.g. scipy's ``dsyrk``, made both pools spin against each other on a loaded 2-core machine, and
-    scipy's ``dsyrk`` alone measured 11.9 ms against 10 ms for the block triangle, D = 384).
-    """
-
-    shift: torch.Tensor  # (D,) float64
-    n: int = 0
-    s: torch.Tensor | None = None  # (D,) float64
-    rows: list[torch.Tensor] | None = None  # block rows of the lower triangle of q, float64
-    blocks: list[tuple[int, int]] | None = None
-    # fourth-order sums for the bias-corrected participation ratio (analysis.spectral.TOKEN_METRICS):
-    # u = sum y |y|^2 (D,) and w = sum |y|^4 (scalar); O(n D) per batch against the Gram's O(n D^2)
-    u: torch.Tensor | None = None
-    w: torch.Tensor | None = None
-
-    def add(self, x: torch.Tensor, work: _Workspace | None = None) -> None:
-        """x: (n_tokens, D) in any float dtype; ``work``: a shared buffer (else a fresh one)."""
-        n_rows, d = x.shape
-        if self.rows is None:
-            self.blocks = gram_blocks(d, x.device)
-            self.s = torch.zeros(d, dtype=torch.float64, device=x.device)
-            self.rows = [torch.zeros(b - a, b, dtype=torch.float64, device=x.device) for a, b in self.blocks]
-            self.u = torch.zeros(d, dtype=torch.float64, device=x.device)
-            self.w = torch.zeros((), dtype=torch.float64, device=x.device)
-        y = (work or _Workspace()).get(n_rows, d, x.device)
-        torch.sub(x, self.shift, out=y)  # float64: one pass, no float32 rounding of the shifted values
-        self.s += y.sum(0)
-        sq = torch.linalg.vector_norm(y, dim=1).square_()
-        self.u.addmv_(y.T, sq)
-        self.w += sq.square().sum()
-        for (a, b), row in zip(self.blocks, self.rows, strict=True):
-            row.addmm_(y[:, a:b].T, y[:, :b])  # in place, no temporary
-        self.n += n_rows
-
-    def full_q(self) -> torch.Tensor:
-        """The whole symmetric ``(D, D)`` ``q``: the lower block triangle mirrored above it."""
-        d = self.s.shape[0]
-        q = torch.zeros(d, d, dtype=torch.float64, device=self.s.device)
-        for (a, b), row in zip(self.blocks, self.rows, strict=True):
-            q[a:b, :b] = row
-            q[:a, a:b] = row[:, :a].T
-        return q
-
-    def minus(self, other: _Moments) -> _Moments:
-        """Moments of the tokens in ``self`` but not in ``other`` (same shift): exact in float64."""
-        if other.rows is None:  # nothing added to ``other`` yet
-            return self.copy()
-        rows = [r - o for r, o in zip(self.rows, other.rows, strict=True)]
-        u, w = self.u - other.u, self.w - other.w
-        return _Moments(self.shift, self.n - other.n, self.s - other.s, rows, self.blocks, u, w)
-
-    @classmethod
-    def of_sample(cls, x: np.ndarray) -> _Moments:
-        """The sums of a gathered ``(m, D)`` float64 sample (shift: its first row), on the CPU."""
-        t = torch.from_numpy(np.ascontiguousarray(x))
-        mom = cls(shift=t[0].clone())
-        mom.add(t)
-        return mom
-
-    def copy(self) -> _Moments:
-        """An independent copy (a snapshot of the running sums at an image boundary)."""
-        if self.rows is None:
-            return _Moments(self.shift)
-        rows = [r.clone() for r in self.rows]
-        return _Moments(self.shift, self.n, self.s.clone(), rows, self.blocks, self.u.clone(), self.w.clone())
-
-    def sums(self) -> dict[str, np.ndarray]:
-        """The raw shifted sums as float64 numpy: ``n`` (), ``s`` (D,), ``q`` (D, D), ``u`` (D,), ``w`` ()."""
-        return {
-            "n": np.asarray(self.n, dtype=np.float64),
-            "s": self.s.cpu().numpy(),
-            "q": self.full_q().cpu().numpy(),
-            "u": self.u.cpu().numpy(),
-            "w": np.asarray(self.w.item(), dtype=np.float64),
-        }
-
-    def covariance(self) -> np.ndarray:
-        """(D, D) float64 numpy: ``(Q - s s^T / n) / (n - 1)``, symmetrised."""
-        cov = (self.full_q() - torch.outer(self.s, self.s) / self.n) / (self.n - 1)
-        cov = 0.5 * (cov + cov.T)
-        return cov.cpu().numpy()
-
-    def roundoff(self) -> float:
-        """Absolute round-off level of ``covariance()`` entries: ``(D + n) eps64 max_i Q_ii / (n - 1)``.
-
-        ``Q - s s^T / n`` cancels terms of size ``Q_ii``, each a sum of ``n`` products (worst-case relative
-        summation error ~ ``n eps64``); eigenvalues below this level are noise, e.g. of a token set whose
-        tokens are all identical, such as the class token before the first block (measured: with
-        ``D eps64`` alone, 5,900 identical class tokens at mean 60 left a spurious eigenvalue).
-        """
-        d = self.s.shape[0]
-        eps = np.finfo(np.float64).eps
-        q_max = max(
-            row[:, a:b].diagonal().max().item() for (a, b), row in zip(self.blocks, self.rows, strict=True)
-        )
-        return float((d + self.n) * eps * q_max / max(self.n - 1, 1))
 
 
 @dataclass
@@ -233,19 +98,6 @@ def observation_points(model: torch.nn.Module) -> list[tuple[str, torch.nn.Modul
     points += [(f"block_{i + 1:02d}", blk, "post") for i, blk in enumerate(model.blocks)]
     points.append(("norm", model.norm, "post"))
     return points
-
-
-def eigenvalues(cov: np.ndarray) -> np.ndarray:
-    """Descending, clipped eigenvalues of a symmetric matrix, computed in float64."""
-    # torch's LAPACK (the forward pass's thread pool, see _Moments), on one thread: a D ~ 384 eigh is too
-    # small to split, and two threads took ~10x longer than one on a loaded 2-core machine (measured)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        lam = torch.linalg.eigvalsh(torch.from_numpy(np.array(cov, dtype=np.float64))).numpy()
-    finally:
-        torch.set_num_threads(threads)
-    return np.clip(lam[::-1], 0.0, None).copy()
 
 
 class _Subsampler:
@@ -500,31 +352,6 @@ class SpectralObserver:
             out.blocks[(name, tset)] = {k: np.stack([sm[k] for sm in sums]) for k in sums[0]}
 
 
-def token_metrics(sums: dict[str, np.ndarray], lam: np.ndarray) -> dict[str, float]:
-    """Every ``analysis.spectral.TOKEN_METRICS`` entry of one covariance's streamed sums; NaN where its
-    spectrum ``lam`` is all zero (no variance above round-off, like every eigenvalue metric there)."""
-    return {name: fn(sums) if lam.any() else float("nan") for name, fn in TOKEN_METRICS.items()}
-
-
-def _spectrum(mom: _Moments) -> tuple[np.ndarray, np.ndarray]:
-    """(covariance (D, D), eigenvalues (D,)) of a token set's sums, round-off dimensions and eigenvalues
-    set to 0 (see the module docstring)."""
-    cov, floor = mom.covariance(), mom.roundoff()
-    dead = np.diag(cov) <= floor  # variance at round-off level: a constant dimension
-    cov[dead, :] = 0.0
-    cov[:, dead] = 0.0
-    lam = eigenvalues(cov)
-    lam[lam <= floor] = 0.0
-    return cov, lam
-
-
-def _summary(mom: _Moments) -> tuple[np.ndarray, int, dict[str, float]]:
-    """(eigenvalues, tokens, covariance observables and token-count metrics) of one smaller probe."""
-    cov, lam = _spectrum(mom)
-    values = {n: e.fn(cov) for n, e in OBSERVABLES.items() if e.on == "covariance"}
-    return lam, mom.n, {**values, **token_metrics(mom.sums(), lam)}
-
-
 def extract_spectra(
     model: torch.nn.Module,
     images: torch.Tensor,
@@ -569,71 +396,3 @@ def extract_spectra(
         for i in range(0, images.shape[0], batch_size):
             observer.observe(images[i : i + batch_size])
     return observer.result()
-
-
-def snapshot_epochs(covariance_epochs: str | list[int], checkpoints: list[int]) -> list[int]:
-    """Checkpoint epochs whose covariances are saved, from ``ProbeSpec.covariance_epochs``.
-
-    ``"first_last"``: the first and last checkpoint; ``"none"``: none; a list: those epochs that are
-    checkpoints (the schema rejects any other).
-    """
-    eps = sorted(set(checkpoints))
-    if covariance_epochs == "none" or not eps:
-        return []
-    if covariance_epochs == "first_last":
-        return sorted({eps[0], eps[-1]})
-    return sorted(set(covariance_epochs) & set(eps))
-
-
-def save_observables(run_dir: Path, epoch: int, sp: Spectra) -> None:
-    """Merge one checkpoint's observables into the run folder's ``scalars.json`` (atomic write).
-
-    Layout: ``{"subsample": {"size", "seed"}, "n_subsample": {"{layer}/{token_set}": m},
-    "values": {"{epoch}/{layer}/{token_set}/{observable}": value}}``; NaN is written as ``null``.
-    """
-    meta = {
-        "subsample": {"size": SUBSAMPLE, "seed": SUBSAMPLE_SEED},
-        "n_subsample": {f"{la}/{ts}": m for (la, ts), m in sp.n_subsample.items()},
-    }
-    values = {f"{epoch}/{layer}/{tset}/{name}": v for (layer, tset, name), v in sp.scalars.items()}
-    RunFolder(run_dir).merge_scalars(values, meta)
-
-
-def save_covariances(run_dir: Path, epoch: int, sp: Spectra) -> None:
-    """Merge one checkpoint's float32 covariances of token set ``all`` into ``covariances.npz``.
-
-    Keys ``"{epoch}/{layer}"``, values ``(D, D)`` float32 (centred covariance, as in the module docstring).
-    """
-    RunFolder(run_dir).merge_covariances(epoch, sp.covariances)
-
-
-def save_probe(run_dir: Path, epoch: int, sp: Spectra) -> None:
-    """Merge one checkpoint's smaller-probe spectra into ``probe.npz`` and, if measured, its block sums
-    into ``blocks.npz`` (``vitstudy_core.runfolder``: keys and shapes there)."""
-    folder = RunFolder(run_dir)
-    if sp.probe_sizes:
-        arrays: dict[str, np.ndarray] = {}
-        for (layer, tset, label), (lam, n, values) in sp.probe_sizes.items():
-            key = f"{int(epoch)}/{layer}/{tset}/{label}"
-            arrays[f"{key}/lam"] = lam
-            arrays[f"{key}/n"] = np.asarray(n, dtype=np.int64)
-            arrays.update({f"{key}/m/{m}": np.asarray(v, dtype=np.float64) for m, v in values.items()})
-        folder.merge_npz(PROBE, epoch, arrays)
-    if sp.blocks:
-        arrays = {}
-        for (layer, tset), sums in sp.blocks.items():
-            key = f"{int(epoch)}/{layer}/{tset}"
-            d = sums["s"].shape[1]
-            low = np.tril_indices(d)
-            arrays.update({f"{key}/{k}": sums[k] for k in ("n", "s", "u", "w")})
-            arrays[f"{key}/qtril"] = sums["q"][:, low[0], low[1]]  # symmetric: the lower triangle only
-        folder.merge_npz(BLOCKS, epoch, arrays)
-
-
-def save_measurements(run_dir: Path, epoch: int, sp: Spectra, snapshot: bool) -> None:
-    """One checkpoint's files beside its spectra: observables, smaller-probe spectra and block sums, and
-    (``snapshot``) the covariance snapshot."""
-    save_observables(run_dir, epoch, sp)
-    save_probe(run_dir, epoch, sp)
-    if snapshot:
-        save_covariances(run_dir, epoch, sp)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from runners.shared_out import check_token, lease_key
@@ -20,12 +21,23 @@ def _progress(line: str) -> None:
     sys.stdout.flush()
 
 
-def execute_run(run: dict, run_dir: str, data_dir: str) -> dict:
+def _labelled(run: dict, label: str) -> Callable[[str], None]:
+    """The progress callable of a run whose study names it ``label`` (``shuffled/objects/seed3``): a
+    source leads its lines with the run's own ``[dataset/seedN]``, which says nothing of the condition; the
+    study's label replaces that lead (a run is shared by files, so the condition is not part of the run)."""
+    own = f"[{run['dataset']['name']}/seed{run['seed']}]"
+    if not label or f"[{label}]" == own:
+        return _progress
+    return lambda line: _progress(f"[{label}]{line[len(own) :]}" if line.startswith(own) else line)
+
+
+def execute_run(run: dict, run_dir: str, data_dir: str, label: str = "") -> dict:
     """Fill one run folder under its run-key lock (``runs/<key>.lock``).
 
     Another invocation on the same output folder that holds the lock is filling the same run: this waits,
     then returns that run's result if it finished instead of training it again. Temporary files a killed
-    writer left in the folder are removed first (only the lock holder writes there).
+    writer left in the folder are removed first (only the lock holder writes there). ``label``: the run's
+    name in the study (``RunSpec.label``), which leads its progress lines.
     """
     folder = RunFolder(run_dir)
     with file_lock(run_lock_path(Path(run_dir).parent, Path(run_dir).name)):
@@ -37,12 +49,12 @@ def execute_run(run: dict, run_dir: str, data_dir: str) -> dict:
         # a bar only for a run in the main process on a terminal; spawned workers print plain lines
         bar = sys.stdout.isatty() and mp.current_process().name == "MainProcess"
         return get_source(run.get("source", "train")).fill(
-            run, run_dir, data_dir, progress=_progress, bar=bar
+            run, run_dir, data_dir, progress=_labelled(run, label), bar=bar
         )
 
 
 def execute_claimed_run(
-    run: dict, run_dir: str, data_dir: str, leases: str, study: str = "", token: str = ""
+    run: dict, run_dir: str, data_dir: str, leases: str, study: str = "", token: str = "", label: str = ""
 ) -> dict:
     """:func:`execute_run` under a lease in the store ``leases`` (``runners.leases``): a run finished or
     being filled by another worker is not filled again, so the job is safe to retry or to run twice.
@@ -64,7 +76,7 @@ def execute_claimed_run(
             open_lease_store(leases),
             {**run, "key": lease_key(run["key"], token)},  # the lease's key; the run itself keeps its own
             run_dir,
-            lambda: execute_run(run, run_dir, data_dir),
+            lambda: execute_run(run, run_dir, data_dir, label),
             log=_progress,
             study=study,
             wait=False,

@@ -39,9 +39,10 @@ import torch
 
 from runners.datasets import LABEL_SEED_OFFSET, load_split, num_classes, shuffled_labels
 from runners.executors import adopt_thread_budget
-from runners.extract import extract_spectra, save_covariances, save_observables, save_probe, snapshot_epochs
+from runners.extract import extract_spectra
 from runners.inputs import to_tensor
-from runners.leases import check_lease
+from runners.lease_model import check_lease
+from runners.measurement_files import save_covariances, save_observables, save_probe, snapshot_epochs
 from runners.objectives import Trainer, TrainerSetup, TrainingSpec, build_trainer
 from runners.objectives.dino import AUG_SEED_OFFSET
 from vitstudy_core.errors import RunFailedError

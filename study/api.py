@@ -37,16 +37,17 @@ HypothesisLike = str | os.PathLike | Mapping[str, Any] | Hypothesis
 Log = Callable[[str], None]
 
 
-def _hypothesis(hypothesis: HypothesisLike) -> tuple[Hypothesis, Path | None, str]:
-    """(the validated hypothesis, its file or None, the name errors give for it)."""
+def _hypothesis(hypothesis: HypothesisLike, trains: bool = True) -> tuple[Hypothesis, Path | None, str]:
+    """(the validated hypothesis, its file or None, the name errors give for it). ``trains=False``: for a
+    saved table, without ``design.max_runs`` (a bound on training)."""
     from study.schema import load_hypothesis, parse_hypothesis
 
     if isinstance(hypothesis, Hypothesis):
         return hypothesis, None, f"<hypothesis {hypothesis.name}>"
     if isinstance(hypothesis, Mapping):
-        return parse_hypothesis(dict(hypothesis), "<hypothesis>"), None, "<hypothesis>"
+        return parse_hypothesis(dict(hypothesis), "<hypothesis>", trains), None, "<hypothesis>"
     if isinstance(hypothesis, str | os.PathLike):
-        return load_hypothesis(hypothesis), Path(hypothesis), str(hypothesis)
+        return load_hypothesis(hypothesis, trains), Path(hypothesis), str(hypothesis)
     raise StudyError(
         f"expected a hypothesis file's path, a mapping or a Hypothesis, got {type(hypothesis).__name__}"
     )
@@ -254,7 +255,14 @@ def _with_roots(
     return with_data_roots(hyp, roots, file) if roots else hyp
 
 
-def _placement(executor: str, address: str, cpus: float, gpus: float, leases: str | None):
+def _placement(
+    executor: str,
+    address: str,
+    cpus: float,
+    gpus: float,
+    leases: str | None,
+    options: Mapping[str, str] | None = None,
+):
     """Where the runs execute (``stages.Placement``), checked: an unreachable cluster or database is one
     line before anything is written."""
     import study.stages as stages
@@ -262,7 +270,7 @@ def _placement(executor: str, address: str, cpus: float, gpus: float, leases: st
 
     if cpus <= 0 or gpus < 0:
         raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
-    placement = stages.Placement(executor, address, cpus, gpus, leases)
+    placement = stages.Placement(executor, address, cpus, gpus, leases, tuple((options or {}).items()))
     check_reachable(placement)
     return placement
 
@@ -287,6 +295,7 @@ def run(
     cpus_per_run: float = 1,
     gpus_per_run: float = 0,
     leases: str | None = None,
+    executor_options: Mapping[str, str] | None = None,
     progress: bool = True,
     log: Log | None = None,
     command: str | None = None,
@@ -306,6 +315,8 @@ def run(
         until_decided, max_seeds, batch, spending: add seeds in batches until every confirmatory claim is
             decided (group-sequential; default ``max_seeds``: twice the file's seeds).
         executor, address, cpus_per_run, gpus_per_run, leases: where runs train (``stages.Placement``).
+        executor_options: the executor's own options (Slurm: ``partition``, ``time``,
+            ``array_parallelism`` and any ``sbatch`` option, as ``--slurm-*`` gives them).
         progress: a progress bar per look (``tqdm.auto``), log lines printed above it; False: lines only.
         log: where progress lines go instead (a callable taking one line).
         command: what to record as the command that ran the study (MLflow, the report).
@@ -326,7 +337,7 @@ def run(
     if new_registration is not None and not new_registration.strip():
         raise StudyError("--new-registration: expected a reason (recorded with the new registration)")
     workers = _workers(workers)
-    placement = _placement(executor, address, cpus_per_run, gpus_per_run, leases)
+    placement = _placement(executor, address, cpus_per_run, gpus_per_run, leases, executor_options)
     bar = _Bar() if progress and log is None else None
     opts = stages.RunOptions(
         workers, force, track, log_model, report, command, placement, bar, new_registration
@@ -363,7 +374,12 @@ def _study_folder(path: Path, name: str | None) -> Path:
             "expected a study folder with verdicts.json, or an output folder holding one (run the study first)",
             str(path),
         )
-    raise StudyError(f"expected name= one of the finished studies and sweeps {sorted(found)}", str(path))
+    names = sorted(found)
+    raise StudyError(
+        f"{len(names)} finished studies and sweeps here {names}: pick one with "
+        f"study.load({str(path)!r}, name={names[0]!r})",
+        str(path),
+    )
 
 
 def load(path: str | Path = "study_results", name: str | None = None) -> StudyResult:
@@ -393,7 +409,7 @@ def _claims(claims_or_hypothesis: Any) -> tuple[Any, str]:
     if isinstance(given, list):
         dicts = [dict(c) if isinstance(c, Mapping) else c.model_dump(mode="json") for c in given]
         return SimpleNamespace(claims=parse_claims(dicts, "<claims>")), "<claims>"
-    hyp, _, file = _hypothesis(given)
+    hyp, _, file = _hypothesis(given, trains=False)  # analyze trains nothing: max_runs does not apply
     return hyp, file
 
 

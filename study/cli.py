@@ -22,6 +22,8 @@ shows every user of the host.
 Bad input prints one line (file, field, what was expected) to stderr and exits with status 2; so does a
 write that fails (disk full, read-only folder) or a lost tracking store, naming the path. Ctrl-C or
 SIGTERM prints one line and exits with status 130 or 143 (128 + the signal); rerunning resumes.
+
+The argument parser is in ``study.cli_parser``; this module runs the verbs.
 """
 
 from __future__ import annotations
@@ -31,180 +33,10 @@ import json
 import sys
 from pathlib import Path
 
+from study.cli_parser import _parser
 from vitstudy_core.errors import Interrupted, StudyError
 from vitstudy_core.io import WRITE_ERRNOS
 from vitstudy_core.redact import redact
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage block): ``error: run: the following arguments ...``."""
-
-    def error(self, message: str):
-        where = self.prog.removeprefix("python -m study").strip()
-        print(f"error: {where + ': ' if where else ''}{' '.join(message.split())}", file=sys.stderr)
-        sys.exit(2)
-
-
-_STORAGE_HELP = (
-    "optuna storage URL (default: $STUDY_STORAGE, else the file's sweep.storage, else a journal file in "
-    "the output folder; the flag wins over the variable, which keeps a password off the command line)"
-)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m study", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="verb", required=True)
-
-    v = sub.add_parser("validate", help="check a hypothesis file without running anything")
-    v.add_argument("hypothesis", type=Path)
-    v.add_argument("--out", type=Path, default=Path("study_results"), help="where `run` would write")
-
-    r = sub.add_parser("run", help="train the runs a hypothesis needs and test its claims")
-    r.add_argument("hypothesis", type=Path)
-    r.add_argument(
-        "--out", type=Path, default=Path("study_results"), help="output folder (default: study_results)"
-    )
-    r.add_argument("--workers", default="auto", help="parallel training processes ('auto': one per CPU core)")
-    r.add_argument("--force", action="store_true", help="retrain runs even if finished results exist")
-    r.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    r.add_argument(
-        "--data-root",
-        action="append",
-        default=[],
-        metavar="NAME=PATH",
-        help="folder of the on-disk dataset NAME (overrides its path in the file; repeatable)",
-    )
-    r.add_argument(
-        "--log-model",
-        action="store_true",
-        help="also log weight files to MLflow (off: ~88 MB per ViT-S seed)",
-    )
-    r.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
-    r.add_argument("--verbose", action="store_true", help="let MLflow's and alembic's log lines through")
-    r.add_argument(
-        "--new-registration", metavar="REASON", help="start the study's registration afresh (recorded)"
-    )
-    _add_sequential_options(r)
-    _add_placement(r)
-    pl = sub.add_parser(
-        "plan", help="seeds and run-hours each claim needs for 80%%/90%% power (trains nothing)"
-    )
-    pl.add_argument("hypothesis", type=Path)
-    pl.add_argument(
-        "--pilot", type=Path, default=None, help="tidy table of a pilot (default: the study's own)"
-    )
-    pl.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
-    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
-
-    sw = sub.add_parser("sweep", help="run optuna trials over a dataset's knobs and test claims over them")
-    sw.add_argument("hypothesis", type=Path)
-    sw.add_argument(
-        "--out", type=Path, default=Path("study_results"), help="output folder (default: study_results)"
-    )
-    sw.add_argument(
-        "--n-trials", type=int, default=None, help="trials in all (default: the file's, or the grid)"
-    )
-    sw.add_argument("--storage", default=None, help=_STORAGE_HELP)
-    sw.add_argument(
-        "--workers", default="auto", help="parallel training processes ('auto': one per CPU core)"
-    )
-    sw.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    sw.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
-    _add_placement(sw)
-
-    a = sub.add_parser("analyze", help="re-test a hypothesis's claims on a saved tidy table (no training)")
-    a.add_argument("hypothesis", type=Path)
-    a.add_argument("--table", type=Path, required=True, help="tidy table (.parquet or .csv)")
-    a.add_argument("--json", action="store_true", help="print the verdicts as JSON")
-
-    # ---- observatory verbs: score spectra / rebuild tables from saved runs (no model needed) -----------
-    mt = sub.add_parser("metrics", help="eigenvalue metrics of a spectrum (.npy) as JSON (null: undefined)")
-    mt.add_argument("spectrum", type=Path, help="a .npy file holding a 1-D vector of eigenvalues")
-    tb = sub.add_parser("table", help="rebuild the tidy table from the saved spectra of a hypothesis's runs")
-    tb.add_argument("hypothesis", type=Path)
-    tb.add_argument("--out", type=Path, default=Path("study_results"), help="the folder `run` wrote to")
-    tb.add_argument(
-        "--to", type=Path, default=None, help="table path (default: OUT/studies/NAME/table.parquet)"
-    )
-    _add_results_verbs(sub)
-    _add_scale_verbs(sub)
-    return p
-
-
-def _add_sequential_options(r) -> None:
-    r.add_argument(  # without it, a run that failed (a seed missing from the verdicts) is exit status 1
-        "--allow-failed-runs",
-        action="store_true",
-        help="exit 0 even when runs failed (their seeds are left out of the verdicts)",
-    )
-    r.add_argument(
-        "--until-decided",
-        action="store_true",
-        help="add seeds in batches until every confirmatory claim is decided (group-sequential)",
-    )
-    r.add_argument("--max-seeds", type=int, default=None, help="most seeds (default: twice the file's)")
-    r.add_argument("--batch", type=int, default=2, help="seeds added per look (default 2)")
-    r.add_argument(
-        "--spending",
-        choices=("obf", "pocock"),
-        default="obf",
-        help="alpha spending: O'Brien-Fleming type (default) or Pocock type",
-    )
-
-
-# ---- scale out: where runs execute, submitting to a Ray cluster, what is running ------------------------
-def _add_placement(p: argparse.ArgumentParser) -> None:
-    from runners.executors import EXECUTORS
-
-    kinds = "; ".join(f"{name}: {kind.summary}" for name, kind in EXECUTORS.items())
-    p.add_argument(
-        "--executor", choices=EXECUTORS.names(), default="local", help=f"where runs train ({kinds})"
-    )
-    p.add_argument("--address", default="auto", help="Ray cluster address for --executor ray (default: auto)")
-    p.add_argument("--cpus-per-run", type=float, default=1, help="CPUs each Ray task requests (default 1)")
-    p.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each Ray task requests (default 0)")
-    p.add_argument(
-        "--leases",
-        default=None,
-        help="run lease store shared by every worker: a database URL (postgresql://...) or a folder "
-        "(default: $STUDY_LEASES, else OUT/leases; a sweep with a database --storage uses that database; "
-        "the flag wins over the variable, which keeps a password off the command line)",
-    )
-
-
-def _add_scale_verbs(sub) -> None:
-    sb = sub.add_parser("submit", help="start a study or sweep as a Ray job on a running cluster")
-    sb.add_argument("hypothesis", type=Path, help="the file, on a filesystem every node reaches")
-    sb.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
-    sb.add_argument("--out", type=Path, default=Path("study_results"), help="shared output folder")
-    sb.add_argument(
-        "--leases",
-        default=None,
-        help="run lease store (a postgresql:// URL on a cluster; default: $STUDY_LEASES)",
-    )
-    sb.add_argument(
-        "--storage",
-        default=None,
-        help="optuna storage URL of a sweep (postgresql://...; default: $STUDY_STORAGE)",
-    )
-    sb.add_argument("--cpus-per-run", type=float, default=1, help="CPUs each run requests (default 1)")
-    sb.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each run requests (default 0)")
-    sb.add_argument("--data-root", action="append", default=[], metavar="NAME=PATH", help="as for run")
-    sb.add_argument("--force", action="store_true", help="as for run: retrain finished runs")
-    sb.add_argument("--n-trials", type=int, default=None, help="as for sweep: trials in all")
-    sb.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    sb.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
-    sb.add_argument(
-        "--ship-code",
-        action="store_true",
-        help="send this checkout's code with the job (Ray working_dir), for nodes that lack it",
-    )
-    st = sub.add_parser("status", help="studies with their runs done, running and to do")
-    st.add_argument("--out", type=Path, default=Path("study_results"), help="output folder (file leases)")
-    st.add_argument(
-        "--leases", default=None, help="run lease store URL (default: $STUDY_LEASES, else OUT/leases)"
-    )
-    st.add_argument("--address", default=None, help="also list the Ray jobs of this dashboard address")
 
 
 def _url_options(args: argparse.Namespace) -> dict[str, str]:
@@ -239,6 +71,17 @@ def _scale_verbs(args, names: dict[str, str]) -> int | None:
             args.no_report,
             args.ship_code,
         )
+        if args.executor == "slurm":
+            from study.slurm_flags import executor_options
+            from study.slurm_submit import submit_driver
+
+            job, log = submit_driver(args.hypothesis, args.out, opts, executor_options(args))
+            print(f"submitted: Slurm job {job} (the driver)\nfollow:    tail -f {log}")
+            return 0
+        if not args.address:
+            raise StudyError(
+                "submit: --address is required with --executor ray (the dashboard, http://HEAD:8265)"
+            )
         job_id = submit(args.hypothesis, args.address, args.out, opts)
         print(f"submitted: {job_id}\nfollow:    ray job logs --follow {job_id} --address {args.address}")
         return 0
@@ -248,26 +91,13 @@ def _scale_verbs(args, names: dict[str, str]) -> int | None:
         print(format_status(args.leases or args.out / "leases", names["--leases"]))
         if args.address:
             print(ray_jobs(args.address))
+        from runners.slurm import job_table
+
+        slurm = job_table(args.out / "slurm")  # runs submitted with --executor slurm into this --out
+        if slurm:
+            print(slurm)
         return 0
     return None
-
-
-# ---- results people can look at: report and ui ---------------------------------------------------------
-def _add_results_verbs(sub) -> None:
-    rp = sub.add_parser("report", help="write report.html and report.md for a finished study")
-    rp.add_argument("study", type=Path, help="a study folder (<out>/studies/<name>) or its hypothesis file")
-    rp.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
-    u = sub.add_parser("ui", help="start the MLflow UI on the study store (127.0.0.1)")
-    u.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
-    u.add_argument("--port", type=int, default=5000)
-    u.add_argument("--study", help="open this study's runs (default: the study logged last)")
-    u.add_argument("--no-browser", action="store_true", help="print the address only, open no browser")
-    pg = sub.add_parser("plugins", help="list every plug-in registry and what is registered in it")
-    pg.add_argument("--json", action="store_true", help="print a JSON mapping instead of a list")
-    d = sub.add_parser("doctor", help="check an output folder and its MLflow store (and repair)")
-    d.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
-    d.add_argument("--repair", action="store_true", help="repair what can be repaired")
-    d.add_argument("--verbose", action="store_true", help="let MLflow's and alembic's log lines through")
 
 
 def _results_verbs(args) -> int | None:
@@ -350,9 +180,9 @@ def _serve(cmd: list[str], env: dict[str, str] | None = None, on_start=None) -> 
 
 
 def _metrics_verb(path: Path) -> int:
-    from analysis.spectral import load_spectrum, metrics_json
+    from analysis.spectral import spectra_metrics_json
 
-    print(json.dumps(metrics_json(load_spectrum(path)), indent=1, allow_nan=False))
+    print(json.dumps(spectra_metrics_json(path), indent=1, allow_nan=False))
     return 0
 
 
@@ -433,7 +263,16 @@ def _run_options(args: argparse.Namespace, argv: list[str] | None, names: dict[s
     workers = _workers(args.workers)
     if args.cpus_per_run <= 0 or args.gpus_per_run < 0:
         raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
-    placement = Placement(args.executor, args.address, args.cpus_per_run, args.gpus_per_run, args.leases)
+    from study.slurm_flags import executor_options
+
+    placement = Placement(
+        args.executor,
+        args.address,
+        args.cpus_per_run,
+        args.gpus_per_run,
+        args.leases,
+        tuple(executor_options(args).items()),
+    )
     return RunOptions(
         workers=workers,
         track=not args.no_mlflow,
@@ -458,6 +297,7 @@ def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
     from analysis.verdicts import format_verdicts
     from study import api
     from study.cluster import check_database
+    from study.slurm_flags import executor_options
 
     if names["--leases"] != "--leases":  # from STUDY_LEASES: its one line names the variable
         check_database(names["--leases"], args.leases)
@@ -481,6 +321,7 @@ def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
         cpus_per_run=args.cpus_per_run,
         gpus_per_run=args.gpus_per_run,
         leases=args.leases,
+        executor_options=executor_options(args),
         log=print,
         command=redact(_command(argv, args, names)),  # recorded in MLflow, verdicts.json and the report
     )

@@ -187,19 +187,52 @@ def submit(hyp_path: Path, address: str, out: Path, opts: SubmitOptions | None =
         raise StudyError("submit needs Ray: pip install -e '.[ray]'") from None
     env["env_vars"], lead = ship_secrets(env["env_vars"], out, job_id)
     entrypoint = lead + submit_command(hyp_path, out, opts, sweep)
+    job = dict(
+        entrypoint=entrypoint,
+        submission_id=job_id,
+        metadata={"study": hyp.name, "kind": "sweep" if sweep else "run"},
+        runtime_env=env,
+    )
     try:
-        client = JobSubmissionClient(address)
-        return client.submit_job(
-            entrypoint=entrypoint,
-            submission_id=job_id,
-            metadata={"study": hyp.name, "kind": "sweep" if sweep else "run"},
-            runtime_env=env,
-        )
+        return submit_job(JobSubmissionClient(address), job, address)
     except Exception as exc:  # noqa: BLE001 - an unreachable cluster is one line
         (Path(out).resolve() / SECRETS_DIR / f"{job_id}.env").unlink(missing_ok=True)  # no job will read it
+        if isinstance(exc, StudyError):
+            raise
         raise StudyError(
             f"--address: cannot submit to the Ray cluster {address!r} ({type(exc).__name__}: {redact(str(exc))})"
         ) from None
+
+
+# Ray's job server answers ``500: No available agent to submit job`` until the head's job agent has
+# registered, seconds (tens of seconds on a loaded host) after ``ray start --head`` returns; the server
+# itself waits ~10 s per request, so a retry every few seconds until this bound
+AGENT_WAIT_S = 120.0
+NO_AGENT = "No available agent"
+
+
+def submit_job(client, job: dict, address: str, wait: float = AGENT_WAIT_S, pause: float = 2.0) -> str:
+    """``client.submit_job(**job)``, retried while the cluster's job agent is not ready yet (for at most
+    ``wait`` seconds, then one line); any other failure is raised at once. A refused request submitted
+    nothing, so the retry cannot start the job twice."""
+    deadline, said = time.monotonic() + wait, False
+    while True:
+        try:
+            return client.submit_job(**job)
+        except RuntimeError as exc:
+            if NO_AGENT not in str(exc):
+                raise
+            if not said:
+                print(f"waiting for the Ray cluster's job agent (up to {wait:.0f}s)", file=sys.stderr)
+                said = True
+            if time.monotonic() + pause > deadline:
+                raise StudyError(
+                    f"--address: the Ray cluster {address!r} has no job agent ready after {wait:.0f}s "
+                    "(its dashboard answers, the head's job agent does not: see dashboard_agent.log in "
+                    "the head's Ray session logs; two Ray nodes on one host need distinct "
+                    "--dashboard-agent-listen-port); submit again once it is up"
+                ) from None
+        time.sleep(pause)
 
 
 def url_option(flag: str, given: str | None) -> tuple[str | None, str]:
@@ -224,6 +257,7 @@ def check_reachable(
     job's driver also checks that it runs the submitter's code (:func:`check_code_digest`). ``names``:
     what the lines call the lease store and the storage (a variable they came from, :func:`url_option`)."""
     check_code_digest()
+    _check_executor(placement)
     if placement.executor == "ray" and placement.address != "auto":
         host, _, port = placement.address.split("://", 1)[-1].rstrip("/").rpartition(":")
         try:
@@ -237,6 +271,21 @@ def check_reachable(
         check_database(name, url)
 
 
+def _check_executor(placement) -> None:
+    """The executor's own check (``ExecutorKind.check``: Slurm asks its controller, ``sbatch --test-only``)."""
+    from runners.executors import EXECUTORS, ExecutorOptions
+
+    kind = EXECUTORS.get(placement.executor)
+    if kind.check is not None:
+        opts = ExecutorOptions(
+            address=placement.address,
+            cpus_per_run=placement.cpus_per_run,
+            gpus_per_run=placement.gpus_per_run,
+            options=dict(placement.options),
+        )
+        kind.check(opts)
+
+
 def check_database(name: str, url: str | None) -> None:
     """One line naming ``name`` (a flag or a variable) when the database at ``url`` cannot be reached;
     None, folders, ``file://`` and SQLite URLs are not checked."""
@@ -245,44 +294,60 @@ def check_database(name: str, url: str | None) -> None:
 
 
 def _check_database(flag: str, url: str) -> None:
-    from runners.leases import engine_for
+    from runners.lease_sql import engine_for
 
     try:
         with engine_for(url).connect():
             pass
     except Exception as exc:  # noqa: BLE001 - any failure to connect is the same one line
-        why = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        raise StudyError(
-            f"{flag}: cannot reach the database {redact(url)} ({type(exc).__name__}: {why[0] if why else ''})"
-        ) from None
+        raise StudyError(f"{flag}: cannot reach the database {redact(url)} ({db_reason(exc)})") from None
+
+
+def db_reason(exc: BaseException) -> str:
+    """``Type: reason`` of a database error in one line: the driver's own message (SQLAlchemy's wrapped
+    ``orig``), its first line, without SQLAlchemy's ``(Background on this error at: ...)`` tail."""
+    text = str(getattr(exc, "orig", None) or exc)
+    text = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", text).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0].strip() if text else ''}".rstrip(": ")
 
 
 def status_counts(leases: str | Path, name: str = "--leases") -> dict[str, Counter]:
     """Study name -> counts of its runs by :data:`COLUMNS`, from the lease store (``name``: what an error
     calls it, the flag or the variable it came from)."""
+    from runners.lease_members import members
     from runners.leases import open_lease_store
 
     try:
         store = open_lease_store(leases)
         rows, now = store.leases(), store.now()  # a database's leases expire on its own clock
+        planned = members(store)  # each study's own runs, shared ones too (runners.lease_members)
     except Exception as exc:  # noqa: BLE001 - an unreachable store is one line
         raise StudyError(
-            f"{name}: cannot read the lease store ({type(exc).__name__}: {exc})", redact(str(leases))
+            f"{name}: cannot read the lease store {redact(str(leases))} ({db_reason(exc)})"
         ) from None
     out: dict[str, Counter] = {}
     folders: dict[str, set[str]] = {}
     # a lease from before leases were scoped by folder (``<run key>`` alone) is superseded by a scoped one
     scoped = {(x.study, x.run_key.partition("@")[0]) for x in rows if "@" in x.run_key}
     rows = [x for x in rows if "@" in x.run_key or (x.study, x.run_key) not in scoped]
+    # a run counts for the study that leased it and for every study that plans it (a control file's
+    # trained cell is the default study's runs): each study by its own runs, not by who trained them
+    owners: dict[str, set[str]] = {}
+    for lease in rows:
+        owners.setdefault(lease.run_key, set()).add(lease.study or "(unnamed)")
+    for study, keys in planned.items():
+        for key in keys:
+            if key in owners:
+                owners[key].add(study)
     for lease in rows:
         state = lease.state
         if state == "running" and not lease.live(now):
             state = "stalled"
-        study = lease.study or "(unnamed)"
-        out.setdefault(study, Counter())[state] += 1
         scope = lease.run_key.partition("@")[2]  # its output folder (runners.shared_out.lease_key)
-        if scope:  # a pre-scope lease belongs to no folder this can tell apart
-            folders.setdefault(study, set()).add(scope)
+        for study in owners[lease.run_key]:
+            out.setdefault(study, Counter())[state] += 1
+            if scope:  # a pre-scope lease belongs to no folder this can tell apart
+                folders.setdefault(study, set()).add(scope)
     # output folders sharing the store each train their own copy of a study's runs: said, not hidden
     return {
         (f"{s} ({len(folders[s])} output folders)" if len(folders.get(s, ())) > 1 else s): c

@@ -400,8 +400,23 @@ def doctor(out_dir: Path, repair: bool = False, log=print) -> int:
     if repair:
         _repair(findings, log)
     left = [f for f in findings if f.repairable and not f.repaired]
-    log(f"doctor: {len(findings)} finding(s), {sum(f.repaired for f in findings)} repaired, {len(left)} left")
+    log(summary(findings, repair))
     return 1 if left else 0
+
+
+def summary(findings: list[Finding], repair: bool) -> str:
+    """The last line: how many findings, and of them how many were repaired, are reported only (nothing
+    for ``--repair`` to do: they are not counted as repaired or as left) and are left to repair."""
+    if not findings:
+        return "doctor: 0 finding(s)"
+    repaired = sum(f.repaired for f in findings)
+    reported = sum(not f.repairable for f in findings)
+    left = len(findings) - repaired - reported
+    hint = " (--repair fixes them)" if left and not repair else ""
+    return (
+        f"doctor: {len(findings)} finding(s): {repaired} repaired, {reported} report only, "
+        f"{left} left to repair{hint}"
+    )
 
 
 def _repair(findings: list[Finding], log) -> None:

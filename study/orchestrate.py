@@ -13,7 +13,7 @@ Before anything is trained the claims and the design are registered (``study.reg
 first registered after some of its runs had finished is ``post hoc`` and adjusted as exploratory. With
 a :class:`SequentialPlan` (``run --until-decided``) seeds are added in batches after each look until every
 confirmatory claim is decided or the maximum is reached, and the verdicts come from group-sequential
-boundaries over the looks (``analysis.verdicts.decide_sequential``).
+boundaries over the looks (``analysis.sequential_verdicts.decide_sequential``).
 """
 
 from __future__ import annotations
@@ -22,18 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from analysis.sequential import Spending
-from analysis.verdicts import INCONCLUSIVE, ClaimResult, decide_sequential, families, format_verdicts
+from analysis.sequential_verdicts import decide_sequential, looks_spent
+from analysis.verdicts import INCONCLUSIVE, ClaimResult, families, format_verdicts
 from study import evaluation, outputs, registration, run_tables, run_triage, stages
 from study.preflight import check_hypothesis
 from study.run_scalars import with_run_scalars
 from study.schema import Hypothesis
 from study.stopping import stopping_cleanly
 from study.tracking import TrackerProtocol, open_tracker, store_path
-from vitstudy_core.errors import StudyError
 from vitstudy_core.io import remove_temporaries
 from vitstudy_core.locks import file_lock
 
@@ -68,13 +67,6 @@ def seed_schedule(seeds: list[int], plan: SequentialPlan | None) -> list[list[in
     from the smallest seed, that the file does not list) up to ``max_seeds``."""
     if plan is None:
         return [list(seeds)]
-    if plan.max_seeds < len(seeds) or plan.batch < 1:
-        raise StudyError(
-            f"expected --max-seeds >= the file's {len(seeds)} seeds and --batch >= 1, "
-            f"got {plan.max_seeds} and {plan.batch}",
-            None,
-            "--max-seeds",
-        )
     extra: list[int] = []
     n = min(seeds)
     while len(seeds) + len(extra) < plan.max_seeds:
@@ -177,22 +169,11 @@ def _run_looks(
     assert plan is not None  # without a plan the loop returns at its first look
     summary = {
         **plan.as_dict(),
-        "looks": [
-            {"look": j + 1, "seeds": n, "fraction": n / plan.max_seeds, "alpha_spent": float(a)}
-            for j, (n, a) in enumerate(zip(seeds_at, _family_spent(hyp, seeds_at, plan), strict=True))
-        ],
+        "looks": looks_spent(hyp_k, results, seeds_at, plan.max_seeds, plan.spending, post_hoc),
         "stopped_at": seeds_at[-1],
         "stopped_because": "every confirmatory claim decided" if stop else "the maximum number of seeds",
     }
     return _Looked(merged, collected, results, status, summary)
-
-
-def _family_spent(hyp: Hypothesis, seeds_at: list[int], plan: SequentialPlan) -> list[float]:
-    """Cumulative alpha spent at each look by the confirmatory family (alpha of its first claim)."""
-    from analysis.sequential import alpha_spent
-
-    alpha = next((c.alpha for c in hyp.claims if c.confirmatory), hyp.claims[0].alpha)
-    return list(alpha_spent(np.asarray([n / plan.max_seeds for n in seeds_at]), alpha, plan.spending))
 
 
 def run_study(

@@ -87,7 +87,11 @@ def write_study_report(
     study_dir: Path, hyp: Hypothesis, out: Outcome, runs_dir: Path, sequential: dict | None = None
 ) -> list[Path]:
     """Stage 8: ``report.html`` and ``report.md`` from the typed claims and results (``sequential``: the
-    looks of ``--until-decided``, see ``analysis.report.ReportInput``)."""
-    from analysis.report import write_report
+    looks of ``--until-decided``, see ``analysis.report.ReportInput``); a design with conditions opens with
+    its conditions grid, as ``python -m study report`` writes it (``analysis.report.read_study``)."""
+    from analysis.report import conditions_preface, write_report
 
-    return list(write_report(study_dir, report_input(hyp.name, hyp, out, runs_dir, sequential=sequential)))
+    preface = conditions_preface(out.table, list(hyp.claims))
+    more: dict = {"preface": preface, "preface_title": "Conditions"} if preface else {}
+    inp = report_input(hyp.name, hyp, out, runs_dir, sequential=sequential, **more)
+    return list(write_report(study_dir, inp))

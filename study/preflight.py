@@ -52,7 +52,7 @@ def check_hypothesis(hyp: Hypothesis, file: str, out_dir: Path | None = None) ->
 def _check_environment() -> None:
     """The periods read from the environment (lease lifetime, parent heartbeat) are numbers of seconds > 0:
     found here, before anything is written, rather than in a worker or a heartbeat thread."""
-    from runners.leases import lease_ttl
+    from runners.lease_model import lease_ttl
     from study.tracking_cleanup import heartbeat_s
 
     lease_ttl()

@@ -9,7 +9,8 @@ design, each with the time it was first seen::
      "designs": {<hash>: {"registered_at", "registered_ts", "design"}},
      "sequential": {<hash of the design>: {max_seeds, batch, spending}},
      "post_hoc": {<claim hash>: {"name", "since", "reason"}},      # sticky: see below
-     "edits": [{"at", "what": "seeds", "from", "to"}],
+     "tested_on": {<claim hash>: {"runs": [<run key>], "seeds": [...]}},  # each claim's planned runs
+     "edits": [{"at", "what": "seeds" | "runs", "from", "to"}],
      "history": [{"started_at", "reason", "previous": <the registration it replaced>}]}
 
 A claim that stays the same keeps its first registration. A claim whose hash is new is registered now;
@@ -21,9 +22,13 @@ after its data existed: its status is ``post hoc`` and the verdicts adjust it wi
   trained, so ``run --force``, which retrains the same seeds to bitwise the same spectra, cannot make an
   edited claim pre-registered), and stays until the user starts a new registration
   (``run --new-registration REASON``), which is recorded under ``history`` with the one it replaced;
-* editing ``seeds:`` by hand after the claims were tested (the study folder holds ``verdicts.json``)
-  makes every claim post hoc (testing again at more seeds at the full alpha is optional stopping: use
-  ``--until-decided``), and is recorded under ``edits``;
+* a design edit is judged by the runs each claim is tested on, not by the design's hash: each claim's
+  planned runs are recorded under ``tested_on`` (run keys and seeds); once the claims were tested (the
+  study folder holds ``verdicts.json``), a claim whose planned runs now differ from those (seeds added
+  or dropped, alone or with any other edit) is post hoc (testing again on more seeds at the full alpha
+  is optional stopping: use ``--until-decided``), and the edit is recorded under ``edits``; except when
+  every run is new on the same seeds (another model, other data): data that did not exist when the
+  claims were registered;
 * a design's sequential plan (``--max-seeds``, ``--batch``, ``--spending``) is fixed by its first
   ``--until-decided`` run: another plan, dropping it, or adding one to a design already tested without
   it is refused with one line (:func:`check_binding`), since each would spend alpha again;
@@ -187,17 +192,68 @@ def _mark_post_hoc(data: dict, claim, now: float, reason: str) -> None:
     )
 
 
+def _finished(claim, specs, runs_dir: Path) -> tuple[list[tuple[float, str]], int]:
+    """((finish time, label) of each finished run of the datasets ``claim`` names, earliest first; how
+    many runs of those datasets are planned)."""
+    named = set(claim.datasets_named())
+    mine = [s for s in specs if s.dataset["name"] in named]
+    done = [(t, s.label) for s in mine if (t := RunFolder(Path(runs_dir) / s.key).finished_at()) is not None]
+    return sorted(done), len(mine)
+
+
 def _earliest_finish(claim, specs, runs_dir: Path) -> float | None:
     """The earliest finish time (unix s) of the runs of the datasets ``claim`` names (None: none)."""
+    done, _ = _finished(claim, specs, runs_dir)
+    return done[0][0] if done else None
+
+
+def _late_reason(now: float, done: list[tuple[float, str]], planned: int) -> str:
+    """Why a claim registered at ``now`` is post hoc: which of its runs existed already, and what that means
+    (runs reused from another study of the folder, e.g. a control file's trained cell, count too)."""
+    first_t, first = done[0]
+    return (
+        f"registered {_iso(now)}, after {len(done)} of its {planned} runs had finished (the first, {first}, "
+        f"at {_iso(first_t)}; runs reused from an earlier invocation or from another study of this output "
+        "folder count): its data existed before the claim"
+    )
+
+
+def _claim_runs(claim, specs) -> dict:
+    """The planned runs ``claim`` is tested on (those of the datasets it names): keys and seeds, sorted."""
     named = set(claim.datasets_named())
-    return min(
-        (
-            t
-            for s in specs
-            if s.dataset["name"] in named
-            and (t := RunFolder(Path(runs_dir) / s.key).finished_at()) is not None
-        ),
-        default=None,
+    mine = [s for s in specs if s.dataset["name"] in named]
+    return {"runs": sorted({s.key for s in mine}), "seeds": sorted({int(s.seed) for s in mine})}
+
+
+def _runs_edited(data: dict, hyp, specs, tested: bool, now: float) -> dict[str, dict]:
+    """Per claim hash, the ``edits`` entry of a claim whose planned runs differ from those it was tested on,
+    unless every run is new on the same seeds (another model or other data); {} before any test.
+
+    Judged by the runs, not the design's hash: ``seeds:`` edited together with an edit that changes no run
+    is still an edit of the seeds."""
+    before, out = data.get("tested_on", {}), {}
+    if not tested:
+        return out
+    for claim in hyp.claims:
+        h = claim_hash(claim)
+        old, new = before.get(h), _claim_runs(claim, specs)
+        if not old or set(old["runs"]) == set(new["runs"]):
+            continue
+        if not set(old["runs"]) & set(new["runs"]) and old["seeds"] == new["seeds"]:
+            continue  # every run new on the declared seeds (another model, other data): fresh data
+        if old["seeds"] != new["seeds"]:
+            out[h] = {"at": _iso(now), "what": "seeds", "from": old["seeds"], "to": new["seeds"]}
+        else:
+            out[h] = {"at": _iso(now), "what": "runs", "from": len(old["runs"]), "to": len(new["runs"])}
+    return out
+
+
+def _edit_reason(edit: dict) -> str:
+    if edit["what"] == "seeds":
+        return f"design seeds edited from {edit['from']} to {edit['to']} after the claims were tested"
+    return (
+        f"its runs changed after it was tested ({edit['from']} planned runs then, {edit['to']} now, some "
+        "of them the same)"
     )
 
 
@@ -249,18 +305,32 @@ def register(
             claims.setdefault(h, entry)  # a legacy hash moves to the canonical one, with its first time
             continue
         claims[h] = {"name": claim.name, **_stamp(now), "claim": _dump(claim)}
-        late = data_existed or (runs is not None and _earliest_finish(claim, *runs) is not None)
-        if late and not fresh:
-            _mark_post_hoc(data, claim, now, f"registered {_iso(now)}, after some of its runs had finished")
+        done, planned = _finished(claim, *runs) if runs is not None else ([], 0)
+        if (data_existed or done) and not fresh:
+            why = (
+                _late_reason(now, done, planned)
+                if done
+                else f"registered {_iso(now)}, after some of its runs had finished"
+            )
+            _mark_post_hoc(data, claim, now, why)
     dh, dump = design_hash(hyp.design), hyp.design.model_dump(mode="json")
+    by_runs = _runs_edited(data, hyp, runs[0], tested, now) if runs is not None else {}
+    for claim in hyp.claims:
+        if (edit := by_runs.get(claim_hash(claim))) is not None:
+            _mark_post_hoc(data, claim, now, _edit_reason(edit))
+    for edit in {json.dumps(e, sort_keys=True): e for e in by_runs.values()}.values():
+        data.setdefault("edits", []).append(edit)
     if dh not in designs:
-        edit = _seeds_edited(data, dump, tested, now)
+        # registrations from before ``tested_on``, and sweeps (no runs): judged by the designs' seeds
+        edit = None if data.get("tested_on") and runs is not None else _seeds_edited(data, dump, tested, now)
         if edit is not None:
             data.setdefault("edits", []).append(edit)
             for claim in hyp.claims:
-                why = f"design seeds edited from {edit['from']} to {edit['to']} after the claims were tested"
-                _mark_post_hoc(data, claim, now, why)
+                _mark_post_hoc(data, claim, now, _edit_reason(edit))
         designs[dh] = {**_stamp(now), "design": dump}
+    if runs is not None:
+        tested_on = data.setdefault("tested_on", {})
+        tested_on.update({claim_hash(c): _claim_runs(c, runs[0]) for c in hyp.claims})
     if sequential:
         data.setdefault("sequential", {}).setdefault(dh, dict(sequential))
     atomic_write_json(Path(study_dir) / REGISTRATION, data, indent=1, sort_keys=True)

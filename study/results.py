@@ -12,6 +12,7 @@ import base64
 import html
 import io
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -134,20 +135,34 @@ def _claim_index(results: list[ClaimResult], key: int | str) -> int:
     )
 
 
+def _show_as_png(cls: type) -> None:
+    """In IPython, display ``cls`` (a Figure subclass) by its own ``_repr_png_``: the inline backend's
+    printer for every matplotlib Figure, which IPython tries before ``_repr_png_``, would redraw the image
+    with margins and resampled. Nothing outside IPython (it is never imported here)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None:
+        shell.display_formatter.formatters["image/png"].for_type(cls, cls._repr_png_)
+
+
 def figure_to_matplotlib(fig: Figure) -> matplotlib.figure.Figure:
     """A report figure (rendered PNG) as a matplotlib Figure showing it at its size (no axes drawn).
 
-    The report's figure functions render and close their figures (``analysis.figures``); this holds the
-    exact image the report shows, for display or saving from a notebook.
+    The report's figure functions render their figures (``analysis.figures``); this holds the exact image
+    the report shows, for display or saving from a notebook. It is made without pyplot (no backend, no
+    pyplot state) and shows itself inline in Jupyter as the cell's value (``_repr_png_``: the report's
+    PNG), whatever the notebook's backend.
     """
-    import matplotlib.figure
     import matplotlib.image
+
+    from analysis.figures import ReportFigure
 
     if fig.png is None:
         raise StudyError(f"figure {fig.name!r} was not drawn: {fig.missing}", None, "claim")
+    _show_as_png(ReportFigure)
     image = matplotlib.image.imread(io.BytesIO(fig.png), format="png")
     dpi = 90
-    out = matplotlib.figure.Figure(figsize=(image.shape[1] / dpi, image.shape[0] / dpi), dpi=dpi)
+    out = ReportFigure(fig.png, figsize=(image.shape[1] / dpi, image.shape[0] / dpi), dpi=dpi)
     ax = out.add_axes((0, 0, 1, 1))
     ax.imshow(image)
     ax.set_axis_off()
@@ -204,8 +219,20 @@ class StudyResult:
         """The looks of a study run until decided (``verdicts.json`` ``sequential``), else None."""
         return self.payload.get("sequential")
 
+    @property
+    def conditions(self) -> list[str]:
+        """The design's conditions (cells) in the table, in order; [] for a design without conditions."""
+        from analysis.table import conditions_of
+
+        return conditions_of(self.table)
+
     def profile(
-        self, metric: str, dataset: str | None = None, epoch: int | str = "last", token_set: str = "all"
+        self,
+        metric: str,
+        dataset: str | None = None,
+        epoch: int | str = "last",
+        token_set: str = "all",
+        condition: str | None = None,
     ) -> pd.DataFrame:
         """The metric by layer: one row per seed, then ``mean``, ``ci_low``, ``ci_high`` (the two-sided 95% t
         interval of the mean across seeds, ``analysis.inference.t_test``) and ``n`` (seeds with a value).
@@ -213,8 +240,10 @@ class StudyResult:
         Args:
             metric: a metric of the table (``eed_pct``, ``spectral_entropy``, an observable, ...).
             dataset: the dataset (default: the table's only one; with several, required).
-            epoch: a checkpoint epoch or ``last`` (the largest in the table).
+            epoch: a checkpoint epoch or ``last`` (the largest of the slice; 0 in an untrained cell).
             token_set: ``all``, ``cls`` or ``patch``.
+            condition: the design's condition (:attr:`conditions`; with several, required: a profile never
+                averages the runs of different conditions).
 
         Returns:
             (S + 4, L) DataFrame: index ``seed`` (the seeds, then the four summary rows), columns the
@@ -222,7 +251,7 @@ class StudyResult:
         """
         from analysis.table import seed_profile
 
-        return seed_profile(self.table, metric, dataset, epoch, token_set, str(self.folder))
+        return seed_profile(self.table, metric, dataset, epoch, token_set, str(self.folder), condition)
 
     def figures(self, claim: int | str) -> list[Figure]:
         """The report's figures of one claim (``analysis.report.build_sections``), rendered PNGs with what

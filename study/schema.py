@@ -235,12 +235,15 @@ class Hypothesis(Strict):
                     )
 
 
-def parse_hypothesis(data: object, file: str = "<hypothesis>") -> Hypothesis:
-    """Validate already-parsed YAML data; raise StudyError naming file, field and expectation."""
+def parse_hypothesis(data: object, file: str = "<hypothesis>", trains: bool = True) -> Hypothesis:
+    """Validate already-parsed YAML data; raise StudyError naming file, field and expectation.
+
+    ``trains=False`` (``analyze`` on a saved table): ``design.max_runs``, a bound on training, is not
+    applied."""
     if not isinstance(data, dict):
         raise StudyError(f"expected a mapping at the top level, got {type(data).__name__}", file)
     try:
-        return Hypothesis.model_validate(data)
+        return Hypothesis.model_validate(data, context={"trains": trains})
     except ValidationError as exc:
         raise _study_error(exc, file) from None
 
@@ -266,7 +269,7 @@ def parse_claims(data: object, file: str = "<claims>") -> list:
         raise StudyError(err.message, file, f"claims{err.field}" if err.field else "claims") from None
 
 
-def load_hypothesis(path: str | os.PathLike[str]) -> Hypothesis:
+def load_hypothesis(path: str | os.PathLike[str], trains: bool = True) -> Hypothesis:
     """Read and validate a hypothesis YAML file.
 
     The loader is safe (no tag executes code or constructs an object) and strict: a duplicate key, nesting
@@ -275,4 +278,4 @@ def load_hypothesis(path: str | os.PathLike[str]) -> Hypothesis:
     path = Path(path)
     if not path.is_file():
         raise StudyError("file not found (expected a hypothesis YAML file)", str(path))
-    return parse_hypothesis(_read_yaml(path), str(path))
+    return parse_hypothesis(_read_yaml(path), str(path), trains)

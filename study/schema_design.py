@@ -95,13 +95,15 @@ class Design(Strict):
         cell is keyed as the single-condition file with the same parts: ``study.conditions``)."""
         design = handler(data)
         is_cell = bool(info.context and info.context.get("cell"))
+        trains = not (info.context and info.context.get("trains") is False)  # max_runs bounds training only
         if design.untrained and not is_cell:
             raise _FieldError(
                 "design.untrained",
                 "untrained: true goes in a condition (its rows are the epoch-0 rows of a trained condition's runs)",
             )
         if design.conditions is None and design.factors is None:
-            design._check_size([Cell(None, design)], "design.seeds")
+            if trains:
+                design._check_size([Cell(None, design)], "design.seeds")
             return design
         if design.conditions is not None and design.factors is not None:
             raise _FieldError("design.factors", "give conditions or factors, not both")
@@ -118,10 +120,11 @@ class Design(Strict):
             data if isinstance(data, dict) else design.model_dump(),
             design.conditions,
             design.factors,
-            lambda raw: cls.model_validate(raw, context={"cell": True}),
+            lambda raw: cls.model_validate(raw, context={**(info.context or {}), "cell": True}),
             _error_of,
         )
-        design._check_size(cells, "design.factors" if design.factors else "design.conditions")
+        if trains:
+            design._check_size(cells, "design.factors" if design.factors else "design.conditions")
         design._cells = cells
         return design
 
@@ -173,11 +176,14 @@ class Design(Strict):
             data = {**data, "objective": obj}
         return data
 
-    @field_validator("seeds")
+    @field_validator("seeds", "checkpoints")
     @classmethod
-    def _unique_seeds(cls, v: list[int]) -> list[int]:
-        if len(set(v)) != len(v):
-            raise ValueError("seeds must be unique")
+    def _each_once(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        """A repeated seed or checkpoint epoch changes no run but the design's hash (pre-registration)."""
+        twice = sorted({x for i, x in enumerate(v or []) if x in v[:i]}) if v else []
+        if twice:
+            what = "seed" if info.field_name == "seeds" else "epoch"
+            raise ValueError(f"expected each {what} once; {', '.join(map(str, twice))} given more than once")
         return v
 
     @model_validator(mode="after")

@@ -4,9 +4,11 @@ optuna trials, with the knob ranges, the objective each trial is scored by, and 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+import math
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import (
+    BeforeValidator,
     Field,
     ValidationError,
     field_validator,
@@ -23,12 +25,43 @@ if TYPE_CHECKING:
     from study.schema import Hypothesis
 
 
+def _number(v: object) -> float:
+    """A knob's value as written: an int or a float. YAML's ``true`` and a quoted ``"0.5"`` would be taken
+    as 1 and 0.5 by pydantic's lax mode; here they are errors."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number, got {str(v).lower()} (a boolean)")
+    if not isinstance(v, int | float):
+        kind = {"str": "a string, quoted"}.get(type(v).__name__, f"a {type(v).__name__}")
+        raise ValueError(f"expected a number, got {v!r} ({kind})")
+    return float(v)
+
+
+KnobNumber = Annotated[float, BeforeValidator(_number)]
+
+
+def _grid(values: list) -> list:
+    """A list of levels: numbers, each once (``0`` and ``0.0`` are one level: two trials of the same runs)."""
+    seen: dict[float, int] = {}
+    for i, v in enumerate(values):
+        try:
+            x = _number(v)
+        except ValueError as exc:
+            raise _FieldError(f"[{i}]", str(exc)) from None
+        if x in seen:
+            j = seen[x]
+            raise _FieldError(
+                f"[{i}]", f"expected each level once; {v!r} is the level of [{j}] ({values[j]!r}) again"
+            )
+        seen[x] = i
+    return values
+
+
 class KnobRange(Strict):
     """A range of a knob for the ``qmc``, ``random`` and ``tpe`` samplers (integers for integer knobs)."""
 
-    low: float
-    high: float
-    step: float | None = Field(None, gt=0)  # a discrete grid inside the range
+    low: KnobNumber
+    high: KnobNumber
+    step: KnobNumber | None = Field(None, gt=0)  # a discrete grid inside the range
     log: bool = False
 
     @model_validator(mode="after")
@@ -39,6 +72,14 @@ class KnobRange(Strict):
             raise ValueError(f"a log range needs low > 0, got low {self.low:g}")
         if self.log and self.step is not None:
             raise ValueError("a log range takes no step (give log or step, not both)")
+        if self.step is not None:
+            n = (self.high - self.low) / self.step
+            if abs(n - round(n)) > 1e-9 * max(1.0, abs(n)):  # optuna would warn and move high
+                last = self.low + math.floor(n + 1e-9) * self.step
+                raise ValueError(
+                    f"expected a step that divides high - low; step {self.step:g} from {self.low:g} ends at "
+                    f"{last:g}, not high {self.high:g}"
+                )
         return self
 
 
@@ -106,6 +147,11 @@ class Sweep(Strict):
                     f"sweep.space.{knob}",
                     f"expected a list of values or a range {{low, high}}, got {values!r}",
                 )
+            else:
+                try:
+                    _grid(values)
+                except _FieldError as exc:
+                    raise _FieldError(f"sweep.space.{knob}{exc.field}", exc.message) from None
             out[knob] = values
         return out
 

@@ -30,8 +30,8 @@ import numpy as np
 
 from analysis.kinds import get_kind
 from analysis.kinds._table import TableView
-from analysis.power import plan_claim
-from analysis.verdicts import families
+from analysis.power import MAX_SEEDS, plan_claim
+from analysis.verdicts import first_step_levels
 from study.gpu_cost import format_estimate, gpu_estimate
 from study.run_triage import plan as plan_runs
 from study.runspecs import RunSpec
@@ -138,10 +138,7 @@ def _pilot_table(hyp: Hypothesis, out_dir: Path, pilot: Path | None):
 def plan_claims(hyp: Hypothesis, table, source: str = "pilot") -> list[dict]:
     """One plan row per claim (``analysis.power.plan_claim`` plus the claim's name, kind and level)."""
     view = TableView.of(table) if table is not None else None
-    level: dict[int, float] = {}
-    for fam, idx in families(hyp).items():
-        m = 1 if fam.endswith("/none") else len(idx)
-        level.update({i: hyp.claims[i].alpha / m for i in idx})
+    level = first_step_levels(hyp)
     rows = []
     for i, claim in enumerate(hyp.claims):
         kind = get_kind(claim.kind)
@@ -217,11 +214,12 @@ def format_plan(plan: dict) -> str:
 
     def seeds(row, k):
         a, b = row[f"seeds_{k}"], row[f"seeds_{k}_upper"]
-        return f"{a if a is not None else '-'} ({b if b is not None else '-'})"
+        return f"{_seeds_cell(a, row['d'])} ({_seeds_cell(b, row['d_upper'])})"
 
-    def hours(row):
+    def hours(row):  # ?: no run time known for the design; n/a: no seeds to multiply it by
         a, b = row["run_hours_80"], row["run_hours_80_upper"]
-        return f"{fmt_num(a, 2) if a is not None else '-'} ({fmt_num(b, 2) if b is not None else '-'})"
+        na, nb = ("?" if row[k] is not None else "n/a" for k in ("seeds_80", "seeds_80_upper"))
+        return f"{fmt_num(a, 2) if a is not None else na} ({fmt_num(b, 2) if b is not None else nb})"
 
     rows: list[tuple[str, ...]] = [head]
     for r in plan["claims"]:
@@ -254,7 +252,34 @@ def format_plan(plan: dict) -> str:
             )
         if r["effect"] is None:
             lines.append(f"! {r['claim']}: no smallest effect of interest (declare sesoi, or give a pilot)")
+        elif (why := _no_seeds_reason(r)) is not None:
+            lines.append(f"! {r['claim']}: {why}")
     return "\n".join(lines)
+
+
+def _seeds_cell(n: int | None, d: float) -> str:
+    """A seeds cell: the number, ``>MAX_SEEDS`` when the power is reached beyond the plan's count (a
+    positive effect too small), or ``n/a`` (no effect, no SD, or an effect against the claim: said below)."""
+    if n is not None:
+        return str(n)
+    return f">{MAX_SEEDS}" if math.isfinite(d) and d > 0 else "n/a"
+
+
+def _no_seeds_reason(row: dict) -> str | None:
+    """Why a claim with an effect has no seeds for 80% power (None: it has them)."""
+    if row["seeds_80"] is not None:
+        return None
+    d = row["d"]
+    if not math.isfinite(row["sd"]):
+        return f"seeds n/a: no per-seed SD (a pilot of >= 2 seeds gives it; this one has {row['n_pilot']})"
+    if row["sd"] == 0:
+        return "seeds n/a: the pilot's per-seed values do not vary (SD 0)"
+    if not (math.isfinite(d) and d > 0):
+        return f"seeds n/a: the effect points away from the claim (d = {fmt_num(d, 3)}): no number of seeds"
+    return (
+        f"80% power needs more than {MAX_SEEDS} seeds at d = {fmt_num(d, 3)} (effect / per-seed SD); the "
+        f"plan counts up to {MAX_SEEDS}"
+    )
 
 
 def _timed_step(run: dict) -> float:

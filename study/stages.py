@@ -72,6 +72,7 @@ class Placement:
         cpus_per_run, gpus_per_run: what each Ray task requests.
         leases: the lease store (``runners.leases``): a database URL shared by every worker, or a folder;
             None: the folder ``<out>/leases``.
+        options: the executor's own options as (name, value) pairs (Slurm: ``--slurm-*``).
     """
 
     executor: str = "local"
@@ -79,6 +80,7 @@ class Placement:
     cpus_per_run: float = 1
     gpus_per_run: float = 0
     leases: str | None = None
+    options: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         from runners.executors import EXECUTORS
@@ -221,6 +223,11 @@ def fill_runs(
     fetch_stored(tri, specs, runs_dir, tracker)
     clear_for_training(tri.todo, runs_dir, force)
     log_triage(log, heading or f"study {hyp.name}", specs, tri)
+    from runners.lease_members import record_planned  # status counts a study by all its runs
+
+    record_planned(
+        opts.placement.lease_store(runs_dir), runs_dir, hyp.name, [s.key for s in specs], bool(tri.todo)
+    )
     data = prepare_data(tri.todo, data_dir, log)
     if on_triaged is not None:
         on_triaged(specs, tri)
@@ -293,28 +300,19 @@ def execute(
     """
     if not todo:  # torch is imported only when something runs: a cached rerun stays quick
         return {}
-    from runners.executors import make_executor, map_requeued
+    from runners.executors import map_requeued
     from runners.jobs import execute_claimed_run
     from runners.leases import open_lease_store
     from runners.shared_out import lease_key, seen_by_driver, write_token
-    from runners.train import pick_device
 
     place = placement or Placement()
     leases = place.lease_store(runs_dir)
     token = write_token(Path(runs_dir).resolve().parent)  # every job checks it sees this folder (shared_out)
     open_lease_store(leases).announce(study, [lease_key(s.key, token) for s in todo])  # this folder's leases
-    executor = make_executor(
-        workers,
-        len(todo),
-        cuda=pick_device().type == "cuda",
-        kind=place.executor,
-        address=place.address,
-        cpus_per_run=place.cpus_per_run,
-        gpus_per_run=place.gpus_per_run,
-    )
+    executor = _executor(place, workers, len(todo), Path(runs_dir).resolve().parent)
     # absolute paths: a Ray worker runs in its own folder, and reaches the shared output folder by them
-    runs_dir, data_dir = Path(runs_dir).resolve(), Path(data_dir).resolve()
-    jobs = [(s.model_dump(), str(runs_dir / s.key), str(data_dir), leases, study, token) for s in todo]
+    runs_dir, data = Path(runs_dir).resolve(), str(Path(data_dir).resolve())
+    jobs = [(s.model_dump(), str(runs_dir / s.key), data, leases, study, token, s.label) for s in todo]
     failed, t0 = dict[str, str](), time.perf_counter()
     # a run finished on disk is never failed; one reported finished but not readable here is (its host)
     requeue = _requeue_waiting(todo, log)  # a run leased live elsewhere: sent again later, holding no slot
@@ -343,6 +341,24 @@ def execute(
     finally:
         ended.close()  # stopped early (an error here, a full disk): the workers are stopped too
     return failed
+
+
+def _executor(place: Placement, workers: int | str, n_jobs: int, out: Path):
+    """The executor of ``place`` for ``n_jobs`` runs of the output folder ``out``."""
+    from runners.executors import make_executor
+    from runners.train import pick_device
+
+    return make_executor(
+        workers,
+        n_jobs,
+        cuda=pick_device().type == "cuda",
+        kind=place.executor,
+        address=place.address,
+        cpus_per_run=place.cpus_per_run,
+        gpus_per_run=place.gpus_per_run,
+        out=out,
+        options=dict(place.options),
+    )
 
 
 def _requeue_waiting(todo: list[RunSpec], log: Log) -> Callable[[int, object, int], float | None]:

@@ -83,7 +83,7 @@ def optuna_schema(url: str) -> str | None:
         return None
     import sqlalchemy as sa
 
-    from runners.leases import engine_for
+    from runners.lease_sql import engine_for
 
     with engine_for(url).connect() as conn:
         legacy = conn.execute(

@@ -140,7 +140,7 @@ def schema_lock(uri: str) -> Iterator[None]:
     if not uri.startswith("postgresql"):
         yield
         return
-    from runners.leases import engine_for
+    from runners.lease_sql import engine_for
 
     with database_lock(engine_for(uri), "study.mlflow.schema"):
         yield
@@ -207,10 +207,12 @@ def foreign_artifact_locations(client, out_dir: Path, name: str | None = None) -
 
 
 def refuse_foreign_artifacts(client, out_dir: Path, experiment: str) -> None:
-    """Raise a one-line :class:`StudyError` when the experiment this invocation logs to keeps its
-    artifacts outside this output folder (:func:`foreign_artifact_locations`): logging would write into
-    the folder the store was copied from."""
-    foreign = foreign_artifact_locations(client, out_dir, experiment)
+    """Raise a one-line :class:`StudyError` when any study experiment of this folder's store keeps its
+    artifacts outside this output folder (:func:`foreign_artifact_locations`): the folder was copied or
+    moved. The whole store is refused, whichever study this invocation runs (``experiment`` is named first
+    when it is one of them): a study new to the copy would log its own artifacts here but reuse the other
+    studies' runs, whose artifacts load from the original."""
+    foreign = sorted(foreign_artifact_locations(client, out_dir), key=lambda f: f[0] != experiment)
     if not foreign:
         return
     name, loc = foreign[0]

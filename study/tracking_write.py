@@ -181,50 +181,67 @@ class RunWriter:
 
     def log_seed_aggregates(self, claims: list, table: pd.DataFrame) -> list[str]:
         """The across-seed profile of every claimed metric on the parent run, so MLflow's own charts and
-        compare view show the study-level curve: per (metric, token set, dataset) a claim reads, at its
-        epoch, step metrics ``seed_mean/{metric}/{token_set}``, ``seed_ci_low/...`` and ``seed_ci_high/...``
-        (step = layer index; the two-sided 95% t interval across seeds, ``analysis.table.seed_profile``;
-        ``/{dataset}`` appended in a study of several datasets), and the report's profile figure of it as
-        the artifact ``seed_aggregates/{metric}_{token_set}[_{dataset}].png``.
+        compare view show the study-level curve, one set per condition (never averaged over conditions).
+
+        Per (metric, token set, dataset) a claim reads, at its epoch (``last``: each condition's own), and
+        per condition of the table: step metrics ``seed_mean/{metric}/{token_set}``, ``seed_ci_low/...``
+        and ``seed_ci_high/...``, ``/{dataset}`` appended in a study of several datasets and
+        ``/{condition}`` in a design with conditions (step = layer index; the two-sided 95% t interval
+        across seeds, ``analysis.table.seed_profile``). MLflow's steps carry no names, so the tag
+        ``seed_aggregates`` says which layer each step is, and the artifact
+        ``seed_aggregates/{metric}_{token_set}[_{dataset}].png`` draws every condition in one chart over
+        the layer names (``analysis.condition_figures.seed_aggregate_figure``).
 
         Returns:
             The metric names logged (``seed_mean/...`` only).
         """
         from mlflow.entities import Metric
 
-        from analysis.figures import profile_figure
-        from analysis.table import seed_profile
+        from analysis.condition_figures import seed_aggregate_figure
+        from analysis.table import conditions_of, seed_profile
 
         if table is None or table.empty:
             return []
         now, metrics, logged = int(time.time() * 1000), [], []
         several = table["dataset"].nunique() > 1
-        index = table.drop_duplicates("layer").set_index("layer")["layer_index"]
+        conditions: list[str | None] = list(conditions_of(table)) or [None]
+        layers = table.drop_duplicates("layer").sort_values("layer_index")
+        index = layers.set_index("layer")["layer_index"]
         for metric, token_set, dataset, epoch in _claimed_slices(claims, table):
-            try:
-                prof = seed_profile(table, metric, dataset, epoch, token_set)
-            except StudyError:  # a slice the table lacks: that claim is not testable; log the rest
+            base = f"{metric}/{token_set}" + (f"/{dataset}" if several else "")
+            drew = False
+            for cond in conditions:
+                try:
+                    prof = seed_profile(table, metric, dataset, epoch, token_set, condition=cond)
+                except StudyError:  # a slice the table lacks: that claim is not testable; log the rest
+                    continue
+                tail = sanitize_metric_name(base + (f"/{cond}" if cond is not None else ""))
+                for layer in prof.columns:
+                    for row, prefix in (
+                        ("mean", "seed_mean"),
+                        ("ci_low", "seed_ci_low"),
+                        ("ci_high", "seed_ci_high"),
+                    ):
+                        cell: Any = prof.at[row, layer]  # a float: seed_profile's frame is numeric
+                        value = float(cell)
+                        if np.isfinite(value):
+                            metrics.append(Metric(f"{prefix}/{tail}", value, now, int(index[layer])))
+                logged.append(f"seed_mean/{tail}")
+                drew = True
+            if not drew:
                 continue
-            tail = sanitize_metric_name(f"{metric}/{token_set}" + (f"/{dataset}" if several else ""))
-            for layer in prof.columns:
-                for row, prefix in (
-                    ("mean", "seed_mean"),
-                    ("ci_low", "seed_ci_low"),
-                    ("ci_high", "seed_ci_high"),
-                ):
-                    cell: Any = prof.at[row, layer]  # a float: seed_profile's frame is numeric
-                    value = float(cell)
-                    if np.isfinite(value):
-                        metrics.append(Metric(f"{prefix}/{tail}", value, now, int(index[layer])))
-            logged.append(f"seed_mean/{tail}")
-            fig = profile_figure(table, metric, token_set, [dataset], epoch)
+            fig = seed_aggregate_figure(table, metric, token_set, dataset, epoch)
             if fig.png is not None:
-                name = tail.replace("/", "_") + ".png"
+                name = sanitize_metric_name(base).replace("/", "_") + ".png"
                 with tempfile.TemporaryDirectory() as tmp:
                     (Path(tmp) / name).write_bytes(fig.png)
                     self.client.log_artifact(self._parent, str(Path(tmp) / name), "seed_aggregates")
         for i in range(0, len(metrics), _BATCH):
             self.client.log_batch(self._parent, metrics=metrics[i : i + _BATCH])
+        if logged:
+            self.client.set_tag(
+                self._parent, "seed_aggregates", _aggregates_note(layers, conditions)[:_TAG_MAX]
+            )
         return logged
 
     def set_tags(self, run_id: str | None, tags: dict) -> None:
@@ -387,6 +404,25 @@ class RunWriter:
         items = [Param(k, str(v)[:6000]) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i : i + 100])
+
+
+def _aggregates_note(layers: pd.DataFrame, conditions: list[str | None]) -> str:
+    """What the parent run's ``seed_mean/``, ``seed_ci_low/``, ``seed_ci_high/`` step metrics hold: the
+    layer each step is (MLflow's steps carry no names) and, in a design with conditions, which set is
+    which condition."""
+    steps = ", ".join(f"{int(r.layer_index)} {r.layer}" for r in layers.itertuples())
+    note = (
+        "seed_mean/, seed_ci_low/, seed_ci_high/: the mean over seeds and its 95% t CI by layer, step = "
+        f"layer ({steps}); one chart over layer names per metric: artifacts seed_aggregates/*.png"
+    )
+    named = [c for c in conditions if c is not None]
+    if named:
+        sets = ", ".join(
+            f".../{sanitize_metric_name(c)}" + (f" = {c}" if sanitize_metric_name(c) != c else "")
+            for c in named
+        )
+        note += f"; one set per condition, never averaged over conditions: {sets}"
+    return note
 
 
 def _claimed_slices(claims: list, table: pd.DataFrame) -> list[tuple[str, str, str, int | str]]:

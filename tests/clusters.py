@@ -106,6 +106,10 @@ class RayCluster:
             "--num-gpus=0",
             "--node-ip-address=127.0.0.1",
             "--disable-usage-stats",
+            # the job agent's port is fixed (52365) by default: a second node or cluster on this host (the
+            # session's `ray_address`, another test run) could not start its agent, and a head without one
+            # refuses every job ("No available agent to submit job")
+            f"--dashboard-agent-listen-port={free_port()}",
         ]
         if head and dashboard_port:
             args += ["--head", f"--port={self.port}", "--include-dashboard=true"]

@@ -249,3 +249,18 @@ def planted(monkeypatch):
     from tests.planted import plant
 
     return lambda effect: plant(monkeypatch, effect)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A single-node Slurm on this host (tests/slurm_cluster.py); ``SLURM_CONF`` set for the session."""
+    from tests.slurm_cluster import slurm_cluster
+
+    with slurm_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_address(slurm_cluster):
+    """What the executors' shared contract asks a cluster executor for: Slurm needs no address."""
+    return "auto"

@@ -8,6 +8,7 @@ once through the API (with MLflow) and once through the CLI, and every test here
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -15,6 +16,7 @@ import os
 import runpy
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -107,7 +109,10 @@ def test_profile_figure_report_and_html(flows, tmp_path):
     with pytest.raises(study.StudyError, match="token_set: expected one of \\['all'\\], got 'cls'"):
         result.profile("diagonality", token_set="cls")
     fig = result.figure("dip")
-    assert type(fig).__name__ == "Figure" and fig.get_size_inches()[0] > 3
+    import matplotlib.figure
+
+    assert isinstance(fig, matplotlib.figure.Figure) and fig.get_size_inches()[0] > 3
+    assert fig._repr_png_() == result.figures("dip")[0].png  # shown inline as the report's own PNG
     assert result.figures("dip")[0].plotted["layers"][:2] == ["patch_embed", "pos_embed"]
     page = result._repr_html_()
     assert "#2e7d32" in page and "data:image/png;base64," in page and "higher" in page
@@ -133,6 +138,8 @@ def test_seed_aggregates_on_the_parent_run(flows):
         assert [m.value for m in hist] == pytest.approx(prof.loc[row].to_numpy(dtype=float))
     arts = {a.path for a in client.list_artifacts(parent.info.run_id, "seed_aggregates")}
     assert arts == {"seed_aggregates/diagonality_all.png"}
+    note = client.get_run(parent.info.run_id).data.tags["seed_aggregates"]  # what step i means
+    assert "step = layer (0 patch_embed, 1 pos_embed, 2 block_01, 3 block_02, 4 block_03, 5 norm)" in note
 
 
 def test_quickstart_notebook_runs(flows, monkeypatch):
@@ -143,7 +150,7 @@ def test_quickstart_notebook_runs(flows, monkeypatch):
     _, result, _, _ = flows
     monkeypatch.setenv("STUDY_FOLDER", str(result.folder))
     monkeypatch.setenv("PYTHONPATH", f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's own backend (inline), as in Jupyter
     nb = nbformat.read(REPO / "examples" / "quickstart.ipynb", as_version=4)
     nbclient.NotebookClient(
         nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}
@@ -152,18 +159,84 @@ def test_quickstart_notebook_runs(flows, monkeypatch):
         str(o.get("data", {}).get("text/html", "")) for c in nb.cells for o in c.get("outputs", [])
     )
     assert "higher" in shown and "ACCEPTED" in shown
+    # figures show inline (before: importing study switched the kernel to Agg, so neither the notebook's
+    # own plot nor result.figure(...) showed anything but "<Figure size ... with 1 Axes>")
+    images = {
+        "".join(c.source): base64.b64decode(o["data"]["image/png"])
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "image/png" in o.get("data", {})
+    }
+    own_plot = next(src for src in images if "fill_between" in src)
+    report_figure = next(src for src in images if src.startswith("result.figure("))
+    expected = result.figures(result.hypothesis.claims[-1].name)[0].png
+    assert images[report_figure] == expected  # the report's exact image
+    assert images[own_plot][:8] == b"\x89PNG\r\n\x1a\n" and len(images[own_plot]) > 5000
+    if os.environ.get("STUDY_KEEP_NOTEBOOK_PNG"):  # to look at what a notebook user sees
+        for i, png in enumerate(images.values()):
+            (Path(os.environ["STUDY_KEEP_NOTEBOOK_PNG"]) / f"cell{i}.png").write_bytes(png)
+
+
+def _two_studies(result, root):
+    """An output folder ``root/study_results`` as the README's first two steps leave it: the default study
+    (``u_shape``) and ``controls`` finished side by side (here both the tiny study's folder, linked)."""
+    out = root / "study_results"
+    (out / "studies").mkdir(parents=True)
+    (out / "runs").symlink_to(result.folder.parent.parent / "runs")
+    for name in ("u_shape", "controls"):
+        (out / "studies" / name).symlink_to(result.folder)
+    return out
 
 
 def test_use_from_python_example(flows, capsys, tmp_path, monkeypatch):
     """examples/use_from_python.py (the README's "Use from Python" snippet) runs as written, in a folder
-    whose ``study_results`` is the finished study's output folder."""
+    whose ``study_results`` holds two finished studies (the default study and controls.yaml's); without
+    ``name=`` ``load`` says in one line which to pick."""
     _, result, _, _ = flows
-    (tmp_path / "study_results").symlink_to(result.folder.parent.parent)
+    out = _two_studies(result, tmp_path)
+    with pytest.raises(study.StudyError) as err:
+        study.load(out)
+    assert str(err.value) == (
+        f"{out}: 2 finished studies and sweeps here ['controls', 'u_shape']: pick one with "
+        f"study.load('{out}', name='controls')"
+    )
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(REPO / "examples" / "use_from_python.py"))
-    out = capsys.readouterr().out
-    assert "higher" in out and "ACCEPTED" in out and "ci_high" in out
+    printed = capsys.readouterr().out
+    assert "higher" in printed and "ACCEPTED" in printed and "ci_high" in printed
     assert (tmp_path / "claim.png").stat().st_size > 1000
+
+
+def test_profile_of_a_study_with_conditions_names_one(flows):
+    """``profile`` never averages conditions (before: trained and shuffled runs of a seed were averaged):
+    without ``condition=`` on a study of several it is one error; with it, that condition's seeds alone."""
+    from dataclasses import replace
+
+    _, result, _, _ = flows
+    table = result.table
+    shifted = table.assign(condition="shuffled", value=table.value + 10.0, run_key=table.run_key + "s")
+    both = replace(
+        result, inp=replace(result.inp, table=pd.concat([table.assign(condition="trained"), shifted]))
+    )
+    assert both.conditions == ["trained", "shuffled"] and result.conditions == []
+    with pytest.raises(study.StudyError) as err:
+        both.profile("diagonality")
+    assert str(err.value) == (
+        f"{result.folder}: condition: this study has 2 conditions ['trained', 'shuffled']: expected "
+        "condition= one of them (rows of different conditions come from different runs and are never averaged)"
+    )
+    plain = result.profile("diagonality")
+    pd.testing.assert_frame_equal(both.profile("diagonality", condition="trained"), plain)
+    pd.testing.assert_frame_equal(
+        both.profile("diagonality", condition="shuffled").loc[[0, 1, 2]], plain.loc[[0, 1, 2]] + 10.0
+    )
+    with pytest.raises(
+        study.StudyError, match=r"condition: expected condition= one of \['trained', 'shuffled'\]"
+    ):
+        both.profile("diagonality", condition="untrained")
+    with pytest.raises(study.StudyError, match="this study's design has none"):
+        result.profile("diagonality", condition="trained")
 
 
 def test_import_study_stays_light():

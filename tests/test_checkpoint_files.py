@@ -303,6 +303,27 @@ def test_a_payload_is_refused_before_it_runs_and_the_error_names_it(tmp_path, wh
     assert msg.startswith(str(folder / "checkpoint0000.pth"))
 
 
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_legacy_file_with_a_payload_is_one_line_without_torch_s_warnings(tmp_path, protocol, mmap):
+    """A pre-zip ``torch.save`` file: refused before anything runs, and torch's "Detected pickle protocol 4
+    in the checkpoint" UserWarning is not printed above our line."""
+    import warnings
+
+    canary, path = tmp_path / "canary", tmp_path / "epoch_001.pt"
+    torch.save(
+        {"w": torch.zeros(1), "x": _Payload(canary)},
+        path,
+        _use_new_zipfile_serialization=False,
+        pickle_protocol=protocol,
+    )
+    with warnings.catch_warnings(record=True) as seen, pytest.raises(StudyError) as err:
+        warnings.simplefilter("always")
+        load_checkpoint(path, mmap=mmap)
+    assert not canary.exists() and "\n" not in str(err.value)
+    assert [str(w.message) for w in seen] == []
+
+
 def test_a_class_outside_the_allow_list_is_named(tmp_path):
     path = tmp_path / "epoch_001.pt"
     torch.save({"state_dict": {"w": torch.zeros(1)}, "extra": _Custom()}, path)

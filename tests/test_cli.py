@@ -37,6 +37,33 @@ def test_metrics_verb_bad_file_exits_2_with_one_line(tmp_path, capsys, content):
     assert err.count("\n") == 0 and "bad.npy" in err and "1-D non-negative" in err
 
 
+def test_metrics_verb_reads_every_spectrum_of_a_run_s_spectra_npz(tmp_path, capsys):
+    """The file runs write (``RunFolder.write_spectra``) is accepted: one metrics object per named
+    spectrum (was refused: "holds several arrays")."""
+    from vitstudy_core.runfolder import RunFolder
+
+    spectra = {"0/norm/all": 0.8 ** np.arange(32), "8/block_00/patch": 0.5 ** np.arange(16)}
+    folder = RunFolder(tmp_path / "run")
+    folder.path.mkdir()
+    folder.write_spectra(spectra)
+    assert main(["metrics", str(folder.path / "spectra.npz")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert list(out) == list(spectra) and all(set(m) == set(METRICS) for m in out.values())
+    for name, lam in spectra.items():
+        assert out[name]["effective_rank"] == pytest.approx(METRICS["effective_rank"](lam))
+
+
+def test_metrics_verb_names_the_bad_array_of_a_npz(tmp_path, capsys):
+    path = tmp_path / "spectra.npz"
+    np.savez(path, good=np.ones(4), bad=np.ones((2, 2)))
+    assert main(["metrics", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "spectra.npz" in err and "bad: shape (2, 2)" in err, err
+    np.savez(path)
+    assert main(["metrics", str(path)]) == 2
+    assert "holds no arrays" in capsys.readouterr().err
+
+
 def _tiny(tmp_path, tiny_yaml, covariance_epochs="first_last"):
     text = tiny_yaml.read_text().replace("seeds: [0, 1, 2]", "seeds: [0]")
     text = text.replace("probe: {size: 16}", f"probe: {{size: 16, covariance_epochs: {covariance_epochs}}}")

@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runners.leases import FileLeaseStore, SqlLeaseStore, dispose_engines, fill_once, open_lease_store
+from runners.lease_file import FileLeaseStore
+from runners.lease_sql import SqlLeaseStore, dispose_engines
+from runners.leases import fill_once, open_lease_store
 from runners.shared_out import TOKEN, OutNotShared, check_token, lease_key, seen_by_driver, write_token
 from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for, fresh_database
 from tests.studyproc import study_cmd
@@ -93,15 +95,51 @@ def test_case1_a_run_finished_elsewhere_but_unreadable_here_is_an_error_naming_t
     assert out[2][2] is None and out[2][1]["status"] == "finished"  # finished on disk: never failed
 
 
+def test_case1_a_ray_task_s_error_is_the_job_s_own_one_line_without_ray_s_traceback():
+    exceptions = pytest.importorskip("ray.exceptions")
+    from runners.executors import ray_job_error
+
+    own = OutNotShared("host node-7 does not see the study's output folder /out (...): --out must be ...")
+    # what Ray's driver gets: the task's traceback in colour, and the job's exception as its cause
+    traceback = (
+        "\x1b[36mray::_ray_call()\x1b[39m (pid=27373, ip=10.0.0.7)\n  File ...\nOutNotShared: host node-7"
+    )
+    wrapped = exceptions.RayTaskError("_ray_call", traceback, own, pid=27373, ip="10.0.0.7")
+    assert ray_job_error(wrapped) is own and ray_job_error(wrapped.as_instanceof_cause()) is own
+    # a job's error Ray could not rebuild, and Ray's own errors: one line naming the node, no colour codes
+    lost = ray_job_error(exceptions.RayTaskError("_ray_call", traceback, None, pid=1, ip="10.0.0.7"))
+    assert str(lost) == "a Ray task on node 10.0.0.7 failed: RayTaskError: OutNotShared: host node-7"
+    crashed = str(ray_job_error(exceptions.WorkerCrashedError()))
+    assert (
+        crashed.startswith("a Ray task failed: WorkerCrashedError: The worker died") and "\n" not in crashed
+    )
+    assert ray_job_error(own) is own  # anything else is left as it is
+
+
+@pytest.mark.slow  # a Ray task on the loopback cluster (~10 s: its worker imports torch)
+def test_case1_on_ray_a_task_that_does_not_see_out_fails_with_one_line_naming_its_host(tmp_path, ray_address):
+    from runners.executors import RayExecutor
+
+    [(i, result, exc)] = list(
+        RayExecutor(ray_address).map_jobs(check_token, [(str(tmp_path / "private"), "t")])
+    )
+    assert (i, result) == (0, None) and isinstance(exc, OutNotShared), repr(exc)
+    (line,) = f"{type(exc).__name__}: {exc}".splitlines()  # the reason a failed run records
+    assert line.startswith(
+        f"OutNotShared: host {socket.gethostname()} does not see the study's output folder"
+    )
+    assert "\x1b" not in line and "ray::" not in line and "Traceback" not in line
+
+
 def _private_node(monkeypatch, tmp_path):
     """Every job runs as on a node whose --out is a private folder (the driver's path, another disk)."""
     import runners.jobs
 
     real = runners.jobs.execute_claimed_run
 
-    def on_private_node(run, run_dir, data_dir, leases, study="", token=""):
+    def on_private_node(run, run_dir, data_dir, leases, study="", token="", label=""):
         node_out = tmp_path / "node-disk"
-        return real(run, str(node_out / "runs" / Path(run_dir).name), data_dir, leases, study, token)
+        return real(run, str(node_out / "runs" / Path(run_dir).name), data_dir, leases, study, token, label)
 
     monkeypatch.setattr(runners.jobs, "execute_claimed_run", on_private_node)
 
@@ -346,7 +384,7 @@ def test_case5_workers_share_one_pool_each_under_a_low_connection_limit(tmp_path
 
 
 def test_case5_one_engine_per_url_and_process(tmp_path):
-    from runners.leases import engine_for
+    from runners.lease_sql import engine_for
 
     url = f"sqlite:///{tmp_path / 'l.db'}"
     assert open_lease_store(url) is open_lease_store(url) and engine_for(url) is engine_for(url)
@@ -487,7 +525,7 @@ def test_case9_a_run_leased_elsewhere_frees_its_slot_and_reuses_the_holder_s_res
     scoped = lease_key(a.key, write_token(tmp_path / "out"))  # this folder's lease of run A
     assert store.acquire(scoped, "other-host:1:abc", 60)  # a live holder elsewhere
 
-    def training(run, run_dir, data_dir):
+    def training(run, run_dir, data_dir, label=""):
         trained.append(run["key"])
         return _finish(Path(run_dir))
 
@@ -745,7 +783,9 @@ def test_case6_two_output_folders_hold_separate_leases_each_run_filled_once(
     from study.cluster import format_status
 
     db = fresh_database(postgres_url, "case6_leases")
-    monkeypatch.setattr(runners.jobs, "execute_run", lambda run, run_dir, data_dir: _finish(Path(run_dir)))
+    monkeypatch.setattr(
+        runners.jobs, "execute_run", lambda run, run_dir, data_dir, label="": _finish(Path(run_dir))
+    )
     _, [spec] = _tiny_specs()
     try:
         for out in ("a", "b"):  # B's job after A's run finished: A's finished lease is not B's run
@@ -845,8 +885,14 @@ def test_case6_a_live_parent_of_another_host_or_folder_is_never_closed_a_silent_
             t.__exit__(None, None, None)
 
 
-@pytest.mark.slow  # two invocations of the 3-run tiny study at once, and one undisturbed (~2 min under load)
+@pytest.mark.slow  # two invocations of the 3-run tiny study at once, a third after, one undisturbed (~2 min under load)
 def test_case6_two_output_folders_on_one_fresh_database_each_train_their_runs_once(tmp_path, postgres_url):
+    """docs/scale-out.md, "Two output folders on one database": two invocations that both looked in the
+    store before either finished a run each train every run once, in their own folder; a later one
+    downloads the store's finished runs and trains none. Which of the two a real pair of invocations
+    does depends on when each looks; here they meet (tests/pose_as.py --meet) after looking, before training,
+    so it is the first every time."""
+    import re
     from collections import Counter
 
     from mlflow.tracking import MlflowClient
@@ -857,9 +903,17 @@ def test_case6_two_output_folders_on_one_fresh_database_each_train_their_runs_on
     hyp = tmp_path / "tiny.yaml"
     hyp.write_text(TINY_HYPOTHESIS)
     outs = [tmp_path / "a", tmp_path / "b"]
+    pose = [
+        sys.executable,
+        str(REPO / "tests" / "pose_as.py"),
+        socket.gethostname(),
+        "--meet",
+        str(tmp_path / "met"),
+        "2",
+    ]
     procs = [
         subprocess.Popen(
-            study_cmd(hyp, out, "--leases", db),
+            [*pose, *study_cmd(hyp, out, "--leases", db)[3:]],  # study_cmd without `python -m study`
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -870,16 +924,34 @@ def test_case6_two_output_folders_on_one_fresh_database_each_train_their_runs_on
     ]
     logs = [p.communicate(timeout=900)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n=====\n".join(log[-3000:] for log in logs)
-    for log in logs:  # each folder trained each of its runs, once
+    for log in logs:  # each folder trained each of its runs, once, and reused none
         assert all(log.count(f"[objects/seed{seed}] epoch 2/2") == 1 for seed in (0, 1, 2)), log
+        assert "study tiny: 3 runs planned, 0 reused, 3 to train" in log, log
     leases = open_lease_store(db).leases()
     assert len(leases) == 6 and {(le.state, le.attempts) for le in leases} == {("finished", 1)}
     client = MlflowClient(db)
     exp = client.get_experiment_by_name("tiny").experiment_id
-    trainings = client.search_runs([exp], "tags.`study.role` = 'training' and attributes.status = 'FINISHED'")
+    query = "tags.`study.role` = 'training' and attributes.status = 'FINISHED'"
+    trainings = client.search_runs([exp], query)
     assert Counter(r.data.tags["study.out"] for r in trainings) == {str(out): 3 for out in outs}
     parents = client.search_runs([exp], "tags.`study.role` = 'study'")
     assert sorted(r.info.status for r in parents) == ["FINISHED", "FINISHED"]  # neither closed the other
+    # a third folder started after them: every run is in the store, FINISHED, so it is downloaded, not trained
+    later = subprocess.run(
+        study_cmd(hyp, tmp_path / "c", "--leases", db),
+        capture_output=True,
+        text=True,
+        env=env_for(MLFLOW_TRACKING_URI=db),
+        cwd=REPO,
+    )
+    assert later.returncode == 0, later.stdout[-3000:] + later.stderr[-3000:]
+    assert (
+        "study tiny: 3 runs planned, 3 reused, 0 to train" in later.stdout and "epoch 2/2" not in later.stdout
+    )
+    sources = re.findall(r"reused objects/seed\d \(key \w+, from MLflow run (\w+)\)", later.stdout)
+    assert len(sources) == 3 and set(sources) <= {r.info.run_id for r in trainings}, later.stdout
+    assert len(open_lease_store(db).leases()) == 6  # it took no lease: nothing to train
+    assert len(client.search_runs([exp], query)) == 6  # a downloaded copy is never logged again
     alone = subprocess.run(
         study_cmd(hyp, tmp_path / "alone", "--no-mlflow"),
         capture_output=True,
@@ -888,7 +960,7 @@ def test_case6_two_output_folders_on_one_fresh_database_each_train_their_runs_on
         cwd=REPO,
     )
     assert alone.returncode == 0, alone.stderr[-3000:]
-    assert verdicts(outs[0]) == verdicts(outs[1]) == verdicts(tmp_path / "alone")
+    assert verdicts(outs[0]) == verdicts(outs[1]) == verdicts(tmp_path / "c") == verdicts(tmp_path / "alone")
     dispose_engines()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.leases import FileLeaseStore
+from runners.lease_file import FileLeaseStore
 from study.cluster import submit_command
 from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for, fresh_database
 
@@ -70,6 +70,36 @@ def test_status_counts_each_study_s_runs_by_state_from_a_lease_folder(tmp_path):
     assert by_url.returncode == 0 and status_table(by_url.stdout) == EXPECTED
 
 
+@pytest.mark.parametrize("kind", ["folder", "sqlite"])
+def test_status_counts_a_study_by_its_own_runs_shared_ones_too(tmp_path, kind):
+    """``controls`` plans 10 runs, 5 of them the default study's (trained and leased by it): it counts 10
+    (was 5: a lease names the study that trained it), and ``u_shape`` still counts its 5."""
+    from runners.lease_members import members, record, record_planned
+    from runners.leases import open_lease_store
+    from runners.shared_out import lease_key, read_token
+    from study.cluster import status_counts
+
+    where = str(tmp_path / "leases") if kind == "folder" else f"sqlite:///{tmp_path / 'leases.db'}"
+    store = open_lease_store(where)
+    trained, shuffled = [f"t{i}" for i in range(5)], [f"s{i}" for i in range(5)]
+    for study, keys in (("u_shape", trained), ("controls", shuffled)):
+        store.announce(study, keys)
+        for key in keys:
+            assert store.acquire(key, "w1", ttl=60, study=study)
+            store.release(key, "w1", "finished")
+    record(store, "u_shape", trained)
+    record(store, "controls", trained + shuffled)
+    record(store, "controls", trained)  # recorded again by a rerun: counted once
+    counts = status_counts(where)
+    assert counts["controls"]["finished"] == 10 and sum(counts["controls"].values()) == 10
+    assert counts["u_shape"]["finished"] == 5 and sum(counts["u_shape"].values()) == 5
+    # what ``run`` records: every planned run (reused ones too), scoped by the output folder's token
+    runs = tmp_path / "out" / "runs"
+    record_planned(where, runs, "controls", ["r0", "r1"], training=True)
+    token = read_token(tmp_path / "out")
+    assert {lease_key("r0", token), lease_key("r1", token)} <= members(open_lease_store(where))["controls"]
+
+
 def test_status_reads_a_postgresql_lease_store(postgres_url):
     from runners.leases import open_lease_store
 
@@ -83,10 +113,15 @@ def test_status_reads_a_postgresql_lease_store(postgres_url):
 def test_status_on_an_empty_or_unreachable_store(tmp_path):
     empty = study_cli("status", "--out", str(tmp_path))
     assert empty.returncode == 0 and empty.stdout.startswith("no runs in the lease store"), empty
-    dead = study_cli("status", "--leases", "postgresql://study@127.0.0.1:9/none")
+    dead = study_cli("status", "--leases", "postgresql://study:S3cretPW@127.0.0.1:9/none")
     assert dead.returncode == 2 and dead.stdout == ""
     (line,) = dead.stderr.strip().splitlines()
-    assert "--leases" in line and "cannot read the lease store" in line
+    # the URL once (its password masked), the driver's reason, none of SQLAlchemy's wrapping
+    assert line.startswith(
+        "error: --leases: cannot read the lease store postgresql://study:***@127.0.0.1:9/none (OperationalError: "
+    )
+    assert line.count("127.0.0.1:9/none") == 1 and "Connection refused" in line, line
+    assert "Background on this error" not in line and "sqlalche.me" not in line and "(psycopg." not in line
 
 
 def test_submit_to_an_unreachable_cluster_is_one_line_and_writes_nothing(tmp_path):
@@ -118,6 +153,79 @@ def test_submit_command_runs_a_sweep_file_as_a_sweep_with_absolute_paths(tmp_pat
     assert run[3] == "run" and "--storage" not in run  # a study has no optuna storage
 
 
+def _agent_starting(monkeypatch, refusals: int) -> list[dict]:
+    """Ray's job client as it answers while the head's job agent starts: ``refusals`` submissions refused
+    with Ray's own 500, then accepted; returns the submissions it saw (no real sleep between them)."""
+    import ray.job_submission
+
+    from study import cluster
+
+    seen: list[dict] = []
+
+    class Client:
+        def __init__(self, address):
+            pass
+
+        def submit_job(self, **job):
+            seen.append(job)
+            if len(seen) <= refusals:  # what ray.dashboard.modules.dashboard_sdk raises for it
+                raise RuntimeError(
+                    "Request failed with status code 500: No available agent to submit job, please try again later.."
+                )
+            return job["submission_id"]
+
+    clock = [0.0]
+    monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
+    monkeypatch.setattr(cluster.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(cluster.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    return seen
+
+
+def test_submit_waits_for_the_job_agent_then_submits_once(tmp_path, monkeypatch, capsys):
+    from study.cli import main
+
+    seen = _agent_starting(monkeypatch, refusals=3)
+    hyp = tmp_path / "tiny.yaml"
+    hyp.write_text(TINY_HYPOTHESIS)
+    assert main(["submit", str(hyp), "--address", "http://head:8265", "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr()
+    assert len(seen) == 4 and len({j["submission_id"] for j in seen}) == 1  # the refused ones started nothing
+    assert printed.out.split()[1] == seen[-1]["submission_id"]
+    assert printed.err.strip() == "waiting for the Ray cluster's job agent (up to 120s)"
+
+
+def test_submit_whose_job_agent_never_comes_is_one_line_within_its_bound(tmp_path, monkeypatch, capsys):
+    from study import cluster
+    from study.cli import main
+
+    seen = _agent_starting(monkeypatch, refusals=10**6)
+    hyp, out = tmp_path / "tiny.yaml", tmp_path / "out"
+    hyp.write_text(TINY_HYPOTHESIS)
+    monkeypatch.setenv(
+        "STUDY_LEASES", "postgresql://study:S3cretPW@db/study"
+    )  # travels in a file under --out
+    assert main(["submit", str(hyp), "--address", "http://head:8265", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == "waiting for the Ray cluster's job agent (up to 120s)" and len(err) == 2
+    assert err[1].startswith(
+        "error: --address: the Ray cluster 'http://head:8265' has no job agent ready after 120s"
+    )
+    assert (
+        cluster.time.monotonic() <= cluster.AGENT_WAIT_S and len(seen) == cluster.AGENT_WAIT_S / 2 + 1
+    )  # every 2 s
+    assert not list((out / cluster.SECRETS_DIR).iterdir())  # no job will read the secrets file: deleted
+    calls = []
+
+    class Refusing:  # any other refusal is raised at once (submit makes it one line), not retried
+        def submit_job(self, **job):
+            calls.append(job)
+            raise RuntimeError("Request failed with status code 400: bad.")
+
+    with pytest.raises(RuntimeError, match="status code 400"):
+        cluster.submit_job(Refusing(), {}, "http://head:8265")
+    assert len(calls) == 1
+
+
 @pytest.fixture
 def job_cluster(tmp_path):
     """A one-node Ray cluster (2 CPUs) with its dashboard, the job server ``submit`` talks to."""
@@ -130,11 +238,35 @@ def job_cluster(tmp_path):
     cluster = RayCluster(tmp_path, {"MLFLOW_DISABLE_TELEMETRY": "true"})
     dashboard = free_port()
     cluster.start_node(head=True, num_cpus=2, dashboard_port=dashboard)
-    cluster.wait_for_cpus(2)
     try:
-        yield f"http://127.0.0.1:{dashboard}"
+        cluster.wait_for_cpus(2)
+        address = f"http://127.0.0.1:{dashboard}"
+        wait_for_job_server(address)
+        yield address
     finally:
         cluster.stop()
+
+
+def wait_for_job_server(address: str, timeout: float = 300) -> None:
+    """Until the head's dashboard answers and its job agent has run a job (``true``): the cluster's CPUs
+    are there seconds before either, and a submission meanwhile is refused (``Failed to connect to Ray``,
+    ``No available agent``). The job has no study metadata, so ``status`` does not list it."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client = JobSubmissionClient(address)
+            job_id = client.submit_job(entrypoint="true")
+            break
+        except (ConnectionError, RuntimeError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+    while (status := client.get_job_status(job_id)) not in {JobStatus.SUCCEEDED, JobStatus.FAILED}:
+        assert time.monotonic() < deadline, client.get_job_logs(job_id)[-3000:]
+        time.sleep(0.5)
+    assert status == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
 
 
 def wait_for_job(address: str, job_id: str, timeout: float = 400) -> str:

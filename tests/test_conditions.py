@@ -225,6 +225,23 @@ def test_max_runs_raises_the_limit_and_claims_must_name_known_conditions(tmp_pat
     assert "3 cell(s) (2 trained) x 1 dataset(s) x 3 seed(s) = 6 run(s) planned" in capsys.readouterr().out
 
 
+def test_max_runs_bounds_training_only_not_analyze_on_a_saved_table(tmp_path, capsys):
+    """``analyze`` trains nothing: a design over ``max_runs`` is tested on a saved table (``run`` and
+    ``validate`` still refuse it)."""
+    from analysis.simulate import simulate_study_table
+    from analysis.table import save_table
+
+    table = tmp_path / "table.parquet"
+    sim = simulate_study_table(n_seeds=3, datasets=("objects",), epochs=(0, 2), metrics=("eed_pct",))
+    save_table(sim, table)
+    path = tmp_path / "h.yaml"
+    path.write_text(yaml.safe_dump(_data(seeds=list(range(201)))))
+    assert main(["validate", str(path)]) == 2
+    assert "over the limit of 200" in capsys.readouterr().err
+    assert main(["analyze", str(path), "--table", str(table), "--json"]) == 0
+    assert [c["name"] for c in json.loads(capsys.readouterr().out)] == [CLAIM["name"]]
+
+
 # ---- the table: a condition column; an untrained cell reads its twin's epoch-0 rows -------------------
 def test_table_keeps_the_condition_column(tmp_path):
     from analysis.table import COLUMNS, load_table, make_table, save_table

@@ -111,6 +111,13 @@ def test_a_copied_folder_does_not_write_into_the_original(tiny_yaml, tmp_path, c
     assert _run(tiny_yaml, b, "--force") == 2  # refused before anything trains or is logged
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "copied or moved" in err and str(a / "mlartifacts") in err, err
+    # another study, new to the copy, is refused the same way (it would reuse the copied runs, whose
+    # artifacts load from the original: issue 39)
+    other = tmp_path / "other.yaml"
+    other.write_text(tiny_yaml.read_text().replace("name: tiny", "name: tiny_other", 1))
+    assert _run(other, b) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "copied or moved" in err and "'tiny'" in err, err
     main(["doctor", "--out", str(b)])
     assert "moved_store" in capsys.readouterr().out  # doctor names it too (report only)
     assert _snapshot(a) == before  # not one file of the original changed

@@ -237,9 +237,16 @@ RULES: list[Rule] = [
     # ---- the suite itself and installs
     Rule(
         r'^pip install -e "\.\[test\]"$',
-        Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command",)),
+        Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command_in_a_venv_then_the_slow_tests",)),
     ),
-    Rule(r"^python -m pytest$", Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command",))),
+    Rule(
+        r"^python -m pytest -m slow$",
+        Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command_in_a_venv_then_the_slow_tests",)),
+    ),
+    Rule(
+        r"^python -m pytest$",
+        Mapped(("tests/test_docs.py::test_ci_runs_the_readme_test_command_in_a_venv_then_the_slow_tests",)),
+    ),
     Rule(
         r"^pip install -e \.$",
         Mapped(
@@ -250,7 +257,7 @@ RULES: list[Rule] = [
         ),
     ),
     Rule(
-        r'^pip install -e "\.\[(?:ray|dashboard)\]"$',
+        r'^pip install -e "\.\[(?:ray|dashboard|slurm)\]"$',
         Mapped(("tests/test_docs.py::test_extras_named_in_the_docs_exist",)),
     ),
     # ---- run at test size by other tests
@@ -285,6 +292,10 @@ RULES: list[Rule] = [
         ),
     ),
     Rule(r"^python -m study run FILE --executor ray ", Mapped((CLUSTER,))),
+    Rule(
+        r"^python -m study (run hypotheses/u_shape\.yaml|sweep FILE) --executor slurm ",
+        Mapped(("tests/test_slurm.py::test_a_study_on_slurm_gives_the_local_executor_s_tables_bit_for_bit",)),
+    ),
     Rule(
         r"^python -m study validate FILE$",
         Mapped(("tests/test_schema.py::test_malformed_file_one_line_exit_2",)),
@@ -342,7 +353,7 @@ RULES: list[Rule] = [
         Bench(("tests/test_gpu_check.py::test_cpu_smoke_runs_every_step_and_writes_json_and_table",)),
     ),
     Rule(
-        r"^(?:nice )?PYTHONPATH=\. python bench/(calibration|extract|train|data|scale|faults|executor|probe_coverage|step_profile)\.py",
+        r"^(?:nice )?PYTHONPATH=\. python bench/(calibration|extract|train|data|scale|faults|executor|probe_coverage|step_profile|slurm_overhead)\.py",
         Bench(),
     ),
     # ---- other tools' set-up commands
@@ -457,7 +468,7 @@ def _verbs() -> dict[str, list[str]]:
     """Every verb of ``python -m study`` and its option strings, from the CLI's own parser."""
     import argparse
 
-    from study.cli import _parser
+    from study.cli_parser import _parser
 
     sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     return {verb: [o for a in p._actions for o in a.option_strings] for verb, p in sub.choices.items()}
@@ -541,10 +552,16 @@ def test_mapped_tests_exist_and_run_by_default():
     )
 
 
-def test_ci_runs_the_readme_test_command():
-    """The README's second command is what CI runs (.ci/run's last line)."""
-    ci = REPO.joinpath(".ci", "run").read_text().strip().split("\n")
-    assert ci[-1] == 'pip install -e ".[test]" && python -m pytest'
+def test_ci_runs_the_readme_test_command_in_a_venv_then_the_slow_tests():
+    """The README's second command is what CI runs, as a line of its own, in a venv it makes and enters
+    first; the slow tests run after it."""
+    readme = REPO.joinpath("README.md").read_text().split("\n")
+    command = [ln.strip() for ln in readme[:8] if ln.startswith("    ")][1]
+    assert command == 'pip install -e ".[test]" && python -m pytest'
+    ci = [ln.strip() for ln in REPO.joinpath(".ci", "run").read_text().split("\n")]
+    at = ci.index(command)
+    assert ci.index('python -m venv "$venv"') < ci.index('. "$venv/bin/activate"') < at
+    assert "python -m pytest -m slow" in ci[at + 1 :] and "pip install" not in " ".join(ci[at + 1 :])
 
 
 def test_extras_named_in_the_docs_exist():

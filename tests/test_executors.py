@@ -12,6 +12,7 @@ from runners.executors import (
     RayExecutor,
     make_executor,
 )
+from runners.slurm import SlurmExecutor, check_cluster, from_options, parse_time
 from study.stages import Placement
 from vitstudy_core.errors import StudyError
 
@@ -22,17 +23,27 @@ def square_or_fail(x: int) -> int:
     return x * x
 
 
-@pytest.fixture(
-    params=[(name, w) for name in EXECUTORS.names() for w in (1, 2)], ids=lambda p: f"{p[0]}-{p[1]}"
-)
-def executor(request):
+def _params():
+    """(name, workers) per registered executor; a cluster executor other than Ray (whose loopback cluster
+    the default suite starts anyway) is slow: starting its cluster costs more than the default budget."""
+    for name in EXECUTORS.names():
+        marks = [pytest.mark.slow] if EXECUTORS.get(name).needs_cluster and name != "ray" else []
+        for w in (1, 2):
+            yield pytest.param((name, w), id=f"{name}-{w}", marks=marks)
+
+
+@pytest.fixture(params=list(_params()))
+def executor(request, tmp_path, monkeypatch):
     """Every registered executor, built through its registry entry with 1 and with 2 local workers (local:
     in-process and worker processes). One that needs a cluster gets it from the fixture ``<name>_address``
-    (Ray: a real loopback cluster, tests/clusters.py: a head and a worker node; it skips without Ray)."""
+    (Ray: a real loopback cluster, tests/clusters.py: a head and a worker node; Slurm: a single-node
+    cluster, tests/slurm_cluster.py; each skips without its binaries) and keeps its logs in ``tmp_path``."""
     name, workers = request.param
     kind = EXECUTORS.get(name)
     address = request.getfixturevalue(f"{name}_address") if kind.needs_cluster else "auto"
-    return kind.make(ExecutorOptions(workers=workers, n_jobs=5, cuda=False, address=address, cpus_per_run=1))
+    monkeypatch.chdir(tmp_path)  # a cluster executor's job logs, without an --out
+    opts = ExecutorOptions(workers=workers, n_jobs=5, cuda=False, address=address, cpus_per_run=1)
+    return kind.make(opts)
 
 
 def test_executor_contract(executor):
@@ -47,10 +58,12 @@ def test_executor_contract(executor):
 def test_every_executor_is_documented_and_unknown_names_are_one_line():
     for name, kind in EXECUTORS.items():
         assert kind.summary and callable(kind.make), name
-    with pytest.raises(StudyError, match=r"unknown executor 'slurm'; expected one of \['local', 'ray'\]"):
-        make_executor(1, 5, cuda=False, kind="slurm")
-    with pytest.raises(StudyError, match="unknown executor 'slurm'"):
-        Placement("slurm")
+    with pytest.raises(
+        StudyError, match=r"unknown executor 'nope'; expected one of \['local', 'ray', 'slurm'\]"
+    ):
+        make_executor(1, 5, cuda=False, kind="nope")
+    with pytest.raises(StudyError, match="unknown executor 'nope'"):
+        Placement("nope")
 
 
 def test_make_executor_choices():
@@ -60,6 +73,48 @@ def test_make_executor_choices():
     assert isinstance(make_executor(2, 5, cuda=False), ProcessExecutor)
     ray_ex = make_executor(1, 5, cuda=False, kind="ray", address="127.0.0.1:1", gpus_per_run=1)
     assert isinstance(ray_ex, RayExecutor) and (ray_ex.num_gpus, ray_ex.max_retries) == (1, 3)
+    slurm = make_executor(
+        1, 5, False, "slurm", gpus_per_run=2, out="/o", options={"partition": "p", "qos": "hi"}
+    )
+    assert isinstance(slurm, SlurmExecutor) and str(slurm.folder) == "/o/slurm"
+    assert slurm.parameters() == {
+        "job_name": slurm.job_name,
+        "time": 24 * 60,
+        "cpus_per_task": 1,
+        "array_parallelism": 256,
+        "additional_parameters": {"qos": "hi"},
+        "partition": "p",
+        "gpus_per_task": 2,
+    }
+
+
+@pytest.mark.parametrize(
+    "value, minutes", [("90", 90), ("90:30", 91), ("1:30:00", 90), ("2-00:00:00", 2880), ("0:00:01", 1)]
+)
+def test_slurm_time_is_read_as_sbatch_reads_it(value, minutes):
+    assert parse_time(value) == minutes
+
+
+@pytest.mark.parametrize(
+    "cpus, gpus, options, expected",
+    [
+        (1, 0, {"time": "soon"}, "--slurm-time: expected minutes or"),
+        (1, 0, {"time": "0"}, "--slurm-time: expected at least 1 minute"),
+        (1, 0.5, {}, "Slurm allocates whole CPUs and GPUs, got 1 / 0.5"),
+        (1, 0, {"array_parallelism": "0"}, "--slurm-array-parallelism: expected a positive integer"),
+    ],
+)
+def test_bad_slurm_options_are_one_line(cpus, gpus, options, expected):
+    with pytest.raises(StudyError, match=expected):
+        from_options("/o", cpus, gpus, options)
+
+
+def test_slurm_without_sbatch_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no Slurm client here
+    with pytest.raises(
+        StudyError, match="sbatch not found on this host; run the study from a Slurm login node"
+    ):
+        check_cluster(from_options(tmp_path, 1, 0, {}))
 
 
 def die_once(marker: str) -> int:

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from runners.extract import _Moments, eigenvalues, extract_spectra, gram_blocks, observation_points
+from runners.extract import extract_spectra, observation_points
 from runners.models import build_model
+from runners.token_moments import _Moments, eigenvalues, gram_blocks
 from vitstudy_core.errors import RunFailedError
 
 TINY = {
@@ -175,7 +176,7 @@ def test_rank_deficient_streaming_agrees_with_two_pass_under_the_stated_rule():
     ``x`` against the streaming sums of ``x`` perturbed by ~1e-7 relative (the size of float32 rounding)
     in batches of another size: every metric within 1e-6 relative, spectral_flatness (a value near
     1e-9, set by its floor) within 1e-6 absolute, as ``bench/extract.py``'s rule states."""
-    from runners.extract import _spectrum
+    from runners.token_moments import _spectrum
 
     bx = _bench_extract()
     rng = np.random.default_rng(3)

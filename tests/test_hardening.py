@@ -92,6 +92,20 @@ def test_doctor_finds_and_repairs(tiny_yaml, tmp_path, capsys):
     assert "0 left" in capsys.readouterr().out
 
 
+def test_doctor_counts_a_report_only_finding_as_reported_not_as_repaired(tmp_path):
+    """An unplanned, unfinished folder without a lock (orphan, stale_partial) is only reported: the summary
+    says so, rather than "2 finding(s), 0 repaired, 0 left"."""
+    from study.doctor import doctor
+
+    (tmp_path / "runs" / "0123456789abcdef").mkdir(parents=True)
+    for repair in (False, True):
+        lines: list[str] = []
+        assert doctor(tmp_path, repair=repair, log=lines.append) == 0
+        assert lines[0].startswith("orphan"), lines
+        assert all("report only" in line for line in lines[:-1] if not line.startswith("repair:")), lines
+        assert lines[-1] == "doctor: 2 finding(s): 0 repaired, 2 report only, 0 left to repair", lines
+
+
 def test_fresh_store_prints_no_library_logs(tmp_path):
     from tests.studyproc import run
 

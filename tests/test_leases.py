@@ -7,15 +7,10 @@ import time
 
 import pytest
 
-from runners.leases import (
-    FileLeaseStore,
-    LeaseLost,
-    SqlLeaseStore,
-    check_lease,
-    fill_once,
-    heartbeat,
-    open_lease_store,
-)
+from runners.lease_file import FileLeaseStore
+from runners.lease_model import LeaseLost, check_lease
+from runners.lease_sql import SqlLeaseStore
+from runners.leases import fill_once, heartbeat, open_lease_store
 from vitstudy_core.runfolder import RunFolder
 
 

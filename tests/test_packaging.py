@@ -2,15 +2,19 @@
 ``analysis`` and ``vitstudy_core`` (nothing else), and ``python -m study`` and the ``study`` console script
 work from a folder that holds its own ``analysis/``, ``core/`` and ``runners/`` packages.
 
-The wheel goes into a fresh venv made with ``--system-site-packages`` (the dependencies come from this
-interpreter's site-packages; the wheel itself is installed with ``--no-deps``), so the venv's copy must win
-over any editable install of the repo: checked through ``__file__``. About 15 s, no network.
+The wheel goes into a fresh venv whose dependencies are those of the interpreter running the tests, whatever
+it is (a venv, a conda environment, the system Python): a ``.pth`` file in the venv adds that interpreter's
+site directories after the venv's own, as ``--system-site-packages`` would for the *base* interpreter (which
+lacks the dependencies when the tests run in a venv). The wheel itself is installed with ``--no-deps``, so
+the venv's copy must win over any editable install of the repo: checked through ``__file__``. About 15 s,
+no network.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -68,16 +72,33 @@ def wheel(tmp_path_factory) -> Path:
     return path
 
 
+def _site_dirs() -> list[str]:
+    """This interpreter's site directories, in its own order: the user site (if enabled), then
+    site-packages (a venv's own, plus its base's when the venv was made with ``--system-site-packages``)."""
+    dirs = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    return [d for d in dict.fromkeys([*dirs, *site.getsitepackages()]) if os.path.isdir(d)]
+
+
 @pytest.fixture(scope="module")
 def installed(wheel, tmp_path_factory) -> Path:
-    """A fresh venv holding the wheel (dependencies from the system site-packages); returns its folder."""
+    """A fresh venv holding the wheel, its dependencies taken from this interpreter; returns its folder."""
     venv = tmp_path_factory.mktemp("venv") / "venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], check=True
-    )
-    # pip comes from the system site-packages and installs into the venv (its sys.prefix)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_clean_env(),
+    ).stdout.strip()
+    # addsitedir also runs the .pth files there (namespace packages, editable installs), as a site dir would;
+    # the venv's own site-packages stays first on sys.path, so its copy of our packages wins
+    lines = [f"import site; site.addsitedir({d!r})\n" for d in _site_dirs()]
+    (Path(purelib) / "_tests_parent_site.pth").write_text("".join(lines))
+    # pip comes from this interpreter's site-packages and installs into the venv (its sys.prefix)
     inst = subprocess.run(
-        [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel],
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel],
         capture_output=True,
         text=True,
         env=_clean_env(),

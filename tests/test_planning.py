@@ -19,8 +19,9 @@ from analysis.simulate import simulate_study_table
 from analysis.table import save_table
 from study.cli import main
 from study.schema import parse_hypothesis
-from study.seed_plan import plan_study
+from study.seed_plan import format_plan, plan_study
 from tests.conftest import TINY_HYPOTHESIS
+from vitstudy_core.fmt import fmt_num
 from vitstudy_core.runfolder import RunFolder
 
 
@@ -73,6 +74,32 @@ def test_seed_floors_of_randomisation_tests():
     assert seed_floor(0, 0.05) == 0
     row = plan_claim(1.0, np.array([0.1, 0.9, 0.5]), 0.05, 3, labellings=2)
     assert row["floor"] == 5 and row["power_file"] == 0.0 and row["seeds_80"] >= 5
+
+
+def test_plan_says_why_a_claim_has_no_seeds_for_80_percent_power():
+    """A tiny positive effect needs more seeds than the plan counts (the verdict's "80% power needs 30039
+    seeds"): the cell says ``>1000`` and a line gives d; an effect against the claim or a constant pilot
+    says so, rather than a bare ``-``."""
+
+    def row(name, effect, values):
+        out = plan_claim(effect, np.array(values), 0.05, 3)
+        hours = {f"run_hours_{k}": None for k in ("80", "90", "80_upper", "90_upper")}
+        head = {"claim": name, "kind": "compare", "effect": effect, "effect_from": "pilot", "alpha": 0.05}
+        return head | out | hours
+
+    claims = [
+        row("tiny", 0.01, [1.0, 1.5, 0.4, 1.2]),
+        row("against", -0.5, [1.0, 1.5, 0.4, 1.2]),
+        row("flat", 0.5, [1.0, 1.0, 1.0]),
+    ]
+    text = format_plan({"file_seeds": 3, "pilot": "p.parquet", "per_run": {}, "claims": claims})
+    table = {line.split()[0]: line for line in text.splitlines()[1:4]}
+    assert ">1000 (>1000)" in table["tiny"] and "n/a (n/a)" in table["against"] and "n/a" in table["flat"]
+    assert " - " not in "".join(table.values())
+    d = 0.01 / np.std([1.0, 1.5, 0.4, 1.2], ddof=1)
+    assert f"! tiny: 80% power needs more than 1000 seeds at d = {fmt_num(d, 3)}" in text
+    assert "! against: seeds n/a: the effect points away from the claim" in text
+    assert "! flat: seeds n/a: the pilot's per-seed values do not vary (SD 0)" in text
 
 
 def _hyp(tmp_path, claims: list[dict], seeds=(0, 1, 2)) -> tuple:

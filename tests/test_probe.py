@@ -159,3 +159,73 @@ def test_token_metric_of_a_metric_log_is_refused():
     with pytest.raises(StudyError, match="records neither"):
         check_token_metrics(hyp, table, "f.yaml")
     check_token_metrics(hyp, table.assign(n_tokens=100), "f.yaml")  # measured runs: the claim is tested
+
+
+# ---- conditions: each claim's probe-size rows come from its own condition's runs (issue 39) ---------------
+def _condition_study(tmp_path):
+    """Two trained cells (trained, shuffled) x 3 seeds, one run folder each with a ``probe.npz`` whose
+    smaller probes differ by cell, and the tidy table (conditions' rows share dataset and seed)."""
+    from analysis.table import make_table, rows_from_spectra
+
+    data = yaml.safe_load(TINY_HYPOTHESIS)
+    data["design"]["conditions"] = [{"name": "trained"}, {"name": "shuffled", "labels": "shuffled"}]
+    regions = {"early": ["block_01"], "bottleneck": ["block_02"], "late": ["block_03"]}
+    u = {"kind": "u_shape", "metric": "eed_pct", "subset": {"dataset": "objects"}, "regions": regions}
+    data["claims"] = [
+        {**u, "name": "u trained", "subset": {"dataset": "objects", "condition": "trained"}},
+        {**u, "name": "u shuffled", "subset": {"dataset": "objects", "condition": "shuffled"}},
+        {
+            "name": "deeper trained",
+            "kind": "exceeds",
+            "metric": "eed_pct",
+            "subset": {"dataset": "objects"},
+            "claim": {"kind": "u_shape", "regions": regions},
+            "a": {"condition": "trained"},
+            "b": {"condition": "shuffled"},
+        },
+    ]
+    layers = ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "norm"]
+    rng = np.random.default_rng(3)
+    rows = []
+    for cond, dip in (("trained", 0.9), ("shuffled", 0.3)):
+        for seed in (0, 1, 2):
+            key = f"{cond}{seed}"
+            spectra, probe = {}, {}
+            for layer in layers:
+                decay = (dip if layer == "block_02" else 0.2) + 0.02 * rng.random()
+                spectra[f"2/{layer}/all"] = np.exp(-decay * np.arange(16))
+                for label, shrink in (("images_1_4", 1.5), ("images_1_2", 1.2)):
+                    lam = np.exp(-decay * shrink * np.arange(16)) * (1 + 0.01 * rng.random(16))
+                    probe[f"2/{layer}/all/{label}/lam"] = lam
+                    probe[f"2/{layer}/all/{label}/n"] = np.asarray(80 // (4 if label == "images_1_4" else 2))
+            run = tmp_path / "runs" / key
+            run.mkdir(parents=True)
+            np.savez(run / "probe.npz", **probe)
+            n_tokens = {f"{layer}/all": 80 for layer in layers}
+            for r in rows_from_spectra(key, "objects", seed, spectra, layers, n_tokens, metrics=["eed_pct"]):
+                rows.append(r | {"condition": cond})
+    return data, make_table(rows)
+
+
+def test_probe_size_rows_are_each_conditions_own(tmp_path):
+    """Before: probe.npz was read by (dataset, seed), so the shuffled claim's N/4 and N/2 rows were the
+    trained claim's to every digit and trained-vs-shuffled read 0.0 (CI 0, 0) there."""
+    from analysis.probe import ProbeData
+    from analysis.verdicts import evaluate_claims
+
+    data, table = _condition_study(tmp_path)
+    results = evaluate_claims(
+        parse_hypothesis(data, "f.yaml"), table, probe=ProbeData.of_table(table, tmp_path / "runs")
+    )
+    sizes = {r.name: {p["probe"]: p for p in r.details["probe_sizes"]} for r in results}
+    assert [list(s) for s in sizes.values()] == [["N/4", "N/2", "N"]] * 3
+    for i, cond in enumerate(("trained", "shuffled")):
+        # the same claim on its condition's runs alone: the same rows to the digit
+        alone = table[table.condition == cond]
+        one = parse_hypothesis({**data, "claims": [data["claims"][i]]}, "f.yaml")
+        (own,) = evaluate_claims(one, alone, probe=ProbeData.of_table(alone, tmp_path / "runs"))
+        assert sizes[own.name] == {p["probe"]: p for p in own.details["probe_sizes"]}
+    for label in ("N/4", "N/2", "N"):
+        assert sizes["u trained"][label]["effect"] != pytest.approx(sizes["u shuffled"][label]["effect"])
+        deeper = sizes["deeper trained"][label]  # the trained dip is planted deeper at every probe size
+        assert deeper["effect"] > 1 and 0 < deeper["ci"][0] < deeper["ci"][1] and deeper["p"] < 0.05

@@ -91,6 +91,95 @@ def test_hand_edited_seeds_are_flagged(tmp_path, source, capsys):
     ]
 
 
+@pytest.mark.parametrize(
+    "seeds, max_runs, runs_of, status",
+    [
+        ((0, 1, 2, 3), 299, "", "post hoc"),  # seeds edited with a no-op edit elsewhere: a new design hash
+        ((0, 1), 300, "", "post hoc"),  # seeds dropped
+        ((0, 1, 2), 299, "", "pre-registered"),  # a new design hash, the same runs
+        ((0, 1, 2), 300, "other-model", "pre-registered"),  # every run new on the same seeds
+        ((3, 4, 5), 300, "other-model", "post hoc"),  # new runs, but on other seeds than it was tested on
+    ],
+)
+def test_register_judges_a_design_edit_by_the_claim_s_runs(tmp_path, seeds, max_runs, runs_of, status):
+    from types import SimpleNamespace
+
+    from study.registration import register, sticky_status
+
+    def hyp_and_runs(seeds, max_runs, runs_of=""):
+        data = yaml.safe_load(open(_write(tmp_path, [DIFF], seeds=seeds)))
+        data["design"]["max_runs"] = max_runs
+        hyp = parse_hypothesis(data)
+        specs = [SimpleNamespace(key=f"{runs_of}k{s}", seed=s, dataset={"name": "objects"}) for s in seeds]
+        return hyp, (specs, tmp_path / "runs")
+
+    study = tmp_path / "studies" / "tiny"
+    hyp, runs = hyp_and_runs((0, 1, 2), 300)
+    register(study, hyp, runs=runs)
+    (study / "verdicts.json").write_text("{}")  # the claims were tested
+    hyp, runs = hyp_and_runs(seeds, max_runs, runs_of)
+    reg = register(study, hyp, runs=runs)
+    assert sticky_status(reg, hyp.claims)["higher"]["status"] == status
+    assert [e["what"] for e in reg.get("edits", [])] == (["seeds"] if status == "post hoc" else [])
+
+
+def test_a_claim_registered_after_its_runs_says_which_runs_existed(tmp_path):
+    """A control file run after the default study reuses its trained runs: each claim is post hoc, and the
+    reason names how many of its runs, which one first, and that reused runs count (it was said nowhere)."""
+    from types import SimpleNamespace
+
+    from study.registration import claim_status, register
+    from vitstudy_core.runfolder import RunFolder
+
+    hyp = parse_hypothesis(yaml.safe_load(open(_write(tmp_path, [DIFF]))))
+    specs = [
+        SimpleNamespace(key=f"k{s}", seed=s, dataset={"name": "objects"}, label=f"trained/objects/seed{s}")
+        for s in (0, 1, 2)
+    ]
+    RunFolder(tmp_path / "runs" / "k0").write_result({"status": "finished", "finished_at": 1.0e9})
+    reg = register(tmp_path / "studies" / "tiny", hyp, runs=(specs, tmp_path / "runs"), now=2.0e9)
+    status = claim_status(reg, hyp, specs, tmp_path / "runs")["higher"]
+    assert status["status"] == "post hoc"
+    why = status["reason"]
+    assert "after 1 of its 3 runs had finished (the first, trained/objects/seed0, at 2001-09-09" in why
+    assert "another study of this output folder" in status["reason"]
+
+
+@pytest.mark.slow  # through the CLI; test_register_judges_a_design_edit_by_the_claim_s_runs is the default
+def test_seeds_edited_with_a_no_op_design_edit_are_still_flagged(tmp_path, source, capsys):
+    """An edit elsewhere in the design that changes no run (here ``max_runs``) gives the design a new hash;
+    the claim is judged by its runs: 3 of its 4 runs are the ones it was tested on, so it is post hoc."""
+    source(0.0)
+    out = tmp_path / "out"
+    path = _write(tmp_path, [DIFF], seeds=(0, 1, 2))
+    assert _run(path, out) == 0
+    data = yaml.safe_load(open(path))
+    data["design"]["seeds"] = [0, 1, 2, 3]
+    data["design"]["max_runs"] = 299
+    open(path, "w").write(yaml.safe_dump(data, sort_keys=False))
+    capsys.readouterr()
+    assert _run(path, out) == 0
+    assert _status(out) == {"higher": "post hoc"}
+    assert "seeds edited from [0, 1, 2] to [0, 1, 2, 3]" in capsys.readouterr().out
+    reg = json.loads((out / STUDY / "registration.json").read_text())
+    assert [(e["what"], e["from"], e["to"]) for e in reg["edits"]] == [("seeds", [0, 1, 2], [0, 1, 2, 3])]
+    assert reg["tested_on"][claim_hash(parse_hypothesis(data).claims[0])]["seeds"] == [0, 1, 2, 3]
+
+
+@pytest.mark.slow  # through the CLI; test_register_judges_a_design_edit_by_the_claim_s_runs is the default
+def test_a_design_edit_that_keeps_the_runs_keeps_the_claims_pre_registered(tmp_path, source):
+    source(0.0)
+    out = tmp_path / "out"
+    path = _write(tmp_path, [DIFF], seeds=(0, 1, 2))
+    assert _run(path, out) == 0
+    data = yaml.safe_load(open(path))
+    data["design"]["max_runs"] = 299  # a new design hash, the same runs
+    open(path, "w").write(yaml.safe_dump(data, sort_keys=False))
+    assert _run(path, out) == 0
+    assert _status(out) == {"higher": "pre-registered"}
+    assert "edits" not in json.loads((out / STUDY / "registration.json").read_text())
+
+
 @pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_changed_max_seeds_is_refused_in_one_line(tmp_path, source, capsys):
     source(0.0)

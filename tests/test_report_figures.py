@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import analysis.figures as figures
-from analysis.figures import epoch_figure, profile_figure, trials_figure
+from analysis.figures import epoch_figure, knob_figure, profile_figure, trials_figure
 from analysis.observables import metric_range
 from analysis.report import ReportInput, build_sections, findings
 from analysis.spectral import METRICS, RANGES
@@ -316,3 +316,78 @@ def test_a_one_level_curve_is_not_testable_without_numpy_warnings(tmp_path):
         assert not any("between-seed variance" in w or "other way" in w for w in r.warnings), r.warnings
     for sec in sections:
         assert not any("power" in line for line in sec.findings)
+
+
+# ---- 8. issue 39: a profile that peaks between the shoulders has no bottleneck to locate ----------------------
+def test_a_profile_peaking_between_the_shoulders_reports_no_interior_minimum():
+    """Before: "bottleneck at block_09 (95% CI block_09 to block_09)", the edge where the search between the
+    shoulders is cut, not a minimum of the profile."""
+    hyp = load_hypothesis(ROOT / "hypotheses" / "u_shape.yaml")
+    blocks = [f"block_{i:02d}" for i in range(1, 13)]
+    rows = []
+    for s in range(3):  # an inverted U: up to block_05, then down to the late shoulder
+        for i, layer in enumerate(blocks):
+            rows.append(
+                {"run_key": f"r{s}", "dataset": "objects", "seed": s, "epoch": 8, "layer": layer,
+                 "layer_index": i + 2, "token_set": "all", "n_tokens": 80, "metric": "eed_pct",
+                 "value": 40.0 - 2 * abs(i + 1 - 5) + 0.3 * s}
+            )  # fmt: skip
+    (r,) = evaluate_claims(hyp, pd.DataFrame(rows))
+    assert r.details["bottleneck_location"]["interior_seeds"] == 0
+    text = format_verdicts([r])
+    assert "bottleneck at block_09" not in text and "block_09 to block_09" not in text
+    assert (
+        "no interior minimum between the shoulders (in every seed the lowest layer between them, block_09,"
+        in text
+    )
+    (line,) = [x for x in findings(hyp.claims[0], r) if x.startswith("bottleneck location")]
+    assert "no interior minimum" in line and "95% CI" not in line.split(";")[0]
+    # a real dip keeps its location
+    for row in rows:
+        row["value"] = 40.0 - 2 * (row["layer"] == "block_04") - (row["layer"] in ("block_03", "block_05"))
+        row["value"] += 0.1 * row["seed"]
+    (r,) = evaluate_claims(hyp, pd.DataFrame(rows))
+    assert r.details["bottleneck_location"]["interior_seeds"] == 3
+    assert "bottleneck at block_04 (95% CI block_04 to block_04)" in format_verdicts([r])
+
+
+# ---- 9. issue 39: an adjusted claim draws the relation its verdict tests ---------------------------------------
+def _line_slope(line) -> float:
+    x, y = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def test_an_adjusted_claim_draws_the_adjusted_relation_and_labels_each_line_by_its_slope(drawn):
+    """Before: the raw fit (rising) drawn under a legend giving the adjusted slope (falling). The metric
+    rises with the knob only through test accuracy: -4 per unit at equal accuracy, +8 raw."""
+    doc = yaml.safe_load(TINY_SWEEP)
+    doc["sweep"]["space"] = {"texture_reliance": [0.0, 0.25, 0.5, 0.75, 1.0]}
+    doc["design"]["seeds"] = [0, 1, 2, 3]
+    claim = {k: v for k, v in doc["claims"][1].items() if k != "level"}
+    doc["claims"] = [
+        {**claim, "layers": ["block_02"], "direction": "decreasing", "adjust_for": "test_accuracy"}
+    ]
+    hyp = parse_hypothesis(doc)
+    rng = np.random.default_rng(1)
+    points = [{"texture_reliance": k} for k in doc["sweep"]["space"]["texture_reliance"]]
+    table = _sweep_table(points, n_seeds=4, slope=0.0, sd=0.01)
+    acc = {
+        (p["texture_reliance"], s): 0.3 + 0.2 * p["texture_reliance"] + rng.normal(0, 0.05)
+        for p in points
+        for s in range(4)
+    }
+    table["test_accuracy"] = [acc[(k, s)] for k, s in zip(table.texture_reliance, table.seed, strict=True)]
+    table["value"] += -4.0 * table.texture_reliance + 60.0 * table.test_accuracy
+    (r,) = evaluate_claims(hyp, table)
+    assert r.effect == pytest.approx(-4.0, abs=0.5) and r.details["adjusted"]["raw"]["effect"] > 4
+    fig = knob_figure(r, "eed_pct", table=table)
+    assert "at equal test_accuracy" in fig.caption
+    lines = {line.get_label(): line for line in drawn[-1].axes[0].get_lines() if "slope" in line.get_label()}
+    assert len(lines) == 2, list(lines)
+    for label, line in lines.items():  # every slope in the legend is the slope of the line it labels
+        stated = float(label.split("slope ")[1].split(" ")[0])
+        assert _line_slope(line) == pytest.approx(stated, rel=0.01), label
+    (adjusted,) = [line for label, line in lines.items() if label.startswith("at equal test_accuracy")]
+    assert _line_slope(adjusted) == pytest.approx(r.effect, rel=0.01)
+    (raw,) = [line for label, line in lines.items() if label.startswith("raw fit")]
+    assert _line_slope(raw) == pytest.approx(r.details["adjusted"]["raw"]["effect"], rel=0.01)

@@ -45,6 +45,16 @@ def _bad_texts(tiny: str) -> dict[str, tuple[str, str, str | None]]:
             "claims[0].subset.dataset",
         ),
         "python_tag": ("!!python/object/apply:os.system ['echo pwned']\n", "invalid YAML", None),
+        "repeated_seed": (
+            tiny.replace("seeds: [0, 1, 2]", "seeds: [0, 1, 2, 2]"),
+            "expected each seed once; 2 given more than once",
+            "design.seeds",
+        ),
+        "repeated_checkpoint": (  # changes no run, only the design's hash (registration)
+            tiny.replace("checkpoints: [0, 2]", "checkpoints: [0, 1, 2, 2]"),
+            "expected each epoch once; 2 given more than once",
+            "design.checkpoints",
+        ),
     }
 
 

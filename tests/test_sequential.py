@@ -1,5 +1,5 @@
 """Group-sequential boundaries (``analysis.sequential``) against published values and against simulation,
-the group-sequential Holm procedure, and the sequential verdict rule (``analysis.verdicts.decide_sequential``)."""
+the group-sequential Holm procedure, and the sequential verdict rule (``analysis.sequential_verdicts.decide_sequential``)."""
 
 from __future__ import annotations
 

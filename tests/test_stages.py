@@ -87,7 +87,7 @@ def test_execute_reports_failures_and_calls_back(tiny, tmp_path, monkeypatch):
 
     _, _, _, specs = tiny
 
-    def fake(run, run_dir, data_dir):
+    def fake(run, run_dir, data_dir, label=""):
         if run["seed"] == 1:
             raise RuntimeError("boom")
         if run["seed"] == 0:  # a finished run is a finished folder (the driver checks it sees it)
@@ -107,6 +107,35 @@ def test_execute_reports_failures_and_calls_back(tiny, tmp_path, monkeypatch):
     assert failed == {specs[1].key: "RuntimeError: boom", specs[2].key: "failed at epoch 1: nan"}
     assert seen == [0, 1, 2]
     assert stages.execute([], tmp_path, tmp_path) == {}
+
+
+def test_a_run_s_progress_lines_lead_with_its_condition(tiny, tmp_path, monkeypatch, capsys):
+    """A source says ``[objects/seed0] ...``; in a design with conditions the study's label leads instead
+    (docs/conditions.md: ``shuffled/objects/seed3``), and the run dict the source gets has no condition."""
+    import numpy as np
+
+    import runners.jobs
+
+    _, _, _, specs = tiny
+    got = []
+
+    class Source:
+        def fill(self, run, run_dir, data_dir, progress=None, bar=False):
+            got.append(run)
+            progress(f"[objects/seed{run['seed']}] epoch 1/8 loss 1.000")
+            folder = RunFolder(run_dir)
+            folder.path.mkdir(parents=True, exist_ok=True)
+            folder.write_spectra({"0/norm/all": np.ones(3)})
+            folder.write_result({"status": "finished"})
+            return {"status": "finished"}
+
+    monkeypatch.setattr(runners.jobs, "get_source", lambda name: Source())
+    run_specs = [specs[0].model_copy(update={"condition": "shuffled"}), specs[1]]
+    assert stages.execute(run_specs, tmp_path, tmp_path, workers=1, log=lambda _: None) == {}
+    lines = capsys.readouterr().out.splitlines()
+    assert "[shuffled/objects/seed0] epoch 1/8 loss 1.000" in lines
+    assert "[objects/seed1] epoch 1/8 loss 1.000" in lines  # a design without conditions: as before
+    assert all("condition" not in run and "label" not in run for run in got)
 
 
 def test_collect_table_leaves_out_unfinished_and_failed_runs(tiny):

@@ -102,6 +102,46 @@ def _doc(**sweep) -> dict:
             "divisible by the model's patch size 4",
         ),
         ({"n_trials": 7}, "sweep.n_trials", "at most the grid's 3 points"),
+        # issue 39: each of these trained before (two trials of one level; true as 1; "0.0" as 0.0; a step
+        # that optuna warned about and moved high for)
+        (
+            {"space": {"texture_reliance": [0.0, 0.5, 0.5, 1.0]}},
+            "sweep.space.texture_reliance[2]",
+            "expected each level once; 0.5 is the level of [1] (0.5) again",
+        ),
+        (
+            {"space": {"texture_reliance": [0, 0.0, 1]}},
+            "sweep.space.texture_reliance[1]",
+            "0.0 is the level of [0] (0) again",
+        ),
+        (
+            {"space": {"texture_reliance": [True, False]}},
+            "sweep.space.texture_reliance[0]",
+            "expected a number, got true (a boolean)",
+        ),
+        (
+            {"space": {"texture_reliance": ["0.0", "1.0"]}},
+            "sweep.space.texture_reliance[0]",
+            "expected a number, got '0.0' (a string, quoted)",
+        ),
+        (
+            {
+                "space": {"texture_reliance": {"low": "0.0", "high": 1.0}},
+                "sampler": "random",
+                "n_trials": 2,
+            },
+            "sweep.space.texture_reliance.low",
+            "expected a number",
+        ),
+        (
+            {
+                "space": {"texture_reliance": {"low": 0.0, "high": 1.0, "step": 0.3}},
+                "sampler": "random",
+                "n_trials": 2,
+            },
+            "sweep.space.texture_reliance",
+            "step 0.3 from 0 ends at 0.9, not high 1",
+        ),
     ],
 )
 def test_bad_sweep_sections_are_one_line_and_write_nothing(tmp_path, capsys, edit, field, says):

@@ -39,6 +39,26 @@ def test_stops_early_on_a_planted_large_effect(tmp_path, planted):
     assert "nominal level of look 1" in claim["reason"]
 
 
+def test_the_recorded_spending_is_the_one_the_verdicts_used_when_alphas_differ(tmp_path, planted):
+    """Two confirmatory claims at alpha 0.05 and 0.01: the summary's looks spend (0.05 + 0.01) / 2 in all
+    (each claim at its Holm first-step level, alpha / 2), and each claim's own spending is the one its
+    verdict was tested at (the summary once spent the first claim's 0.05 for the whole family)."""
+    planted(0.0)
+    path = _write(tmp_path, [{**DIFF, "alpha": 0.05}, {**DIFF, "name": "strict", "alpha": 0.01}])
+    assert _run(path, tmp_path / "out", "--until-decided", "--max-seeds", "5", "--batch", "2") == 0
+    v = json.loads((tmp_path / "out/studies/tiny/verdicts.json").read_text())
+    looks = v["sequential"]["looks"]
+    assert [lk["seeds"] for lk in looks] == [3, 5]
+    assert looks[-1]["alpha_spent"] == pytest.approx(0.03)
+    for claim in v["claims"]:
+        own = [lk["alpha_spent"] for lk in claim["sequential"]["looks"]]
+        assert [lk["by_claim"][claim["name"]] for lk in looks] == pytest.approx(own)
+        assert own[-1] == pytest.approx(claim["sequential"]["level"])
+    assert {c["name"]: c["sequential"]["level"] for c in v["claims"]} == pytest.approx(
+        {"higher": 0.025, "strict": 0.005}
+    )
+
+
 @pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_goes_to_the_maximum_on_a_null(tmp_path, planted):
     src = planted(0.0)

@@ -86,4 +86,4 @@ def controls_figures(ctx: FigureContext) -> list[Figure]:
         "datasets": ctx.claim.datasets_named() or [ctx.claim.subset.dataset],
         "epochs": [ctx.claim.subset.epoch],
     }
-    return [effects_figure(sides, ctx.result.details.get("statistic", ""), plotted)]
+    return [effects_figure(sides, ctx.result.details.get("statistic", ""), plotted, ctx.colours)]

@@ -120,6 +120,18 @@ def layer_location(
     return f"{text} (95% CI {first} to {last}{note})"
 
 
+def no_interior_minimum(location: dict[str, Any]) -> str | None:
+    """The words for a bottleneck location no seed has (``details.bottleneck_location`` whose
+    ``interior_seeds`` is 0), else None (older results, without the count, are read as before)."""
+    if location.get("interior_seeds") != 0 or not location.get("seeds"):
+        return None
+    edges = " or ".join(location.get("edges") or []) or "an edge"
+    return (
+        f"no interior minimum between the shoulders (in every seed the lowest layer between them, "
+        f"{edges}, lies at their edge, above the shoulder layer beside it: the profile does not dip there)"
+    )
+
+
 def summarise_layers(wide: pd.DataFrame, summary: str, order: dict[str, int]) -> pd.Series:
     """Per seed, one number from a (seed x layer) frame: ``mean``, ``min``, ``range`` (max - min) or
     ``argmin`` (the depth index ``order[layer]`` of the minimum); NaN where a seed misses a layer."""

@@ -33,24 +33,47 @@ def difference_lines(sides: dict[str, Any], diff: dict[str, Any], statistic: str
     return lines
 
 
-def effects_figure(sides: dict[str, dict[str, Any]], statistic: str, plotted: dict[str, Any]) -> Figure:
+def effects_figure(
+    sides: dict[str, dict[str, Any]],
+    statistic: str,
+    plotted: dict[str, Any],
+    colours: dict[str, str] | None = None,
+) -> Figure:
     """Two (or more) conditions' per-seed effects side by side: one dot per seed (joined across conditions
-    by seed id), the mean with its 95% t CI per condition."""
-    from analysis.figures import Figure, _png, plt, t_band
+    by seed id), the mean with its 95% t CI per condition, each in its colour of the study's palette
+    (``colours``; default: the palette of these conditions alone)."""
+
+    from analysis.figures import Figure, _png, new_figure, t_band
+    from analysis.palette import condition_colours
 
     names = list(sides)
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(names), 3.4))
+    colours = colours or condition_colours(names)
+    fig, ax = new_figure(figsize=(1.6 + 1.4 * len(names), 3.4))
     per = pd.DataFrame({n: pd.Series(sides[n]["per_seed"], dtype=float) for n in names})
     for _, row in per.iterrows():
         ax.plot(range(len(names)), row.to_numpy(), color="0.6", lw=0.8, marker="o", ms=3, alpha=0.7)
     for j, n in enumerate(names):
         mean, low, high = t_band(per[[n]].dropna().to_numpy())
-        ax.errorbar([j + 0.15], mean, yerr=[mean - low, high - mean], fmt="s", color=f"C{j}", capsize=4)
+        colour = colours.get(n, f"C{j}")
+        ax.errorbar([j + 0.15], mean, yerr=[mean - low, high - mean], fmt="s", color=colour, capsize=4)
     ax.axhline(0, color="0.3", lw=0.8, ls="--")
     ax.set_xticks(range(len(names)), names, fontsize=8)
-    ax.set_ylabel(
-        "\n".join([statistic[i : i + 40] for i in range(0, min(len(statistic), 120), 40)]), fontsize=7
-    )
+    for tick, n in zip(ax.get_xticklabels(), names, strict=True):
+        tick.set_color(colours.get(n, "black"))
+    ax.set_ylabel(_wrapped(statistic), fontsize=7)
     ax.grid(alpha=0.3)
     caption = f"per-seed effect by condition ({statistic}); lines join a seed across conditions"
-    return Figure("effects_by_condition", caption, png=_png(fig), plotted={**plotted, "conditions": names})
+    drawn = {**plotted, "conditions": names, "colours": {n: colours.get(n, "") for n in names}}
+    return Figure("effects_by_condition", caption, png=_png(fig), plotted=drawn)
+
+
+def _wrapped(text: str, width: int = 40, lines: int = 3) -> str:
+    """An axis label over at most ``lines`` lines of ``width`` characters, broken between words only
+    (never inside one: "mean" stays "mean"); what does not fit ends in "...", the caption has it whole."""
+    import textwrap
+
+    return "\n".join(
+        textwrap.wrap(
+            text, width, break_long_words=False, break_on_hyphens=False, max_lines=lines, placeholder=" ..."
+        )
+    )

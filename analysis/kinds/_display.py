@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
@@ -25,11 +25,16 @@ class Result(Protocol):
 
 @dataclass(frozen=True)
 class FigureContext:
-    """What a kind's ``figures`` may draw from: the tidy table, the validated claim and its result."""
+    """What a kind's ``figures`` may draw from: the tidy table, the validated claim and its result; the
+    study's condition palette (``colours``: condition -> colour, ``analysis.palette``, decided once per
+    study so a condition has one colour in every figure) and, for a claim whose figures compare
+    conditions, the y range they all share (``ylim``)."""
 
     table: pd.DataFrame
     claim: Any  # the kind's ClaimBase subclass
     result: Result  # analysis.verdicts.ClaimResult
+    colours: dict[str, str] = field(default_factory=dict)
+    ylim: tuple[float, float] | None = None
 
 
 def condition_figures(ctx: FigureContext) -> list[Figure]:
@@ -40,7 +45,13 @@ def condition_figures(ctx: FigureContext) -> list[Figure]:
     datasets = list(dict.fromkeys(c["dataset"] for c in conds.values())) or [ctx.claim.subset.dataset]
     return [
         profile_figure(
-            ctx.table, ctx.claim.metric, ctx.claim.subset.token_set, datasets, ctx.claim.subset.epoch
+            ctx.table,
+            ctx.claim.metric,
+            ctx.claim.subset.token_set,
+            datasets,
+            ctx.claim.subset.epoch,
+            colours=ctx.colours,
+            ylim=ctx.ylim,
         )
     ]
 

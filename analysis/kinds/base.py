@@ -24,7 +24,13 @@ The names live in the package's private modules, one job each: ``_claim`` (the c
 from __future__ import annotations
 
 from analysis.kinds._claim import RUN_SCALARS, ClaimBase, Condition, Subset
-from analysis.kinds._curves import crossing, crossing_lines, layer_location, summarise_layers
+from analysis.kinds._curves import (
+    crossing,
+    crossing_lines,
+    layer_location,
+    no_interior_minimum,
+    summarise_layers,
+)
 from analysis.kinds._display import (
     FigureContext,
     Result,
@@ -99,6 +105,7 @@ __all__ = [
     "knob_levels_of",
     "knob_rows",
     "layer_location",
+    "no_interior_minimum",
     "margin_p",
     "metric_unit",
     "outcome_from_stats",

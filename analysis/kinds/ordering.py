@@ -329,6 +329,8 @@ def figures(ctx: FigureContext) -> list[Figure]:
             list(claim.datasets),
             claim.subset.epoch,
             regions={f"{claim.summary} over": list(claim.layers)},
+            colours=ctx.colours,
+            ylim=ctx.ylim,
         )
     ]
 

@@ -373,6 +373,7 @@ def figures(ctx: FigureContext) -> list[Figure]:
                 [claim.subset.dataset],
                 [int(e) for e in x],
                 list(claim.layers),
+                ylim=ctx.ylim,
             )
         ]
     return [
@@ -383,6 +384,8 @@ def figures(ctx: FigureContext) -> list[Figure]:
             [claim.subset.dataset],
             claim.subset.epoch,
             regions={"trend": list(claim.layers)},
+            colours=ctx.colours,
+            ylim=ctx.ylim,
         )
     ]
 

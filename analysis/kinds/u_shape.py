@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 
 from analysis.inference import TTest, t_test
 from analysis.kinds._claim import ClaimBase
-from analysis.kinds._curves import layer_location
+from analysis.kinds._curves import layer_location, no_interior_minimum
 from analysis.kinds._display import FigureContext, Result
 from analysis.kinds._outcome import Outcome, Statistic, few_seeds_warning, std_effect
 from analysis.kinds._registry import ClaimKind, register_kind
@@ -286,6 +286,7 @@ def evaluate(
         bottleneck = wide[bott_layers].mean(axis=1).to_numpy()
         stat = u_shape_statistics(early, bottleneck, late)
     details = _details(df, epoch, wide, stat, seeds, order, between, dip_depth(early, bottleneck, late))
+    details["bottleneck_location"].update(_interior_minima(wide, regions, order, between))
     seed_effects = {}
     if chosen is not None:
         details["loso_bottleneck"] = chosen
@@ -321,6 +322,29 @@ def _layers(df: pd.DataFrame, regions: Regions, where: str) -> tuple[dict[str, i
         raise StudyError("no layer lies between the early and the late region", where, "regions")
     bottleneck = regions.bottleneck
     return order, between, between if bottleneck == "leave_one_seed_out" else list(bottleneck)
+
+
+def _interior_minima(
+    wide: pd.DataFrame, regions: Regions, order: dict[str, int], between: list[str]
+) -> dict[str, Any]:
+    """How many seeds have an interior minimum between the shoulders: their lowest layer between the
+    early and late regions lies below both layers beside it (at an edge, the shoulder layer next to it).
+
+    A profile that peaks between the shoulders has its lowest in-between layer at an edge, above the
+    shoulder beside it: that layer is where the search range is cut, not a bottleneck, and its location
+    (with a CI of that one layer) says nothing. Returns ``interior_seeds``, ``seeds`` (with every layer)
+    and ``edges`` (the edge layers those other seeds' minima sit at)."""
+    left = max(regions.early, key=order.__getitem__)
+    right = min(regions.late, key=order.__getitem__)
+    vals = wide[[left, *between, right]].to_numpy(dtype=float)
+    vals = vals[np.isfinite(vals).all(axis=1)]
+    if not len(vals):
+        return {"interior_seeds": 0, "seeds": 0, "edges": []}
+    k = np.argmin(vals[:, 1:-1], axis=1) + 1
+    rows = np.arange(len(vals))
+    interior = (vals[rows, k] < vals[rows, k - 1]) & (vals[rows, k] < vals[rows, k + 1])
+    edges = sorted({between[i - 1] for i in k[~interior]}, key=order.__getitem__)
+    return {"interior_seeds": int(interior.sum()), "seeds": int(len(vals)), "edges": edges}
 
 
 def _details(
@@ -413,6 +437,8 @@ def figures(ctx: FigureContext) -> list[Figure]:
             [claim.subset.dataset],
             details.get("epoch", claim.subset.epoch),
             regions=regions,
+            colours=ctx.colours,
+            ylim=ctx.ylim,
         )
     ]
 
@@ -446,7 +472,7 @@ def explain(claim: UShapeClaim, result: Result) -> list[str]:
     loc, depth = d.get("bottleneck_location"), d.get("bottleneck_depth")
     if loc and depth:
         between = _between(claim, d.get("profile") or [])
-        where = layer_location(
+        where = no_interior_minimum(loc) or layer_location(
             loc["mean_layer_index"], loc["ci"], between, "the layers between the shoulders"
         )
         lines.append(

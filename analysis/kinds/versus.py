@@ -321,15 +321,51 @@ def explain_holds(claim: HoldsInAllClaim, result: Result) -> list[str]:
 
 
 def _inner_figures(ctx: FigureContext, inner: ClaimBase, per: dict[str, dict[str, Any]]) -> list[Figure]:
-    """The inner claim's own figures, once per condition, on that condition's rows."""
+    """The inner claim's own figures, once per condition, on that condition's rows, in the condition's
+    colour and on one y range for all of them (the conditions are compared by eye)."""
     figs = []
+    ylim = _shared_ylim(ctx.table, inner, per)
     for c, r in per.items():
         rows = ctx.table[ctx.table["condition"].astype(str) == c] if "condition" in ctx.table else ctx.table
         res = SimpleNamespace(effect=r["effect"], ci_low=r["ci"][0], ci_high=r["ci"][1], details=r["details"])
-        for f in get_kind(inner.kind).figures(FigureContext(rows, inner, res)):
+        for f in get_kind(inner.kind).figures(FigureContext(rows, inner, res, ctx.colours, ylim)):
             f.name, f.caption = f"{f.name}_{c}", f"{f.caption}; condition {c}"
             figs.append(f)
     return figs
+
+
+def _shared_ylim(
+    table: pd.DataFrame, inner: ClaimBase, per: dict[str, dict[str, Any]]
+) -> tuple[float, float] | None:
+    """One y range for the inner claim's figures in every condition: the per-seed values of its metric
+    (at each condition's tested epoch, where it has one) and their 95% t bands, clipped to the metric's
+    range, with a 5% margin; None when no condition has rows."""
+    from analysis.figures import clip_band, t_band
+    from analysis.observables import metric_range
+
+    if "condition" not in table.columns:
+        return None
+    sel = table[(table.metric == inner.metric) & (table.token_set == inner.subset.token_set)]
+    named = inner.datasets_named() or ([inner.subset.dataset] if inner.subset.dataset else [])
+    if named:
+        sel = sel[sel.dataset.isin(named)]
+    lows, highs = [], []
+    for c, r in per.items():
+        rows = sel[sel["condition"].astype(str) == c]
+        epoch = (r.get("details") or {}).get("epoch")
+        if isinstance(epoch, int) and not isinstance(epoch, bool):
+            rows = rows[rows.epoch == epoch]
+        for _, part in rows.groupby(["dataset", "epoch"]):
+            wide = part.pivot_table(index="seed", columns="layer", values="value").to_numpy(dtype=float)
+            _, low, high = t_band(wide)
+            low, high = clip_band(low, high, metric_range(inner.metric))
+            lows.append(float(np.nanmin([np.nanmin(wide), np.nanmin(low)])))
+            highs.append(float(np.nanmax([np.nanmax(wide), np.nanmax(high)])))
+    if not lows or not all(map(math.isfinite, [*lows, *highs])):
+        return None
+    lo, hi = min(lows), max(highs)
+    pad = 0.05 * (hi - lo) if hi > lo else 1.0
+    return lo - pad, hi + pad
 
 
 def _plotted(claim: ClaimBase, per: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -345,7 +381,10 @@ def figures_differs(ctx: FigureContext) -> list[Figure]:
     d = ctx.result.details
     sides = d.get("sides") or {}
     figs = _inner_figures(ctx, ctx.claim.claim, sides)
-    return [*figs, effects_figure(sides, d.get("statistic", ""), _plotted(ctx.claim.claim, sides))]
+    return [
+        *figs,
+        effects_figure(sides, d.get("statistic", ""), _plotted(ctx.claim.claim, sides), ctx.colours),
+    ]
 
 
 def figures_holds(ctx: FigureContext) -> list[Figure]:
