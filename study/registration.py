@@ -231,7 +231,7 @@ def _runs_edited(data: dict, hyp, specs, tested: bool, now: float) -> dict[str, 
 
     Judged by the runs, not the design's hash: ``seeds:`` edited together with an edit that changes no run
     is still an edit of the seeds."""
-    before, out = data.get("tested_on", {}), {}
+    before, out = data.get("tested_on", {}), dict[str, dict]()
     if not tested:
         return out
     for claim in hyp.claims:

@@ -40,9 +40,9 @@ class StoredRuns:
         self.client = client
         self.uri = uri
 
-    def finished_runs(self) -> dict[str, object]:
+    def finished_runs(self) -> dict[str, StoredRun]:
         """Finished child runs in the whole store (every experiment), newest per ``run_key`` tag."""
-        found: dict[str, object] = {}
+        found: dict[str, StoredRun] = {}
         for r in training_runs(self.client):
             key = r.data.tags.get("run_key")
             if key and key not in found:

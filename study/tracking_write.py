@@ -410,7 +410,8 @@ def _aggregates_note(layers: pd.DataFrame, conditions: list[str | None]) -> str:
     """What the parent run's ``seed_mean/``, ``seed_ci_low/``, ``seed_ci_high/`` step metrics hold: the
     layer each step is (MLflow's steps carry no names) and, in a design with conditions, which set is
     which condition."""
-    steps = ", ".join(f"{int(r.layer_index)} {r.layer}" for r in layers.itertuples())
+    rows: list[Any] = list(layers.itertuples())  # (layer, layer_index, ...) rows of the run table
+    steps = ", ".join(f"{int(r.layer_index)} {r.layer}" for r in rows)
     note = (
         "seed_mean/, seed_ci_low/, seed_ci_high/: the mean over seeds and its 95% t CI by layer, step = "
         f"layer ({steps}); one chart over layer names per metric: artifacts seed_aggregates/*.png"
