@@ -18,6 +18,7 @@ from analysis.kinds._table import NotTestable, TableView
 from analysis.probe import ProbeData, claim_rows, matched_table, multibootstrap, sensitivity
 from vitstudy_core.errors import StudyError
 from vitstudy_core.fmt import fmt_num, fmt_p
+from vitstudy_core.runfolder import BLOCKS
 
 
 def _evaluate_one(view: TableView, claim: Any, where: str, excluded: dict[int, str]) -> Outcome:
@@ -39,10 +40,13 @@ def _probe_outcome(
     excluded: dict[int, str],
     probe: ProbeData | None,
     study_match: bool,
+    names: list[str] | None = None,
 ) -> Outcome:
     """A claim's outcome, at a matched token count if it asks, with the probe's numbers in its details
     (``analysis.probe``): the effect at N/4, N/2 and N probe images, the matched comparison behind an
     unequal-count warning, and the seed x probe intervals of ``uncertainty: seeds+probe``."""
+    if getattr(claim, "unit", None) == "images":
+        return images_outcome(view, claim, where, excluded, probe, names)
     match = claim.match_tokens if claim.match_tokens is not None else study_match
     if (match or claim.uncertainty != "seeds") and probe is None:
         # a table alone (python -m study analyze, the preflight): tested over seeds, never ACCEPTED
@@ -78,6 +82,34 @@ def _probe_outcome(
     o.details["probe_sizes"] = sensitivity(view.table, claim, probe, evaluate)
     if claim.uncertainty == "seeds+probe" and math.isfinite(o.effect):
         o.details["seeds_probe"] = multibootstrap(table, claim, probe, evaluate, o.effect, o.ci, where)
+    return o
+
+
+def images_outcome(
+    view: TableView,
+    claim: Any,
+    where: str,
+    excluded: dict[int, str],
+    probe: ProbeData | None,
+    names: list[str] | None,
+) -> Outcome:
+    """A ``unit: images`` claim: its kind's test on jackknife pseudo-values over probe blocks
+    (``analysis.units``); without the runs' probe files (a table alone) it is not testable."""
+    from analysis.units import images_table
+
+    if probe is None or not probe.has(BLOCKS):
+        why = "unit: images needs the runs' probe blocks (blocks.npz; set design.probe.blocks and rerun the runs)"
+        nan = float("nan")
+        return Outcome(
+            p_value=nan, effect=nan, ci=(nan, nan), seeds_excluded=excluded, warnings=[why], not_testable=why
+        )
+    pseudo = images_table(view.table, claim, probe, where, names)
+    o = _evaluate_one(TableView.of(pseudo), claim, where, {})
+    o.details["unit"] = {
+        "unit": "images",
+        "blocks": int(pseudo.seed.nunique()),
+        "test": "jackknife over probe blocks",
+    }
     return o
 
 

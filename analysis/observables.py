@@ -27,14 +27,14 @@ twonn_id          TwoNN intrinsic dimension (Facco et al. 2017) of the fixed see
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from analysis.spectral import METRICS, RANGES, TOKEN_METRICS, Bounds
-from vitstudy_core.registry import Registry
+from vitstudy_core.registry import Names, Registry
 
 Input = Literal["covariance", "sample"]
 INPUTS: tuple[Input, ...] = ("covariance", "sample")
@@ -63,7 +63,7 @@ def _check(name: str, entry: Observable) -> None:
         raise ValueError(f"observable {name!r}: the name is an eigenvalue metric's")
 
 
-OBSERVABLES: Registry[Observable] = Registry("observable", check=_check)
+OBSERVABLES: Registry[Observable] = Registry("observable", check=_check, group="vitstudy.observables")
 
 
 def register_observable(
@@ -181,8 +181,9 @@ def twonn_id(x: np.ndarray, discard_fraction: float = TWONN_DISCARD) -> float:
     return float((xs * ys).sum() / denom) if denom > 0 else float("nan")
 
 
-# every name a hypothesis file may use as a metric: eigenvalue metrics and observables (after registration)
-ALL_METRICS: tuple[str, ...] = tuple(sorted(set(METRICS) | set(OBSERVABLES) | set(TOKEN_METRICS)))
+# every name a hypothesis file may use as a metric: eigenvalue metrics, observables and token-count metrics,
+# read from the registries at each use (a plug-in's metric is in it whenever it registered)
+ALL_METRICS: Sequence[str] = Names(lambda: sorted(set(METRICS) | set(OBSERVABLES) | set(TOKEN_METRICS)))
 
 
 def metric_range(name: str) -> Bounds:

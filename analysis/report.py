@@ -220,6 +220,9 @@ def findings(claim, result: ClaimResult) -> list[str]:
             f"{fmt_num(plo)}, {fmt_num(phi)})"
         )
     lines.append(f"{result.verdict}: {result.reason}")
+    population = result.details.get("population")
+    if population and (result.details.get("unit") or population.startswith("models like")):
+        lines.append(f"the verdict is about {population}")  # a declared unit: images or models
     lines += probe_size_lines(result)
     if result.sequential:
         seq = result.sequential

@@ -44,7 +44,7 @@ from vitstudy_core.errors import StudyError
 from vitstudy_core.registry import Registry
 
 MetricFn = Callable[[np.ndarray], float]
-METRICS: Registry[MetricFn] = Registry("metric")
+METRICS: Registry[MetricFn] = Registry("metric", group="vitstudy.metrics")
 # (low, high) a metric's values can take (None: unbounded there, or bounded by D, which a table does not
 # carry): what the report's figures clip their bands to, so an interval never leaves the possible values
 Bounds = tuple[float | None, float | None]
@@ -342,7 +342,7 @@ def _checked(lam: np.ndarray, path: Path, name: str, expect: str) -> np.ndarray:
 # Token-count metrics: bias-corrected estimators that need more than the eigenvalues
 # --------------------------------------------------------------------------------------------------
 TokenMetricFn = Callable[[Mapping[str, np.ndarray]], float]
-TOKEN_METRICS: Registry[TokenMetricFn] = Registry("token-count metric")
+TOKEN_METRICS: Registry[TokenMetricFn] = Registry("token-count metric", group="vitstudy.token_metrics")
 
 
 def register_token_metric(name: str) -> Callable[[TokenMetricFn], TokenMetricFn]:

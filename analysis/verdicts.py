@@ -203,12 +203,8 @@ def _seeds_probe_rule(claim: Any, o: Outcome, verdict: str, reason: str) -> tupl
     if verdict != ACCEPTED or not joint:
         return verdict, reason
     lo, hi = joint["interval"]
-    margin = getattr(claim, "margin", None)
-    ok = (
-        (-margin < lo and hi < margin)
-        if claim.kind == "equivalence" and margin
-        else excludes_zero((lo, hi), o.effect)
-    )
+    margin = get_kind(claim.kind).holds_within(claim)
+    ok = (-margin < lo and hi < margin) if margin else excludes_zero((lo, hi), o.effect)
     if ok:
         return verdict, f"{reason}; the seed x probe 95% interval ({fmt_num(lo, 3)}, {fmt_num(hi, 3)}) agrees"
     return INCONCLUSIVE, (
@@ -267,14 +263,23 @@ def evaluate_claims(
             sensitivity (``details.probe_sizes``), a matched-count note on an unequal-count warning,
             ``match_tokens`` and ``uncertainty: seeds+probe``; None (a table alone): none of these.
     """
+    from analysis.units import model_names, population
+
     view = TableView.of(table)
     study_match = bool(getattr(hyp, "match_tokens", False))
+    design = getattr(hyp, "design", None)
+    src = getattr(design, "source", None)
+    names = model_names(src.model_dump() if src is not None else None) or None
     outcomes = [
         _probe_outcome(
-            view, claim, f"{source}: claims[{i}]", _failed_seeds(claim, failed), probe, study_match
+            view, claim, f"{source}: claims[{i}]", _failed_seeds(claim, failed), probe, study_match, names
         )
         for i, claim in enumerate(hyp.claims)
     ]
+    n_images = getattr(getattr(design, "probe", None), "size", None)
+    for claim, o in zip(hyp.claims, outcomes, strict=True):
+        blocks = int(o.details.get("unit", {}).get("blocks", 0))
+        o.details["population"] = population(claim, names, list(o.seeds_used), n_images, blocks)
     adjusted: dict[int, float] = {}
     method_of: dict[int, str] = {}
     for fam, idx in families(hyp, post_hoc).items():
@@ -324,6 +329,8 @@ def _result(claim: Any, o: Outcome, p_adjusted: float, adjustment: str) -> Claim
     verdict, reason = decide(o, p_adjusted, claim.alpha, margin)
     verdict, reason = _seeds_probe_rule(claim, o, verdict, reason)
     power, needed = _power(o, claim.alpha) if verdict == INCONCLUSIVE else (float("nan"), None)
+    if getattr(claim, "unit", None) == "images":  # more seeds cannot help a claim about one checkpoint
+        power, needed = float("nan"), None
     return ClaimResult(
         name=claim.name,
         kind=claim.kind,
@@ -403,6 +410,13 @@ def format_verdicts(results: list[ClaimResult]) -> str:
                 f"{lk['seeds']} seeds: p {fmt_p(lk['p'])} vs {lk['nominal']:.3g}" for lk in seq["looks"]
             )
             lines.append(f"  ~ {r.name}: {len(seq['looks'])} looks ({seq['spending']}): {looks}")
+        if r.details.get("unit"):
+            lines.append(
+                f"  = {r.name}: about {r.details.get('population')}; its 'seeds' are the "
+                f"{r.details['unit']['blocks']} probe blocks"
+            )
+        elif r.details.get("population", "").startswith("models like"):
+            lines.append(f"  = {r.name}: about {r.details['population']}")
         for w in r.warnings:
             lines.append(f"  ! {r.name}: {w}")
         for seed, why in r.seeds_excluded.items():

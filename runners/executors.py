@@ -432,7 +432,7 @@ def _slurm_check(opts: ExecutorOptions) -> None:
     check_cluster(_slurm(opts))  # type: ignore[arg-type]
 
 
-EXECUTORS: Registry[ExecutorKind] = Registry("executor")
+EXECUTORS: Registry[ExecutorKind] = Registry("executor", group="vitstudy.executors")
 EXECUTORS.register("local", ExecutorKind(_local, summary="processes on this host"))
 EXECUTORS.register("ray", ExecutorKind(_ray, needs_cluster=True, summary="tasks on a Ray cluster"))
 EXECUTORS.register(

@@ -9,20 +9,24 @@ The figures are the project's one record of measured GPU throughput (:data:`MEAS
     + checkpoints x probe images / images_per_s("supervised")      (extraction)
 
 Training images: the spec's ``n_train`` when it subsamples, else the dataset's known size
-(:data:`TRAIN_IMAGES`; UC Merced after its per-class test split). An extraction image is counted as one
+(what its dataset kind declares, ``runners.datasets.DatasetKind.train_images``; UC Merced after its
+per-class test split). An extraction image is counted as one
 supervised training image (forward + backward, about 3 forwards): the streaming extraction was measured
 at 3.05x a bf16 forward at 224 px on the same GPU, so this is about right, and at 6-12 checkpoints of
 1,000 images it is seconds per run against hours of training. Not included: evaluation (k-NN per DINO
 epoch), data loading before the first step, compilation (~1 minute per run), checkpoint writes.
 Only runs of the measured configuration get an estimate: the ViT-S/16 model (timm
-``vit_small_patch16_224``, patch 16) at 224 px, objective ``supervised`` (any preset) or DINO with the
-``dino_paper`` preset; any other run makes the estimate None (it is not extrapolated).
+``vit_small_patch16_224``, patch 16) at 224 px, with an objective whose ``throughput_key()`` names a
+measured rate (``supervised``, any preset; DINO with the ``dino_paper`` preset); any other run makes the
+estimate None (it is not extrapolated).
 """
 
 from __future__ import annotations
 
 from typing import TypedDict
 
+from runners.datasets import DATASETS, kind_of
+from runners.objectives import objective_settings
 from study.runspecs import RunSpec
 
 
@@ -43,24 +47,13 @@ MEASURED: _Measured = {
     "batch_size": 128,
 }
 
-# Training images of the datasets the paper files use, before any n_train subsample. UC Merced: 21
-# classes x 100 images, split per class by test_fraction (runners.datasets.ucmerced). ImageNet-100 (an
-# ImageFolder, dataset name "imagenet100"): the CMC class list's 126,689 training images; another folder
-# gives its own count, so set n_train for an estimate of it.
-TRAIN_IMAGES = {"cifar100": 50_000, "tiny_imagenet": 100_000, "imagenet100": 126_689}
-UCMERCED_CLASSES, UCMERCED_PER_CLASS = 21, 100
-
 
 def train_images(dataset: dict) -> int | None:
-    """Training images of one run's dataset spec (None: unknown size)."""
-    kind, name = dataset.get("kind"), dataset.get("name")
-    if kind == "ucmerced":
-        n_test = min(UCMERCED_PER_CLASS - 1, max(1, round(dataset.get("test_fraction", 0.2) * 100)))
-        known: int | None = UCMERCED_CLASSES * (UCMERCED_PER_CLASS - n_test)
-    elif kind == "imagefolder":
-        known = TRAIN_IMAGES.get(name) if isinstance(name, str) else None
-    else:
-        known = TRAIN_IMAGES.get(kind) if isinstance(kind, str) else None
+    """Training images of one run's dataset spec (None: unknown size): its ``n_train`` when it
+    subsamples, else what its dataset kind declares (``DatasetKind.train_images``)."""
+    entry = DATASETS.get(kind_of(dataset), None)
+    size = entry.train_images if entry is not None else None
+    known = size(dataset) if size is not None else None
     n_train = dataset.get("n_train")
     if n_train:
         return min(n_train, known) if known else n_train
@@ -75,11 +68,8 @@ def _throughput_key(run: dict) -> str | None:
     for key in ("embed_dim", "depth", "num_heads"):  # ViT-S: 384 wide, 12 blocks, 6 heads
         if model.get(key) not in (None, {"embed_dim": 384, "depth": 12, "num_heads": 6}[key]):
             return None
-    obj = run["objective"]
-    obj = {"kind": obj} if isinstance(obj, str) else obj  # "supervised": the objective by name
-    if obj.get("kind") == "supervised":
-        return "supervised"
-    return "dino_paper" if obj.get("kind") == "dino" and obj.get("preset") == "dino_paper" else None
+    key = objective_settings(run["objective"]).throughput_key()
+    return key if key in MEASURED["images_per_s"] else None
 
 
 def gpu_estimate(specs: list[RunSpec]) -> dict | None:

@@ -78,7 +78,7 @@ class Hypothesis(Strict):
         """``uncertainty: seeds+probe`` needs probe blocks and a covariance metric; matching needs spectra."""
         from analysis.probe import resamplable
 
-        log = self.design.source is not None and self.design.source.kind == "table"
+        log = not self.design.run_source.measures_spectra  # a metric log: no spectra, no probe
         for i, claim in enumerate(self.claims):
             match = claim.match_tokens if claim.match_tokens is not None else self.match_tokens
             if match and log:
@@ -202,6 +202,7 @@ class Hypothesis(Strict):
                     raise _FieldError(where, f"unknown layer {value!r}; expected one of {self.design.layers}")
                 if what == "epoch" and value != "last" and epochs and value not in epochs:
                     raise _FieldError(where, f"expected a checkpoint epoch {epochs} or 'last', got {value}")
+        self._check_units()
         self._check_conditions_named()
         self._check_adjust_for()
         return self
@@ -223,10 +224,34 @@ class Hypothesis(Strict):
                         f"objective {objective.kind} does not record {name!r} (its runs record {have})",
                     )
 
-    def _check_conditions_named(self) -> None:
-        """Every condition a claim names is one of the design's (``ClaimBase.conditions_named``)."""
-        names = self.design.condition_names()
+    def _check_units(self) -> None:
+        """Each claim's unit fits the design (``analysis.units.unit_problem``)."""
+        from analysis.probe import resamplable
+        from analysis.units import model_names, unit_problem
+
+        source = self.design.source.model_dump() if self.design.source is not None else None
+        models = model_names(source)
         for i, claim in enumerate(self.claims):
+            problem = unit_problem(
+                claim,
+                len(models) if source and source["kind"] == "pretrained" else None,
+                len(self.design.seeds),
+                self.design.probe.blocks,
+                resamplable(claim.metric),
+                self.design.probe.size,
+            )
+            if problem:
+                raise _FieldError(f"claims[{i}].unit", problem)
+
+    def _check_conditions_named(self) -> None:
+        """Every condition a claim names is one of the design's (``ClaimBase.conditions_named``); with a
+        pretrained source a ``unit: images`` claim names models as its conditions."""
+        from analysis.units import model_names
+
+        own = self.design.condition_names()
+        models = model_names(self.design.source.model_dump() if self.design.source is not None else None)
+        for i, claim in enumerate(self.claims):
+            names = models if models and claim.unit == "images" else own
             for fld, name in claim.conditions_named():
                 if name not in names:
                     has = f"it has {names}" if names else "it has no conditions"

@@ -88,6 +88,16 @@ class Design(Strict):
                 del out[name]
         return out
 
+    @model_validator(mode="before")
+    @classmethod
+    def _models_are_seeds(cls, data: object) -> object:
+        """A pretrained source's models are its seeds ``0 .. M-1`` (runners.sources.pretrained)."""
+        src = data.get("source") if isinstance(data, dict) else None
+        if isinstance(src, dict) and src.get("kind") == "pretrained" and "seeds" not in data:
+            models = src.get("models")
+            data = {**data, "seeds": list(range(len(models))) if isinstance(models, dict) else [0]}
+        return data
+
     @model_validator(mode="wrap")
     @classmethod
     def _expand_cells(cls, data: object, handler, info: ValidationInfo) -> Design:

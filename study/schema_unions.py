@@ -1,6 +1,7 @@
 """The unions of a hypothesis file's plug-in fields, built from the registries at import time: one member
 per registered dataset kind, objective, run source and claim kind, each tagged by its kind (the tags are
-what pydantic inserts into an error's location, and ``study.schema_errors`` leaves out).
+what pydantic inserts into an error's location, and ``study.schema_errors`` leaves out). The installed
+plug-ins (``vitstudy_core.plugins``) are loaded first, so their parts are members whatever was imported before.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ from runners.objectives import (
     objective_names,
 )
 from runners.sources import SOURCES
+from vitstudy_core.plugins import load_plugins
+
+# the installed plug-ins register before any union below is built from the registries
+load_plugins()
 
 if TYPE_CHECKING:
     # What the type checker reads: the unions below are built from the registries at import time, which

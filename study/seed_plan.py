@@ -63,7 +63,7 @@ def finished_run_seconds(spec: RunSpec, runs_dir: Path) -> float | None:
 def steps_per_epoch(spec: RunSpec) -> int | None:
     """Optimiser steps per epoch of a run (None when the training set's size is not in the spec)."""
     n_train, tr = spec.dataset.get("n_train"), spec.training
-    if not n_train:
+    if not n_train or "batch_size" not in tr:  # an imported run trains nothing
         return None
     steps = math.ceil(n_train / tr["batch_size"])
     return min(steps, tr["max_steps_per_epoch"]) if tr.get("max_steps_per_epoch") else steps

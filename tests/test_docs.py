@@ -223,6 +223,7 @@ E2E = (
     "tests/test_end_to_end.py::test_rerun_reuses_and_analyze_agrees",
 )
 CLUSTER = "tests/test_executors.py::test_executor_contract"  # the Ray executor on a loopback cluster
+PLUGIN = "tests/test_third_party_plugin.py::"
 RULES: list[Rule] = [
     # ---- run here
     Rule(r"^python -m study validate hypotheses/[\w/]+\.yaml$", Run()),
@@ -233,6 +234,23 @@ RULES: list[Rule] = [
     Rule(r"^python -m study plan hypotheses/u_shape\.yaml --pilot pilot/table\.parquet$", Run(_pilot)),
     Rule(r"^python -m study metrics SPECTRUM\.npy$", Run(_spectrum)),
     Rule(r"^python -m study plugins$", Run()),
+    # docs/plugins.md's example package, built and installed in a fresh venv by one slow test module
+    Rule(
+        r"^pip wheel --no-deps --no-build-isolation -w dist \.$",
+        Mapped((PLUGIN + "test_plugins_names_the_distribution",)),
+    ),
+    Rule(
+        r"^pip install dist/vitstudy_example-0\.1\.0-",
+        Mapped((PLUGIN + "test_plugins_names_the_distribution",)),
+    ),
+    Rule(
+        r"^python -m pytest tests/$",
+        Mapped((PLUGIN + "test_the_shipped_contract_suite_runs_on_the_plugins_parts",)),
+    ),
+    Rule(
+        r"^python -m study run example\.yaml --out out$",
+        Mapped((PLUGIN + "test_a_study_using_the_three_parts_validates_and_runs",)),
+    ),
     Rule(r"^PYTHONPATH=\. python bench/analyze\.py$", Run(cwd_repo=True)),
     # ---- the suite itself and installs
     Rule(
@@ -366,6 +384,13 @@ RULES: list[Rule] = [
     Rule(
         r"^sudo -u postgres create(user|db) ",
         External("PostgreSQL's own tools; tests/clusters.py starts a throwaway server with initdb instead"),
+    ),
+    Rule(
+        r"^python -c \"import timm; \[timm\.create_model\(n, pretrained=True\) for n in ",
+        External(
+            "timm fetching published weights into the Hugging Face cache (the network); "
+            "tests/test_pretrained.py builds that cache from tiny models and runs the study offline"
+        ),
     ),
     Rule(
         r"^mlflow server ",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from runners.executors import (
@@ -14,28 +16,32 @@ from runners.executors import (
 )
 from runners.slurm import SlurmExecutor, check_cluster, from_options, parse_time
 from study.stages import Placement
+from vitstudy.testing import parametrize_with_checks
+from vitstudy.testing.runs import square_or_fail
 from vitstudy_core.errors import StudyError
 
 
-def square_or_fail(x: int) -> int:
-    if x == 3:
-        raise ValueError("job 3 fails")
-    return x * x
+@parametrize_with_checks("executors")
+def test_shipped_executor_contract(name, check):
+    """vitstudy.testing.runs on every executor (one that needs a cluster: skipped there, run below)."""
+    check(name)
 
 
 def _params():
-    """(name, workers) per registered executor; a cluster executor other than Ray (whose loopback cluster
-    the default suite starts anyway) is slow: starting its cluster costs more than the default budget."""
+    """(name, workers) per registered executor that needs a cluster; one other than Ray (whose loopback
+    cluster the default suite starts anyway) is slow: starting its cluster costs more than the budget."""
     for name in EXECUTORS.names():
-        marks = [pytest.mark.slow] if EXECUTORS.get(name).needs_cluster and name != "ray" else []
+        if not EXECUTORS.get(name).needs_cluster:
+            continue  # a local executor: the shipped check above runs it
+        marks = [pytest.mark.slow] if name != "ray" else []
         for w in (1, 2):
             yield pytest.param((name, w), id=f"{name}-{w}", marks=marks)
 
 
 @pytest.fixture(params=list(_params()))
 def executor(request, tmp_path, monkeypatch):
-    """Every registered executor, built through its registry entry with 1 and with 2 local workers (local:
-    in-process and worker processes). One that needs a cluster gets it from the fixture ``<name>_address``
+    """Every registered executor that needs a cluster, built through its registry entry with 1 and with 2
+    workers. It gets its cluster from the fixture ``<name>_address``
     (Ray: a real loopback cluster, tests/clusters.py: a head and a worker node; Slurm: a single-node
     cluster, tests/slurm_cluster.py; each skips without its binaries) and keeps its logs in ``tmp_path``."""
     name, workers = request.param
@@ -55,15 +61,12 @@ def test_executor_contract(executor):
     assert seen[3][0] is None and isinstance(seen[3][1], ValueError)
 
 
-def test_every_executor_is_documented_and_unknown_names_are_one_line():
-    for name, kind in EXECUTORS.items():
-        assert kind.summary and callable(kind.make), name
-    with pytest.raises(
-        StudyError, match=r"unknown executor 'nope'; expected one of \['local', 'ray', 'slurm'\]"
-    ):
-        make_executor(1, 5, cuda=False, kind="nope")
-    with pytest.raises(StudyError, match="unknown executor 'nope'"):
-        Placement("nope")
+def test_unknown_executor_names_are_one_line():
+    expected = re.escape(str(EXECUTORS.names()))
+    with pytest.raises(StudyError, match=rf"unknown executor 'no_such'; expected one of {expected}"):
+        make_executor(1, 5, cuda=False, kind="no_such")
+    with pytest.raises(StudyError, match="unknown executor 'no_such'"):
+        Placement("no_such")
 
 
 def test_make_executor_choices():

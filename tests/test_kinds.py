@@ -95,7 +95,7 @@ ACROSS = {"differs", "exceeds", "holds_in_all"}
 
 
 def test_registry_covers_every_kind():
-    assert set(KINDS) == set(CLAIM_KINDS) == set(CLAIMS) | ACROSS
+    assert set(KINDS) == set(CLAIM_KINDS) and set(CLAIMS) | ACROSS <= set(KINDS)  # plug-ins may add more
 
 
 @pytest.mark.parametrize("kind", list(CLAIMS))

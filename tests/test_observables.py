@@ -7,7 +7,6 @@ import pytest
 
 from analysis.observables import (
     ALL_METRICS,
-    INPUTS,
     OBSERVABLES,
     compute_observables,
     cosine_anisotropy,
@@ -16,18 +15,30 @@ from analysis.observables import (
     twonn_id,
 )
 from analysis.spectral import METRICS, TOKEN_METRICS
+from vitstudy.testing import parametrize_with_checks
 
 
 def test_all_metrics_is_the_union():
     assert set(ALL_METRICS) == set(METRICS) | set(OBSERVABLES) | set(TOKEN_METRICS)
     assert not set(METRICS) & set(OBSERVABLES)
     assert not (set(METRICS) | set(OBSERVABLES)) & set(TOKEN_METRICS)
-    assert ALL_METRICS == tuple(sorted(ALL_METRICS))
-    assert list(OBSERVABLES) == [
-        "cosine_anisotropy",
-        "diagonality",
-        "twonn_id",
-    ]  # the names before the registry
+    assert list(ALL_METRICS) == sorted(ALL_METRICS)
+    assert list(OBSERVABLES)[:3] == ["cosine_anisotropy", "diagonality", "twonn_id"]  # built-ins first
+
+
+def test_all_metrics_follows_a_late_registration():
+    """ALL_METRICS reads the registries at each use: a metric registered after import is in it."""
+    from analysis.spectral import register_metric
+
+    assert "late_metric" not in ALL_METRICS
+    register_metric("late_metric")(lambda lam: 0.0)
+    try:
+        assert "late_metric" in ALL_METRICS and len(ALL_METRICS) == len(METRICS) + len(OBSERVABLES) + len(
+            TOKEN_METRICS
+        )
+    finally:
+        METRICS.discard(["late_metric"])
+    assert "late_metric" not in ALL_METRICS
 
 
 def test_cosine_anisotropy_closed_forms():
@@ -80,23 +91,11 @@ def _input(on: str, x: np.ndarray) -> np.ndarray:
     return np.cov(x, rowvar=False) if on == "covariance" else x
 
 
-@pytest.mark.parametrize("name", list(OBSERVABLES))
-def test_contract_every_registered_observable(name):
-    """Every entry: a known input, a name of its own, documented, finite and deterministic on a small
-    random input, its input left as it was."""
-    import analysis.observables as module
-
-    entry = OBSERVABLES.get(name)
-    assert entry.on in INPUTS and name not in METRICS
-    assert list(OBSERVABLES).count(name) == 1
-    assert (entry.fn.__doc__ or "").strip(), f"{name}: no docstring"
-    assert f"\n{name} " in module.__doc__, f"{name}: not in the module docstring's table"
-    arg = _input(entry.on, np.random.default_rng(3).normal(size=(40, 6)))
-    before = arg.copy()
-    v = entry.fn(arg)
-    assert isinstance(v, float) and np.isfinite(v)
-    assert entry.fn(arg.copy()) == v
-    np.testing.assert_array_equal(arg, before)
+@parametrize_with_checks("observables")
+def test_contract_every_registered_observable(name, check):
+    """The shipped contract (vitstudy.testing.metrics): a known input, a name of its own, documented,
+    finite and deterministic on a small random input, its input left as it was."""
+    check(name)
 
 
 @pytest.mark.parametrize("name", ["cosine_anisotropy", "diagonality", "twonn_id"])
@@ -125,11 +124,12 @@ def test_compute_observables_feeds_each_its_input():
     cov = np.cov(x, rowvar=False)
     values = compute_observables(cov, x)
     assert list(values) == list(OBSERVABLES)
-    assert values == {
-        "cosine_anisotropy": cosine_anisotropy(x),
-        "diagonality": diagonality(cov),
-        "twonn_id": twonn_id(x),
-    }
+    assert values == {n: e.fn(cov if e.on == "covariance" else x) for n, e in OBSERVABLES.items()}
+    assert (values["cosine_anisotropy"], values["diagonality"], values["twonn_id"]) == (
+        cosine_anisotropy(x),
+        diagonality(cov),
+        twonn_id(x),
+    )
 
 
 def test_registry_refuses_a_bad_entry():
@@ -140,3 +140,28 @@ def test_registry_refuses_a_bad_entry():
     with pytest.raises(ValueError, match="'on' must be one of"):
         register_observable("new_one", on="gram")(lambda c: 0.0)
     assert "new_one" not in OBSERVABLES
+
+
+# what a finished run measures beside the spectra (scalars.json), per study.runspecs.PROTOCOL_VERSION
+MEASURED_BY_PROTOCOL = {
+    2: {
+        "observables": ["cosine_anisotropy", "diagonality", "twonn_id"],
+        "token_metrics": ["participation_ratio_bc"],
+    }
+}
+
+
+def test_a_new_builtin_observable_bumps_the_protocol_version():
+    """A run folder holds the observables and token-count metrics registered when it was measured: a new
+    built-in one must bump PROTOCOL_VERSION (so runs are measured again) and be recorded here."""
+    from study.runspecs import PROTOCOL_VERSION
+    from vitstudy_core.plugins import origin
+
+    now = {
+        part: [n for n in reg if origin(reg, n) == "built-in"]
+        for part, reg in (("observables", OBSERVABLES), ("token_metrics", TOKEN_METRICS))
+    }
+    assert MEASURED_BY_PROTOCOL.get(PROTOCOL_VERSION) == now, (
+        f"the built-in observables or token-count metrics are {now}: bump study.runspecs.PROTOCOL_VERSION "
+        f"(finished runs lack the new one) and record the names under it in MEASURED_BY_PROTOCOL"
+    )

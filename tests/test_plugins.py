@@ -1,4 +1,5 @@
-"""``python -m study plugins``: every registry is listed with what is registered, without torch."""
+"""``python -m study plugins``: every registry is listed with what is registered and where it came from,
+without torch; installed plug-ins load from entry points, and a broken one is one line."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+import vitstudy_core.plugins as plugins
 from study.cli import main
-from study.plugins import registries
+from study.plugins import TITLES, registries
+from vitstudy_core.plugins import GROUPS, load_plugins, origin
+from vitstudy_core.registry import OWN_PACKAGES as OWN
 from vitstudy_core.registry import Registry
 
 ROOT = Path(__file__).parents[1]
@@ -17,18 +23,89 @@ ROOT = Path(__file__).parents[1]
 def test_every_registry_is_listed_with_its_names(capsys):
     assert main(["plugins", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
+    assert set(out["registries"]) == set(TITLES) and {g for g, _ in TITLES.values()} == set(GROUPS)
     for title, (module, reg) in registries().items():
         assert isinstance(reg, Registry) and len(reg) > 0
-        assert out[title] == {"registry": module, "names": reg.names()}
+        listed = out["registries"][title]
+        assert listed["registry"] == module and listed["names"] == reg.names()
+        assert listed["group"] == reg.group and listed["origins"] == {n: origin(reg, n) for n in reg}
         # the module path the listing names is where the registry lives
         mod, _, attr = module.rpartition(".")
         assert getattr(__import__(mod, fromlist=[attr]), attr) is reg
-    assert {"u_shape", "trend"} <= set(out["claim kinds"]["names"])
-    assert {"train", "checkpoints", "table"} == set(out["run sources"]["names"])
+        # built-in: registered by our own packages' code, and nothing else is
+        assert all((origin(reg, n) == "built-in") == (reg.module_of(n).split(".")[0] in OWN) for n in reg)
+    assert registries()["claim kinds"][1].module_of("compare") == "analysis.kinds.compare"
+    assert registries()["eigenvalue metrics"][1].module_of("effective_rank") == "analysis.spectral"
+
+
+def test_an_entry_registered_outside_a_distribution_names_its_module():
+    reg: Registry[int] = Registry("widget")
+    reg.register("mine", 1)
+    assert reg.module_of("mine") == __name__ and origin(reg, "mine") == f"module {__name__}"
 
 
 def test_plugins_does_not_import_torch():
     code = "import sys; from study.cli import main; main(['plugins']); assert 'torch' not in sys.modules"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "claim kinds (analysis.kinds.base.KINDS):" in done.stdout
+    assert "claim kinds (analysis.kinds.base.KINDS, entry points vitstudy.kinds):" in done.stdout
+
+
+def _distribution(root: Path, name: str, entry_points: str, modules: dict[str, str]) -> None:
+    """An installed distribution as importlib.metadata finds it: a ``.dist-info`` folder and modules."""
+    info = root / f"{name}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(entry_points)
+    for module, text in modules.items():
+        (root / f"{module}.py").write_text(text)
+
+
+def test_a_broken_plugin_is_one_line_and_the_builtins_still_work(tmp_path, monkeypatch, capsys):
+    from analysis.kinds import KINDS
+    from analysis.spectral import METRICS
+
+    load_plugins()
+    before = {g: r.names() for g, r in plugins.registries().items()}
+    _distribution(
+        tmp_path,
+        "broken-plugin",
+        "[vitstudy.metrics]\nmissing = no_such_module_here\ntaken = broken_taken\n",
+        {
+            # registers a metric, then a name that is taken: refused, and its first metric is removed too
+            "broken_taken": "from analysis.spectral import register_metric\n"
+            "register_metric('fine_so_far')(lambda lam: 0.0)\n"
+            "register_metric('effective_rank')(lambda lam: 0.0)\n"
+        },
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(plugins, "_state", "unloaded")
+    monkeypatch.setattr(plugins, "BROKEN", [])
+    assert load_plugins() is True and load_plugins() is False
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        "vitstudy: plug-in 'missing' (vitstudy.metrics) of distribution broken-plugin 0.1 not loaded: "
+        "ModuleNotFoundError: No module named 'no_such_module_here'",
+        "vitstudy: plug-in 'taken' (vitstudy.metrics) of distribution broken-plugin 0.1 not loaded: "
+        "ValueError: metric 'effective_rank' is registered twice",
+    ]
+    assert {g: r.names() for g, r in plugins.registries().items()} == before
+    assert "fine_so_far" not in METRICS and METRICS["effective_rank"] is not None and "compare" in KINDS
+    assert main(["plugins"]) == 0
+    listed = capsys.readouterr().out
+    assert listed.strip().splitlines()[-2:] == lines and "effective_rank" in listed
+
+
+def test_loading_is_once_and_a_lookup_of_an_unknown_name_loads(monkeypatch):
+    calls = []
+    monkeypatch.setattr(plugins, "_state", "loaded")
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: calls.append(group) or [])
+    from analysis.spectral import METRICS
+
+    with pytest.raises(Exception, match="unknown metric 'nope'"):
+        METRICS.get("nope")
+    assert calls == []  # loaded already: no second read of the entry points
+    monkeypatch.setattr(plugins, "_state", "unloaded")
+    with pytest.raises(Exception, match="unknown metric 'nope'"):
+        METRICS.get("nope")
+    assert calls == list(GROUPS)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.spectral import METRICS, compute_metrics
+from analysis.spectral import compute_metrics
+from vitstudy.testing import parametrize_with_checks
 
 D = 64
 
@@ -62,17 +63,16 @@ def test_negative_roundoff_is_clipped():
     assert compute_metrics(lam)["effective_rank"] == pytest.approx(D - 5)
 
 
-@pytest.mark.parametrize("name", sorted(METRICS))
-def test_contract_every_metric(name):
-    """Finite on a generic spectrum, invariant to eigenvalue order and to scale, deterministic."""
-    rng = np.random.default_rng(0)
-    lam = rng.gamma(0.5, size=D)
-    fn = METRICS[name]
-    v = fn(lam)
-    assert np.isfinite(v)
-    assert fn(rng.permutation(lam)) == pytest.approx(v)
-    assert fn(lam * 37.0) == pytest.approx(v)
-    assert fn(lam.copy()) == v
+@parametrize_with_checks("metrics")
+def test_contract_every_metric(name, check):
+    """The shipped contract (vitstudy.testing.metrics): finite on a generic spectrum, invariant to the
+    eigenvalues' order and scale, deterministic, within its bounds."""
+    check(name)
+
+
+@parametrize_with_checks("token_metrics")
+def test_contract_every_token_metric(name, check):
+    check(name)
 
 
 # ---- new metrics: closed forms ---------------------------------------------------------------------

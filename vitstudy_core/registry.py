@@ -14,27 +14,54 @@ A registry is a read-only mapping from name to entry (``name in R``, ``R[name]``
 ``R.items()``), so code that only reads it needs nothing else. Registering a name twice is a programming
 error (``ValueError``); asking for an unknown one is a user's error (:class:`StudyError`, one line that
 lists what is registered).
+
+Each registry has an entry-point ``group`` (``vitstudy.metrics``, ...): :func:`vitstudy_core.plugins.load_plugins`
+imports the modules installed distributions declare there, once, and they register with the same calls as
+the built-ins. A registry remembers the module that registered each entry (:meth:`Registry.module_of`), which
+``python -m study plugins`` turns into "built-in" or a distribution's name and version. Looking up a name
+that is not registered loads the plug-ins first (a worker process that never built the schema still finds a
+plug-in's part).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 from vitstudy_core.errors import StudyError
 
 T = TypeVar("T")
 _MISSING: Any = object()
+# the packages of this distribution: a registration made by their module-level code is a built-in one
+OWN_PACKAGES = frozenset({"vitstudy_core", "analysis", "runners", "study", "vitstudy"})
+
+
+def _registering_module() -> str:
+    """The module whose code registers an entry: the innermost frame outside this module and outside the
+    functions of our own packages (``register_metric``'s wrapper and the like), so a plug-in calling our
+    decorators is named, and a built-in module's own registrations name that module."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        module = str(frame.f_globals.get("__name__", "?"))
+        ours = module.partition(".")[0] in OWN_PACKAGES
+        if module != __name__ and (not ours or frame.f_code.co_name == "<module>"):
+            return module
+        frame = frame.f_back  # type: ignore[assignment]
+    return "?"
 
 
 class Registry(Mapping[str, T], Generic[T]):
     """Named plug-ins of one kind (``what``: the word used in error messages, e.g. ``"metric"``)."""
 
-    def __init__(self, what: str, check: Callable[[str, T], None] | None = None):
-        """``check(name, entry)`` runs before an entry is added; it raises ``ValueError`` to refuse it."""
+    def __init__(self, what: str, check: Callable[[str, T], None] | None = None, group: str | None = None):
+        """``check(name, entry)`` runs before an entry is added; it raises ``ValueError`` to refuse it.
+        ``group``: the entry-point group plug-in distributions declare their modules in."""
         self.what = what
+        self.group = group
         self._check = check
         self._entries: dict[str, T] = {}
+        self._modules: dict[str, str] = {}
 
     @overload
     def register(self, name: str) -> Callable[[T], T]: ...
@@ -55,14 +82,32 @@ class Registry(Mapping[str, T], Generic[T]):
         if self._check is not None:
             self._check(name, entry)
         self._entries[name] = entry
+        self._modules[name] = _registering_module()
         return entry
 
+    def module_of(self, name: str) -> str:
+        """The module that registered ``name`` (``KeyError`` if it is not registered)."""
+        self._entries[name]
+        return self._modules[name]
+
+    def discard(self, names: list[str]) -> None:
+        """Remove ``names`` (what a plug-in registered before it failed: a broken plug-in leaves nothing)."""
+        for name in names:
+            self._entries.pop(name, None)
+            self._modules.pop(name, None)
+
     def get(self, name: str, default: Any = _MISSING) -> T:
-        """The entry named ``name``; unknown: ``default`` if given, else a one-line :class:`StudyError`."""
+        """The entry named ``name``; unknown: ``default`` if given, else (after loading the installed
+        plug-ins, once, in case one registers it) a one-line :class:`StudyError`."""
         if name in self._entries:
             return self._entries[name]
         if default is not _MISSING:
             return default
+        if self.group is not None:
+            from vitstudy_core.plugins import load_plugins
+
+            if load_plugins() and name in self._entries:
+                return self._entries[name]
         raise StudyError(f"unknown {self.what} {name!r}; expected one of {self.names()}")
 
     def names(self) -> list[str]:
@@ -70,7 +115,14 @@ class Registry(Mapping[str, T], Generic[T]):
         return list(self._entries)
 
     def __getitem__(self, name: str) -> T:
+        if name not in self._entries and self.group is not None:  # as get(): load the plug-ins, once
+            from vitstudy_core.plugins import load_plugins
+
+            load_plugins()
         return self._entries[name]
+
+    def __contains__(self, name: object) -> bool:  # never loads plug-ins: registries' checks ask it
+        return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
@@ -80,3 +132,41 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.what!r}, {self.names()})"
+
+
+class Names(Sequence[str]):
+    """A read-only list of names computed afresh from registries on every read (``x in names``,
+    ``list(names)``, ``len(names)``), so a list derived from registries never freezes at import.
+
+    ``names()`` is called after the installed plug-ins are loaded (:func:`vitstudy_core.plugins.load_plugins`).
+    """
+
+    def __init__(self, names: Callable[[], list[str]]):
+        self._names = names
+
+    def _now(self) -> list[str]:
+        from vitstudy_core.plugins import load_plugins
+
+        load_plugins()
+        return self._names()
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        return self._now()[i]
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._now()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._now())
+
+    def __repr__(self) -> str:
+        return repr(self._now())

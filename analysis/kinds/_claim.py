@@ -106,6 +106,9 @@ class ClaimBase(Strict):
     # test at a matched token count: the larger populations subsampled to the smaller (analysis.probe);
     # None: the hypothesis file's `match_tokens` (default false)
     match_tokens: bool | None = None
+    # what the verdict generalises over (analysis.units): seeds of a recipe (None: the default, seeds),
+    # the probe images of one fixed model, or the named published models of a family
+    unit: Literal["seeds", "images", "models"] | None = None
 
     @field_validator("metric")
     @classmethod
@@ -125,13 +128,9 @@ class ClaimBase(Strict):
             )
         if self.requires_dataset() and self.subset.dataset is None:
             raise ValueError(f"a {self.kind} claim needs subset.dataset")
-        for fld in ("a", "b", "target"):
-            cond = getattr(self, fld, None)
-            if isinstance(cond, Condition) and cond.dataset is None and self.subset.dataset is None:
-                raise ValueError(f"{fld}.dataset or subset.dataset is required")
-        for cond in getattr(self, "competitors", None) or []:
+        for fld, i, cond in self.operands():
             if cond.dataset is None and self.subset.dataset is None:
-                raise ValueError("competitors[].dataset or subset.dataset is required")
+                raise ValueError(f"{fld}{'' if i is None else '[]'}.dataset or subset.dataset is required")
         if self.controls:
             problem = self.cross_problem()
             if problem:
@@ -144,6 +143,19 @@ class ClaimBase(Strict):
                 "ordering) with method: slope and one series"
             )
         return self
+
+    def operands(self) -> list[tuple[str, int | None, Condition]]:
+        """Every condition the claim compares, ``(field, index or None, condition)`` in field order: the
+        fields of its model that hold a :class:`Condition` (index None) or a list of them (each with its
+        index). A kind declares its operands by their type; nothing here knows their names."""
+        out: list[tuple[str, int | None, Condition]] = []
+        for fld in type(self).model_fields:
+            value = getattr(self, fld)
+            if isinstance(value, Condition):
+                out.append((fld, None, value))
+            elif isinstance(value, list) and value and all(isinstance(c, Condition) for c in value):
+                out += [(fld, i, c) for i, c in enumerate(value)]
+        return out
 
     def cross_problem(self) -> str | None:
         """Why this claim's per-seed effect cannot be compared across conditions (None: it can).
@@ -183,12 +195,8 @@ class ClaimBase(Strict):
         out: list[tuple[str, str, object]] = [("subset.epoch", "epoch", self.subset.epoch)]
         if self.subset.dataset is not None:
             out.append(("subset.dataset", "dataset", self.subset.dataset))
-        for fld in ("a", "b", "target"):
-            cond = getattr(self, fld, None)
-            if isinstance(cond, Condition):
-                out += _named_condition(fld, cond)
-        for i, cond in enumerate(getattr(self, "competitors", None) or []):
-            out += _named_condition(f"competitors[{i}]", cond)
+        for fld, i, cond in self.operands():
+            out += _named_condition(fld if i is None else f"{fld}[{i}]", cond)
         for fld in ("layers", "datasets", "epochs"):
             values = getattr(self, fld, None)
             if isinstance(values, list):
@@ -205,13 +213,9 @@ class ClaimBase(Strict):
         out: list[tuple[str, str]] = []
         if self.subset.condition is not None:
             out.append(("subset.condition", self.subset.condition))
-        for fld in ("a", "b", "target"):
-            cond = getattr(self, fld, None)
-            if isinstance(cond, Condition) and cond.condition is not None:
-                out.append((f"{fld}.condition", cond.condition))
-        for i, cond in enumerate(getattr(self, "competitors", None) or []):
+        for fld, i, cond in self.operands():
             if cond.condition is not None:
-                out.append((f"competitors[{i}].condition", cond.condition))
+                out.append((f"{fld if i is None else f'{fld}[{i}]'}.condition", cond.condition))
         out += [(f"controls[{i}]", c) for i, c in enumerate(self.controls)]
         return out
 

@@ -34,6 +34,10 @@ def _t_based(claim: Any) -> int:
     return 0
 
 
+def _asserts_an_effect(claim: Any) -> float | None:
+    return None
+
+
 def _declared_sesoi(claim: Any) -> float | None:
     return claim.sesoi
 
@@ -57,6 +61,9 @@ class ClaimKind:
             reason, power, warnings and excluded seeds are added for every kind).
         rejection_margin: ``claim -> margin or None``: a margin within which equivalence REJECTS the
             claim (default: the claim's ``margin`` field, if any).
+        holds_within: ``claim -> margin or None``: the claim says the effect lies within +-margin (an
+            equivalence), so a second interval (the seed x probe one) agrees when it lies inside; None
+            (the default): the claim says there is an effect, and an interval agrees when it excludes 0.
         labellings_per_seed: ``claim -> int``: for a randomisation test, the equally likely labellings
             of one seed's data under the null (2 for sign flips, K! for a permutation of K conditions), so
             its p cannot go below ``labellings^-S``; 0 for a t-based test (the default). What
@@ -80,6 +87,7 @@ class ClaimKind:
     figures: Callable[[FigureContext], list[Figure]] = _no_figures
     explain: Callable[[Any, Result], list[str]] = _no_explanation
     rejection_margin: Callable[[Any], float | None] = _declared_margin
+    holds_within: Callable[[Any], float | None] = _asserts_an_effect
     labellings_per_seed: Callable[[Any], int] = _t_based
     planning_effect: Callable[[Any], float | None] = _declared_sesoi
     holm_contrasts: Callable[[Any], int] = _one_test
@@ -93,7 +101,7 @@ def _new_labels(name: str, kind: ClaimKind) -> None:
         raise ValueError(f"calibration labels {sorted(labels & set(kind.calibration))} are taken")
 
 
-KINDS: Registry[ClaimKind] = Registry("claim kind", check=_new_labels)
+KINDS: Registry[ClaimKind] = Registry("claim kind", check=_new_labels, group="vitstudy.kinds")
 
 
 def register_kind(kind: ClaimKind) -> ClaimKind:

@@ -126,6 +126,11 @@ def explain(claim: EquivalenceClaim, result: Result) -> list[str]:
     return lines
 
 
+def _margin(claim: Any) -> float | None:
+    """The claim holds when the effect lies within +-margin."""
+    return claim.margin
+
+
 def _no_margin(claim: Any) -> None:
     return None  # the margin is what the claim tests, not a way to reject it
 
@@ -155,6 +160,7 @@ register_kind(
             "margin": 3.0,
         },
         rejection_margin=_no_margin,
+        holds_within=_margin,
         planning_effect=_planning_effect,
     )
 )

@@ -46,6 +46,8 @@ class DatasetKind:
             None: nothing to check (generated data).
         layout: on-disk kinds: the publisher's layout in words (error messages show it); else None.
         read: on-disk kinds: the layout's reader, used by the shared loader; else None.
+        train_images: the training images of a spec dict before any ``n_train`` subsample, as the
+            publisher ships them (``study plan``'s GPU estimate); None: not known without reading the data.
     """
 
     name: str
@@ -56,6 +58,7 @@ class DatasetKind:
     check: Callable[[dict], None] | None = None
     layout: str | None = None
     read: Reader | None = field(default=None, repr=False)
+    train_images: Callable[[dict], int | None] | None = None
 
 
 def _check(name: str, entry: DatasetKind) -> None:
@@ -70,7 +73,7 @@ def _check(name: str, entry: DatasetKind) -> None:
         raise ValueError(f"dataset kind {name!r}: give both load and num_classes, or neither")
 
 
-DATASETS: Registry[DatasetKind] = Registry("dataset kind", check=_check)
+DATASETS: Registry[DatasetKind] = Registry("dataset kind", check=_check, group="vitstudy.datasets")
 
 
 def kind_of(spec: object) -> str:

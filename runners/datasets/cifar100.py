@@ -127,5 +127,6 @@ DATASETS.register(
         read,
         example={"name": "cifar100", "kind": "cifar100", "path": "${CIFAR100_DIR}"},
         num_classes=_num_classes,
+        train_images=lambda spec: 50_000,  # the publisher's training split
     ),
 )

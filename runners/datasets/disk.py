@@ -108,6 +108,7 @@ def on_disk_kind(
     read: Reader,
     example: dict,
     num_classes: Callable[[dict], int] | None = None,
+    train_images: Callable[[dict], int | None] | None = None,
 ) -> DatasetKind:
     """The registry entry of an on-disk layout: the shared loader and check around its ``read``.
 
@@ -117,6 +118,7 @@ def on_disk_kind(
             paths or uint8 arrays (N, H, W, 3); labels int64 (N,); ``test`` is the held-out split. It
             raises :func:`layout_error` on a malformed folder.
         num_classes: the head's width without listing the folder (default: count the reader's classes).
+        train_images: the publisher's training images of a spec (:class:`DatasetKind`); None: unknown.
     """
     return DatasetKind(
         name=name,
@@ -127,6 +129,7 @@ def on_disk_kind(
         check=check_folder,
         layout=layout,
         read=read,
+        train_images=train_images,
     )
 
 

@@ -65,6 +65,11 @@ def read(spec: dict, root: Path) -> tuple[dict, list[str]]:
     return splits, classes
 
 
+# training images of the ImageFolder datasets whose size is known by name: ImageNet-100 (dataset name
+# "imagenet100"), the CMC class list's 126,689 training images; another folder gives its own count
+KNOWN_TRAIN_IMAGES = {"imagenet100": 126_689}
+
+
 def _num_classes(spec: dict) -> int:
     """The given class list's length without listing the folder; else the folders found."""
     return len(spec["classes"]) if spec.get("classes") else count_classes(spec)
@@ -79,5 +84,6 @@ DATASETS.register(
         read,
         example={"name": "imagenet100", "kind": "imagefolder", "path": "${IMAGENET100_DIR}"},
         num_classes=_num_classes,
+        train_images=lambda spec: KNOWN_TRAIN_IMAGES.get(spec.get("name")),
     ),
 )

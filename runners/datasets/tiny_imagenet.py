@@ -58,5 +58,6 @@ DATASETS.register(
         LAYOUT,
         read,
         example={"name": "tiny_imagenet", "kind": "tiny_imagenet", "path": "${TINY_IMAGENET_DIR}"},
+        train_images=lambda spec: 100_000,  # 200 classes x 500 training images
     ),
 )

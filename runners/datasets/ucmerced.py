@@ -49,6 +49,15 @@ def read(spec: dict, root: Path) -> tuple[dict, list[str]]:
     return {"train": unzip(tr), "test": unzip(te)}, classes
 
 
+CLASSES, PER_CLASS = 21, 100  # as published: 21 land-use classes x 100 images
+
+
+def _train_images(spec: dict) -> int:
+    """The training images after :func:`read`'s per-class split (``test_fraction`` of each class held out)."""
+    n_test = min(PER_CLASS - 1, max(1, round(spec.get("test_fraction", 0.2) * PER_CLASS)))
+    return CLASSES * (PER_CLASS - n_test)
+
+
 DATASETS.register(
     "ucmerced",
     on_disk_kind(
@@ -57,5 +66,6 @@ DATASETS.register(
         LAYOUT,
         read,
         example={"name": "ucmerced", "kind": "ucmerced", "path": "${UCMERCED_DIR}"},
+        train_images=_train_images,
     ),
 )

@@ -100,6 +100,11 @@ class ObjectiveSettings(Strict):
             raise ValueError(f"Input should be {expected}" if names else "this objective has no presets")
         return v
 
+    def throughput_key(self) -> str | None:
+        """The rate of ``study.gpu_cost.MEASURED["images_per_s"]`` measured with these settings (the GPU
+        estimate of ``study plan``); None: not measured, no estimate."""
+        return None
+
     def check_model(self, model: TimmModel) -> tuple[str, str] | None:
         """A conflict of these settings with the resolved model: ``(field, expectation)``, or None."""
         return None
@@ -116,7 +121,9 @@ def _check_entry(name: str, cls: type[ObjectiveSettings]) -> None:
         raise ValueError(f"objective {name!r}: trainer must be 'module:Class', got {cls.trainer!r}")
 
 
-OBJECTIVES: Registry[type[ObjectiveSettings]] = Registry("objective", check=_check_entry)
+OBJECTIVES: Registry[type[ObjectiveSettings]] = Registry(
+    "objective", check=_check_entry, group="vitstudy.objectives"
+)
 
 
 def objective_names() -> list[str]:

@@ -73,6 +73,7 @@ class DinoObjective(ObjectiveSettings):
     kind: Literal["dino"] = "dino"
 
     trainer: ClassVar[str] = "runners.objectives.dino:DinoTrainer"
+
     presets: ClassVar[dict[str, Preset]] = PRESETS
     uses_labels: ClassVar[bool] = False  # self-distillation: labels are read only by the k-NN evaluation
     records: ClassVar[frozenset[str]] = frozenset({"loss", "knn_acc"})
@@ -97,6 +98,10 @@ class DinoObjective(ObjectiveSettings):
     weight_decay_end: float = Field(0.4, ge=0)  # DINO raises wd 0.04 -> 0.4 over training
     freeze_last_layer_epochs: int = Field(1, ge=0)  # last layer fixed in the first epoch(s), as in DINO
     clip_grad: float | None = Field(3.0, gt=0)  # DINO's per-parameter gradient-norm clip for ViTs
+
+    def throughput_key(self) -> str | None:
+        # measured with the paper's recipe only: crops and head sizes change the step cost
+        return "dino_paper" if self.preset == "dino_paper" else None
 
     def check_model(self, model: TimmModel) -> tuple[str, str] | None:
         """Local crops are made of whole patches."""

@@ -14,6 +14,10 @@ class SupervisedObjective(ObjectiveSettings):
     kind: Literal["supervised"] = "supervised"
 
     trainer: ClassVar[str] = "runners.objectives.supervised:SupervisedTrainer"
+
+    def throughput_key(self) -> str | None:
+        return "supervised"  # measured with the default settings; a preset changes no step cost
+
     presets: ClassVar[dict[str, Preset]] = {
         # TGO-I's supervised ViT recipe: AdamW 1e-3, wd 0.05, label smoothing 0.1, drop path 0.1, cosine.
         "tgo_supervised": Preset(

@@ -7,7 +7,8 @@ one source in :data:`SOURCES` on import.
 A run's ``source`` (``RunSpec.source``, default ``train``) names the source that fills its folder
 ``runs/<key>/``. Registered: ``train`` (a timm ViT trained with the run's objective; the source of a design
 without a ``source`` section), ``checkpoints`` (a seed's saved weights measured exactly as a trained run is)
-and ``table`` (an imported metric log's rows; no spectra).
+``table`` (an imported metric log's rows; no spectra) and ``pretrained`` (published timm models, hub or
+file, each through its own preprocessing).
 
 Adding a source is adding one module here (plus its test): a class deriving from
 :class:`~runners.sources.base.SourceBase` (or ``ImportedSourceBase`` for files on disk), registered with
@@ -21,7 +22,9 @@ tracking find it through this registry (``tests/test_source_contract.py`` checks
   while validating the file (raise ``StudyError(message, None, field)``: one line naming the field);
   ``default_epochs(trained_epochs)``: the epochs measured when ``design.checkpoints`` is left out.
 * ``fingerprint(settings, path, epochs)``: the content fingerprint of an imported run's files (its run key
-  holds it, not the path); ``tag_fields``: its ``result.json`` ``source`` keys tracking tags.
+  holds it, not the path); ``tag_fields``: its ``result.json`` ``source`` keys tracking tags. Optionally
+  ``record(source, dataset, seed, epochs, n_seeds)``: a run's whole imported record, for a source whose
+  runs are not one path per seed (``pretrained``: one model per seed).
 
 Orchestration then calls it at three points:
 

@@ -91,6 +91,9 @@ class RunSource(Protocol):
             contract test).
         tag_fields: keys of its ``result.json`` ``source`` record tracking tags beyond ``kind``, ``path``,
             ``fingerprint`` and ``format`` (as JSON when not a string).
+        measures_spectra: its runs hold spectra and probe covariances (``spectra.npz``), so claims may
+            match token counts (``match_tokens``) or resample the probe (``uncertainty: seeds+probe``);
+            False for a source of metric rows only.
     """
 
     # read-only (a source's class attributes: a subclass narrows settings to its own model)
@@ -102,6 +105,8 @@ class RunSource(Protocol):
     def example(self) -> dict: ...
     @property
     def tag_fields(self) -> tuple[str, ...]: ...
+    @property
+    def measures_spectra(self) -> bool: ...
 
     def accepts_dataset(self, kind: str) -> bool:
         """Whether a design dataset of this kind can be a run of this source."""
@@ -141,6 +146,7 @@ class SourceBase:
     settings: ClassVar[type[ImportedSettings] | None] = None
     example: ClassVar[dict] = {}
     tag_fields: ClassVar[tuple[str, ...]] = ()
+    measures_spectra: ClassVar[bool] = True
 
     def accepts_dataset(self, kind: str) -> bool:
         from runners.datasets import DATASETS
@@ -182,7 +188,7 @@ def _check_entry(name: str, entry: RunSource) -> None:
             raise ValueError(f"run source {name!r}: its settings need kind: Literal[{name!r}]")
 
 
-SOURCES: Registry[RunSource] = Registry("run source", check=_check_entry)
+SOURCES: Registry[RunSource] = Registry("run source", check=_check_entry, group="vitstudy.sources")
 
 
 def get_source(name: str) -> RunSource:
@@ -202,6 +208,10 @@ def imported_record(source: dict, dataset: str, seed: int, epochs: list[int], n_
         (the source's :meth:`RunSource.fingerprint` of the files), None when the files are not there yet
         (the study stops on that before anything runs).
     """
+    entry = SOURCES.get(source["kind"])
+    own = getattr(entry, "record", None)
+    if own is not None:  # a source that lays out its runs' records itself (``pretrained``: one per model)
+        return own(source, dataset, seed, epochs, n_seeds)
     from runners.imported import raw_path, resolve
 
     raw = raw_path(source, dataset, seed)
@@ -211,7 +221,7 @@ def imported_record(source: dict, dataset: str, seed: int, epochs: list[int], n_
     record["shared"] = n_seeds > 1 and not source.get("paths") and "{seed}" not in source["path"]
     if path is not None:
         try:
-            record.update(SOURCES.get(source["kind"]).fingerprint(source, path, epochs))
+            record.update(entry.fingerprint(source, path, epochs))
         except StudyError:
             pass  # reported by the source's check before anything is recorded
     return record

@@ -60,6 +60,7 @@ class TableSource(ImportedSourceBase):
 
     name = "table"
     settings = TableSettings
+    measures_spectra = False  # metric rows only: no token counts to match, no probe to resample
     example = {"source": {"kind": "table", "path": "/logs/seed{seed}.jsonl"}}
     tag_fields = ("mapping",)
 

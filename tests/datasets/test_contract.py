@@ -20,11 +20,12 @@ from runners.datasets import (
     load_split,
     num_classes,
 )
+from runners.objectives import OBJECTIVES
 from study.runspecs import plan_runs
 from study.schema import parse_hypothesis
 from tests.datasets.conftest import DISK_HYPOTHESIS, N_CLASSES, PER_CLASS, disk_spec
+from vitstudy.testing import parametrize_with_checks
 from vitstudy_core.errors import StudyError
-from vitstudy_core.settings import Strict
 
 KINDS = DATASETS.names()
 WITH_IMAGES = [k for k in KINDS if DATASETS[k].load is not None]
@@ -48,26 +49,10 @@ def _spec(kind: str, roots) -> dict:
     return entry.model.model_validate(raw).model_dump()
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_model_is_registered_under_its_kind(kind):
-    entry = DATASETS[kind]
-    assert entry.name == kind and issubclass(entry.model, Strict)
-    assert entry.model.model_fields["kind"].annotation.__args__ == (kind,)
-    assert "name" in entry.model.model_fields
-    assert entry.example and entry.example.get("kind", DEFAULT_KIND) == kind
-    assert (entry.load is None) == (entry.num_classes is None)
-    assert (entry.layout is None) == (entry.read is None) == (entry.check is None)
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_example_validates_through_the_schema(kind):
-    hyp = parse_hypothesis(_doc(DATASETS[kind].example))
-    (ds,) = hyp.design.datasets
-    assert type(ds) is DATASETS[kind].model and ds.kind == kind
-    assert type(ds).model_validate(ds.model_dump()) == ds
-    with pytest.raises(StudyError) as err:
-        parse_hypothesis(_doc({**DATASETS[kind].example, "bogus": 1}))
-    assert str(err.value) == "<hypothesis>: design.datasets[0].bogus: unknown key (not part of the schema)"
+@parametrize_with_checks("datasets")
+def test_dataset_contract(name, check):
+    """The shipped checks (vitstudy.testing.runs): the model, the example validated through the schema."""
+    check(name)
 
 
 @pytest.mark.parametrize("kind", WITH_IMAGES)
@@ -113,7 +98,7 @@ def test_a_kind_without_images_says_so(kind, tmp_path):
         assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("objective", ["supervised", "dino"])
+@pytest.mark.parametrize("objective", OBJECTIVES.names())
 @pytest.mark.parametrize("kind", WITH_IMAGES)
 def test_tiny_training_on_each_kind(kind, objective, roots, tmp_path, monkeypatch):
     """A depth-2 ViT trains 2 steps with each objective on each kind and yields spectra."""

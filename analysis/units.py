@@ -1,0 +1,201 @@
+"""The unit of a claim: what its verdict generalises over, and the test that follows from it.
+
+* ``seeds`` (the default): training runs of one recipe; each seed is a replicate (every kind's own test).
+* ``models``: the named published models of a family (``design.source: {kind: pretrained}``) are the
+  replicates, tested exactly as seeds are; the verdict is about "models like these".
+* ``images``: one fixed model (or, for a comparison across models, each of those fixed models on the
+  same probe images); the replicate is the probe image. The verdict is about "this checkpoint, on images
+  like these": the population value of the metric, i.e. its value for the covariance of the image
+  distribution the probe was drawn from, not its value on these N images.
+
+``unit: images`` runs the claim's own kind on **jackknife pseudo-values over probe blocks**. The probe's K
+contiguous image blocks (``design.probe.blocks``; their covariance sums are in ``blocks.npz``) give, per
+(model, layer, token set), the metric ``theta`` on all N images and ``theta_(-k)`` on all but block k;
+block k's pseudo-value is ``K theta - (K - 1) theta_(-k)`` (Tukey). Their mean is the jackknife
+bias-corrected estimate: a plug-in spectral metric (EED%, PR, ...) of N images reads low by ``a / N +
+O(N^-2)`` with an ``a`` that depends on the spectrum's shape, and the jackknife removes the ``a / N`` term
+whatever ``a`` is, so two layers with equal population values but different spectra are compared
+without their finite-probe biases. Their spread gives the jackknife SE. The pseudo-values stand in for
+seeds (K "seeds", paired by block across layers and across models): a kind whose test is linear in the
+per-seed layer values (a u_shape's region contrasts, a differs' difference of per-seed effects) then runs
+the jackknife t test on K - 1 degrees of freedom; only the (kind, metric) pairs whose calibration rows hold
+(:data:`CALIBRATED`) are allowed. A kind whose statistic is
+not linear in them (a leave-one-seed-out bottleneck, Kendall's tau, a mixed model) is refused for
+``unit: images``; so is every kind not calibrated for it (``bench/calibration.py --unit-images``,
+docs/statistics.md). The jackknife needs a metric recomputable from covariance sums
+(``analysis.probe.resamplable``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.probe import ProbeData, _block_sums, claim_rows, resampled_values
+
+UNITS = ("seeds", "images", "models")
+DEFAULT_UNIT = "seeds"
+MIN_BLOCKS = 8  # the jackknife t test on K - 1 df: fewer blocks give a wide, noisy interval
+# the smallest probe calibrated (bench/calibration.py --unit-images: 256, 1,024, 4,096 images); at 64
+# images the jackknife's interval under-covered (0.87) in the same simulation
+MIN_IMAGES = 256
+
+
+def model_names(source: dict | None) -> list[str]:
+    """A pretrained source's model names in seed order ([] for another source or none)."""
+    return list(source["models"]) if source and source.get("kind") == "pretrained" else []
+
+
+def _u_shape_images(claim: Any) -> str | None:
+    if claim.regions.bottleneck == "leave_one_seed_out":
+        return "a leave-one-seed-out bottleneck is chosen per replicate (not linear in the layer values): declare it"
+    return None
+
+
+def _across_images(claim: Any) -> str | None:
+    inner = claim.claim
+    check = IMAGE_KINDS.get(inner.kind)
+    if check is None:
+        return f"its inner {inner.kind} claim is not calibrated for unit: images"
+    return check(inner)
+
+
+def _always(claim: Any) -> str | None:
+    return None
+
+
+# (kind, metric) pairs whose unit: images rows hold at 256, 1,024 and 4,096 probe images
+# (bench/calibration.py --unit-images, docs/statistics.md); the others are refused until theirs do
+CALIBRATED = {("u_shape", "eed_pct"), ("differs", "eed_pct"), ("exceeds", "eed_pct")}
+
+# kind -> a check of a claim of that kind for unit: images (None: fits). Kinds left out are refused: each
+# one here has its calibration rows (analysis.unit_calibration).
+IMAGE_KINDS = {
+    "u_shape": _u_shape_images,
+    "compare": _always,
+    "differs": _across_images,
+    "exceeds": _across_images,
+}
+
+
+def unit_problem(
+    claim: Any, n_models: int | None, n_seeds: int, blocks: int, resamplable: bool, n_images: int = MIN_IMAGES
+) -> str | None:
+    """Why a claim's unit does not fit its design (one phrase), or None.
+
+    Args:
+        n_models: the pretrained source's number of models (None: another source).
+        n_seeds: the design's seeds; blocks: ``design.probe.blocks``; resamplable: the claim's metric can
+            be recomputed from covariance sums; n_images: ``design.probe.size``.
+    """
+    unit = claim.unit or DEFAULT_UNIT
+    if unit == "seeds":
+        if n_models is not None:
+            return (
+                "published models are not seeds of one training recipe: declare unit: images (this "
+                "checkpoint, on images like these) or unit: models (models like these)"
+            )
+        if claim.unit is not None and n_seeds < 2:
+            return f"unit: seeds needs >= 2 seeds (the design has {n_seeds}); one fixed model: unit: images"
+        return None
+    if unit == "models":
+        if n_models is None:
+            return "unit: models needs a pretrained source (design.source.kind: pretrained) naming the models"
+        if n_models < 2:
+            return f"unit: models needs >= 2 models (the source names {n_models}); one model: unit: images"
+        return None
+    check = IMAGE_KINDS.get(claim.kind)
+    if check is None:
+        return f"unit: images is not available for kind {claim.kind} (it is for {sorted(IMAGE_KINDS)})"
+    problem = check(claim)
+    if problem:
+        return f"unit: images: {problem}"
+    if (claim.kind, claim.metric) not in CALIBRATED:
+        held = ", ".join(f"{k} on {m}" for k, m in sorted(CALIBRATED))
+        return (
+            f"unit: images is not calibrated for {claim.kind} on {claim.metric} (its calibration rows hold "
+            f"for {held}; docs/statistics.md)"
+        )
+    if n_models is None and n_seeds != 1:
+        return f"unit: images is about one fixed model: the design has {n_seeds} seeds (keep one)"
+    if blocks < MIN_BLOCKS:
+        return f"unit: images needs design.probe.blocks >= {MIN_BLOCKS} (e.g. 16): the probe's image blocks are the replicates"
+    if n_images < MIN_IMAGES:
+        return (
+            f"unit: images is calibrated from {MIN_IMAGES} probe images up (design.probe.size is {n_images})"
+        )
+    if not resamplable:
+        return f"unit: images recomputes the metric from covariance sums; {claim.metric!r} is measured on a token subsample"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# The jackknife over probe blocks
+# --------------------------------------------------------------------------------------------------
+def pseudo_values(sums: dict[str, np.ndarray], metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """Jackknife pseudo-values of ``metric`` from per-block covariance sums (``n`` (C, K), ``s`` (C, K, D),
+    ``q`` (C, K, D, D), ``u``, ``w``; ``analysis.probe._block_sums``).
+
+    Returns:
+        ((C,) the metric on every block, (C, K) pseudo-values ``K theta - (K - 1) theta_(-k)``).
+    """
+    k = sums["n"].shape[1]
+    full = resampled_values(sums, np.ones(k), metric)
+    out = np.empty((len(full), k))
+    for j in range(k):
+        w = np.ones(k)
+        w[j] = 0.0
+        out[:, j] = k * full - (k - 1) * resampled_values(sums, w, metric)
+    return full, out
+
+
+def pseudo_table(rows: pd.DataFrame, pseudo: np.ndarray, names: list[str] | None) -> pd.DataFrame:
+    """The claim's rows with each (model, layer, ...) row replaced by its K pseudo-values as K "seeds"
+    (seed = block index); with ``names`` (a pretrained source's models in seed order) the model's name
+    goes in the ``condition`` column, so claims across models pair their blocks."""
+    k = pseudo.shape[1]
+    parts = []
+    for j in range(k):
+        part = rows.assign(value=pseudo[:, j], seed=j)
+        if names:
+            part = part.assign(condition=[names[int(s)] for s in rows.seed])
+        parts.append(part)
+    return pd.concat(parts, ignore_index=True)
+
+
+def images_table(
+    table: pd.DataFrame, claim: Any, probe: ProbeData, where: str, names: list[str] | None
+) -> pd.DataFrame:
+    """The table a ``unit: images`` claim is tested on: its rows as jackknife pseudo-values over blocks."""
+    rows = claim_rows(table, claim).reset_index(drop=True)
+    if names and "condition" in rows:
+        rows = rows.drop(columns="condition")
+    _, pseudo = pseudo_values(_block_sums(probe, rows, where), claim.metric)
+    return pseudo_table(rows, pseudo, names)
+
+
+def population(
+    claim: Any, names: list[str] | None, seeds: list[int], n_images: int | None, blocks: int
+) -> str:
+    """What the verdict is about, in words."""
+    unit = claim.unit or DEFAULT_UNIT
+    dataset = getattr(claim.subset, "dataset", None) or "the probe dataset"
+    if unit == "models":
+        used = [names[s] for s in seeds] if names else [str(s) for s in seeds]
+        return f"models like these ({', '.join(used)}): the {len(used)} named models are the replicates"
+    if unit == "images":
+        models = [c for _, c in claim.conditions_named()] or (
+            [claim.subset.condition] if claim.subset.condition else (names or [])[:1]
+        )
+        which = (
+            f"this checkpoint ({models[0]})"
+            if len(models) == 1
+            else f"these checkpoints ({', '.join(models)})"
+            if models
+            else "this checkpoint"
+        )
+        probe = f"{n_images} probe images of {dataset}" if n_images else f"the probe images of {dataset}"
+        return f"{which}, on images like these ({probe}, jackknife over {blocks} blocks)"
+    return f"runs like these: the training recipe, over {len(seeds)} seeds"

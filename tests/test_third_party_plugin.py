@@ -1,0 +1,130 @@
+"""A real third-party plug-in: the example package of docs/plugins.md, built as a wheel, installed in a
+fresh virtual environment beside ours, validated and run through ``python -m study``, and checked with the
+shipped contract suite (slow: a wheel build, a tiny study and the contract's two training steps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import site
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "plugins.md"
+FENCE = re.compile(r"```[a-z]*\n# file: (?P<path>\S+)\n(?P<body>.*?)```", re.S)
+
+
+def example_files() -> dict[str, str]:
+    """``{relative path: text}`` of every fenced block of docs/plugins.md that starts ``# file: PATH``."""
+    return {m["path"]: m["body"] for m in FENCE.finditer(DOC.read_text())}
+
+
+def test_the_docs_example_is_complete():
+    files = example_files()
+    assert {
+        "pyproject.toml",
+        "vitstudy_example/metric.py",
+        "vitstudy_example/kind.py",
+        "vitstudy_example/objective.py",
+        "vitstudy_example/trainer.py",
+        "tests/test_contract.py",
+        "example.yaml",
+    } <= set(files)
+    for group in ("vitstudy.metrics", "vitstudy.kinds", "vitstudy.objectives"):
+        assert f'[project.entry-points."{group}"]' in files["pyproject.toml"]
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"{cmd}: {done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def plugin_venv(tmp_path_factory):
+    """(venv python, package folder, env): the example wheel installed in a fresh venv whose ``.pth``
+    puts this tree and the running interpreter's site-packages on its path (no download, no
+    ``--system-site-packages``)."""
+    root = tmp_path_factory.mktemp("plugin")
+    pkg = root / "vitstudy-example"
+    for rel, text in example_files().items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            "dist",
+            ".",
+        ],
+        pkg,
+        env,
+    )
+    (wheel,) = (pkg / "dist").glob("vitstudy_example-0.1.0-*.whl")
+    env_dir = root / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    py = env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    purelib = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    ours = [str(ROOT), *site.getsitepackages(), sysconfig.get_paths()["purelib"]]
+    (Path(purelib) / "_vitstudy_outer.pth").write_text("\n".join(dict.fromkeys(ours)) + "\n")
+    _run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", str(wheel)], pkg, env)
+    return py, pkg, env
+
+
+@pytest.mark.slow
+def test_plugins_names_the_distribution(plugin_venv):
+    py, pkg, env = plugin_venv
+    done = _run([str(py), "-m", "study", "plugins", "--json"], pkg, env)
+    out = json.loads(done.stdout)
+    regs = out["registries"]
+    assert out["broken"] == []
+    for title, name in (
+        ("eigenvalue metrics", "top_share"),
+        ("claim kinds", "higher"),
+        ("objectives", "mirrored"),
+    ):
+        assert regs[title]["origins"][name] == "vitstudy-example 0.1.0"
+    assert regs["claim kinds"]["origins"]["compare"] == "built-in"
+    text = _run([str(py), "-m", "study", "plugins"], pkg, env).stdout
+    assert "higher [vitstudy-example 0.1.0]" in text
+
+
+@pytest.mark.slow
+def test_a_study_using_the_three_parts_validates_and_runs(plugin_venv):
+    py, pkg, env = plugin_venv
+    _run([str(py), "-m", "study", "validate", "example.yaml"], pkg, env)
+    _run(
+        [str(py), "-m", "study", "run", "example.yaml", "--out", "out", "--workers", "1", "--no-report"],
+        pkg,
+        env,
+    )
+    verdicts = json.loads((pkg / "out" / "studies" / "example" / "verdicts.json").read_text())
+    (claim,) = verdicts["claims"]
+    assert claim["kind"] == "higher" and claim["verdict"] in {"ACCEPTED", "REJECTED", "INCONCLUSIVE"}
+    assert claim["seeds_used"] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_the_shipped_contract_suite_runs_on_the_plugins_parts(plugin_venv):
+    py, pkg, env = plugin_venv
+    done = _run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], pkg, env)
+    assert re.search(r"\b11 passed\b", done.stdout), done.stdout[-2000:]
