@@ -24,12 +24,16 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from vitstudy_core.errors import StudyError
+
+if TYPE_CHECKING:
+    from runners.executors import Requeue
 
 GPUS = "gpus"  # the local executor's options (``ExecutorOptions.options``): ``--gpus``
 RUNS_PER_GPU = "runs_per_gpu"  # and ``--runs-per-gpu``
@@ -62,7 +66,9 @@ class GpuOutOfMemory(RuntimeError):
         super().__init__(f"ran out of memory on GPU {gpu} with --runs-per-gpu {per_gpu}: {hint}")
         self.gpu, self.per_gpu = gpu, per_gpu
 
-    def __reduce__(self):  # raised in a worker, re-raised in the calling process
+    def __reduce__(
+        self,
+    ) -> tuple[type, tuple[int, int]]:  # raised in a worker, re-raised in the calling process
         return (type(self), (self.gpu, self.per_gpu))
 
 
@@ -151,7 +157,7 @@ def _pin(device: str, threads: int, parent: int) -> None:
     _worker_init(parent)
 
 
-def _pinned_call(gpu: int, per_gpu: int, threads: int, fn: Callable, *job) -> object:
+def _pinned_call(gpu: int, per_gpu: int, threads: int, fn: Callable, *job: object) -> object:
     """``fn(*job)`` in a pinned worker; device out-of-memory becomes :class:`GpuOutOfMemory`."""
     torch = sys.modules.get("torch")  # loaded when the job's module needs it: a job without it never pays
     if torch is not None:
@@ -159,11 +165,11 @@ def _pinned_call(gpu: int, per_gpu: int, threads: int, fn: Callable, *job) -> ob
     try:
         return fn(*job)
     except Exception as exc:
-        torch = sys.modules.get("torch")
-        oom = getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None)
-        if oom is None or not isinstance(exc, oom):
+        loaded = sys.modules.get("torch")
+        oom = getattr(getattr(loaded, "cuda", None), "OutOfMemoryError", None)
+        if loaded is None or oom is None or not isinstance(exc, oom):
             raise
-        torch.cuda.empty_cache()  # the next run on this GPU starts with its memory free
+        loaded.cuda.empty_cache()  # the next run on this GPU starts with its memory free
         raise GpuOutOfMemory(gpu, per_gpu) from None
 
 
@@ -212,7 +218,9 @@ class GpuExecutor:
             self.per_gpu, mp_context=ctx, initializer=_pin, initargs=(device, self.threads, os.getpid())
         )
 
-    def map_jobs(self, fn, jobs, requeue=None):
+    def map_jobs(
+        self, fn: Callable, jobs: Sequence[tuple], requeue: Requeue | None = None
+    ) -> Iterator[tuple[int, object, BaseException | None]]:
         from runners.executors import _SentBack, _stop_pool
 
         pools = {gpu: self._pool(device) for gpu, device in self.devices}
