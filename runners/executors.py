@@ -363,7 +363,7 @@ class ExecutorOptions:
     """What the command line says about where runs execute (``study.stages.Placement`` plus the plan).
 
     Attributes:
-        workers: local worker processes (``"auto"``: one per core on CPU, one in-process on a GPU).
+        workers: local worker processes (``"auto"``: one per core on CPU, one per visible GPU).
         n_jobs: how many jobs there are (no more workers than jobs).
         cuda: whether this host trains on a GPU.
         address: a cluster's address (``auto``: the one this host belongs to).
@@ -477,8 +477,9 @@ def make_executor(
 
     ``kind='ray'``: a :class:`RayExecutor` on ``address`` (each run asks for ``cpus_per_run`` CPUs and
     ``gpus_per_run`` GPUs). ``'slurm'``: a ``runners.slurm.SlurmExecutor`` logging under ``<out>/slurm``
-    (``options``: its ``--slurm-*`` flags). ``'local'``: ``workers='auto'`` is one in-process worker on a GPU; on CPU one
-    process per core, 1 thread each. An unknown ``kind`` is a one-line ``StudyError`` naming the known ones.
+    (``options``: its ``--slurm-*`` flags). ``'local'``: ``workers='auto'`` is one worker per visible GPU
+    (``runners.gpu_workers``; ``options``: ``gpus``, ``runs_per_gpu``); on CPU one process per core, 1
+    thread each. An unknown ``kind`` is a one-line ``StudyError`` naming the known ones.
     """
     opts = ExecutorOptions(
         workers, n_jobs, cuda, address, cpus_per_run, gpus_per_run, str(out), dict(options or {})
