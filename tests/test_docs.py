@@ -569,11 +569,23 @@ def test_benchmarks_take_the_options_the_docs_give_them():
 
 
 def test_mapped_tests_exist_and_run_by_default():
-    """Every test a rule names is collected by the default ``python -m pytest`` (so CI runs it)."""
+    """Every test a rule names is collected by what CI runs: the default ``python -m pytest`` or the slow
+    tests after it (``.ci/run``), never a GPU-only test."""
     named = sorted({t for r in RULES if isinstance(r.action, Mapped | Bench) for t in r.action.tests})
     files = sorted({t.split("::")[0] for t in named})
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not gpu",
+            *files,
+        ],
         cwd=REPO,
         env=_env(),
         capture_output=True,
