@@ -10,12 +10,13 @@ time-limit check (every 30 s), before the limit; the task requeues itself (at mo
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from runners.leases import open_lease_store
-from tests.test_slurm import LONG_RUNS, TABLE_COLS, _study, _task_logs
+from tests.test_slurm import LONG_RUNS, TABLE_COLS, _running_past_first_epoch, _study, _task_logs
 
 # one run of about 60 s undisturbed (8192 images an epoch, 40 epochs): past its first signal at least once
 EPOCHS = 40
@@ -109,3 +110,37 @@ def test_a_task_past_its_last_requeue_fails_as_timeout_with_its_job_and_log(tmp_
             text
         )
         assert f"; log {tmp_path / '7_0_log.err'}; last lines: " in text and "exit code 255" in text, text
+
+
+def _task_pids(out) -> list[int]:
+    """The process ids of the Slurm tasks running jobs of ``out`` (submitit's ``_submit`` processes)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"submitit.core._submit" in cmd and any(str(out).encode() in c for c in cmd):
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_a_task_killed_by_a_signal_is_reported_with_its_job_state_and_log(tmp_path, slurm_cluster):
+    # as the kernel's OOM killer ends a task: SIGKILL to its process, no chance to write a result
+    import os
+    import signal
+
+    out = tmp_path / "out"
+    proc = _study(tmp_path, ONE_LONG)
+    _running_past_first_epoch(out)
+    [job] = {json.loads(ln)["job_id"] for ln in (out / "slurm" / "jobs.jsonl").read_text().splitlines()}
+    pids = _task_pids(out)
+    assert pids, "no task process found"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 1, stdout + stderr
+    [line] = [ln for ln in stdout.splitlines() if "FAILED: SlurmJobFailed: " in ln]
+    assert f"Slurm job {job} FAILED on node " in line, line
+    assert f"; log {out / 'slurm'}" in line and "; last lines: " in line, line
