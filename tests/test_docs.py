@@ -310,6 +310,16 @@ RULES: list[Rule] = [
         ),
     ),
     Rule(r"^python -m study run FILE --executor ray ", Mapped((CLUSTER,))),
+    Rule(  # every GPU of a node: against a fake list of GPUs here, the real ones under -m gpu
+        r"^(CUDA_VISIBLE_DEVICES=\S+ python -m study run FILE|python -m study run FILE --runs-per-gpu \d"
+        r"|python -m study run FILE --gpus [\d,]+|python -m study run hypotheses/paper/\w+\.yaml --out \S+)$",
+        Mapped(
+            (
+                "tests/test_gpu_workers.py::test_auto_runs_one_pinned_worker_per_gpu",
+                "tests/test_gpu_workers.py::test_runs_per_gpu_and_a_chosen_subset",
+            )
+        ),
+    ),
     Rule(
         r"^python -m study (run hypotheses/u_shape\.yaml|sweep FILE) --executor slurm ",
         Mapped(("tests/test_slurm.py::test_a_study_on_slurm_gives_the_local_executor_s_tables_bit_for_bit",)),
