@@ -54,6 +54,7 @@ def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str, str]:
         StudyError: unreadable file, or no state dict at the top level or under a wrapper key.
     """
     file = str(path)
+    obj: object  # a state dict, or what holds one (checked below)
     if path.suffix.lower() == ".safetensors":
         from safetensors.torch import load_file
 
@@ -77,8 +78,11 @@ def read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], str, str]:
                 f"expected a state dict (name -> tensor), bare or under one of {list(WRAPPERS)}; found {found}",
                 file,
             )
+        assert isinstance(obj, dict)  # a wrapper key was found in it
         obj = obj[key]
-    sd, prefix = dict(obj), ""
+    assert isinstance(obj, dict)  # _is_state_dict of the top level or of obj[key]
+    sd: dict[str, torch.Tensor] = dict(obj)
+    prefix = ""
     if all(k.startswith("module.") for k in sd):
         sd, prefix = {k.removeprefix("module."): v for k, v in sd.items()}, "module."
     if any(k.startswith("backbone.") for k in sd):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from pydantic import Field, model_validator
 
@@ -77,6 +77,9 @@ class ImportedSettings(Strict):
     path: str | None = Field(None, min_length=1)
     paths: dict[int, str] | None = None
 
+    if TYPE_CHECKING:
+        kind: str  # each source's model declares it as Literal["<name>"] (declared here for the type checker)
+
     @model_validator(mode="after")
     def _one_path(self):
         if (self.path is None) == (self.paths is None):
@@ -104,11 +107,17 @@ class RunSource(Protocol):
             False for a source of metric rows only.
     """
 
-    name: str
-    settings: type[ImportedSettings] | None
-    example: dict
-    tag_fields: tuple[str, ...]
-    measures_spectra: bool
+    # read-only (a source's class attributes: a subclass narrows settings to its own model)
+    @property
+    def name(self) -> str: ...
+    @property
+    def settings(self) -> type[ImportedSettings] | None: ...
+    @property
+    def example(self) -> dict: ...
+    @property
+    def tag_fields(self) -> tuple[str, ...]: ...
+    @property
+    def measures_spectra(self) -> bool: ...
 
     def accepts_dataset(self, kind: str) -> bool:
         """Whether a design dataset of this kind can be a run of this source."""
