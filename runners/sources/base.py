@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 from pydantic import Field, model_validator
 
 from vitstudy_core.errors import StudyError
+from vitstudy_core.hashing import digest
 from vitstudy_core.registry import Registry
 from vitstudy_core.settings import Strict
 
@@ -33,6 +34,16 @@ class DataRecord:
     spec: dict
     digest: str
     profile: dict = field(default_factory=dict)
+
+
+def probe_record(run: dict, data_dir: str | Path) -> DataRecord:
+    """The data record of a run that measures a model on the probe set only (imported checkpoints, a
+    published model): the dataset spec and the probe images' shape, loaded into the cache."""
+    from runners.datasets import load_split
+
+    ds, probe = run["dataset"], run["probe"]
+    shape = list(load_split(ds, "probe", data_dir, probe["size"], probe["seed"])[0].shape)
+    return DataRecord(ds["name"], ds, digest(ds, 16), {"probe": shape})
 
 
 @dataclass(frozen=True)
