@@ -29,23 +29,11 @@ from vitstudy_core.errors import StudyError
 from vitstudy_core.layers import layer_names
 from vitstudy_core.runfolder import RunFolder, parse_spectrum_key
 
-# a source whose designs need another claim than CLAIM: published models are no seeds, and one model's
-# claim (unit: images) is one of the kinds and metrics calibrated for it (analysis.units)
-CLAIMS = {
-    "pretrained": {
-        "name": "c",
-        "kind": "u_shape",
-        "unit": "images",
-        "metric": "eed_pct",
-        "subset": {"dataset": "objects"},
-        "regions": {"early": ["block_01"], "bottleneck": ["block_02"], "late": ["norm"]},
-    }
-}
-
 
 def _doc(**design) -> dict:
     kind = (design.get("source") or {}).get("kind")
-    claim = CLAIMS.get(kind, CLAIM)
+    claim = getattr(SOURCES[kind], "example_claim", None) if kind in SOURCES else None
+    claim = claim or CLAIM  # a source's example may need its own claim (published models: unit: images)
     return {"name": "contract", "design": {**copy.deepcopy(DESIGN), **design}, "claims": [claim]}
 
 

@@ -99,7 +99,7 @@ class RunSource(Protocol):
         settings: the model of its ``design.source`` section, or None for the source used when the design
             has none (training).
         example: design keys that select it, e.g. ``{"source": {...}, "checkpoints": [2]}`` (docs and the
-            contract test).
+            contract test); ``example_claim`` (optional, on ``SourceBase``): a claim that example needs.
         tag_fields: keys of its ``result.json`` ``source`` record tracking tags beyond ``kind``, ``path``,
             ``fingerprint`` and ``format`` (as JSON when not a string).
         measures_spectra: its runs hold spectra and probe covariances (``spectra.npz``), so claims may
@@ -156,6 +156,9 @@ class SourceBase:
     name: ClassVar[str] = ""
     settings: ClassVar[type[ImportedSettings] | None] = None
     example: ClassVar[dict] = {}
+    # a claim its example design needs (the shipped contract checks validate the example with it); None:
+    # any claim of a trained design fits
+    example_claim: ClassVar[dict | None] = None
     tag_fields: ClassVar[tuple[str, ...]] = ()
     measures_spectra: ClassVar[bool] = True
 

@@ -96,6 +96,14 @@ class PretrainedSource(ImportedSourceBase):
         },
         "probe": {"size": 256, "blocks": 8},  # unit: images (one model) resamples the probe's image blocks
     }
+    example_claim = {  # one published model: its claims are about its images (unit: images)
+        "name": "c",
+        "kind": "u_shape",
+        "unit": "images",
+        "metric": "eed_pct",
+        "subset": {"dataset": "objects"},
+        "regions": {"early": ["block_01"], "bottleneck": ["block_02"], "late": ["norm"]},
+    }
     tag_fields = ("model", "timm", "preprocessing")
 
     def default_epochs(self, trained_epochs: int) -> list[int]:
