@@ -19,7 +19,7 @@ import analysis.knob_figures as knob_figures
 from analysis.figures import epoch_figure, profile_figure
 from analysis.knob_figures import knob_figure, trials_figure
 from analysis.observables import metric_range
-from analysis.report import ReportInput, build_sections, findings
+from analysis.report_sections import ReportInput, build_sections, findings
 from analysis.spectral import METRICS, RANGES
 from analysis.verdicts import evaluate_claims, format_verdicts
 from study.schema import load_hypothesis, parse_hypothesis
