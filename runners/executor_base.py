@@ -30,7 +30,9 @@ class _SentBack:
     """The jobs ``requeue`` sent back, each due again after its delay (a heap by due time)."""
 
     def __init__(self, requeue: Requeue | None):
-        self.requeue, self.heap, self.times = requeue, [], {}
+        self.requeue = requeue
+        self.heap: list[tuple[float, int]] = []
+        self.times: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.heap)

@@ -18,6 +18,7 @@ import math
 import os
 import re
 from pathlib import Path
+from typing import Any, Literal, overload
 
 import numpy as np
 import pandas as pd
@@ -38,6 +39,10 @@ def raw_path(source: dict, dataset: str, seed: int) -> str:
     return raw.replace("{seed}", str(seed)).replace("{dataset}", dataset)
 
 
+@overload
+def resolve(raw: str, strict: Literal[True]) -> Path: ...
+@overload
+def resolve(raw: str, strict: bool) -> Path | None: ...
 def resolve(raw: str, strict: bool) -> Path | None:
     """Expand ``${ENV}`` and ``~``; an unset variable gives None, or a StudyError with ``strict``."""
     expanded = os.path.expanduser(os.path.expandvars(raw))
@@ -226,8 +231,10 @@ def _jsonl_cells(path: Path, seed_field: str) -> list[tuple[str, int | None, int
     return cells
 
 
-def _tidy_cells(path: Path, token_set: str) -> list[tuple[str, int | None, int, str, str, object, str, int]]:
-    """As :func:`_jsonl_cells` plus (token_set, n_tokens), from a tidy CSV/Parquet table."""
+def _tidy_cells(
+    path: Path, token_set: str
+) -> list[tuple[str, int | None, int, str, str, object, str, int, Any]]:
+    """As :func:`_jsonl_cells` plus (token_set, n_tokens, dataset or None), from a tidy CSV/Parquet table."""
     file = str(path)
     try:
         df = pd.read_csv(path) if path.suffix.lower() == ".csv" else pd.read_parquet(path)
@@ -296,6 +303,7 @@ def _run_cells(run: dict, path: Path) -> list[tuple]:
     """The log's cells (as :func:`_tidy_cells`) that are this run's: its seed's and its dataset's."""
     rec, seed, name, file = run["imported"], int(run["seed"]), run["dataset"]["name"], str(path)
     token_set = rec.get("token_set", "all")
+    cells: list[tuple[str, int | None, int, str, str, object, str, int, Any]]
     if table_format(rec, path) == "jsonl":
         cells = [(*c, token_set, -1, None) for c in _jsonl_cells(path, rec.get("seed_field", "seed"))]
     else:
@@ -321,7 +329,7 @@ def _run_cells(run: dict, path: Path) -> list[tuple]:
 
 def _mapped_rows(run: dict, cells: list[tuple], mapping: _Mapping, file: str) -> list[dict]:
     """Tidy rows of the cells whose layer and metric map to ours (a skipped name drops its cells)."""
-    rows, seen = [], {}
+    rows, seen = [], dict[tuple, str]()
     for where, _, epoch, layer, metric, value, cell_tset, n_tok, _ in cells:
         point = mapping.layer(layer, where)
         ours = mapping.metric(metric, where)

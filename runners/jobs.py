@@ -42,7 +42,9 @@ def execute_run(run: dict, run_dir: str, data_dir: str, label: str = "") -> dict
     folder = RunFolder(run_dir)
     with file_lock(run_lock_path(Path(run_dir).parent, Path(run_dir).name)):
         if folder.is_finished():
-            return folder.read_result()
+            result = folder.read_result()
+            assert result is not None  # is_finished just read it, and only the lock holder writes here
+            return result
         remove_temporaries(folder.path)  # only the lock holder writes here: these are a dead writer's
         # a bar only for a run in the main process on a terminal; spawned workers print plain lines
         bar = sys.stdout.isatty() and mp.current_process().name == "MainProcess"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 
 from vitstudy_core.runfolder import RunFolder
@@ -88,7 +88,7 @@ def check_token(out_dir: str | Path, token: str) -> None:
 
 def seen_by_driver(
     ended: Iterator[tuple[int, object, BaseException | None]], run_dirs: Sequence[str | Path]
-) -> Iterator[tuple[int, object, BaseException | None]]:
+) -> Generator[tuple[int, object, BaseException | None], None, None]:
     """An executor's ``(index, result, error)`` stream, checked against the run folders as the driver sees
     them: a run reported finished whose folder is not finished here becomes an :class:`OutNotShared` error
     naming the worker's host; a job that raised although its folder is finished here (a worker that lost

@@ -48,7 +48,7 @@ def time_training_step(run: dict, n_steps: int = 3, seed: int = 0) -> float:
     ytr = torch.from_numpy(rng.integers(0, classes, n).astype(np.int64))
     stamps: list[float] = []
 
-    def tick(step: int, loss: float, n_images: int) -> None:
+    def tick(step: int, loss: float | torch.Tensor, n_images: int) -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
         stamps.append(time.perf_counter())

@@ -80,7 +80,7 @@ def _atomic_torch_save(obj: dict, path: Path) -> None:
 def environment() -> dict:
     """Versions, device and code state that matter for reproducing a run."""
     versions = package_versions(("torchvision", "timm", "numpy", "pydantic", "pillow"))
-    env = {
+    env: dict[str, object] = {
         "python": versions["python"],
         "torch": torch.__version__,  # with its build tag (+cpu, +cu130): metadata drops it
         **{k: versions[k] for k in ("torchvision", "timm", "numpy", "pydantic", "pillow")},
@@ -97,7 +97,7 @@ def environment() -> dict:
 @contextmanager
 def _epoch_progress(
     label: str, epoch: int, epochs: int, steps: int, bar: bool
-) -> Iterator[Callable[[int, float, int], None]]:
+) -> Iterator[Callable[[int, float | torch.Tensor, int], None]]:
     """Yield ``tick(step, loss, n_images)``: a tqdm bar (epoch, step, loss, images/s) when ``bar``, else no-op.
 
     ``loss`` is the step's loss as a 0-d tensor (or a float); the bar reads it at most every

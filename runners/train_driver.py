@@ -19,6 +19,10 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 REPO = Path(__file__).resolve().parent.parent
 PAUSE_ENV = "PAUSE"
@@ -53,7 +57,7 @@ def _pausing_progress(epoch_at: int, step_at: int) -> Callable:
 
     @contextlib.contextmanager
     def progress(label: str, epoch: int, epochs: int, steps: int, bar: bool) -> Iterator[Callable]:
-        def tick(step: int, loss: float, n: int) -> None:
+        def tick(step: int, loss: float | torch.Tensor, n: int) -> None:
             if (epoch, step) == (epoch_at, step_at):
                 print("MIDEPOCH", flush=True)
                 time.sleep(3600)  # until killed

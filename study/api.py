@@ -22,13 +22,16 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from study.results import StudyResult, Verdicts, read_result
 from study.schema import Hypothesis
 from vitstudy_core.errors import StudyError
+
+if TYPE_CHECKING:
+    from analysis.sequential import Spending
 
 HypothesisLike = str | os.PathLike | Mapping[str, Any] | Hypothesis
 Log = Callable[[str], None]
@@ -217,7 +220,7 @@ def _workers(value: int | str) -> int | str:
 
 
 def _sequential(
-    hyp: Hypothesis, file: str, until_decided: bool, max_seeds: int | None, batch: int, spending: str
+    hyp: Hypothesis, file: str, until_decided: bool, max_seeds: int | None, batch: int, spending: Spending
 ):
     """The ``until_decided`` plan (``study.orchestrate.SequentialPlan``), or None."""
     if not until_decided:
@@ -286,7 +289,7 @@ def run(
     until_decided: bool = False,
     max_seeds: int | None = None,
     batch: int = 2,
-    spending: str = "obf",
+    spending: Spending = "obf",
     executor: str = "local",
     address: str = "auto",
     cpus_per_run: float = 1,
@@ -449,7 +452,9 @@ def analyze(claims_or_hypothesis: Any, table: pd.DataFrame | str | Path) -> Verd
 
     hyp, file = _claims(claims_or_hypothesis)
     if isinstance(table, pd.DataFrame):
-        frame, post_hoc, status, note = check_table(table), set(), {}, None
+        frame, note = check_table(table), None
+        post_hoc: set[str] = set()
+        status: dict[str, dict] = {}
     else:
         frame = load_table(table)
         post_hoc, status, note = registration.for_table(Path(table), hyp)

@@ -224,7 +224,7 @@ def expand(
         ]
     else:
         specs = [(n, lv, ov, "design.factors", f"cell {n!r}: ") for n, lv, ov in factor_cells(factors or {})]
-    cells, seen = [], {}
+    cells, seen = [], dict[str, str]()
     for name, levels, overrides, where, prefix in specs:
         design = validate_cell(validate, merged(raw, overrides), where, prefix, error_of)
         sig = signature(design)

@@ -39,17 +39,22 @@ on a damaged file reports it instead of stopping the others.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from vitstudy_core.errors import StudyError
 from vitstudy_core.locks import is_locked, run_lock_path
 from vitstudy_core.runfolder import RunFolder
+
+if TYPE_CHECKING:
+    from study.schema import Hypothesis
 
 
 @dataclass
@@ -58,7 +63,9 @@ class Finding:
     what: str
     repaired: bool = False
     repairable: bool = True
-    fix: Callable[[], None] | None = field(default=None, repr=False)  # run only by --repair, after the report
+    fix: Callable[[], object] | None = field(
+        default=None, repr=False
+    )  # run only by --repair, after the report
     path: Path | None = None  # the run folder a finding is about, where it is about one
 
     def line(self) -> str:
@@ -66,7 +73,7 @@ class Finding:
         return f"{self.kind:18s} {self.what} [{state}]"
 
 
-def _studies(out_dir: Path) -> list[tuple[Path, object]]:
+def _studies(out_dir: Path) -> list[tuple[Path, Hypothesis]]:
     """(study folder, its Hypothesis) for every study with a readable hypothesis.yaml."""
     from study.schema import load_hypothesis
 
@@ -79,12 +86,12 @@ def _studies(out_dir: Path) -> list[tuple[Path, object]]:
     return found
 
 
-def _sweeps(out_dir: Path) -> list[tuple[Path, object | None]]:
+def _sweeps(out_dir: Path) -> list[tuple[Path, Hypothesis | None]]:
     """(sweep folder, its Hypothesis or None) for every folder under ``sweeps/``: a sweep killed before
     its first outputs has its journal but no ``hypothesis.yaml`` yet."""
     from study.schema import load_hypothesis
 
-    found = []
+    found: list[tuple[Path, Hypothesis | None]] = []
     for sweep_dir in sorted(p for p in (out_dir / "sweeps").glob("*") if p.is_dir()):
         try:
             found.append((sweep_dir, load_hypothesis(sweep_dir / "hypothesis.yaml")))
@@ -168,7 +175,7 @@ def check_runs(out_dir: Path, studies, repair: bool = False, planned: dict | Non
                     "stale_partial",
                     f"unfinished run {path} with no live process",
                     repairable=lock.exists(),
-                    fix=lambda lock=lock: lock.unlink(missing_ok=True),
+                    fix=functools.partial(lock.unlink, missing_ok=True),
                 )
             )
     return out
@@ -183,6 +190,8 @@ def _restore_from_store(findings: list[Finding], client, uri: str, specs: dict) 
         if f.kind != "damaged_run":
             continue
         path = f.path
+        if path is None:  # every damaged_run names its folder
+            continue
         copies = [r for r in _children(client, "FINISHED") if r.data.tags.get("run_key") == path.name]
         if copies and specs.get(path.name) is not None:
             f.what += f" (the store holds a copy: MLflow run {copies[0].info.run_id})"
@@ -263,12 +272,14 @@ def check_store(out_dir: Path, client) -> list[Finding]:
             what = f"MLflow run {r.info.run_id} RUNNING under parent {parent}, which has ended"
             out.append(
                 Finding(
-                    "running_child", what, fix=lambda rid=r.info.run_id: client.set_terminated(rid, "KILLED")
+                    "running_child",
+                    what,
+                    fix=functools.partial(client.set_terminated, r.info.run_id, "KILLED"),
                 )
             )
     seen: dict[tuple, str] = {}  # (run key, output folder) -> the FINISHED child kept
     first_kept: dict[str, str] = {}  # run key -> the first FINISHED child kept, whatever its folder
-    finished = {}  # run key -> its newest FINISHED child
+    finished: dict[str, str] = {}  # run key -> its newest FINISHED child
     for r in _children(client, "FINISHED"):
         finished.setdefault(r.data.tags.get("run_key"), r.info.run_id)
     for status in ("FINISHED", "RUNNING", "FAILED", "KILLED"):
@@ -276,13 +287,13 @@ def check_store(out_dir: Path, client) -> list[Finding]:
             key, rid = r.data.tags.get("run_key"), r.info.run_id
             if not key:
                 what = f"MLflow run {rid} ({status}) has no run_key tag: no study can reuse it"
-                out.append(Finding("untagged_child", what, fix=lambda rid=rid: client.delete_run(rid)))
+                out.append(Finding("untagged_child", what, fix=functools.partial(client.delete_run, rid)))
                 continue
             if status == "KILLED" and key in finished:
                 what = (
                     f"MLflow run {rid} (KILLED) is a partial copy of run key {key}, held by {finished[key]}"
                 )
-                out.append(Finding("superseded_child", what, fix=lambda rid=rid: client.delete_run(rid)))
+                out.append(Finding("superseded_child", what, fix=functools.partial(client.delete_run, rid)))
                 continue
             if status != "FINISHED":
                 continue
@@ -359,7 +370,7 @@ def check_tables(out_dir: Path, studies, repair: bool = False) -> list[Finding]:
             Finding(
                 "table_mismatch",
                 f"{path} differs from its runs ({why})",
-                fix=lambda t=rebuilt, p=path: save_table(t, p),
+                fix=functools.partial(save_table, rebuilt, path),
             )
         )
     return out
@@ -415,10 +426,12 @@ def _repair(findings: list[Finding], log) -> None:
     log(f"repair: {len(todo)} finding(s) to fix (the report above is complete)")
     done: dict[int, bool] = {}
     for f in todo:
-        key = id(f.fix.__code__) if f.kind == "stale_parent" else id(f)
+        fix = f.fix
+        assert fix is not None  # todo holds the findings with a fix
+        key = id(getattr(fix, "__code__", fix)) if f.kind == "stale_parent" else id(f)
         if key not in done:
             try:
-                f.fix()
+                fix()
                 done[key] = True
             except Exception as exc:  # noqa: BLE001 - one failed repair must not stop the others
                 done[key] = False

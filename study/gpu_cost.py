@@ -23,14 +23,24 @@ estimate None (it is not extrapolated).
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from runners.datasets import DATASETS, kind_of
 from runners.objectives import objective_settings
 from study.runspecs import RunSpec
 
+
+class _Measured(TypedDict):
+    device: str
+    source: str
+    images_per_s: dict[str, float]
+    batch_size: int
+
+
 # Measured once on one NVIDIA H200 (torch 2.11.0+cu130, 2026-11-30) by `bench/gpu_check.py --steps
 # throughput`: a training step of ViT-S/16 at 224 px, batch 128, bf16 autocast, torch.compile, through the
 # project's own trainers (bench/README.md, "GPU check, measured once").
-MEASURED = {
+MEASURED: _Measured = {
     "device": "one H200",
     "source": "measured 2026-11-30 by bench/gpu_check.py: ViT-S/16, 224 px, batch 128, bf16, compiled",
     "images_per_s": {"supervised": 4514.0, "dino_paper": 868.0},

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.sequential import Spending
 from analysis.sequential_verdicts import decide_sequential, looks_spent
 from analysis.verdicts import INCONCLUSIVE, ClaimResult, families, format_verdicts
 from study import evaluation, outputs, registration, run_tables, run_triage, stages
@@ -56,7 +57,7 @@ class SequentialPlan:
 
     max_seeds: int
     batch: int = 2  # a look per two new seeds: seeds train in parallel, and each look costs a little power
-    spending: str = "obf"  # O'Brien-Fleming type: almost no alpha early, near-full power at the maximum
+    spending: Spending = "obf"  # O'Brien-Fleming type: almost no alpha early, near-full power at the maximum
 
     def as_dict(self) -> dict:
         return {"max_seeds": self.max_seeds, "batch": self.batch, "spending": self.spending}
@@ -67,7 +68,8 @@ def seed_schedule(seeds: list[int], plan: SequentialPlan | None) -> list[list[in
     from the smallest seed, that the file does not list) up to ``max_seeds``."""
     if plan is None:
         return [list(seeds)]
-    extra, n = [], min(seeds)
+    extra: list[int] = []
+    n = min(seeds)
     while len(seeds) + len(extra) < plan.max_seeds:
         if n not in seeds:
             extra.append(n)
@@ -165,6 +167,7 @@ def _run_looks(
         )
         if stop or k == len(schedule) - 1:
             break
+    assert plan is not None  # without a plan the loop returns at its first look
     summary = {
         **plan.as_dict(),
         "looks": looks_spent(hyp_k, results, seeds_at, plan.max_seeds, plan.spending, post_hoc),

@@ -24,11 +24,13 @@ import shutil
 import stat
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from study.schema import Hypothesis
+from study.schema_sweep import sweep_of
 from vitstudy_core.errors import StudyError
 from vitstudy_core.layers import TOKEN_SETS
 
@@ -114,7 +116,8 @@ def patch_size(hyp: Hypothesis) -> int | None:
         spec = TimmModel.model_validate(model)
         with torch.device("meta"):
             built = timm.create_model(spec.name, pretrained=False, **spec.timm_kwargs())
-        side = built.patch_embed.patch_size
+        embed: Any = built.patch_embed  # timm's PatchEmbed (torch types a submodule Tensor | Module)
+        side = embed.patch_size  # an int or (h, w)
         return int(side[0] if isinstance(side, tuple | list) else side)
     except Exception:  # noqa: BLE001 - any failure to build falls back to the name
         found = re.search(r"patch(\d+)", model["name"])
@@ -277,9 +280,9 @@ def synthetic_sweep_table(hyp: Hypothesis, seed: int = 0) -> pd.DataFrame:
     levels (named as ``study.sweep_trials.trial_label`` names them), each row carrying the knob values as columns."""
     from vitstudy_core.knobs import INTEGER_KNOBS
 
-    knobs = list(hyp.sweep.space)
-    grid = itertools.product(*(knob_levels(hyp.sweep.space[k], k in INTEGER_KNOBS) for k in knobs))
-    base = next(d for d in hyp.design.datasets if d.name == hyp.sweep.dataset)
+    knobs = list(sweep_of(hyp).space)
+    grid = itertools.product(*(knob_levels(sweep_of(hyp).space[k], k in INTEGER_KNOBS) for k in knobs))
+    base = next(d for d in hyp.design.datasets if d.name == sweep_of(hyp).dataset)
     # per seed a slope along each knob: a curve over the knob with between-seed variation, as real sweeps
     # give (pure noise over two levels can make a random-slopes fit degenerate)
     slopes = np.random.default_rng(seed).normal(1.0, 0.5, (len(hyp.design.seeds), len(knobs)))

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone  # not datetime.UTC: Python 3.11+, and 3.10 is supported
 from pathlib import Path
 
 from vitstudy_core.errors import StudyError
@@ -55,7 +55,7 @@ PRE, POST_HOC = "pre-registered", "post hoc"
 _CONDITION_KEYS = {"dataset", "token_set", "epoch", "layers", "condition"}
 # fields added with conditions (issue 23), left out of a claim's dump at their defaults so that a claim
 # registered before they existed keeps its hash (and its registration)
-_NEW_DEFAULTS = {
+_NEW_DEFAULTS: dict[str, object] = {
     "condition": None,
     "controls": [],
     "adjust_for": None,
@@ -122,7 +122,7 @@ def _stamp(now: float) -> dict:
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
 
 
 def read_registration(study_dir: Path) -> dict:
@@ -231,7 +231,7 @@ def _runs_edited(data: dict, hyp, specs, tested: bool, now: float) -> dict[str, 
 
     Judged by the runs, not the design's hash: ``seeds:`` edited together with an edit that changes no run
     is still an edit of the seeds."""
-    before, out = data.get("tested_on", {}), {}
+    before, out = data.get("tested_on", {}), dict[str, dict]()
     if not tested:
         return out
     for claim in hyp.claims:
@@ -369,7 +369,7 @@ def claim_status(registration: dict, hyp, specs, runs_dir: Path) -> dict[str, di
             "registered_at": reg["registered_at"],
             "status": POST_HOC if late or sticky else PRE,
         }
-        if late:
+        if late and earliest is not None:  # late implies it; the check narrows the type
             entry["data_from"] = _iso(earliest)
         if sticky:
             entry["reason"] = sticky["reason"]

@@ -71,10 +71,10 @@ def run_rows(spec: RunSpec, run_dir: Path, layers: list[str]) -> pd.DataFrame:
             f"{exc}); `python -m study run` restores it from the tracking store or retrains this run",
             str(folder.file(SCALARS)),
         ) from None
-    rows = rows_from_spectra(
+    measured = rows_from_spectra(
         spec.key, spec.dataset["name"], spec.seed, spectra, layers, result.get("n_tokens"), scalars=scalars
     )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(measured)
 
 
 def collect_table(
@@ -86,7 +86,9 @@ def collect_table(
     a design with conditions every row carries its cell's name (``condition``), and each untrained cell
     gets the epoch-0 rows of its twin's runs under its own name (:func:`condition_rows`).
     """
-    rows, failed_seeds, missing = {}, {}, []
+    rows: dict[str, pd.DataFrame] = {}
+    failed_seeds: dict[str, dict[int, str]] = {}
+    missing: list[RunSpec] = []
     for spec in specs:
         folder = RunFolder(runs_dir / spec.key)
         if (failed and spec.key in failed) or not folder.is_finished():

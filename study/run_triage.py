@@ -19,6 +19,7 @@ from vitstudy_core.runfolder import RESULT, RunFolder
 
 if TYPE_CHECKING:
     from study.tracking import TrackerProtocol
+    from study.tracking_reuse import StoredRun
 
 Log = Callable[[str], None]
 
@@ -37,7 +38,7 @@ class Triage:
     """
 
     finished: list[str] = field(default_factory=list)
-    stored: dict[str, object] = field(default_factory=dict)
+    stored: dict[str, StoredRun] = field(default_factory=dict)
     todo: list[RunSpec] = field(default_factory=list)
     damaged: dict[str, str] = field(default_factory=dict)
 
@@ -103,7 +104,7 @@ def check_inputs(specs: list[RunSpec], runs_dir: Path, force: bool = False) -> N
 
 
 def triage(
-    specs: list[RunSpec], runs_dir: Path, stored: dict[str, object] | None = None, force: bool = False
+    specs: list[RunSpec], runs_dir: Path, stored: dict[str, StoredRun] | None = None, force: bool = False
 ) -> Triage:
     """Stage 2: which runs are finished here, finished in the tracking store, or to do. Touches nothing.
 
@@ -123,7 +124,7 @@ def triage(
             out.damaged[spec.key] = why
         if not force and why is None and folder.is_finished():
             out.finished.append(spec.key)
-        elif not force and spec.key in (stored or {}):
+        elif not force and stored is not None and spec.key in stored:
             out.stored[spec.key] = stored[spec.key]
         else:
             out.todo.append(spec)

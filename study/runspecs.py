@@ -163,6 +163,7 @@ def _plan_imports(hyp: Hypothesis) -> list[RunSpec]:
     from runners.sources import imported_record
 
     design = hyp.design
+    assert design.source is not None  # plan_runs calls this for a design with a source only
     source = design.source.model_dump()
     runs = []
     for ds in design.datasets:

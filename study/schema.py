@@ -14,6 +14,7 @@ and the entry points that validate data or a file into it. Its parts live beside
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import (
@@ -293,7 +294,7 @@ def parse_claims(data: object, file: str = "<claims>") -> list:
         raise StudyError(err.message, file, f"claims{err.field}" if err.field else "claims") from None
 
 
-def load_hypothesis(path: str | Path, trains: bool = True) -> Hypothesis:
+def load_hypothesis(path: str | os.PathLike[str], trains: bool = True) -> Hypothesis:
     """Read and validate a hypothesis YAML file.
 
     The loader is safe (no tag executes code or constructs an object) and strict: a duplicate key, nesting

@@ -63,7 +63,7 @@ class ProbeSpec(Strict):
 class Design(Strict):
     datasets: list[DatasetSpec] = Field(min_length=1)
     model: ModelSpec = ModelSpec()
-    objective: ObjectiveSpec = OBJECTIVES[DEFAULT_OBJECTIVE]()
+    objective: ObjectiveSpec = OBJECTIVES[DEFAULT_OBJECTIVE].model_validate({})  # its defaults
     training: TrainingSpec = TrainingSpec()
     seeds: list[int] = Field(min_length=1)
     checkpoints: list[int] | None = None  # epochs at which spectra are measured; default: last epoch
@@ -147,7 +147,7 @@ class Design(Strict):
 
     def condition_names(self) -> list[str]:
         """The conditions' names, in order ([] without conditions)."""
-        return [c.name for c in self._cells or []]
+        return [c.name for c in self._cells or [] if c.name is not None]  # conditions' cells are all named
 
     @model_validator(mode="before")
     @classmethod
@@ -170,7 +170,7 @@ class Design(Strict):
                 )
         preset = obj.get("preset") if isinstance(obj, dict) else None
         found = find_preset(preset) if isinstance(preset, str) else None
-        if found is not None:
+        if found is not None and isinstance(obj, dict):  # (a preset is found only in a mapping)
             kind, preset = found
             if kind != obj.get("kind", DEFAULT_OBJECTIVE):
                 raise _FieldError(

@@ -5,7 +5,7 @@ optuna trials, with the knob ranges, the objective each trial is scored by, and 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import (
     BeforeValidator,
@@ -16,9 +16,13 @@ from pydantic import (
 )
 
 from study.conditions import FieldError as _FieldError
+from vitstudy_core.errors import StudyError
 from vitstudy_core.knobs import Knob
 from vitstudy_core.layers import TokenSet
 from vitstudy_core.settings import Strict
+
+if TYPE_CHECKING:
+    from study.schema import Hypothesis
 
 
 def _number(v: object) -> float:
@@ -169,3 +173,17 @@ class Sweep(Strict):
         for values in self.space.values():
             size *= len(values) if isinstance(values, list) else 1
         return size
+
+
+def sweep_of(hyp: Hypothesis) -> Sweep:
+    """A hypothesis file's ``sweep`` section, which the sweep's code reads (``python -m study sweep``
+    refuses a file without one; a sweep folder's ``hypothesis.yaml`` edited to drop it is refused here).
+
+    Raises:
+        StudyError: the file has no ``sweep`` section.
+    """
+    if hyp.sweep is None:
+        raise StudyError(
+            "no sweep section (expected sweep: {dataset, space, sampler, objective})", None, "sweep"
+        )
+    return hyp.sweep

@@ -6,7 +6,7 @@ plug-ins (``vitstudy_core.plugins``) are loaded first, so their parts are member
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, Union
 
 from pydantic import (
     Discriminator,
@@ -27,6 +27,32 @@ from vitstudy_core.plugins import load_plugins
 # the installed plug-ins register before any union below is built from the registries
 load_plugins()
 
+if TYPE_CHECKING:
+    # What the type checker reads: the unions below are built from the registries at import time, which
+    # mypy cannot evaluate, so each is typed as what every member is (its base class, or for datasets,
+    # whose models share no base, the fields and methods every registered model has).
+    from typing import TypeAlias
+
+    from typing_extensions import Self
+
+    from analysis.kinds.base import ClaimBase
+    from runners.objectives import ObjectiveSettings
+    from runners.sources.base import ImportedSettings
+
+    class DatasetSpec(Protocol):
+        """One ``design.datasets`` entry: a registered dataset kind's model (``runners.datasets``)."""
+
+        @property
+        def name(self) -> str: ...
+        @property
+        def kind(self) -> str: ...
+        def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> Self: ...
+        def model_dump(self, **kwargs: Any) -> dict[str, Any]: ...
+
+    ObjectiveSpec: TypeAlias = ObjectiveSettings
+    SourceSpec: TypeAlias = ImportedSettings
+    Claim: TypeAlias = ClaimBase
+
 
 # --------------------------------------------------------------------------------------------------
 # Datasets
@@ -38,10 +64,11 @@ def _dataset_kind(v: object) -> str:
 
 # one union member per registered dataset kind (runners.datasets), tagged by its kind
 DATASET_KINDS = tuple(DATASETS)
-DatasetSpec = Annotated[
-    Union[tuple(Annotated[k.model, Tag(k.name)] for k in DATASETS.values())],  # noqa: UP007 - built at run time
-    Discriminator(_dataset_kind),
-]
+if not TYPE_CHECKING:
+    DatasetSpec = Annotated[
+        Union[tuple(Annotated[k.model, Tag(k.name)] for k in DATASETS.values())],  # noqa: UP007 - built at run time
+        Discriminator(_dataset_kind),
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -54,10 +81,11 @@ def _objective_kind(v: object) -> str:
     return getattr(v, "kind", DEFAULT_OBJECTIVE)
 
 
-ObjectiveSpec = Annotated[
-    Union[tuple(Annotated[OBJECTIVES[name], Tag(name)] for name in objective_names())],  # noqa: UP007 - built at run time
-    Discriminator(_objective_kind),
-]
+if not TYPE_CHECKING:
+    ObjectiveSpec = Annotated[
+        Union[tuple(Annotated[OBJECTIVES[name], Tag(name)] for name in objective_names())],  # noqa: UP007 - built at run time
+        Discriminator(_objective_kind),
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -73,14 +101,16 @@ def _source_kind(v: object) -> str:
     return f"{kind}_source"
 
 
-SourceSpec = Annotated[
-    Union[tuple(Annotated[s.settings, Tag(f"{s.name}_source")] for s in _IMPORTED_SOURCES)],  # noqa: UP007
-    Discriminator(_source_kind),
-]
+if not TYPE_CHECKING:
+    SourceSpec = Annotated[
+        Union[tuple(Annotated[s.settings, Tag(f"{s.name}_source")] for s in _IMPORTED_SOURCES)],  # noqa: UP007
+        Discriminator(_source_kind),
+    ]
 
 
 # --------------------------------------------------------------------------------------------------
 # Claims: one model per registered kind (analysis.kinds), discriminated by ``kind``
 # --------------------------------------------------------------------------------------------------
 CLAIM_KINDS = tuple(KINDS)
-Claim = Annotated[Union[tuple(claim_models())], Field(discriminator="kind")]  # noqa: UP007 - built at run time
+if not TYPE_CHECKING:
+    Claim = Annotated[Union[tuple(claim_models())], Field(discriminator="kind")]  # noqa: UP007 - built at run time

@@ -202,7 +202,14 @@ def plan_study(
 
 def format_plan(plan: dict) -> str:
     """The plan as a text table, one line per claim, then the cost basis and the seed floors."""
-    head = ("claim", "effect", "sd (80% bound)", "alpha", "80%: seeds (bound)", "90%: seeds (bound)")
+    head: tuple[str, ...] = (
+        "claim",
+        "effect",
+        "sd (80% bound)",
+        "alpha",
+        "80%: seeds (bound)",
+        "90%: seeds (bound)",
+    )
     head += (f"power @{plan['file_seeds']}", "run-h 80% (bound)")
 
     def seeds(row, k):
@@ -214,7 +221,7 @@ def format_plan(plan: dict) -> str:
         na, nb = ("?" if row[k] is not None else "n/a" for k in ("seeds_80", "seeds_80_upper"))
         return f"{fmt_num(a, 2) if a is not None else na} ({fmt_num(b, 2) if b is not None else nb})"
 
-    rows = [head]
+    rows: list[tuple[str, ...]] = [head]
     for r in plan["claims"]:
         effect = "-" if r["effect"] is None else f"{fmt_num(r['effect'], 3)} ({r['effect_from']})"
         sd = f"{fmt_num(r['sd'], 3)} ({fmt_num(r['sd_upper80'], 3)}), n={r['n_pilot']}"
@@ -226,10 +233,10 @@ def format_plan(plan: dict) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.append(f"pilot: {plan['pilot'] or 'none (give --pilot TABLE for the per-seed SD)'}")
     if plan.get("cells"):
-        hours = "?" if plan["run_hours"] is None else fmt_num(plan["run_hours"], 3)
+        total = "?" if plan["run_hours"] is None else fmt_num(plan["run_hours"], 3)
         lines.append(
             f"design: {plan['cells']} cell(s) ({plan['trained_cells']} trained), {plan['runs']} runs, "
-            f"{hours} run-hours at the file's {plan['file_seeds']} seeds"
+            f"{total} run-hours at the file's {plan['file_seeds']} seeds"
         )
     for name, h in plan["per_run"].items():
         lines.append(

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from study.run_logging import log_missing, log_run
 from study.run_triage import Triage, clear_for_training, dataset_key, fetch_stored, triage
@@ -318,8 +318,9 @@ def execute(
     requeue = _requeue_waiting(todo, log)  # a run leased live elsewhere: sent again later, holding no slot
     ended = seen_by_driver(map_requeued(executor, execute_claimed_run, jobs, requeue), [j[1] for j in jobs])
     try:
-        for i, result, exc in ended:
+        for i, returned, exc in ended:
             spec = todo[i]
+            result = cast(dict, returned)  # execute_claimed_run's result dict (None only with exc set)
             fault = machine_fault(exc) if exc is not None else None
             if fault is not None:  # the machine's, not the run's: stop rather than test on fewer seeds
                 raise stopped_while_filling(fault, spec.label, spec.key, str(runs_dir / spec.key))
@@ -339,6 +340,8 @@ def execute(
         raise Interrupted(signum, getattr(executor, "stopped", 0)) from None
     finally:
         ended.close()  # stopped early (an error here, a full disk): the workers are stopped too
+    for line in getattr(executor, "summary_lines", list)():  # per GPU: runs and busy time
+        log(line)
     return failed
 
 

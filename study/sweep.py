@@ -42,6 +42,7 @@ from analysis.verdicts import ClaimResult, format_verdicts
 from study import outputs, registration, run_logging, run_triage, stages
 from study.preflight import check_hypothesis
 from study.schema import Hypothesis
+from study.schema_sweep import sweep_of
 from study.stopping import stopping_cleanly
 from study.sweep_heartbeat import OWNER, Heartbeat, _alive, recover_stale
 from study.sweep_report import write_sweep_report
@@ -71,7 +72,7 @@ def _batch_size(hyp: Hypothesis, remaining: int, workers: int | str, asked: int 
     that are still to be asked (``asked``: the trials complete or running), all together, since TPE samples
     them at random without looking at results; after them, enough trials to keep every worker busy (their
     runs execute together)."""
-    if hyp.sweep.sampler != "tpe":
+    if sweep_of(hyp).sampler != "tpe":
         return remaining
     cores = (os.cpu_count() or 1) if workers == "auto" else int(workers)
     busy = -(-cores // len(hyp.design.seeds))
@@ -188,8 +189,8 @@ def _run_sweep(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sweep, log
         tracker.set_tags(
             None,
             {
-                "sweep.sampler": hyp.sweep.sampler,
-                "sweep.space": hyp.sweep.model_dump()["space"],
+                "sweep.sampler": sweep_of(hyp).sampler,
+                "sweep.space": sweep_of(hyp).model_dump()["space"],
                 "sweep.n_trials": target,
                 "spec_hash": file_digest(hyp_path),
                 **({"command": opts.command} if opts.command else {}),
@@ -203,9 +204,9 @@ def _run_sweep(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sweep, log
 def trial_target(hyp: Hypothesis, n_trials: int | None, file: str) -> int:
     """How many complete trials the sweep runs to: ``--n-trials``, the file's, or the grid's size. A grid
     has no more distinct points than its size: asking for more is refused (they would all be repeats)."""
-    grid = hyp.sweep.grid_size()
-    target = n_trials or hyp.sweep.n_trials or grid
-    if hyp.sweep.sampler == "grid" and target > grid:
+    grid = sweep_of(hyp).grid_size()
+    target = n_trials or sweep_of(hyp).n_trials or grid
+    if sweep_of(hyp).sampler == "grid" and target > grid:
         where = "--n-trials" if n_trials else "sweep.n_trials"
         raise StudyError(
             f"expected at most the grid's {grid} points, got {target} trials (a grid trial beyond its size "

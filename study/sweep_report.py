@@ -11,6 +11,7 @@ import pandas as pd
 
 from study import outputs
 from study.schema import Hypothesis
+from study.schema_sweep import sweep_of
 from study.sweep_storage import open_optuna_study, storage_url
 from study.sweep_tables import learning_lines, learnt, with_task_size
 from vitstudy_core.errors import StudyError
@@ -39,16 +40,16 @@ def sweep_report(sweep_dir: Path, hyp: Hypothesis, inp, trials: pd.DataFrame, op
     from analysis.knob_figures import optuna_figures, trials_figure
     from analysis.report import write_report
 
-    obj = hyp.sweep.objective
+    obj = sweep_of(hyp).objective
     label = f"{obj.summary} of {obj.metric}" if obj.metric else f"effect of {obj.claim!r}"
     bounds = summary_bounds(obj.metric, obj.summary) if obj.metric else (None, None)
-    knobs = list(hyp.sweep.space)
+    knobs: list[str] = list(sweep_of(hyp).space)
     preface = [trials_figure(trials, knob, label, bounds, knobs) for knob in knobs]
-    if len(hyp.sweep.space) >= 2 and optuna_study is not None:
+    if len(sweep_of(hyp).space) >= 2 and optuna_study is not None:
         preface += optuna_figures(optuna_study)
     lines = [
-        f"{len(trials.trial.unique()) if len(trials) else 0} complete trials of {hyp.sweep.sampler} sampling over "
-        f"{', '.join(hyp.sweep.space)} on dataset {hyp.sweep.dataset}, {len(hyp.design.seeds)} seeds each; "
+        f"{len(trials.trial.unique()) if len(trials) else 0} complete trials of {sweep_of(hyp).sampler} sampling over "
+        f"{', '.join(sweep_of(hyp).space)} on dataset {sweep_of(hyp).dataset}, {len(hyp.design.seeds)} seeds each; "
         f"objective: {label} ({obj.direction})",
         *_learning_summary(trials),
     ]
@@ -92,7 +93,7 @@ def report_from_folder(sweep_dir: Path, storage: str | None = None) -> Path:
     inp = read_study(sweep_dir, hyp.name, hyp.description.strip(), claims)
     url = storage_url(hyp, storage)
     optuna_study = None
-    if len(hyp.sweep.space) >= 2 and (url or (sweep_dir / "journal.log").is_file()):
+    if len(sweep_of(hyp).space) >= 2 and (url or (sweep_dir / "journal.log").is_file()):
         try:
             optuna_study = open_optuna_study(hyp, sweep_dir.parent.parent, url, str(sweep_dir))
         except StudyError:

@@ -12,15 +12,21 @@ from pathlib import Path
 import optuna
 
 from study.schema import Hypothesis
+from study.schema_sweep import sweep_of
 from vitstudy_core.errors import StudyError, env_seconds
 from vitstudy_core.knobs import INTEGER_KNOBS
 
 
 def _distributions(hyp: Hypothesis) -> dict:
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    from optuna.distributions import (
+        BaseDistribution,
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
 
-    out = {}
-    for knob, values in hyp.sweep.space.items():
+    out: dict[str, BaseDistribution] = {}
+    for knob, values in sweep_of(hyp).space.items():
         if isinstance(values, list):
             out[knob] = CategoricalDistribution(
                 [int(v) if knob in INTEGER_KNOBS else float(v) for v in values]
@@ -46,9 +52,10 @@ TPE_STARTUP = 10  # TPE's start-up trials (optuna's default): sampled at random,
 
 
 def _sampler(hyp: Hypothesis):
-    sw = hyp.sweep
+    sw = sweep_of(hyp)
     if sw.sampler == "grid":
-        return _GridSampler({k: list(v) for k, v in sw.space.items()}, seed=sw.seed)
+        # Sweep refuses a range with the grid sampler: every value is a list
+        return _GridSampler({k: list(v) for k, v in sw.space.items() if isinstance(v, list)}, seed=sw.seed)
     if sw.sampler == "qmc":
         return optuna.samplers.QMCSampler(seed=sw.seed)
     if sw.sampler == "random":
@@ -58,7 +65,7 @@ def _sampler(hyp: Hypothesis):
 
 def storage_url(hyp: Hypothesis, override: str | None = None) -> str | None:
     """The optuna storage: ``--storage``, the file's ``sweep.storage``, else None (the embedded journal)."""
-    return override or hyp.sweep.storage
+    return override or sweep_of(hyp).storage
 
 
 OPTUNA_SCHEMA = "optuna"  # PostgreSQL: optuna's tables live here, apart from MLflow's in the same database
@@ -169,7 +176,7 @@ def open_optuna_study(
     """The sweep's optuna study (created or loaded). A storage that cannot be opened is one line, naming
     ``flag`` (the option or variable it came from) or the file's ``sweep.storage``."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    where = flag if storage and storage != hyp.sweep.storage else "sweep.storage"
+    where = flag if storage and storage != sweep_of(hyp).storage else "sweep.storage"
     try:
         if storage is None:
             from optuna.storages import JournalStorage
@@ -180,7 +187,7 @@ def open_optuna_study(
             backend = JournalStorage(JournalFileBackend(str(path)))
         else:
             backend = _database_storage(storage)
-        direction = hyp.sweep.objective.direction
+        direction = sweep_of(hyp).objective.direction
         study = optuna.create_study(
             study_name=hyp.name,
             storage=backend,
@@ -202,7 +209,7 @@ def open_optuna_study(
 def objective_name(hyp: Hypothesis) -> str:
     """The objective's name in optuna's study (what optuna-dashboard shows in place of "Objective 0"):
     ``"min of eed_pct"``, or ``"effect of 'claim name'"`` for a claim objective."""
-    obj = hyp.sweep.objective
+    obj = sweep_of(hyp).objective
     return f"{obj.summary} of {obj.metric}" if obj.metric else f"effect of {obj.claim!r}"
 
 
@@ -214,10 +221,12 @@ def sweep_identity(hyp: Hypothesis) -> dict[str, object]:
     dataset without its swept knobs, which each trial replaces) and the space, sampler and objective."""
     design = hyp.design.model_dump(mode="json")
     for ds in design["datasets"]:
-        if ds.get("name") == hyp.sweep.dataset:
-            for knob in hyp.sweep.space:
+        if ds.get("name") == sweep_of(hyp).dataset:
+            for knob in sweep_of(hyp).space:
                 ds.pop(knob, None)
-    sweep = hyp.sweep.model_dump(mode="json", include={"dataset", "space", "sampler", "objective", "seed"})
+    sweep = sweep_of(hyp).model_dump(
+        mode="json", include={"dataset", "space", "sampler", "objective", "seed"}
+    )
     return _flat("", {"design": design, "sweep": sweep}, {})
 
 

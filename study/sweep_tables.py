@@ -12,10 +12,12 @@ import pandas as pd
 
 from analysis.table import make_table
 from analysis.verdicts import ClaimResult
+from runners.datasets.procedural import ProceduralDataset
 from study import run_tables
 from study.run_scalars import with_run_scalars
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
+from study.schema_sweep import sweep_of
 from study.sweep_trials import trial_point
 
 
@@ -48,7 +50,8 @@ def with_task_size(trials: pd.DataFrame, hyp: Hypothesis) -> pd.DataFrame:
     (a ``trials.csv`` written before they were recorded)."""
     if trials.empty or {"chance", "n_test"} <= set(trials.columns):
         return trials
-    base = next(d for d in hyp.design.datasets if d.name == hyp.sweep.dataset)
+    base = next(d for d in hyp.design.datasets if d.name == sweep_of(hyp).dataset)
+    assert isinstance(base, ProceduralDataset)  # Hypothesis refuses a sweep.dataset that is not procedural
     n_classes = (
         trials["n_classes"] if "n_classes" in trials else pd.Series(float(base.n_classes), trials.index)
     )
@@ -63,7 +66,7 @@ def sweep_table(trials: pd.DataFrame, hyp: Hypothesis, out_dir: Path) -> pd.Data
 def _sweep_rows(trials: pd.DataFrame, hyp: Hypothesis, out_dir: Path) -> tuple[pd.DataFrame, list[RunSpec]]:
     """:func:`sweep_table`, and the runs of the complete trials' design points."""
     frames, specs = [], []
-    knobs = list(hyp.sweep.space)
+    knobs = list(sweep_of(hyp).space)
     for _, first in (trials.drop_duplicates(knobs) if len(trials) else trials).iterrows():
         point = trial_point(hyp, int(first.trial), {k: first[k] for k in knobs}, out_dir / "data")
         got = run_tables.collect_table(point.specs, out_dir / "runs", hyp.design.layers)

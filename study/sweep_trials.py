@@ -19,6 +19,7 @@ from runners.datasets.procedural import ProceduralDataset
 from study import run_tables, run_triage
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
+from study.schema_sweep import sweep_of
 from study.sweep_heartbeat import OWNER, _owner
 from study.sweep_storage import _distributions, _rdb, _uncached
 from vitstudy_core.errors import StudyError
@@ -36,7 +37,7 @@ class TrialPoint:
     params: dict[str, float]
     dataset: ProceduralDataset
     specs: list[RunSpec]
-    trial: object = None  # the optuna Trial while it runs
+    trial: optuna.trial.Trial | None = None  # the optuna Trial while it runs (set by _ask)
 
 
 def trial_label(base: str, params: dict) -> str:
@@ -46,7 +47,7 @@ def trial_label(base: str, params: dict) -> str:
 
 def trial_point(hyp: Hypothesis, number: int, params: dict, data_dir: Path) -> TrialPoint:
     """The design point of one trial: the swept dataset with the knob values, and its runs (one per seed)."""
-    base = next(d for d in hyp.design.datasets if d.name == hyp.sweep.dataset)
+    base = next(d for d in hyp.design.datasets if d.name == sweep_of(hyp).dataset)
     values = {k: int(v) if k in INTEGER_KNOBS else float(v) for k, v in params.items()}
     ds = ProceduralDataset.model_validate(
         {**base.model_dump(), **values, "name": trial_label(base.name, values)}
@@ -62,7 +63,7 @@ def seed_objective(hyp: Hypothesis, table: pd.DataFrame, base_name: str) -> pd.S
     A claim objective is the claim's per-seed effect values (its kind's ``evaluate`` on the trial's rows,
     the trial dataset read under the swept dataset's name); a metric objective is the per-seed summary.
     """
-    obj = hyp.sweep.objective
+    obj = sweep_of(hyp).objective
     if obj.claim is not None:
         from analysis.kinds import get_kind
         from analysis.kinds._table import TableView
@@ -123,7 +124,7 @@ def _trial_tags(hyp: Hypothesis, point: TrialPoint) -> dict:
 
 def _tags_by_key(trials: pd.DataFrame, hyp: Hypothesis) -> Callable[[RunSpec], dict]:
     """A run's child-run tags (:func:`_trial_tags`) from the trials table: the first trial that has it."""
-    knobs = list(hyp.sweep.space)
+    knobs = list(sweep_of(hyp).space)
     first = trials.drop_duplicates("run_key").set_index("run_key") if len(trials) else trials
 
     def tags(spec: RunSpec) -> dict:
@@ -141,7 +142,9 @@ def _tell_trial(p: TrialPoint, hyp: Hypothesis, runs_dir: Path, log: Log, failed
     (:func:`restamp_start`). True when the trial completed. A trial another driver failed meanwhile (its
     heartbeat stopped during a database outage) is left to its queued copy, which reuses these runs."""
     got = run_tables.collect_table(p.specs, runs_dir, hyp.design.layers, failed)
-    per_seed = seed_objective(hyp, got.table, hyp.sweep.dataset) if len(got.table) else pd.Series(dtype=float)
+    per_seed = (
+        seed_objective(hyp, got.table, sweep_of(hyp).dataset) if len(got.table) else pd.Series(dtype=float)
+    )
     finite = per_seed[np.isfinite(per_seed.to_numpy(dtype=float))]
     try:
         return _record_trial(p, runs_dir, per_seed, finite, log)
@@ -156,24 +159,24 @@ def _record_trial(p: TrialPoint, runs_dir: Path, per_seed: pd.Series, finite: pd
     """:func:`_tell_trial`'s writes to the optuna study."""
     from optuna.trial import TrialState
 
-    p.trial.set_user_attr("run_keys", [s.key for s in p.specs])
-    p.trial.set_user_attr("objective_per_seed", {str(k): float(v) for k, v in per_seed.items()})
-    p.trial.set_user_attr(
-        "test_acc_per_seed", {str(s.seed): last_test_accuracy(runs_dir, s) for s in p.specs}
-    )
+    trial = p.trial
+    assert trial is not None  # the points told are those _ask returned, each with its trial
+    trial.set_user_attr("run_keys", [s.key for s in p.specs])
+    trial.set_user_attr("objective_per_seed", {str(k): float(v) for k, v in per_seed.items()})
+    trial.set_user_attr("test_acc_per_seed", {str(s.seed): last_test_accuracy(runs_dir, s) for s in p.specs})
     results = [RunFolder(runs_dir / s.key).read_result() or {} for s in p.specs]
     starts = [r["started_at"] for r in results if isinstance(r.get("started_at"), (int, float))]
     ends = [r["finished_at"] for r in results if isinstance(r.get("finished_at"), (int, float))]
     if starts:  # a run from before ``started_at`` was kept has none
-        p.trial.set_user_attr("runs_started_at", min(starts))
-        restamp_start(p.trial, min(starts))
+        trial.set_user_attr("runs_started_at", min(starts))
+        restamp_start(trial, min(starts))
     if ends:
-        p.trial.set_user_attr("runs_finished_at", max(ends))
+        trial.set_user_attr("runs_finished_at", max(ends))
     if finite.empty:
-        p.trial.study.tell(p.trial, state=TrialState.FAIL)
+        trial.study.tell(trial, state=TrialState.FAIL)
         log(f"trial {p.number} {p.params}: FAILED (no seed finished)")
         return False
-    p.trial.study.tell(p.trial, float(finite.mean()))
+    trial.study.tell(trial, float(finite.mean()))
     log(f"trial {p.number} {p.params}: objective {finite.mean():.4g} over {len(finite)} seeds")
     return True
 

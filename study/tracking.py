@@ -85,6 +85,7 @@ if TYPE_CHECKING:
     from analysis.verdicts import ClaimResult
     from study.runspecs import RunSpec
     from study.schema import Hypothesis
+    from study.tracking_reuse import StoredRun
 
 __all__ = [
     "RUN_ARTIFACTS_OPTIONAL",
@@ -243,7 +244,7 @@ class Tracker(RunWriter):
                 self.close_stale()
         ended = False
         try:
-            self.client.set_terminated(self.parent_id, status)
+            self.client.set_terminated(self._parent, status)  # opened by __enter__
             ended = True
         except Exception:
             if exc_type is None:
@@ -252,14 +253,14 @@ class Tracker(RunWriter):
             if self._parent_lock is not None:
                 os.close(self._parent_lock)
                 if ended:  # a lock file left free says "dead" at once to the next invocation here
-                    parent_lock_path(self.out_dir, self.parent_id).unlink(missing_ok=True)
+                    parent_lock_path(self.out_dir, self._parent).unlink(missing_ok=True)
 
     def close_stale(self) -> list[str]:
         """Mark the store's stale RUNNING parents and their RUNNING children KILLED (:func:`close_stale`)."""
         return close_stale(self.client, self.out_dir, exclude=self.parent_id)
 
     # ---- reading back for reuse (``study.tracking_reuse``) -------------------------------------------
-    def finished_runs(self) -> dict[str, object]:
+    def finished_runs(self) -> dict[str, StoredRun]:
         """Finished child runs in the whole store (every experiment), newest per ``run_key`` tag."""
         return self.stored.finished_runs()
 
@@ -286,7 +287,7 @@ class TrackerProtocol(Protocol):
 
     def close_stale(self) -> list[str]: ...
 
-    def finished_runs(self) -> dict[str, object]: ...
+    def finished_runs(self) -> dict[str, StoredRun]: ...
 
     def has_finished(self, key: str, result_sha: str | None = None) -> bool: ...
 
@@ -342,7 +343,7 @@ class NullTracker:
     def close_stale(self) -> list[str]:
         return []
 
-    def finished_runs(self) -> dict[str, object]:
+    def finished_runs(self) -> dict[str, StoredRun]:
         return {}
 
     def has_finished(self, key: str, result_sha: str | None = None) -> bool:  # nothing is ever to be logged

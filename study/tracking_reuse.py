@@ -7,12 +7,20 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from vitstudy_core.errors import StudyError
 from vitstudy_core.runfolder import OPTIONAL, REQUIRED, RESULT, ROWS, SPECTRA, parse_spectrum_key
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from mlflow.entities import Run
+
+    StoredRun: TypeAlias = Run  # a finished run in the store (the modules outside tracking name it from here)
 
 # artifacts of a child run that a reuse needs (required) or carries along when present (optional)
 RUN_ARTIFACTS_REQUIRED = REQUIRED
@@ -32,9 +40,9 @@ class StoredRuns:
         self.client = client
         self.uri = uri
 
-    def finished_runs(self) -> dict[str, object]:
+    def finished_runs(self) -> dict[str, StoredRun]:
         """Finished child runs in the whole store (every experiment), newest per ``run_key`` tag."""
-        found: dict[str, object] = {}
+        found: dict[str, StoredRun] = {}
         for r in training_runs(self.client):
             key = r.data.tags.get("run_key")
             if key and key not in found:

@@ -9,7 +9,7 @@ import re
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -20,7 +20,10 @@ from vitstudy_core.faults import fault_point
 from vitstudy_core.hashing import digest, file_digest
 
 if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
     from analysis.verdicts import ClaimResult
+    from study.run_triage import Triage
     from study.runspecs import RunSpec
     from study.schema import Hypothesis
 
@@ -62,19 +65,26 @@ class RunWriter:
     ``log_model`` and ``out_dir`` (the output folder: a child run's tag ``study.out``).
     """
 
-    client: object
+    client: MlflowClient
     experiment_id: str
     parent_id: str | None
     git_commit: str
     git_dirty: bool
     log_model: bool
 
+    @property
+    def _parent(self) -> str:
+        """The open parent run's id (``Tracker`` opens it before anything is written to it)."""
+        if self.parent_id is None:
+            raise RuntimeError("no parent run is open: Tracker.start() opens it")
+        return self.parent_id
+
     def log_study(
         self,
         hyp: Hypothesis,
         hyp_path: Path,
         plan: list[RunSpec],
-        triage: object | None = None,
+        triage: Triage | None = None,
         command: str | None = None,
     ) -> None:
         """The study's params, file and command on the parent run; the runs ``triage`` reused, linked."""
@@ -89,12 +99,12 @@ class RunWriter:
         if cells:  # the cells, each with its runs (an untrained cell's are its twin's)
             params["n_cells"] = len(cells)
             text = "; ".join(f"{c.name} ({_cell_runs(c, plan)} runs)" for c in cells)
-            self.client.set_tag(self.parent_id, "cells", text[:_TAG_MAX])
-        self._log_params(self.parent_id, params)
-        self.client.set_tag(self.parent_id, "spec_hash", file_digest(hyp_path))
+            self.client.set_tag(self._parent, "cells", text[:_TAG_MAX])
+        self._log_params(self._parent, params)
+        self.client.set_tag(self._parent, "spec_hash", file_digest(hyp_path))
         if command:
-            self.client.set_tag(self.parent_id, "command", command[:_TAG_MAX])
-        self.client.log_artifact(self.parent_id, str(hyp_path))
+            self.client.set_tag(self._parent, "command", command[:_TAG_MAX])
+        self.client.log_artifact(self._parent, str(hyp_path))
         if triage is not None:
             reused = triage.reused_from
             self.log_reused(
@@ -119,21 +129,21 @@ class RunWriter:
         if not reused:
             return
         text = ", ".join(f"{r['label']}={r['key']}@{r.get('mlflow_run_id') or 'local'}" for r in reused)
-        self.client.set_tag(self.parent_id, "reused_runs", text[:_TAG_MAX])
-        self.client.set_tag(self.parent_id, "n_reused", str(len(reused)))
+        self.client.set_tag(self._parent, "reused_runs", text[:_TAG_MAX])
+        self.client.set_tag(self._parent, "n_reused", str(len(reused)))
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "reused_runs.json"
             path.write_text(json.dumps(reused, indent=1))
-            self.client.log_artifact(self.parent_id, str(path))
+            self.client.log_artifact(self._parent, str(path))
 
     def log_registration(self, design: tuple[str, str], claims: list[tuple[str, dict]]) -> None:
         """Tags ``registration.design`` = ``hash @ time`` and ``registration.claim.N`` = ``name: hash @ time
         (status)`` for each (name, ``study.registration.claim_status`` entry or {hash, registered_at})."""
-        self.client.set_tag(self.parent_id, "registration.design", f"{design[0][:16]} @ {design[1]}")
+        self.client.set_tag(self._parent, "registration.design", f"{design[0][:16]} @ {design[1]}")
         for i, (name, reg) in enumerate(claims):
             status = f" ({reg['status']})" if reg.get("status") else ""
             text = f"{name}: {reg['hash'][:16]} @ {reg['registered_at']}{status}"
-            self.client.set_tag(self.parent_id, f"registration.claim.{i}", text[:_TAG_MAX])
+            self.client.set_tag(self._parent, f"registration.claim.{i}", text[:_TAG_MAX])
 
     def set_tag(self, key: str, value: str) -> None:
         """One tag on the parent run (cut to MLflow's length limit)."""
@@ -144,30 +154,30 @@ class RunWriter:
     ) -> None:
         for path in artifacts:
             if Path(path).exists():
-                self.client.log_artifact(self.parent_id, str(path))
+                self.client.log_artifact(self._parent, str(path))
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         metrics = []
         for i, r in enumerate(results):
-            self.client.set_tag(self.parent_id, f"verdict.{i}", f"{r.verdict}: {r.name}"[:_TAG_MAX])
+            self.client.set_tag(self._parent, f"verdict.{i}", f"{r.verdict}: {r.name}"[:_TAG_MAX])
             # per-claim numbers as metrics, so invocations can be compared side by side in the UI
             for field in ("effect", "ci_low", "ci_high", "p_value", "p_adjusted"):
                 value = getattr(r, field, None)
                 if value is not None and np.isfinite(value):
                     metrics.append(Metric(f"claim_{i}/{field}", float(value), now, 0))
         if metrics:
-            self.client.log_batch(self.parent_id, metrics=metrics)
+            self.client.log_batch(self._parent, metrics=metrics)
         if summary:
             # shown as the run's description in the UI
-            self.client.set_tag(self.parent_id, "mlflow.note.content", summary[:_TAG_MAX])
+            self.client.set_tag(self._parent, "mlflow.note.content", summary[:_TAG_MAX])
         # named by what it holds: the study and its verdict counts (the start time stays in its start_time)
-        counts = {}
+        counts: dict[str, int] = {}
         for r in results:
             counts[r.verdict] = counts.get(r.verdict, 0) + 1
         what = ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "no claims"
         name = self.client.get_experiment(self.experiment_id).name
-        self.client.update_run(self.parent_id, name=f"{name}: {what}"[:250])
+        self.client.update_run(self._parent, name=f"{name}: {what}"[:250])
 
     def log_seed_aggregates(self, claims: list, table: pd.DataFrame) -> list[str]:
         """The across-seed profile of every claimed metric on the parent run, so MLflow's own charts and
@@ -212,7 +222,8 @@ class RunWriter:
                         ("ci_low", "seed_ci_low"),
                         ("ci_high", "seed_ci_high"),
                     ):
-                        value = float(prof.at[row, layer])
+                        cell: Any = prof.at[row, layer]  # a float: seed_profile's frame is numeric
+                        value = float(cell)
                         if np.isfinite(value):
                             metrics.append(Metric(f"{prefix}/{tail}", value, now, int(index[layer])))
                 logged.append(f"seed_mean/{tail}")
@@ -224,22 +235,22 @@ class RunWriter:
                 name = sanitize_metric_name(base).replace("/", "_") + ".png"
                 with tempfile.TemporaryDirectory() as tmp:
                     (Path(tmp) / name).write_bytes(fig.png)
-                    self.client.log_artifact(self.parent_id, str(Path(tmp) / name), "seed_aggregates")
+                    self.client.log_artifact(self._parent, str(Path(tmp) / name), "seed_aggregates")
         for i in range(0, len(metrics), _BATCH):
-            self.client.log_batch(self.parent_id, metrics=metrics[i : i + _BATCH])
+            self.client.log_batch(self._parent, metrics=metrics[i : i + _BATCH])
         if logged:
             self.client.set_tag(
-                self.parent_id, "seed_aggregates", _aggregates_note(layers, conditions)[:_TAG_MAX]
+                self._parent, "seed_aggregates", _aggregates_note(layers, conditions)[:_TAG_MAX]
             )
         return logged
 
     def set_tags(self, run_id: str | None, tags: dict) -> None:
         """Set tags on a run (the parent when ``run_id`` is None); values cut to MLflow's length limit."""
         for k, v in tags.items():
-            self.client.set_tag(run_id or self.parent_id, k, str(v)[:_TAG_MAX])
+            self.client.set_tag(run_id or self._parent, k, str(v)[:_TAG_MAX])
 
     def log_artifact(self, path: Path) -> None:
-        self.client.log_artifact(self.parent_id, str(path))
+        self.client.log_artifact(self._parent, str(path))
 
     # ---- child runs -------------------------------------------------------------------------------
     def log_training_run(
@@ -280,8 +291,9 @@ class RunWriter:
                 "spec_hash": digest(spec.model_dump()),
             },
         )
-        if getattr(self, "out_dir", None) is not None:  # which output folder's copy of the run this is
-            tags["study.out"] = str(Path(self.out_dir).resolve())
+        out_dir = getattr(self, "out_dir", None)
+        if out_dir is not None:  # which output folder's copy of the run this is
+            tags["study.out"] = str(Path(out_dir).resolve())
         if run_dir is not None and (Path(run_dir) / "result.json").is_file():  # which training it is
             tags[RESULT_SHA_TAG] = file_digest(Path(run_dir) / "result.json")
         tags.update({k: str(v)[:_TAG_MAX] for k, v in (extra or {}).items()})
@@ -344,6 +356,7 @@ class RunWriter:
             for k, v in h.items():
                 if k != "epoch" and v is not None:
                     metrics.append(Metric(sanitize_metric_name(f"train/{k}"), float(v), now, int(h["epoch"])))
+        r: Any  # a row of the run's spectra table (metric, layer, token_set: str; epoch: int; value: float)
         for r in rows.itertuples(index=False):
             if pd.notna(r.value):
                 name = metric_name(r.metric, r.layer, r.token_set)
@@ -379,7 +392,9 @@ class RunWriter:
         tags = {"dataset_spec": json.dumps(ds, sort_keys=True)}
         if data is not None:
             tags["profile"] = json.dumps(data.profile, sort_keys=True)
-        dataset = MetaDataset(CodeDatasetSource(tags=tags), name=ds["name"], digest=digest(ds, 16))
+        # mlflow marks Dataset.profile abstract but MetaDataset, its own concrete class, leaves it out
+        # (Dataset is not an ABC, so it instantiates)
+        dataset = MetaDataset(CodeDatasetSource(tags=tags), name=ds["name"], digest=digest(ds, 16))  # type: ignore[abstract]
         inp = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "training")])
         self.client.log_inputs(rid, datasets=[inp])
 
@@ -395,7 +410,8 @@ def _aggregates_note(layers: pd.DataFrame, conditions: list[str | None]) -> str:
     """What the parent run's ``seed_mean/``, ``seed_ci_low/``, ``seed_ci_high/`` step metrics hold: the
     layer each step is (MLflow's steps carry no names) and, in a design with conditions, which set is
     which condition."""
-    steps = ", ".join(f"{int(r.layer_index)} {r.layer}" for r in layers.itertuples())
+    rows: list[Any] = list(layers.itertuples())  # (layer, layer_index, ...) rows of the run table
+    steps = ", ".join(f"{int(r.layer_index)} {r.layer}" for r in rows)
     note = (
         "seed_mean/, seed_ci_low/, seed_ci_high/: the mean over seeds and its 95% t CI by layer, step = "
         f"layer ({steps}); one chart over layer names per metric: artifacts seed_aggregates/*.png"

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from study.cli import main
 
@@ -58,7 +59,7 @@ def _same(a, b, where: str = "") -> None:
 def test_every_shipped_file_has_a_snapshot():
     # sweep files are tested on sweep tables (tests/test_sweep.py); every other shipped file has a snapshot
     files = [p for p in (ROOT / "hypotheses").rglob("*.yaml") if "\nsweep:" not in p.read_text()]
-    names = {p.read_text().split("\nname: ", 1)[1].split("\n", 1)[0] for p in files}
+    names = {yaml.safe_load(p.read_text())["name"] for p in files}
     assert {c.removesuffix("_weak") for c in CASES} == names
 
 

@@ -100,7 +100,9 @@ def load_split(
     Returns:
         images: uint8 (N, image_size, image_size, 3) (on-disk kinds: a memory map); labels: int64 (N,).
     """
-    return _with_images(spec).load(spec, split, Path(cache_dir), probe_size, probe_seed)
+    load = _with_images(spec).load
+    assert load is not None  # _with_images refuses a kind without images
+    return load(spec, split, Path(cache_dir), probe_size, probe_seed)
 
 
 def shuffled_labels(labels: np.ndarray, seed: int) -> np.ndarray:
@@ -114,7 +116,9 @@ def shuffled_labels(labels: np.ndarray, seed: int) -> np.ndarray:
 
 def num_classes(spec: dict) -> int:
     """Width of the classifier head for a dataset spec (any kind with images)."""
-    return _with_images(spec).num_classes(spec)
+    count = _with_images(spec).num_classes
+    assert count is not None  # a kind with images has both (the registry's check)
+    return count(spec)
 
 
 def check_dataset_folder(spec: dict) -> None:

@@ -82,7 +82,7 @@ def square(img, size: int) -> np.ndarray:
     if (w, h) != (size, size):
         scale = size / min(w, h)
         nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
-        img = img.resize((nw, nh), Image.BICUBIC)
+        img = img.resize((nw, nh), Image.Resampling.BICUBIC)
         left, top = (nw - size) // 2, (nh - size) // 2
         img = img.crop((left, top, left + size, top + size))
     return np.asarray(img, dtype=np.uint8)
@@ -166,7 +166,8 @@ def check_images(paths: Sequence[str | Path], workers: int | None = None) -> tup
 
 def _pwrite(fd: int, arr: np.ndarray, offset: int) -> None:
     """Write ``arr``'s bytes to ``fd`` from byte ``offset``."""
-    view = memoryview(np.ascontiguousarray(arr)).cast("B")
+    # numpy's stubs give ndarray __buffer__ only from Python 3.12; it has the buffer protocol on every one
+    view = memoryview(np.ascontiguousarray(arr)).cast("B")  # type: ignore[arg-type]
     while view:  # a regular file takes it in one call; the loop is for the rare short write
         n = os.pwrite(fd, view, offset)
         view, offset = view[n:], offset + n

@@ -17,7 +17,7 @@ import builtins
 import codecs
 import pickle
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -82,7 +82,7 @@ class _CifarUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refused persistent id in {self.where}")
 
 
-def load_pickle(path: Path) -> dict[str, object]:
+def load_pickle(path: Path) -> dict[str, Any]:
     """A CIFAR-100 python file as a dict with str keys (bytes keys decoded; str keys accepted as they are).
 
     Raises:

@@ -60,6 +60,14 @@ def layout_error(spec: dict, root: Path, what: str) -> StudyError:
     )
 
 
+def _reader(spec: dict) -> Reader:
+    """The layout's reader of an on-disk kind (those this module loads register one)."""
+    read = DATASETS.get(spec["kind"]).read
+    if read is None:
+        raise ValueError(f"dataset kind {spec['kind']!r} has no reader of an on-disk layout")
+    return read
+
+
 def check_folder(spec: dict) -> None:
     """Fail early (before anything is written) on data the decode would refuse, with one line naming it.
 
@@ -72,7 +80,7 @@ def check_folder(spec: dict) -> None:
     root = resolve_path(spec["path"], strict=True, name=spec["name"])
     if not root.is_dir():
         raise layout_error(spec, root, "folder not found")
-    splits, _ = DATASETS.get(spec["kind"]).read(spec, root)
+    splits, _ = _reader(spec)(spec, root)
     for split, (items, labels) in splits.items():
         if isinstance(items, np.ndarray):  # decoded arrays (CIFAR-100): nothing to open
             continue
@@ -90,7 +98,7 @@ def unreadable_error(spec: dict, path: str, reason: str) -> StudyError:
 def count_classes(spec: dict) -> int:
     """The number of classes, from the layout's reader (lists the folder; decodes nothing)."""
     root = resolve_path(spec["path"], strict=True, name=spec["name"])
-    return len(DATASETS.get(spec["kind"]).read(spec, root)[1])
+    return len(_reader(spec)(spec, root)[1])
 
 
 def on_disk_kind(
@@ -209,7 +217,7 @@ def load_disk_split(
     cached = cache.read_cache(path, labels_path, size)
     if cached is not None:
         return cached
-    splits, _ = DATASETS.get(spec["kind"]).read(spec, root)
+    splits, _ = _reader(spec)(spec, root)
     items, labels = splits["test" if split == "probe" else split]
     idx = _indices(spec, split, len(labels), root, probe_size, probe_seed)
     items = items[idx] if isinstance(items, np.ndarray) else [items[i] for i in idx]
@@ -227,4 +235,6 @@ def load_disk_split(
     except OSError as exc:
         raise layout_error(spec, root, f"unreadable image ({exc})") from None
     cache.write_labels(labels_path, labels[idx])
-    return cache.read_cache(path, labels_path, size)
+    out = cache.read_cache(path, labels_path, size)
+    assert out is not None  # both files were written just above
+    return out

@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal, overload
 
 import numpy as np
 
@@ -30,6 +31,10 @@ IMAGE_EXTENSIONS = (
 )  # torchvision's
 
 
+@overload
+def resolve_path(raw: str, strict: Literal[True] = True, name: str | None = None) -> Path: ...
+@overload
+def resolve_path(raw: str, strict: bool = True, name: str | None = None) -> Path | None: ...
 def resolve_path(raw: str, strict: bool = True, name: str | None = None) -> Path | None:
     """Expand ``${VAR}``/``$VAR`` and ``~`` in a dataset path.
 

@@ -189,7 +189,7 @@ def _place(rng: np.random.Generator, cls: np.ndarray, xx, yy, cx, cy, rad, max_r
 
 def _clutter(rng: np.random.Generator, img: np.ndarray, xx, yy, clutter: float) -> np.ndarray:
     """Paint ``round(4 * clutter)`` small distractor shapes of random class, position and colour."""
-    n = img.shape[0]
+    n = int(img.shape[0])
     for _ in range(round(4 * clutter)):
         cls = rng.integers(0, len(SHAPES), n)
         cx, cy = rng.uniform(0.1, 0.9, (2, n)).astype(np.float32)
@@ -297,6 +297,8 @@ def load(
     elif split == "test":
         n, seed = spec["n_test"], spec["data_seed"] * 1000 + 2
     elif split == "probe":
+        if probe_size is None or probe_seed is None:
+            raise ValueError("the probe split needs probe_size and probe_seed")
         n, seed = int(probe_size), int(probe_seed) * 1000 + 3
     else:
         raise ValueError(f"unknown split {split!r}")
@@ -316,7 +318,8 @@ def load(
         images, labels = generate(spec["variant"], n, spec["image_size"], spec["n_classes"], seed, knobs)
         return {"images": images, "labels": labels}
 
-    return cached_arrays(path, build, ("images", "labels"))
+    images, labels = cached_arrays(path, build, ("images", "labels"))
+    return images, labels
 
 
 DATASETS.register(

@@ -86,7 +86,7 @@ class ObjectiveSettings(Strict):
     def _fill_from_preset(cls, data: object) -> object:
         """A known ``preset`` fills the objective's fields the file leaves unset."""
         preset = data.get("preset") if isinstance(data, dict) else None
-        if isinstance(preset, str) and preset in cls.presets:
+        if isinstance(data, dict) and isinstance(preset, str) and preset in cls.presets:
             data = {**cls.presets[preset].objective, **data}
         return data
 
@@ -150,7 +150,7 @@ def objective_payload(settings: ObjectiveSettings) -> str | dict:
     The default objective with default settings stays the bare string it always was (``"supervised"``:
     keys of runs trained before objectives had settings do not move); anything else is its settings.
     """
-    if settings == OBJECTIVES[DEFAULT_OBJECTIVE]():
+    if settings == OBJECTIVES[DEFAULT_OBJECTIVE].model_validate({}):  # its defaults (= calling it bare)
         return DEFAULT_OBJECTIVE
     return settings.model_dump()
 
@@ -158,7 +158,7 @@ def objective_payload(settings: ObjectiveSettings) -> str | dict:
 def objective_settings(payload: str | Mapping[str, Any]) -> ObjectiveSettings:
     """The settings model back from a run spec's ``objective`` (:func:`objective_payload`'s inverse)."""
     if isinstance(payload, str):
-        return OBJECTIVES.get(payload)()
+        return OBJECTIVES.get(payload).model_validate({})  # its defaults (= calling it bare)
     return OBJECTIVES.get(payload.get("kind", DEFAULT_OBJECTIVE)).model_validate(dict(payload))
 
 
@@ -189,9 +189,9 @@ class TrainerSetup(Generic[S]):
     @classmethod
     def from_run(
         cls, run: Mapping[str, Any], n_classes: int, image_size: int, steps_per_epoch: int
-    ) -> TrainerSetup:
-        """Typed settings from a run spec dict (``RunSpec.model_dump()``)."""
-        return cls(
+    ) -> TrainerSetup[ObjectiveSettings]:
+        """Typed settings from a run spec dict (``RunSpec.model_dump()``): of whichever objective it names."""
+        return TrainerSetup(
             objective=objective_settings(run["objective"]),
             training=TrainingSpec.model_validate(run["training"]),
             model=TimmModel.model_validate(run["model"]),
@@ -226,7 +226,7 @@ class Trainer(Protocol):
         xtr: torch.Tensor,
         ytr: torch.Tensor,
         order: torch.Tensor,
-        tick: Callable[[int, float, int], None],
+        tick: Callable[[int, float | torch.Tensor, int], None],  # the loss as a device tensor (read lazily)
     ) -> dict: ...
 
     def evaluate(

@@ -68,7 +68,7 @@ class SupervisedTrainer:
         xtr: torch.Tensor,
         ytr: torch.Tensor,
         order: torch.Tensor,
-        tick: Callable[[int, float, int], None],
+        tick: Callable[[int, float | torch.Tensor, int], None],  # the loss as a device tensor (read lazily)
     ) -> dict:
         """One epoch over ``order`` (a permutation of the training indices of uint8 ``xtr`` (N, H, W, 3)).
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from pydantic import Field, model_validator
 
 from vitstudy_core.errors import StudyError
+from vitstudy_core.hashing import digest
 from vitstudy_core.registry import Registry
 from vitstudy_core.settings import Strict
 
@@ -33,6 +34,16 @@ class DataRecord:
     spec: dict
     digest: str
     profile: dict = field(default_factory=dict)
+
+
+def probe_record(run: dict, data_dir: str | Path) -> DataRecord:
+    """The data record of a run that measures a model on the probe set only (imported checkpoints, a
+    published model): the dataset spec and the probe images' shape, loaded into the cache."""
+    from runners.datasets import load_split
+
+    ds, probe = run["dataset"], run["probe"]
+    shape = list(load_split(ds, "probe", data_dir, probe["size"], probe["seed"])[0].shape)
+    return DataRecord(ds["name"], ds, digest(ds, 16), {"probe": shape})
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,9 @@ class ImportedSettings(Strict):
     path: str | None = Field(None, min_length=1)
     paths: dict[int, str] | None = None
 
+    if TYPE_CHECKING:
+        kind: str  # each source's model declares it as Literal["<name>"] (declared here for the type checker)
+
     @model_validator(mode="after")
     def _one_path(self):
         if (self.path is None) == (self.paths is None):
@@ -93,11 +107,17 @@ class RunSource(Protocol):
             False for a source of metric rows only.
     """
 
-    name: str
-    settings: type[ImportedSettings] | None
-    example: dict
-    tag_fields: tuple[str, ...]
-    measures_spectra: bool
+    # read-only (a source's class attributes: a subclass narrows settings to its own model)
+    @property
+    def name(self) -> str: ...
+    @property
+    def settings(self) -> type[ImportedSettings] | None: ...
+    @property
+    def example(self) -> dict: ...
+    @property
+    def tag_fields(self) -> tuple[str, ...]: ...
+    @property
+    def measures_spectra(self) -> bool: ...
 
     def accepts_dataset(self, kind: str) -> bool:
         """Whether a design dataset of this kind can be a run of this source."""

@@ -27,9 +27,15 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from analysis.units import model_names  # noqa: F401 - re-exported: the models in seed order
-from runners.sources.base import SOURCES, DataRecord, DesignFacts, ImportedSettings, ImportedSourceBase
+from runners.sources.base import (
+    SOURCES,
+    DataRecord,
+    DesignFacts,
+    ImportedSettings,
+    ImportedSourceBase,
+    probe_record,
+)
 from vitstudy_core.errors import StudyError
-from vitstudy_core.hashing import digest
 from vitstudy_core.settings import Strict
 
 HUB = "timm:"  # a run's path for a hub model: "timm:<timm name>" (its weights are found in the cache)
@@ -151,11 +157,7 @@ class PretrainedSource(ImportedSourceBase):
         check_pretrained(run)
 
     def prepare(self, run: dict, data_dir: str | Path) -> DataRecord:
-        from runners.datasets import load_split
-
-        ds, probe = run["dataset"], run["probe"]
-        shape = list(load_split(ds, "probe", data_dir, probe["size"], probe["seed"])[0].shape)
-        return DataRecord(ds["name"], ds, digest(ds, 16), {"probe": shape})
+        return probe_record(run, data_dir)
 
     def fill(
         self, run: dict, run_dir: str | Path, data_dir: str | Path, progress=None, bar: bool = False
