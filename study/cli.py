@@ -336,7 +336,7 @@ def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
     if result.report_path:
         print(f"report:  {result.report_path}")
     if not args.no_mlflow:
-        from study.tracking import default_tracking_uri
+        from study.tracking_store import default_tracking_uri
         from study.tracking_ui import store_hint
 
         print(f"mlflow:  {store_hint(default_tracking_uri(args.out))}")
