@@ -1,13 +1,18 @@
-"""The executor interface every executor implements (:class:`Executor`, one method) and the heap of jobs
-an executor sends back to run again later (:class:`_SentBack`), shared by the local, Ray and Slurm
-executors.
+"""The executor interface every executor implements (:class:`Executor`, one method), the heap of jobs
+an executor sends back to run again later (:class:`_SentBack`), and the worker-pool helpers the process
+executors share (a worker's initializer, stopping a pool): the local, GPU, Ray and Slurm executors build
+on them.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Protocol
 
 Requeue = Callable[[int, object, int], "float | None"]  # (job index, result, times sent back) -> delay
@@ -56,3 +61,36 @@ class _SentBack:
     def timeout(self) -> float | None:
         """Seconds until the next job is due (None: none sent back)."""
         return max(0.0, self.heap[0][0] - time.monotonic()) if self.heap else None
+
+
+def _worker_init(parent: int) -> None:
+    """In each worker process: ignore SIGINT (the calling process stops every worker at once), and exit
+    when the calling process is gone (killed with SIGKILL, it cannot stop its workers itself)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="study-parent-watch", daemon=True).start()
+
+
+def _stop_pool(pool: ProcessPoolExecutor, futures: dict[Future, int], workers: int) -> int:
+    """Terminate every worker process, so no queued job starts; how many jobs were running.
+
+    The pool then sees its workers gone and fails every job left (``BrokenProcessPool``); cancelling
+    them first instead would race its own clean-up (Python 3.11 then raises in its manager thread).
+    """
+    running = min(workers, sum(f.running() for f in futures))
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # no public way to stop a worker
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+    pool.shutdown(wait=True)
+    return running

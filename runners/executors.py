@@ -34,9 +34,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import re
-import signal
 import tempfile
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,7 +42,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runners.executor_base import Executor, Requeue, _SentBack
+from runners.executor_base import Executor, Requeue, _SentBack, _stop_pool, _worker_init
 from vitstudy_core.registry import Registry
 
 THREADS_FILE_ENV = "STUDY_THREADS_FILE"  # per job: the file holding its current torch thread budget
@@ -89,39 +87,6 @@ def _call_with_threads(threads: int, budget_file: str, fn: Callable, *job) -> ob
     os.environ[THREADS_FILE_ENV] = budget_file
     torch.set_num_threads(threads)
     return fn(*job)
-
-
-def _worker_init(parent: int) -> None:
-    """In each worker process: ignore SIGINT (the calling process stops every worker at once), and exit
-    when the calling process is gone (killed with SIGKILL, it cannot stop its workers itself)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="study-parent-watch", daemon=True).start()
-
-
-def _stop_pool(pool: ProcessPoolExecutor, futures: dict[Future, int], workers: int) -> int:
-    """Terminate every worker process, so no queued job starts; how many jobs were running.
-
-    The pool then sees its workers gone and fails every job left (``BrokenProcessPool``); cancelling
-    them first instead would race its own clean-up (Python 3.11 then raises in its manager thread).
-    """
-    running = min(workers, sum(f.running() for f in futures))
-    procs = list((getattr(pool, "_processes", None) or {}).values())  # no public way to stop a worker
-    for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in procs:
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
-    pool.shutdown(wait=True)
-    return running
 
 
 def adopt_thread_budget() -> int | None:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from vitstudy_core.errors import StudyError
 
 if TYPE_CHECKING:
-    from runners.executors import Requeue
+    from runners.executor_base import Requeue
 
 GPUS = "gpus"  # the local executor's options (``ExecutorOptions.options``): ``--gpus``
 RUNS_PER_GPU = "runs_per_gpu"  # and ``--runs-per-gpu``
@@ -147,7 +147,7 @@ def from_options(workers: int | str, n_jobs: int, options: Mapping[str, str]) ->
 
 def _pin(device: str, threads: int, parent: int) -> None:
     """A worker's initializer: its one GPU, before the job's code (and torch) is imported here."""
-    from runners.executors import _worker_init
+    from runners.executor_base import _worker_init
 
     loaded = sys.modules.get("torch")
     if loaded is not None and loaded.cuda.is_initialized():  # too late to pin: never train on another GPU
@@ -221,7 +221,7 @@ class GpuExecutor:
     def map_jobs(
         self, fn: Callable, jobs: Sequence[tuple], requeue: Requeue | None = None
     ) -> Iterator[tuple[int, object, BaseException | None]]:
-        from runners.executors import _SentBack, _stop_pool
+        from runners.executor_base import _SentBack, _stop_pool
 
         pools = {gpu: self._pool(device) for gpu, device in self.devices}
         going: dict[Future, tuple[int, int, ProcessPoolExecutor]] = {}  # future -> (job, GPU, its pool)

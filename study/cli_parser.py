@@ -73,23 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    sw = sub.add_parser("sweep", help="run optuna trials over a dataset's knobs and test claims over them")
-    sw.add_argument("hypothesis", type=Path)
-    sw.add_argument(
-        "--out", type=Path, default=Path("study_results"), help="output folder (default: study_results)"
-    )
-    sw.add_argument(
-        "--n-trials", type=int, default=None, help="trials in all (default: the file's, or the grid)"
-    )
-    sw.add_argument("--storage", default=None, help=_STORAGE_HELP)
-    sw.add_argument(
-        "--workers",
-        default="auto",
-        help="parallel training processes ('auto': one per CPU core, or one per visible GPU)",
-    )
-    sw.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    sw.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
-    _add_placement(sw)
+    _add_sweep(sub)
 
     a = sub.add_parser("analyze", help="re-test a hypothesis's claims on a saved tidy table (no training)")
     a.add_argument("hypothesis", type=Path)
@@ -108,6 +92,26 @@ def _parser() -> argparse.ArgumentParser:
     _add_results_verbs(sub)
     _add_scale_verbs(sub)
     return p
+
+
+def _add_sweep(sub) -> None:
+    sw = sub.add_parser("sweep", help="run optuna trials over a dataset's knobs and test claims over them")
+    sw.add_argument("hypothesis", type=Path)
+    sw.add_argument(
+        "--out", type=Path, default=Path("study_results"), help="output folder (default: study_results)"
+    )
+    sw.add_argument(
+        "--n-trials", type=int, default=None, help="trials in all (default: the file's, or the grid)"
+    )
+    sw.add_argument("--storage", default=None, help=_STORAGE_HELP)
+    sw.add_argument(
+        "--workers",
+        default="auto",
+        help="parallel training processes ('auto': one per CPU core, or one per visible GPU)",
+    )
+    sw.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    sw.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
+    _add_placement(sw)
 
 
 def _add_sequential_options(r) -> None:

@@ -61,6 +61,7 @@ _NEW_DEFAULTS: dict[str, object] = {
     "adjust_for": None,
     "uncertainty": "seeds",
     "match_tokens": None,
+    "unit": None,  # unit: seeds, images or models (None: the default, seeds)
 }
 
 

@@ -1,5 +1,5 @@
 """Triage, the stages before anything runs: plan a hypothesis's runs, check their inputs, split them into
-finished, stored elsewhere and still to train (:class:`Triage`), fetch the stored ones and clear the
+finished, stored elsewhere and still to train (:class:`study.triage.Triage`), fetch the stored ones and clear the
 folders of those to train.
 """
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from study.runspecs import RunSpec, plan_runs
 from study.schema import Hypothesis
+from study.triage import Triage
 from vitstudy_core.hashing import canonical_json
 from vitstudy_core.locks import file_lock, run_lock_path
 from vitstudy_core.runfolder import RESULT, RunFolder
@@ -22,32 +22,6 @@ if TYPE_CHECKING:
     from study.tracking_reuse import StoredRun
 
 Log = Callable[[str], None]
-
-
-@dataclass
-class Triage:
-    """The plan split by what must happen to each run.
-
-    Attributes:
-        finished: keys whose run folder here holds a finished run (reused as is).
-        stored: key -> finished MLflow run in the tracking store, absent or damaged here (downloaded, then
-            reused).
-        todo: runs to fill (train), in plan order.
-        damaged: key -> why, for each run whose folder says finished but cannot be read
-            (``RunFolder.damage``): it is in ``stored`` when the store holds a copy, else in ``todo``.
-    """
-
-    finished: list[str] = field(default_factory=list)
-    stored: dict[str, StoredRun] = field(default_factory=dict)
-    todo: list[RunSpec] = field(default_factory=list)
-    damaged: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def reused_from(self) -> dict[str, str]:
-        """key -> ``local`` or ``mlflow:<run id>`` for every reused run."""
-        out = {k: "local" for k in self.finished}
-        out.update({k: f"mlflow:{r.info.run_id}" for k, r in self.stored.items()})
-        return out
 
 
 def plan(

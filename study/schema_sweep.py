@@ -5,7 +5,7 @@ optuna trials, with the knob ranges, the objective each trial is scored by, and 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from pydantic import (
     BeforeValidator,
@@ -21,8 +21,12 @@ from vitstudy_core.knobs import Knob
 from vitstudy_core.layers import TokenSet
 from vitstudy_core.settings import Strict
 
-if TYPE_CHECKING:
-    from study.schema import Hypothesis
+
+class _WithSweep(Protocol):
+    """A hypothesis (``study.schema.Hypothesis``, which imports this module) as :func:`sweep_of` reads it."""
+
+    @property
+    def sweep(self) -> Sweep | None: ...
 
 
 def _number(v: object) -> float:
@@ -175,7 +179,7 @@ class Sweep(Strict):
         return size
 
 
-def sweep_of(hyp: Hypothesis) -> Sweep:
+def sweep_of(hyp: _WithSweep) -> Sweep:
     """A hypothesis file's ``sweep`` section, which the sweep's code reads (``python -m study sweep``
     refuses a file without one; a sweep folder's ``hypothesis.yaml`` edited to drop it is refused here).
 

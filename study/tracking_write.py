@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
     from analysis.verdicts import ClaimResult
-    from study.run_triage import Triage
     from study.runspecs import RunSpec
     from study.schema import Hypothesis
+    from study.triage import Triage
 
 _BATCH = 1000  # MLflow's log_batch limit on metrics per call
 _TAG_MAX = 5000  # MLflow's limit on a tag value's length

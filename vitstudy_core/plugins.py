@@ -24,8 +24,13 @@ import importlib
 import sys
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
-from vitstudy_core.registry import OWN_PACKAGES, Registry
+# the packages of this distribution: a registration made by their module-level code is a built-in one
+# (vitstudy_core.registry reads it too; this module imports no registry module, so the two never cycle)
+OWN_PACKAGES = frozenset({"vitstudy_core", "analysis", "runners", "study", "vitstudy"})
+# a registry (vitstudy_core.registry.Registry): typed Any here, as this module must not import that one
+Registry = Any
 
 # entry-point group -> "module:attribute" of the registry its plug-ins register in, in study order
 GROUPS: dict[str, str] = {

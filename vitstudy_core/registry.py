@@ -30,11 +30,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 from vitstudy_core.errors import StudyError
+from vitstudy_core.plugins import OWN_PACKAGES, load_plugins
 
 T = TypeVar("T")
 _MISSING: Any = object()
-# the packages of this distribution: a registration made by their module-level code is a built-in one
-OWN_PACKAGES = frozenset({"vitstudy_core", "analysis", "runners", "study", "vitstudy"})
 
 
 def _registering_module() -> str:
@@ -104,8 +103,6 @@ class Registry(Mapping[str, T], Generic[T]):
         if default is not _MISSING:
             return default
         if self.group is not None:
-            from vitstudy_core.plugins import load_plugins
-
             if load_plugins() and name in self._entries:
                 return self._entries[name]
         raise StudyError(f"unknown {self.what} {name!r}; expected one of {self.names()}")
@@ -116,8 +113,6 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def __getitem__(self, name: str) -> T:
         if name not in self._entries and self.group is not None:  # as get(): load the plug-ins, once
-            from vitstudy_core.plugins import load_plugins
-
             load_plugins()
         return self._entries[name]
 
@@ -145,8 +140,6 @@ class Names(Sequence[str]):
         self._names = names
 
     def _now(self) -> list[str]:
-        from vitstudy_core.plugins import load_plugins
-
         load_plugins()
         return self._names()
 
