@@ -75,6 +75,7 @@ from vitstudy_core.provenance import git_state
 
 if TYPE_CHECKING:
     from analysis.verdicts import ClaimResult
+    from study.run_triage import Triage
     from study.runspecs import RunSpec
     from study.schema import Hypothesis
     from study.tracking_reuse import StoredRun
@@ -417,7 +418,7 @@ class TrackerProtocol(Protocol):
         hyp: Hypothesis,
         hyp_path: Path,
         plan: list[RunSpec],
-        triage: object | None = None,
+        triage: Triage | None = None,
         command: str | None = None,
     ) -> None: ...
 
@@ -476,7 +477,7 @@ class NullTracker:
         hyp: Hypothesis,
         hyp_path: Path,
         plan: list[RunSpec],
-        triage: object | None = None,
+        triage: Triage | None = None,
         command: str | None = None,
     ) -> None:
         return None
