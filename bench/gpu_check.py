@@ -1,6 +1,6 @@
 """The prepared GPU check: one command that shows whether the paper-scale path holds on a GPU.
 
-    python bench/gpu_check.py --out gpu_check                  # full, on one CUDA GPU: planned 595 s
+    python bench/gpu_check.py --out gpu_check                  # full, on one CUDA GPU: planned 715 s
     PYTHONPATH=. python bench/gpu_check.py --out /tmp/gc --cpu-smoke   # every step, tiny, on the CPU
     python bench/gpu_check.py --out gc --steps throughput,resume --limit throughput=60
 
@@ -13,7 +13,7 @@ figures, notes, error) and ``OUT/gpu_check.txt`` a short table; each step's outp
 ``OUT/logs/STEP.log``. The exit status is 0 when every step passed, else 1 (2: bad arguments, or the
 full check without a CUDA device).
 
-Steps and their limits in the full run (seconds; the sum, 595 s, is the planned worst case):
+Steps and their limits in the full run (seconds; the sum, 715 s, is the planned worst case):
 
 1. ``environment`` (15): device, CUDA / torch / timm versions, bf16 support, free device memory, the
    device's peak dense bf16 rate from ``PEAK_BF16_TFLOPS``.
@@ -57,6 +57,13 @@ Steps and their limits in the full run (seconds; the sum, 595 s, is the planned 
    (``cache_entries_after_straight`` / ``_after_resume``: no new entries means every graph was a hit).
    The first GPU check timed out here at 90 s with no shared cache folder named.
 
+7. ``runs_per_gpu`` (120): the same six small supervised runs (``RUNS_PER_GPU``: ViT-Ti width, depth 4,
+   32 px, 3 epochs) through the local executor on GPU 0, with ``--runs-per-gpu 1`` (one in-process worker)
+   and ``2`` (two pinned worker processes), each in a folder of its own: runs per hour of each, their
+   ratio, the per-GPU summary line, and the largest relative difference of a run's final loss between the
+   two (0 on the CPU; bf16 rounding on a GPU). Passes when every run of both finished. Not sized on a GPU yet
+   (an estimate: ~5-10 s per run on an H200, dominated by per-step overheads that K=2 overlaps).
+
 **Why this size for ``dino_learns``** (an estimate from step 3, not a trial on the GPU): ViT-Ti width
 (D = 192, 12 blocks, 3 heads) with patch 4 on 32 px images has 65 tokens per global crop and 17 per 16 px
 local crop. One DINO image (2 global + 6 local crops through the student, forward and backward; 2 global
@@ -90,7 +97,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-STEPS = ("environment", "gpu_tests", "throughput", "extraction", "dino_learns", "resume")
+STEPS = ("environment", "gpu_tests", "throughput", "extraction", "dino_learns", "resume", "runs_per_gpu")
 LIMITS_FULL = {
     "environment": 15,
     "gpu_tests": 100,
@@ -98,6 +105,7 @@ LIMITS_FULL = {
     "extraction": 60,
     "dino_learns": 170,
     "resume": 100,
+    "runs_per_gpu": 120,
 }
 LIMITS_SMOKE = {  # a shared 2-core CI machine: generous against the ~5-20 s each step takes there
     "environment": 60,
@@ -106,6 +114,7 @@ LIMITS_SMOKE = {  # a shared 2-core CI machine: generous against the ~5-20 s eac
     "extraction": 120,
     "dino_learns": 120,
     "resume": 180,
+    "runs_per_gpu": 120,
 }
 
 # Peak dense (no sparsity) bf16 tensor rates, TFLOP/s, from the vendors' datasheets; first match of the
@@ -182,6 +191,11 @@ def _sync() -> None:
 
 def _run_spec(design: dict) -> dict:
     """A RunSpec dict through the project's own schema and planner (presets resolved as for any file)."""
+    return _plan(design)[0].model_dump()
+
+
+def _plan(design: dict) -> list:
+    """Every RunSpec of ``design`` (seed 0 unless it gives ``seeds``) through the schema and planner."""
     from study.runspecs import plan_runs
     from study.schema import parse_hypothesis
 
@@ -199,7 +213,7 @@ def _run_spec(design: dict) -> dict:
             }
         ],
     }
-    return plan_runs(parse_hypothesis(data, "gpu_check"))[0].model_dump()
+    return plan_runs(parse_hypothesis(data, "gpu_check"))
 
 
 # ---- 1. environment ------------------------------------------------------------------------------------
@@ -654,6 +668,82 @@ def step_resume(rep: Report, work: Path) -> bool:
     return structural_ok and within and figures["weights_rel_max"] <= t["weights_rel"]
 
 
+# ---- 7. runs per GPU: the same runs with --runs-per-gpu 1 and 2 on one GPU --------------------------------
+RUNS_PER_GPU = {  # small supervised runs that leave an H200 mostly idle (estimate: ~5-10 s each there)
+    "datasets": [{"name": "obj", "variant": "objects", "n_train": 2000, "n_test": 500, "image_size": 32}],
+    "model": {"preset": "vit_tiny", "patch_size": 4, "depth": 4},
+    "training": {"epochs": 3, "batch_size": 128},
+    "checkpoints": [3],
+    "probe": {"size": 256},
+    "seeds": [0, 1, 2, 3, 4, 5],
+}
+RUNS_PER_GPU_SMOKE = {
+    "datasets": [{"name": "obj", "variant": "objects", "n_train": 32, "n_test": 16, "image_size": 8}],
+    "model": {"preset": "vit_cpu12", "embed_dim": 16, "depth": 2, "num_heads": 2},
+    "training": {"epochs": 1, "batch_size": 16},
+    "checkpoints": [1],
+    "probe": {"size": 16},
+    "seeds": [0, 1],
+}
+
+
+def step_runs_per_gpu(rep: Report, work: Path) -> bool:
+    """The same runs through the local executor on GPU 0 with ``--runs-per-gpu 1`` and ``2`` (each in
+    a folder of its own, so both train every run): runs per hour of each, and the K=2 workers' per-GPU
+    summary line. Passes when every run of both finished."""
+    from runners import gpu_workers
+    from study.stages import Placement, execute, prepare_data
+
+    if rep.smoke:  # one fake GPU: the pinned workers are spawned as on a GPU host, and train on the CPU
+        gpu_workers.visible_gpus = lambda: ["0"]
+        rep.note(
+            "smoke: one fake GPU '0' (runners.gpu_workers.visible_gpus replaced): K=2 spawns two pinned workers "
+            "that train on the CPU; K=1 is then the CPU's own worker processes"
+        )
+    specs = _plan(RUNS_PER_GPU_SMOKE if rep.smoke else RUNS_PER_GPU)
+    prepare_data(specs, work / "data")  # once, outside the timings
+    ok = True
+    for k in (1, 2):
+        lines: list[str] = []
+
+        def log(line: str, lines: list[str] = lines) -> None:
+            print(line, flush=True)
+            lines.append(line)
+
+        placement = Placement(options=(("gpus", "0"), ("runs_per_gpu", str(k))))
+        t0 = time.perf_counter()
+        failed = execute(specs, work / f"k{k}" / "runs", work / "data", "auto", log, placement=placement)
+        wall = time.perf_counter() - t0
+        rep.put(
+            **{
+                f"k{k}": {
+                    "runs": len(specs),
+                    "failed": len(failed),
+                    "wall_s": wall,
+                    "runs_per_hour": len(specs) / wall * 3600,
+                    "per_gpu": [line for line in lines if line.startswith("GPU ")],
+                }
+            }
+        )
+        ok = ok and not failed
+    f = rep.figures
+    loss = {
+        k: [
+            json.loads((work / f"k{k}" / "runs" / s.key / "result.json").read_text())["history"][-1]["loss"]
+            for s in specs
+        ]
+        for k in (1, 2)
+        if ok
+    }
+    rep.put(
+        speedup_k2_over_k1=f["k2"]["runs_per_hour"] / f["k1"]["runs_per_hour"],
+        final_loss_rel_max=max(abs(a - b) / abs(a) for a, b in zip(loss[1], loss[2], strict=True))
+        if ok
+        else None,
+    )
+    return ok
+
+
 STEP_FUNCS = {
     "environment": step_environment,
     "gpu_tests": step_gpu_tests,
@@ -661,6 +751,7 @@ STEP_FUNCS = {
     "extraction": step_extraction,
     "dino_learns": step_dino_learns,
     "resume": step_resume,
+    "runs_per_gpu": step_runs_per_gpu,
 }
 
 
@@ -766,6 +857,13 @@ def _summary(name: str, entry: dict) -> str:
         )
     if name == "dino_learns":
         return f"k-NN {num(f.get('knn_init'), '.3f')} -> {num(f.get('knn_final'), '.3f')} (criterion met: {f.get('criterion_met')})"
+    if name == "runs_per_gpu":
+        per = [f.get(f"k{k}") for k in (1, 2)]
+        return "; ".join(
+            f"K={k} {v['runs_per_hour']:.0f} runs/h ({v['runs']} runs, {v['failed']} failed)"
+            for k, v in zip((1, 2), per, strict=True)
+            if isinstance(v, dict)
+        )
     if name == "resume":
         return (
             f"bitwise {f.get('bitwise')}; loss {num(f.get('loss_rel_max'), '.1e')} knn {num(f.get('knn_abs_max'), '.3f')} "

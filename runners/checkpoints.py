@@ -29,8 +29,8 @@ import torch
 
 from runners.checkpoint_files import checkpoint_files, checkpoint_format, load_checkpoint
 from runners.imported import resolve
-from vitstudy_core.errors import RunFailedError, StudyError
-from vitstudy_core.runfolder import RunFolder, spectrum_key
+from vitstudy_core.errors import StudyError
+from vitstudy_core.runfolder import RunFolder
 
 WRAPPERS = ("model", "state_dict", "model_state_dict", "teacher")
 TOP_LEVEL = "(top level)"
@@ -152,9 +152,8 @@ def import_checkpoints(
         The ``result.json`` content (``failed`` on a non-finite activation).
     """
     from runners.datasets import load_split
-    from runners.extract import extract_spectra
     from runners.inputs import to_tensor
-    from runners.measurement_files import save_measurements, snapshot_epochs
+    from runners.measurement_files import measure_epoch, save_measurements, snapshot_epochs
     from runners.train import environment, pick_device
 
     run_dir = Path(run_dir)
@@ -173,17 +172,9 @@ def import_checkpoints(
         check_fit(model, sd, str(path), key)
         model.load_state_dict(sd)
         model.to(device)
-        try:
-            sp = extract_spectra(
-                model, xpr, probe["batch_size"], epoch, epoch in snaps, blocks=probe.get("blocks", 0)
-            )
-        except RunFailedError as exc:
-            result = {"status": "failed", "failed_epoch": epoch, "error": str(exc), "run": run, "history": []}
-            folder.write_result(result)
-            return result
-        for (layer, tset), lam in sp.eigenvalues.items():
-            spectra[spectrum_key(epoch, layer, tset)] = lam
-            n_tokens[f"{layer}/{tset}"] = sp.n_tokens[(layer, tset)]
+        sp = measure_epoch(model, xpr, run, run_dir, epoch, snaps, spectra, n_tokens)
+        if isinstance(sp, dict):  # failed
+            return sp
         save_measurements(run_dir, epoch, sp, epoch in snaps)
         files[str(epoch)] = {"file": path.name, "state_dict_key": key, "prefix_removed": prefix}
         if progress is not None:

@@ -8,7 +8,8 @@ adding an executor is one class and one ``EXECUTORS.register(NAME, ExecutorKind(
 (``tests/test_executors.py`` runs its shared contract over every entry).
 
 An executor takes a picklable job function and a list of job argument tuples and yields
-``(index, result, error)`` as jobs finish. ``InlineExecutor`` runs in this process (tests, GPU);
+``(index, result, error)`` as jobs finish. ``InlineExecutor`` runs in this process (tests, one GPU);
+``runners.gpu_workers``' ``GpuExecutor`` one spawned worker per GPU of the host (or K per GPU);
 ``ProcessExecutor`` runs jobs in spawned worker processes (on 2 CPU cores, two 1-thread processes nearly
 double throughput on small images); ``RayExecutor`` runs them as Ray tasks, and ``runners.slurm``'s
 ``SlurmExecutor`` as tasks of Slurm job arrays.
@@ -363,7 +364,7 @@ class ExecutorOptions:
     """What the command line says about where runs execute (``study.stages.Placement`` plus the plan).
 
     Attributes:
-        workers: local worker processes (``"auto"``: one per core on CPU, one in-process on a GPU).
+        workers: local worker processes (``"auto"``: one per core on CPU, one per visible GPU).
         n_jobs: how many jobs there are (no more workers than jobs).
         cuda: whether this host trains on a GPU.
         address: a cluster's address (``auto``: the one this host belongs to).
@@ -404,8 +405,16 @@ class ExecutorKind:
 
 
 def _local(opts: ExecutorOptions) -> Executor:
-    """``workers='auto'`` is one in-process worker on a GPU; on CPU one process per core, 1 thread each.
-    Every run's thread count is :func:`run_threads` (the workers asked for, not as many as there are jobs)."""
+    """``workers='auto'`` is one worker per visible GPU (``runners.gpu_workers``: ``--runs-per-gpu`` K per
+    GPU, ``--gpus`` to pick them; one GPU: one in-process worker); on CPU one process per core, 1 thread
+    each. Every CPU run's thread count is :func:`run_threads` (the workers asked for, not as many as there
+    are jobs)."""
+    if opts.cuda or opts.options:
+        from runners import gpu_workers
+
+        pinned = gpu_workers.from_options(opts.workers, opts.n_jobs, opts.options)
+        if pinned is not None:
+            return pinned
     cores = os.cpu_count() or 1
     threads = run_threads(opts.workers, cores, opts.cuda)
     workers = opts.workers
@@ -434,7 +443,17 @@ def _slurm_check(opts: ExecutorOptions) -> None:
 
 
 EXECUTORS: Registry[ExecutorKind] = Registry("executor", group="vitstudy.executors")
-EXECUTORS.register("local", ExecutorKind(_local, summary="processes on this host"))
+
+
+def _local_check(opts: ExecutorOptions) -> None:
+    from runners.gpu_workers import check_options
+
+    check_options(opts.options)
+
+
+EXECUTORS.register(
+    "local", ExecutorKind(_local, summary="processes on this host, one per GPU", check=_local_check)
+)
 EXECUTORS.register("ray", ExecutorKind(_ray, needs_cluster=True, summary="tasks on a Ray cluster"))
 EXECUTORS.register(
     "slurm",
@@ -459,8 +478,9 @@ def make_executor(
 
     ``kind='ray'``: a :class:`RayExecutor` on ``address`` (each run asks for ``cpus_per_run`` CPUs and
     ``gpus_per_run`` GPUs). ``'slurm'``: a ``runners.slurm.SlurmExecutor`` logging under ``<out>/slurm``
-    (``options``: its ``--slurm-*`` flags). ``'local'``: ``workers='auto'`` is one in-process worker on a GPU; on CPU one
-    process per core, 1 thread each. An unknown ``kind`` is a one-line ``StudyError`` naming the known ones.
+    (``options``: its ``--slurm-*`` flags). ``'local'``: ``workers='auto'`` is one worker per visible GPU
+    (``runners.gpu_workers``; ``options``: ``gpus``, ``runs_per_gpu``); on CPU one process per core, 1
+    thread each. An unknown ``kind`` is a one-line ``StudyError`` naming the known ones.
     """
     opts = ExecutorOptions(
         workers, n_jobs, cuda, address, cpus_per_run, gpus_per_run, str(out), dict(options or {})

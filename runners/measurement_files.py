@@ -6,11 +6,13 @@ snapshots (``covariances.npz``, at the epochs :func:`snapshot_epochs` picks), sm
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from runners.extract import SUBSAMPLE, SUBSAMPLE_SEED, Spectra
-from vitstudy_core.runfolder import BLOCKS, PROBE, RunFolder
+from runners.extract import SUBSAMPLE, SUBSAMPLE_SEED, Spectra, extract_spectra
+from vitstudy_core.errors import RunFailedError
+from vitstudy_core.runfolder import BLOCKS, PROBE, RunFolder, spectrum_key
 
 
 def snapshot_epochs(covariance_epochs: str | list[int], checkpoints: list[int]) -> list[int]:
@@ -79,3 +81,35 @@ def save_measurements(run_dir: Path, epoch: int, sp: Spectra, snapshot: bool) ->
     save_probe(run_dir, epoch, sp)
     if snapshot:
         save_covariances(run_dir, epoch, sp)
+
+
+def measure_epoch(
+    model: Any,
+    images: Any,
+    run: dict,
+    run_dir: Path,
+    epoch: int,
+    snaps: list[int],
+    spectra: dict,
+    n_tokens: dict,
+) -> Spectra | dict:
+    """One imported model's extraction on the probe images (:func:`runners.extract.extract_spectra`, with
+    the covariances where ``epoch in snaps``), its spectra and token counts added to ``spectra`` and
+    ``n_tokens`` (keys as in ``spectra.npz`` and ``result.json``).
+
+    Returns:
+        The :class:`Spectra`, or on a non-finite activation the failed ``result.json`` content (written).
+    """
+    probe = run["probe"]
+    try:
+        sp = extract_spectra(
+            model, images, probe["batch_size"], epoch, epoch in snaps, blocks=probe.get("blocks", 0)
+        )
+    except RunFailedError as exc:
+        result = {"status": "failed", "failed_epoch": epoch, "error": str(exc), "run": run, "history": []}
+        RunFolder(run_dir).write_result(result)
+        return result
+    for (layer, tset), lam in sp.eigenvalues.items():
+        spectra[spectrum_key(epoch, layer, tset)] = lam
+        n_tokens[f"{layer}/{tset}"] = sp.n_tokens[(layer, tset)]
+    return sp

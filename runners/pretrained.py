@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vitstudy_core.errors import RunFailedError, StudyError
-from vitstudy_core.runfolder import RunFolder, spectrum_key
+from vitstudy_core.errors import StudyError
+from vitstudy_core.runfolder import RunFolder
 
 HUB = "timm:"
 HUB_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm reads from a hub repo, in its order
@@ -207,8 +207,7 @@ def import_pretrained(
     from timm.data import resolve_model_data_config
 
     from runners.datasets import load_split
-    from runners.extract import extract_spectra
-    from runners.measurement_files import save_measurements, snapshot_epochs
+    from runners.measurement_files import measure_epoch, save_measurements, snapshot_epochs
     from runners.train import environment, pick_device
 
     run_dir = Path(run_dir)
@@ -228,17 +227,12 @@ def import_pretrained(
     model.to(device)
     epoch = 0
     snaps = snapshot_epochs(probe.get("covariance_epochs", "none"), [epoch])
-    try:
-        sp = extract_spectra(
-            model, xpr, probe["batch_size"], epoch, epoch in snaps, blocks=probe.get("blocks", 0)
-        )
-    except RunFailedError as exc:
-        result = {"status": "failed", "failed_epoch": epoch, "error": str(exc), "run": run, "history": []}
-        folder.write_result(result)
-        return result
+    spectra: dict = {}
+    n_tokens: dict = {}
+    sp = measure_epoch(model, xpr, run, run_dir, epoch, snaps, spectra, n_tokens)
+    if isinstance(sp, dict):  # failed
+        return sp
     t3 = time.perf_counter()
-    spectra = {spectrum_key(epoch, layer, tset): lam for (layer, tset), lam in sp.eigenvalues.items()}
-    n_tokens = {f"{layer}/{tset}": n for (layer, tset), n in sp.n_tokens.items()}
     save_measurements(run_dir, epoch, sp, epoch in snaps)
     folder.write_spectra(spectra)
     if progress is not None:

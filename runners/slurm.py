@@ -48,6 +48,7 @@ STATE_POLL_S = 10  # at most this often it asks the controller for states (sacct
 RESULT_WAIT_S = 15  # how long a COMPLETED task's result file may take to appear on the driver's host
 LOG_TAIL = 3  # lines of a failed task's log in its error
 SUBMIT_TIMEOUT_S = 60  # a controller that does not answer a submission within this is down
+MAX_TIMEOUT_REQUEUES = 3  # submitit's max_num_timeout: requeues after a time limit before a task fails
 DEFAULT_TIME_MIN = 24 * 60  # a task's time limit when --slurm-time is not given (a requeue resumes it)
 
 
@@ -222,7 +223,7 @@ class SlurmExecutor:
         import submitit
 
         _quiet_submitit(self.folder)
-        ex = submitit.SlurmExecutor(folder=self.folder / "%j")
+        ex = submitit.SlurmExecutor(folder=self.folder / "%j", max_num_timeout=MAX_TIMEOUT_REQUEUES)
         ex.update_parameters(**self.parameters())
         return ex
 
@@ -346,11 +347,29 @@ def _outcome(job) -> tuple[object, BaseException | None]:
         outcome, value = pickle_load(job.paths.result_pickle)
         if outcome == "success":
             ok, got = value
-            return (got, None) if ok else (None, got)
+            if ok or not _timed_out_too_often(f"{type(got).__name__}: {got}"):
+                return (got, None) if ok else (None, got)
+            value = f"{type(got).__name__}: {got}"  # submitit's, raised inside the run: see below
         # submitit's own error (the task could not unpickle its function, or was not requeued)
         last = [ln for ln in str(value).strip().splitlines() if ln.strip()]
-        return None, SlurmJobFailed(_failed_line(job, "FAILED", last[-1] if last else ""))
+        why = last[-1] if last else ""
+        if _timed_out_too_often(why):  # its last time limit: Slurm's state is FAILED, the cause TIMEOUT
+            return None, SlurmJobFailed(_failed_line(job, "TIMEOUT", _timeout_why(why)))
+        return None, SlurmJobFailed(_failed_line(job, "FAILED", why))
     return None, SlurmJobFailed(_failed_line(job, state))
+
+
+def _timed_out_too_often(text: str) -> bool:
+    """Whether ``text`` is submitit's ``UncompletedJobError`` for a task past its last requeue (its
+    signal handler raises it inside the running job function, so the task may send it back as its own)."""
+    return "UncompletedJobError" in text and "timed-out" in text
+
+
+def _timeout_why(text: str) -> str:
+    return (
+        f"time limit reached after {MAX_TIMEOUT_REQUEUES} requeues: {text.split(': ', 1)[-1].rstrip('.')}; "
+        "a rerun resumes from the last complete epoch, a longer --slurm-time needs fewer requeues"
+    )
 
 
 def _failed_line(job, state: str, why: str = "") -> str:

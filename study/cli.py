@@ -263,6 +263,7 @@ def _run_options(args: argparse.Namespace, argv: list[str] | None, names: dict[s
     workers = _workers(args.workers)
     if args.cpus_per_run <= 0 or args.gpus_per_run < 0:
         raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
+    from study.gpu_flags import gpu_options
     from study.slurm_flags import executor_options
 
     placement = Placement(
@@ -271,7 +272,7 @@ def _run_options(args: argparse.Namespace, argv: list[str] | None, names: dict[s
         args.cpus_per_run,
         args.gpus_per_run,
         args.leases,
-        tuple(executor_options(args).items()),
+        tuple({**executor_options(args), **gpu_options(args)}.items()),
     )
     return RunOptions(
         workers=workers,
@@ -297,6 +298,7 @@ def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
     from analysis.verdicts import format_verdicts
     from study import api
     from study.cluster import check_database
+    from study.gpu_flags import gpu_options
     from study.slurm_flags import executor_options
 
     if names["--leases"] != "--leases":  # from STUDY_LEASES: its one line names the variable
@@ -321,7 +323,7 @@ def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
         cpus_per_run=args.cpus_per_run,
         gpus_per_run=args.gpus_per_run,
         leases=args.leases,
-        executor_options=executor_options(args),
+        executor_options={**executor_options(args), **gpu_options(args)},
         log=print,
         command=redact(_command(argv, args, names)),  # recorded in MLflow, verdicts.json and the report
     )
@@ -334,7 +336,7 @@ def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
     if result.report_path:
         print(f"report:  {result.report_path}")
     if not args.no_mlflow:
-        from study.tracking import default_tracking_uri
+        from study.tracking_store import default_tracking_uri
         from study.tracking_ui import store_hint
 
         print(f"mlflow:  {store_hint(default_tracking_uri(args.out))}")

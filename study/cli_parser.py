@@ -37,7 +37,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--out", type=Path, default=Path("study_results"), help="output folder (default: study_results)"
     )
-    r.add_argument("--workers", default="auto", help="parallel training processes ('auto': one per CPU core)")
+    r.add_argument(
+        "--workers",
+        default="auto",
+        help="parallel training processes ('auto': one per CPU core, or one per visible GPU)",
+    )
     r.add_argument("--force", action="store_true", help="retrain runs even if finished results exist")
     r.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     r.add_argument(
@@ -79,7 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sw.add_argument("--storage", default=None, help=_STORAGE_HELP)
     sw.add_argument(
-        "--workers", default="auto", help="parallel training processes ('auto': one per CPU core)"
+        "--workers",
+        default="auto",
+        help="parallel training processes ('auto': one per CPU core, or one per visible GPU)",
     )
     sw.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     sw.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
@@ -140,8 +146,10 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpus-per-run", type=float, default=0, help="GPUs each Ray or Slurm task requests (default 0)"
     )
+    from study.gpu_flags import add_gpu_flags
     from study.slurm_flags import add_slurm_flags
 
+    add_gpu_flags(p)
     add_slurm_flags(p)
     p.add_argument(
         "--leases",

@@ -79,13 +79,20 @@ def submit_command(hyp_path: Path, out: Path, opts: SubmitOptions | None = None,
     cmd = [sys.executable, "-m", "study", "sweep" if sweep else "run", str(Path(hyp_path).resolve())]
     cmd += ["--executor", "ray", "--address", "auto", "--out", str(Path(out).resolve())]
     cmd += ["--cpus-per-run", str(opts.cpus_per_run), "--gpus-per-run", str(opts.gpus_per_run)]
-    cmd += [flag for flag, on in (("--no-mlflow", opts.no_mlflow), ("--no-report", opts.no_report)) if on]
+    cmd += driver_flags(opts, sweep)
+    return shlex.join(cmd)
+
+
+def driver_flags(opts: SubmitOptions, sweep: bool) -> list[str]:
+    """The driver's options that every cluster forwards alike: ``--no-mlflow``, ``--no-report``, and
+    ``--n-trials`` for a sweep or ``--data-root`` and ``--force`` for a run."""
+    cmd = [flag for flag, on in (("--no-mlflow", opts.no_mlflow), ("--no-report", opts.no_report)) if on]
     if sweep and opts.n_trials is not None:
         cmd += ["--n-trials", str(opts.n_trials)]
     if not sweep:
         cmd += [a for root in opts.data_root for a in ("--data-root", root)]
         cmd += ["--force"] if opts.force else []
-    return shlex.join(cmd)
+    return cmd
 
 
 def submit_env(hyp_text: str, opts: SubmitOptions) -> dict[str, str]:

@@ -221,7 +221,7 @@ def _children(client, status: str) -> list:
 def _open_store(out_dir: Path):
     from mlflow.tracking import MlflowClient
 
-    from study.tracking import default_tracking_uri, quiet_library_logs
+    from study.tracking_store import default_tracking_uri, quiet_library_logs
 
     uri = default_tracking_uri(out_dir)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
@@ -247,7 +247,8 @@ def _first_words(exc: Exception) -> str:
 def check_store(out_dir: Path, client) -> list[Finding]:
     """Stale parents, RUNNING children of ended parents, untagged children, child runs missing artifacts,
     and run keys recorded twice in the tracking store."""
-    from study.tracking import close_stale, foreign_artifact_locations, stale_parents
+    from study.tracking import close_stale, stale_parents
+    from study.tracking_store import foreign_artifact_locations
     from vitstudy_core.runfolder import REQUIRED
 
     out = []

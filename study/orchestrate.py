@@ -32,7 +32,8 @@ from study.preflight import check_hypothesis
 from study.run_scalars import with_run_scalars
 from study.schema import Hypothesis
 from study.stopping import stopping_cleanly
-from study.tracking import TrackerProtocol, open_tracker, store_path
+from study.tracking import TrackerProtocol, open_tracker
+from study.tracking_store import store_path
 from vitstudy_core.io import remove_temporaries
 from vitstudy_core.locks import file_lock
 

@@ -62,8 +62,8 @@ def write_outputs(
 def report_input(
     title: str, hyp: Hypothesis, out: Outcome, runs_dir: Path, claims: list | None = None, **more
 ):
-    """The :class:`analysis.report.ReportInput` of a study or sweep (``more``: its other fields)."""
-    from analysis.report import ReportInput
+    """The :class:`analysis.report_sections.ReportInput` of a study or sweep (``more``: its other fields)."""
+    from analysis.report_sections import ReportInput
 
     acc = out.runs.accounting()
     return ReportInput(
@@ -87,9 +87,10 @@ def write_study_report(
     study_dir: Path, hyp: Hypothesis, out: Outcome, runs_dir: Path, sequential: dict | None = None
 ) -> list[Path]:
     """Stage 8: ``report.html`` and ``report.md`` from the typed claims and results (``sequential``: the
-    looks of ``--until-decided``, see ``analysis.report.ReportInput``); a design with conditions opens with
+    looks of ``--until-decided``, see ``analysis.report_sections.ReportInput``); a design with conditions opens with
     its conditions grid, as ``python -m study report`` writes it (``analysis.report.read_study``)."""
-    from analysis.report import conditions_preface, write_report
+    from analysis.report import write_report
+    from analysis.report_sections import conditions_preface
 
     preface = conditions_preface(out.table, list(hyp.claims))
     more: dict = {"preface": preface, "preface_title": "Conditions"} if preface else {}

@@ -2,7 +2,7 @@
 or sweep folder), both as pandas DataFrames and matplotlib figures, with a rich view in Jupyter.
 
 The numbers are the study's own: ``verdicts.json``'s claims (``analysis.verdicts.ClaimResult``), the tidy
-table (``analysis.table``), the report's figures (``analysis.report.build_sections``, which asks each claim's
+table (``analysis.table``), the report's figures (``analysis.report_sections.build_sections``, which asks each claim's
 kind for its figures) and the t interval of ``analysis.inference``. Nothing here recomputes a verdict.
 """
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import matplotlib.figure
 
     from analysis.figures import Figure, ReportFigure
-    from analysis.report import ReportInput
+    from analysis.report_sections import ReportInput
     from study.orchestrate import StudyOutcome
     from study.schema import Hypothesis
 
@@ -177,7 +177,7 @@ class StudyResult:
         folder: ``<out>/studies/<name>`` or ``<out>/sweeps/<name>``.
         hypothesis: its validated ``hypothesis.yaml`` (None when that copy cannot be read).
         results: one ``ClaimResult`` per claim (a sweep's: its claims over knobs).
-        inp: what its report shows (``analysis.report.ReportInput``: table, runs, labels, ...).
+        inp: what its report shows (``analysis.report_sections.ReportInput``: table, runs, labels, ...).
         payload: ``verdicts.json`` as read.
         trials: a sweep's ``trials.csv`` (one row per trial x seed), else None.
         outcome: what :func:`study.api.run` trained, reused and failed (None after :func:`load`).
@@ -254,9 +254,9 @@ class StudyResult:
         return seed_profile(self.table, metric, dataset, epoch, token_set, str(self.folder), condition)
 
     def figures(self, claim: int | str) -> list[Figure]:
-        """The report's figures of one claim (``analysis.report.build_sections``), rendered PNGs with what
+        """The report's figures of one claim (``analysis.report_sections.build_sections``), rendered PNGs with what
         each drew (``analysis.figures.Figure``)."""
-        from analysis.report import build_sections
+        from analysis.report_sections import build_sections
 
         i = _claim_index(self.results, claim)
         one = replace(self.inp, claims=[self.inp.claims[i]], results=[self.results[i]])

@@ -26,6 +26,8 @@ DRIVER_TIME = "7-00:00:00"  # the driver waits for every run; it uses one CPU an
 
 def driver_command(hyp_path: Path, out: Path, opts, options: Mapping[str, str], sweep: bool) -> list[str]:
     """The driver job's command: ``run`` (or ``sweep``) with ``--executor slurm`` and every option given."""
+    from study.cluster import driver_flags
+
     cmd = [sys.executable, "-m", "study", "sweep" if sweep else "run", str(Path(hyp_path).resolve())]
     cmd += ["--executor", "slurm", "--out", str(Path(out).resolve())]
     cmd += ["--cpus-per-run", f"{opts.cpus_per_run:g}", "--gpus-per-run", f"{opts.gpus_per_run:g}"]
@@ -35,12 +37,7 @@ def driver_command(hyp_path: Path, out: Path, opts, options: Mapping[str, str], 
             cmd += ["--slurm-array-parallelism", value]
         else:
             cmd += [flag, value] if flag else ["--slurm-arg", f"{key}={value}"]
-    cmd += [flag for flag, on in (("--no-mlflow", opts.no_mlflow), ("--no-report", opts.no_report)) if on]
-    if sweep and opts.n_trials is not None:
-        cmd += ["--n-trials", str(opts.n_trials)]
-    if not sweep:
-        cmd += [a for root in opts.data_root for a in ("--data-root", root)]
-        cmd += ["--force"] if opts.force else []
+    cmd += driver_flags(opts, sweep)
     return cmd
 
 

@@ -341,6 +341,8 @@ def execute(
         raise Interrupted(signum, getattr(executor, "stopped", 0)) from None
     finally:
         ended.close()  # stopped early (an error here, a full disk): the workers are stopped too
+    for line in getattr(executor, "summary_lines", list)():  # per GPU: runs and busy time
+        log(line)
     return failed
 
 

@@ -49,7 +49,8 @@ from study.sweep_report import write_sweep_report
 from study.sweep_storage import TPE_STARTUP, check_unchanged, heartbeat_s, open_optuna_study, storage_url
 from study.sweep_tables import _sweep_rows, accuracy_warnings, trials_table
 from study.sweep_trials import TrialPoint, _ask, _tags_by_key, _tell_trial, _trial_tags
-from study.tracking import TrackerProtocol, open_tracker, store_path
+from study.tracking import TrackerProtocol, open_tracker
+from study.tracking_store import store_path
 from vitstudy_core.errors import StudyError
 from vitstudy_core.hashing import file_digest
 

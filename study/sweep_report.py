@@ -35,8 +35,9 @@ def write_sweep_report(
 def sweep_report(sweep_dir: Path, hyp: Hypothesis, inp, trials: pd.DataFrame, optuna_study) -> Path:
     """The report: the objective against each knob (seeds, mean band, accuracy), optuna's contour and slice
     plots for searches over two knobs or more (when its study is at hand), then each knob claim as in a
-    study's report. ``inp``: the ``analysis.report.ReportInput`` of the claims and runs."""
-    from analysis.figures import optuna_figures, summary_bounds, trials_figure
+    study's report. ``inp``: the ``analysis.report_sections.ReportInput`` of the claims and runs."""
+    from analysis.figures import summary_bounds
+    from analysis.knob_figures import optuna_figures, trials_figure
     from analysis.report import write_report
 
     obj = sweep_of(hyp).objective

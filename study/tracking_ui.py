@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from study.tracking import SERVER_SCHEMES, active_experiments, default_tracking_uri, quiet_library_logs
+from study.tracking import active_experiments
 from study.tracking_cleanup import ROLES
+from study.tracking_store import SERVER_SCHEMES, default_tracking_uri, quiet_library_logs
 from vitstudy_core.errors import StudyError
 from vitstudy_core.redact import redact
 

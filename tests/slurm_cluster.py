@@ -9,7 +9,9 @@ logs. Accounting: Debian's ``slurm-wlm`` without ``slurmdbd`` (which needs MySQL
 from ``squeue --states=all`` (``MinJobAge=3600`` keeps ended jobs there), and the controller writes one
 line per ended job to ``jobcomp.txt`` (``JobCompType=jobcomp/filetxt``): :meth:`SlurmCluster.ended`
 reads it, so a test counts every job that ran and how it ended. The daemons run as root (``SlurmUser``)
-and are stopped by their process ids. Missing binaries skip (``tests.clusters.unavailable``: under CI,
+and are stopped by their process ids. Time limits: ``KillWait=2``, ``OverTimeLimit`` 0 (a job is
+killed at its limit, seen by the controller's check every 30 s), and ``cred_expire=10`` so that a
+requeued job waits 10 s, not 120, before it starts again. Missing binaries skip (``tests.clusters.unavailable``: under CI,
 which installs them, they fail).
 """
 
@@ -38,7 +40,7 @@ SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={tmp}/munge.sock
+AuthInfo=socket={tmp}/munge.sock,cred_expire=10
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 StateSaveLocation={tmp}/state

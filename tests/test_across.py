@@ -204,7 +204,7 @@ def test_controls(table):
 
 def test_report_puts_the_two_effects_side_by_side(table, tmp_path):
     from analysis.kinds import FigureContext, get_kind
-    from analysis.report import findings
+    from analysis.report_sections import findings
 
     hyp = _hyp(EXCEEDS)
     (r,) = evaluate_claims(hyp, table)
@@ -328,7 +328,7 @@ def test_adjusted_claim_removes_a_confound_through_accuracy(kind):
     up = _sweep_hyp(kind, direction="increasing", adjust_for="test_accuracy")
     rises = evaluate_claims(up, _sweep_table("knob"))[0]
     assert rises.verdict == ACCEPTED and 4 < rises.effect < 12  # the planted 8 per unit at equal accuracy
-    from analysis.report import findings
+    from analysis.report_sections import findings
 
     lines = findings(None, adj)
     assert any("with test_accuracy in the same regression" in x for x in lines)

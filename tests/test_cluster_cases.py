@@ -662,7 +662,7 @@ def test_case11_polls_of_a_waiting_worker_and_announcements_log_no_server_error(
 
 
 def test_case11_a_tracking_server_decides_where_experiments_keep_artifacts(tmp_path):
-    from study.tracking import experiment_artifact_location
+    from study.tracking_store import experiment_artifact_location
 
     for server in ("http://mlflow-host:5000", "https://u:pw@mlflow.example.org"):
         assert experiment_artifact_location(server, tmp_path, "tiny") is None  # its --artifacts-destination

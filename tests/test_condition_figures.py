@@ -122,7 +122,7 @@ def _controls_report(drawn_figs: list):
     on a synthetic table, its report sections built; ``drawn_figs`` collects the matplotlib figures."""
     import yaml
 
-    from analysis.report import ReportInput, build_sections, conditions_preface
+    from analysis.report_sections import ReportInput, build_sections, conditions_preface
     from analysis.verdicts import evaluate_claims
     from study.schema import parse_hypothesis
     from tests.conftest import TINY_HYPOTHESIS

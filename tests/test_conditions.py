@@ -321,7 +321,7 @@ def test_shuffled_and_untrained_cells_train_once_end_to_end(tmp_path, capsys):
 
     from mlflow import MlflowClient
 
-    from study.tracking import default_tracking_uri
+    from study.tracking_store import default_tracking_uri
 
     client = MlflowClient(default_tracking_uri(out))
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])

@@ -310,6 +310,16 @@ RULES: list[Rule] = [
         ),
     ),
     Rule(r"^python -m study run FILE --executor ray ", Mapped((CLUSTER,))),
+    Rule(  # every GPU of a node: against a fake list of GPUs here, the real ones under -m gpu
+        r"^(CUDA_VISIBLE_DEVICES=\S+ python -m study run FILE|python -m study run FILE --runs-per-gpu \d"
+        r"|python -m study run FILE --gpus [\d,]+|python -m study run hypotheses/paper/\w+\.yaml --out \S+)$",
+        Mapped(
+            (
+                "tests/test_gpu_workers.py::test_auto_runs_one_pinned_worker_per_gpu",
+                "tests/test_gpu_workers.py::test_runs_per_gpu_and_a_chosen_subset",
+            )
+        ),
+    ),
     Rule(
         r"^python -m study (run hypotheses/u_shape\.yaml|sweep FILE) --executor slurm ",
         Mapped(("tests/test_slurm.py::test_a_study_on_slurm_gives_the_local_executor_s_tables_bit_for_bit",)),
@@ -559,11 +569,23 @@ def test_benchmarks_take_the_options_the_docs_give_them():
 
 
 def test_mapped_tests_exist_and_run_by_default():
-    """Every test a rule names is collected by the default ``python -m pytest`` (so CI runs it)."""
+    """Every test a rule names is collected by what CI runs: the default ``python -m pytest`` or the slow
+    tests after it (``.ci/run``), never a GPU-only test."""
     named = sorted({t for r in RULES if isinstance(r.action, Mapped | Bench) for t in r.action.tests})
     files = sorted({t.split("::")[0] for t in named})
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not gpu",
+            *files,
+        ],
         cwd=REPO,
         env=_env(),
         capture_output=True,

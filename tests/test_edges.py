@@ -105,7 +105,7 @@ def test_u_shape_loso_table_uses_the_calibrated_rejection():
         },
     }
     r = _analyze(claim, table, 10)
-    from analysis.kinds.u_shape import u_shape_loso_statistics
+    from analysis.kinds._u_shape_statistics import u_shape_loso_statistics
 
     st = u_shape_loso_statistics(prof[:, :2].mean(1), prof[:, 2:9], prof[:, 9:].mean(1))
     assert (r.verdict == REJECTED) == st.contradicted

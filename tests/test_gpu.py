@@ -88,3 +88,31 @@ def test_cuda_training_steps_do_not_synchronise(objective):
             torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
     assert len(syncs) <= (3 if objective == "supervised" else 2), [str(w.message) for w in syncs]
+
+
+def test_every_gpu_gets_pinned_workers_and_an_out_of_memory_run_is_one_line():
+    """``runners.gpu_workers`` on the real GPUs: K = 2 workers per visible GPU, each seeing exactly one
+    device (the one its CUDA_VISIBLE_DEVICES names), and a run asking for more memory than its GPU has
+    fails with the one line naming that GPU and K while the others finish."""
+    from runners import gpu_workers
+    from runners.executors import make_executor
+    from tests import gpu_standin
+
+    visible = gpu_workers.visible_gpus()
+    g = len(visible)
+    ex = make_executor("auto", 2 * g, cuda=True, options={"runs_per_gpu": "2"})
+    assert isinstance(ex, gpu_workers.GpuExecutor) and ex.slots == 2 * g
+    seen = {i: (r, e) for i, r, e in ex.map_jobs(gpu_standin.cuda_probe, [(i,) for i in range(2 * g)])}
+    assert all(e is None for _, e in seen.values()), seen
+    results = [r for r, _ in seen.values()]
+    assert all(r["count"] == 1 and r["at_import"] == r["now"] and r["sum"] == 1024 for r in results)
+    assert sorted({r["now"] for r in results}) == sorted(visible)
+    assert len({r["uuid"] for r in results}) == g  # one distinct device per GPU
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    ex = make_executor("auto", 3, cuda=True, options={"gpus": "0", "runs_per_gpu": "2"})
+    jobs = [(2 * total,), (0.001,), (0.001,)]
+    seen = {i: (r, e) for i, r, e in ex.map_jobs(gpu_standin.allocate, jobs)}
+    assert isinstance(seen[0][1], gpu_workers.GpuOutOfMemory)
+    assert str(seen[0][1]) == "ran out of memory on GPU 0 with --runs-per-gpu 2: try --runs-per-gpu 1"
+    assert seen[1] == (None, None) and seen[2] == (None, None)
+    assert ex.summary_lines()[0].startswith(f"GPU 0 (CUDA_VISIBLE_DEVICES={visible[0]}): 3 runs, busy ")

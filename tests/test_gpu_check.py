@@ -74,6 +74,11 @@ def test_cpu_smoke_runs_every_step_and_writes_json_and_table(smoke):
     assert res["resumed_after_epoch_1"] and res["no_temp_files"]
     assert res["inductor_cache_dir"] == str((out / "work" / "inductor_cache").resolve())
     assert res["fx_graph_cache"] == "1"
+    per_gpu = f["runs_per_gpu"]
+    assert per_gpu["k1"]["runs"] == per_gpu["k2"]["runs"] == 2 and per_gpu["k2"]["failed"] == 0
+    assert per_gpu["k1"]["runs_per_hour"] > 0 and per_gpu["k2"]["runs_per_hour"] > 0
+    assert per_gpu["k2"]["per_gpu"][0].startswith("GPU 0 (CUDA_VISIBLE_DEVICES=0): 2 runs, busy ")
+    assert per_gpu["final_loss_rel_max"] == 0  # on the CPU the same runs end bitwise alike, whatever K
     table = (out / "gpu_check.txt").read_text()
     assert all(f"{name} " in table for name in gc.STEPS) and "passed" in table
 

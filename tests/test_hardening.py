@@ -55,7 +55,8 @@ def test_disk_full_during_a_study_exits_2_naming_the_path(tiny_yaml, tmp_path, m
 def test_doctor_finds_and_repairs(tiny_yaml, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
-    from study.tracking import default_tracking_uri, training_runs
+    from study.tracking import training_runs
+    from study.tracking_store import default_tracking_uri
 
     out = tmp_path / "out"
     assert main(["run", str(tiny_yaml), "--out", str(out), "--workers", "1", "--no-report"]) == 0
@@ -183,7 +184,8 @@ def test_doctor_reports_every_damage_before_repairing_any(tiny_yaml, tmp_path, c
     from mlflow.tracking import MlflowClient
 
     from study.doctor import doctor
-    from study.tracking import default_tracking_uri, training_runs
+    from study.tracking import training_runs
+    from study.tracking_store import default_tracking_uri
     from vitstudy_core.locks import run_lock_path
 
     out = tmp_path / "out"

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 from analysis.figures import t_band
-from analysis.report import ReportInput, build_sections, read_study, subset_text
+from analysis.report import read_study
+from analysis.report_sections import ReportInput, build_sections, subset_text
 from analysis.verdicts import evaluate_claims
 from study.cli import main
 from study.schema import load_hypothesis
@@ -198,7 +199,7 @@ def test_report_names_the_test_a_claim_used(tmp_path):
 def test_a_design_with_conditions_gets_a_condition_by_dataset_grid():
     """The report of a design with conditions opens with one grid per claimed metric: a panel per condition
     x dataset at the condition's own last epoch (the untrained cell's is 0), per-seed lines and a band."""
-    from analysis.report import conditions_preface
+    from analysis.report_sections import conditions_preface
 
     hyp = load_hypothesis(ROOT / "hypotheses" / "controls.yaml")
     table = pd.read_parquet(BEHAVIOUR / "table_controls.parquet")

@@ -1,6 +1,7 @@
 """Reports that mislead (issue 27): what the figures draw and what the verdicts and findings say, checked on
 small synthetic sweep tables and trial tables (no training, seconds). Each test reads the matplotlib figure
-the report really renders (``analysis.figures._png`` is wrapped to keep it)."""
+the report really renders (``_png`` is wrapped in ``analysis.figures`` and ``analysis.knob_figures``, where
+it is looked up)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import pytest
 import yaml
 
 import analysis.figures as figures
-from analysis.figures import epoch_figure, knob_figure, profile_figure, trials_figure
+import analysis.knob_figures as knob_figures
+from analysis.figures import epoch_figure, profile_figure
+from analysis.knob_figures import knob_figure, trials_figure
 from analysis.observables import metric_range
-from analysis.report import ReportInput, build_sections, findings
+from analysis.report_sections import ReportInput, build_sections, findings
 from analysis.spectral import METRICS, RANGES
 from analysis.verdicts import evaluate_claims, format_verdicts
 from study.schema import load_hypothesis, parse_hypothesis
@@ -33,6 +36,7 @@ def drawn(monkeypatch):
     kept = []
     png = figures._png
     monkeypatch.setattr(figures, "_png", lambda fig: kept.append(fig) or png(fig))
+    monkeypatch.setattr(knob_figures, "_png", lambda fig: kept.append(fig) or png(fig))
     return kept
 
 

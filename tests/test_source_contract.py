@@ -24,44 +24,16 @@ from study.runspecs import plan_runs
 from study.schema import parse_hypothesis
 from study.schema_unions import SOURCE_TAGS
 from vitstudy.testing import parametrize_with_checks
+from vitstudy.testing.runs import CLAIM, DESIGN  # the design and claim the shipped checks validate in
 from vitstudy_core.errors import StudyError
 from vitstudy_core.layers import layer_names
 from vitstudy_core.runfolder import RunFolder, parse_spectrum_key
 
-DESIGN = {
-    "datasets": [{"name": "objects", "n_train": 32, "n_test": 16, "image_size": 8}],
-    "model": {"preset": "vit_cpu12", "embed_dim": 16, "depth": 3, "num_heads": 2},
-    "training": {"epochs": 1, "batch_size": 16},
-    "seeds": [0],
-    "probe": {"size": 16},
-}
-CLAIM = {
-    "name": "c",
-    "kind": "compare",
-    "metric": "effective_rank",
-    "subset": {"dataset": "objects"},
-    "a": {"layers": ["block_01"]},
-    "b": {"layers": ["block_02"]},
-}
-
-
-# a source whose designs need another claim than CLAIM: published models are no seeds, and one model's
-# claim (unit: images) is one of the kinds and metrics calibrated for it (analysis.units)
-CLAIMS = {
-    "pretrained": {
-        "name": "c",
-        "kind": "u_shape",
-        "unit": "images",
-        "metric": "eed_pct",
-        "subset": {"dataset": "objects"},
-        "regions": {"early": ["block_01"], "bottleneck": ["block_02"], "late": ["norm"]},
-    }
-}
-
 
 def _doc(**design) -> dict:
     kind = (design.get("source") or {}).get("kind")
-    claim = CLAIMS.get(kind, CLAIM)
+    claim = getattr(SOURCES[kind], "example_claim", None) if kind in SOURCES else None
+    claim = claim or CLAIM  # a source's example may need its own claim (published models: unit: images)
     return {"name": "contract", "design": {**copy.deepcopy(DESIGN), **design}, "claims": [claim]}
 
 

@@ -479,7 +479,7 @@ def test_optuna_figures_leave_the_matplotlib_style_alone():
     import matplotlib.pyplot as plt
     import optuna
 
-    from analysis.figures import optuna_figures
+    from analysis.knob_figures import optuna_figures
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))

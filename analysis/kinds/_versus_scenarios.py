@@ -14,7 +14,7 @@ from analysis.inference import Alternative
 from analysis.kinds._difference import difference_statistics
 from analysis.kinds._rejection import contradiction
 from analysis.kinds._scenario import Scenario, Trial
-from analysis.kinds.u_shape import u_shape_statistics
+from analysis.kinds._u_shape_statistics import u_shape_statistics
 from analysis.simulate import simulate_profiles
 
 # The least favourable null is equal effects in both conditions, with large and unequal
@@ -58,7 +58,7 @@ def _regions(prof: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _dip(prof: np.ndarray) -> np.ndarray:
-    from analysis.kinds.u_shape import dip_depth
+    from analysis.kinds._u_shape_statistics import dip_depth
 
     return dip_depth(*_regions(prof))
 

@@ -313,7 +313,8 @@ def figures(ctx: FigureContext) -> list[Figure]:
 
     claim = ctx.claim
     if claim.knob() is not None:
-        from analysis.figures import knob_figure, summary_bounds
+        from analysis.figures import summary_bounds
+        from analysis.knob_figures import knob_figure
 
         bounds = summary_bounds(claim.metric, claim.summary)
         return [

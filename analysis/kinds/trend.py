@@ -359,7 +359,7 @@ def figures(ctx: FigureContext) -> list[Figure]:
 
     claim, table = ctx.claim, ctx.table
     if claim.knob() is not None:
-        from analysis.figures import knob_figure
+        from analysis.knob_figures import knob_figure
         from analysis.observables import metric_range
 
         return [knob_figure(ctx.result, claim.metric, metric_range(claim.metric), table, effect_unit(claim))]

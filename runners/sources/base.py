@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 from pydantic import Field, model_validator
 
 from vitstudy_core.errors import StudyError
+from vitstudy_core.hashing import digest
 from vitstudy_core.registry import Registry
 from vitstudy_core.settings import Strict
 
@@ -33,6 +34,16 @@ class DataRecord:
     spec: dict
     digest: str
     profile: dict = field(default_factory=dict)
+
+
+def probe_record(run: dict, data_dir: str | Path) -> DataRecord:
+    """The data record of a run that measures a model on the probe set only (imported checkpoints, a
+    published model): the dataset spec and the probe images' shape, loaded into the cache."""
+    from runners.datasets import load_split
+
+    ds, probe = run["dataset"], run["probe"]
+    shape = list(load_split(ds, "probe", data_dir, probe["size"], probe["seed"])[0].shape)
+    return DataRecord(ds["name"], ds, digest(ds, 16), {"probe": shape})
 
 
 @dataclass(frozen=True)
@@ -88,7 +99,7 @@ class RunSource(Protocol):
         settings: the model of its ``design.source`` section, or None for the source used when the design
             has none (training).
         example: design keys that select it, e.g. ``{"source": {...}, "checkpoints": [2]}`` (docs and the
-            contract test).
+            contract test); ``example_claim`` (optional, on ``SourceBase``): a claim that example needs.
         tag_fields: keys of its ``result.json`` ``source`` record tracking tags beyond ``kind``, ``path``,
             ``fingerprint`` and ``format`` (as JSON when not a string).
         measures_spectra: its runs hold spectra and probe covariances (``spectra.npz``), so claims may
@@ -145,6 +156,9 @@ class SourceBase:
     name: ClassVar[str] = ""
     settings: ClassVar[type[ImportedSettings] | None] = None
     example: ClassVar[dict] = {}
+    # a claim its example design needs (the shipped contract checks validate the example with it); None:
+    # any claim of a trained design fits
+    example_claim: ClassVar[dict | None] = None
     tag_fields: ClassVar[tuple[str, ...]] = ()
     measures_spectra: ClassVar[bool] = True
 

@@ -6,7 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from runners.sources.base import SOURCES, DataRecord, DesignFacts, ImportedSettings, ImportedSourceBase
+from runners.sources.base import (
+    SOURCES,
+    DataRecord,
+    DesignFacts,
+    ImportedSettings,
+    ImportedSourceBase,
+    probe_record,
+)
 from vitstudy_core.errors import StudyError
 from vitstudy_core.hashing import digest
 
@@ -66,11 +73,7 @@ class CheckpointSource(ImportedSourceBase):
         check_checkpoints(run)
 
     def prepare(self, run: dict, data_dir: str | Path) -> DataRecord:
-        from runners.datasets import load_split
-
-        ds, probe = run["dataset"], run["probe"]
-        shape = list(load_split(ds, "probe", data_dir, probe["size"], probe["seed"])[0].shape)
-        return DataRecord(ds["name"], ds, digest(ds, 16), {"probe": shape})
+        return probe_record(run, data_dir)
 
     def fill(
         self, run: dict, run_dir: str | Path, data_dir: str | Path, progress=None, bar: bool = False

@@ -27,9 +27,15 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from analysis.units import model_names  # noqa: F401 - re-exported: the models in seed order
-from runners.sources.base import SOURCES, DataRecord, DesignFacts, ImportedSettings, ImportedSourceBase
+from runners.sources.base import (
+    SOURCES,
+    DataRecord,
+    DesignFacts,
+    ImportedSettings,
+    ImportedSourceBase,
+    probe_record,
+)
 from vitstudy_core.errors import StudyError
-from vitstudy_core.hashing import digest
 from vitstudy_core.settings import Strict
 
 HUB = "timm:"  # a run's path for a hub model: "timm:<timm name>" (its weights are found in the cache)
@@ -89,6 +95,14 @@ class PretrainedSource(ImportedSourceBase):
             "models": {"a": {"timm": "vit_tiny_patch16_224", "file": "a.safetensors"}},
         },
         "probe": {"size": 256, "blocks": 8},  # unit: images (one model) resamples the probe's image blocks
+    }
+    example_claim = {  # one published model: its claims are about its images (unit: images)
+        "name": "c",
+        "kind": "u_shape",
+        "unit": "images",
+        "metric": "eed_pct",
+        "subset": {"dataset": "objects"},
+        "regions": {"early": ["block_01"], "bottleneck": ["block_02"], "late": ["norm"]},
     }
     tag_fields = ("model", "timm", "preprocessing")
 
@@ -151,11 +165,7 @@ class PretrainedSource(ImportedSourceBase):
         check_pretrained(run)
 
     def prepare(self, run: dict, data_dir: str | Path) -> DataRecord:
-        from runners.datasets import load_split
-
-        ds, probe = run["dataset"], run["probe"]
-        shape = list(load_split(ds, "probe", data_dir, probe["size"], probe["seed"])[0].shape)
-        return DataRecord(ds["name"], ds, digest(ds, 16), {"probe": shape})
+        return probe_record(run, data_dir)
 
     def fill(
         self, run: dict, run_dir: str | Path, data_dir: str | Path, progress=None, bar: bool = False

@@ -106,7 +106,7 @@ def check_source_example_validates(name: str) -> None:
     doc: dict = {
         "name": "contract",
         "design": {**copy.deepcopy(DESIGN), **copy.deepcopy(entry.example)},
-        "claims": [CLAIM],
+        "claims": [getattr(entry, "example_claim", None) or CLAIM],
     }
     design: Any = parse_hypothesis(doc, "contract.yaml").design
     assert design.run_source is entry
