@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,6 +32,9 @@ from runners.checkpoint_files import checkpoint_files, checkpoint_format, load_c
 from runners.imported import resolve
 from vitstudy_core.errors import StudyError
 from vitstudy_core.runfolder import RunFolder
+
+if TYPE_CHECKING:
+    import numpy as np
 
 WRAPPERS = ("model", "state_dict", "model_state_dict", "teacher")
 TOP_LEVEL = "(top level)"
@@ -163,7 +167,9 @@ def import_checkpoints(
     device = pick_device()
     xpr = to_tensor(load_split(ds, "probe", data_dir, probe["size"], probe["seed"])[0])
     snaps = snapshot_epochs(probe.get("covariance_epochs", "none"), run["checkpoints"])
-    spectra, n_tokens, files, model = {}, {}, {}, None
+    spectra: dict[str, np.ndarray] = {}  # "{epoch}/{layer}/{token_set}" -> eigenvalues (spectra.npz)
+    n_tokens: dict[str, int] = {}  # "{layer}/{token_set}" -> tokens (result.json)
+    files, model = {}, None
     for epoch, path in _files(run).items():
         t0 = time.perf_counter()
         sd, key, prefix = read_state_dict(path)

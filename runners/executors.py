@@ -255,7 +255,8 @@ def ray_job_error(exc: BaseException) -> BaseException:
     lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
     # a task's traceback ends with its exception's line; Ray's own errors say what happened first
     why = (lines[-1] if hasattr(exc, "traceback_str") else lines[0]) if lines else ""
-    node = f" on node {exc.ip}" if getattr(exc, "ip", None) else ""
+    ip = getattr(exc, "ip", None)
+    node = f" on node {ip}" if ip else ""
     return RuntimeError(f"a Ray task{node} failed: {type(exc).__name__}" + (f": {why}" if why else ""))
 
 

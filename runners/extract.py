@@ -36,7 +36,9 @@ The streamed sums are in ``runners.token_moments``; what a checkpoint writes int
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -94,9 +96,11 @@ def cuts(n_images: int, blocks: int) -> list[int]:
 
 def observation_points(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
     """(name, module, 'pre'|'post') for each observation point of a timm VisionTransformer."""
-    points = [("patch_embed", model.patch_embed, "post"), ("pos_embed", model.pos_drop, "pre")]
-    points += [(f"block_{i + 1:02d}", blk, "post") for i, blk in enumerate(model.blocks)]
-    points.append(("norm", model.norm, "post"))
+    sub = model.get_submodule  # typed nn.Module, where torch types a submodule attribute Tensor | Module
+    points = [("patch_embed", sub("patch_embed"), "post"), ("pos_embed", sub("pos_drop"), "pre")]
+    blocks = cast(Iterable[torch.nn.Module], sub("blocks"))  # an nn.Sequential (nn.ModuleList in Eva)
+    points += [(f"block_{i + 1:02d}", blk, "post") for i, blk in enumerate(blocks)]
+    points.append(("norm", sub("norm"), "post"))
     return points
 
 
@@ -185,7 +189,7 @@ class SpectralObserver:
         probe_sizes: bool = True,
     ):
         self.model, self.epoch, self.covariances = model, epoch, covariances
-        self.n_images, self.n_blocks, self.with_sizes = n_images, blocks, probe_sizes
+        self.n_images, self.n_blocks = n_images, blocks
         self.cuts = cuts(n_images, blocks) if (probe_sizes or blocks > 1) else []
         self.snapshots: dict[tuple[str, str], dict[int, _Moments]] = {}  # (point, set) -> cut -> sums
         self.matcher = _Subsampler(n_images, n_images, MATCH_SEED) if probe_sizes else None
@@ -233,7 +237,7 @@ class SpectralObserver:
 
     def _check_finite(self, name: str) -> None:
         """RunFailedError if the running sum of point ``name`` is not finite (a NaN/Inf activation)."""
-        if not torch.isfinite(self.moments[(name, "all")].s).all():
+        if not torch.isfinite(self.moments[(name, "all")].filled()[0]).all():
             raise RunFailedError(
                 f"non-finite activation at layer {name} (checkpoint epoch {self.epoch})", self.epoch
             )
@@ -272,11 +276,13 @@ class SpectralObserver:
     def observe(self, batch: torch.Tensor) -> None:
         """One forward pass of ``batch: (B, 3, H, W)`` (the next B probe images, in order)."""
         batch = batch.to(self.device, non_blocking=True)
+        # timm's method, which torch's typing of a Module attribute sees as Tensor | Module
+        forward_features = cast(Callable[[torch.Tensor], torch.Tensor], self.model.forward_features)
         if self.device.type == "cuda":
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                self.model.forward_features(batch)
+                forward_features(batch)
         else:
-            self.model.forward_features(batch)
+            forward_features(batch)
         self.first_image += batch.shape[0]
 
     def _sets(self, name: str, get) -> dict[str, _Moments]:
@@ -312,13 +318,13 @@ class SpectralObserver:
                 out.n_subsample[(name, tset)] = int(sample.shape[0])
                 for obs, value in compute_observables(cov, sample).items():
                     out.scalars[(name, tset, obs)] = value
-            if self.with_sizes:
-                self._probe_sizes(name, out)
+            if self.matcher is not None:  # probe_sizes
+                self._probe_sizes(name, out, self.matcher)
             if self.n_blocks > 1:
                 self._blocks(name, out)
         return out
 
-    def _probe_sizes(self, name: str, out: Spectra) -> None:
+    def _probe_sizes(self, name: str, out: Spectra, matcher: _Subsampler) -> None:
         """``Spectra.probe_sizes`` of one point: the probe's first 1/4 and 1/2, and the matched subsample."""
         for label, div in FRACTIONS.items():
             cut = self.n_images // div
@@ -327,8 +333,8 @@ class SpectralObserver:
             for tset, mom in self._sets(name, lambda key, cut=cut: self.snapshots[key][cut]).items():
                 out.probe_sizes[(name, tset, label)] = _summary(mom)
         for tset in ("all", "patch"):
-            key = (name, tset) if (name, tset) in self.matcher.parts else (name, "all")
-            sample = self.matcher.get(key).astype(np.float64)
+            key = (name, tset) if (name, tset) in matcher.parts else (name, "all")
+            sample = matcher.get(key).astype(np.float64)
             if out.n_tokens[(name, tset)] > len(sample) >= 2:
                 out.probe_sizes[(name, tset, MATCHED)] = _summary(_Moments.of_sample(sample))
 

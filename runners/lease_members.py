@@ -111,10 +111,9 @@ def _record_sql(store: object, study: str, lease_keys: list[str]) -> None:
     rows = [{"study": study, "run_key": k} for k in sorted(set(lease_keys))]
     dialect = engine.dialect.name
     if dialect in ("postgresql", "sqlite"):  # one statement; a row already there is no error (no log line)
-        if dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
         with engine.begin() as conn:
             for i in range(0, len(rows), CHUNK):
                 conn.execute(insert(table).values(rows[i : i + CHUNK]).on_conflict_do_nothing())

@@ -7,8 +7,12 @@ from __future__ import annotations
 import atexit
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from runners.lease_model import TABLE, Lease, owner_gone
+
+if TYPE_CHECKING:  # sqlalchemy is imported where a store is made (an optional dependency)
+    from sqlalchemy.engine import Engine
 
 
 # ---- PostgreSQL (any SQLAlchemy database) -------------------------------------------------------------
@@ -57,8 +61,8 @@ class SqlLeaseStore:
         compares with."""
         import sqlalchemy as sa
 
-        with self.engine.connect() as conn:
-            return float(conn.execute(sa.select(self.now_sql())).scalar())
+        with self.engine.connect() as conn:  # a SELECT without FROM: exactly one row
+            return float(conn.execute(sa.select(self.now_sql())).scalar_one())
 
     def _insert_new(self, **values) -> bool:
         """Insert a row unless its key is there; True when inserted. Never a failing statement: PostgreSQL
@@ -67,10 +71,9 @@ class SqlLeaseStore:
 
         t, dialect = self.table, self.engine.dialect.name
         if dialect in ("postgresql", "sqlite"):
-            if dialect == "postgresql":
-                from sqlalchemy.dialects.postgresql import insert
-            else:
-                from sqlalchemy.dialects.sqlite import insert
+            from sqlalchemy.dialects import postgresql, sqlite
+
+            insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
             stmt = insert(t).values(**values).on_conflict_do_nothing(index_elements=["run_key"])
             with self.engine.begin() as conn:  # RETURNING: psycopg's rowcount of this statement is -1
                 return conn.execute(stmt.returning(t.c.run_key)).first() is not None
@@ -163,12 +166,12 @@ class SqlLeaseStore:
 # ---- one pooled engine per database URL and process ------------------------------------------------------
 CONNECT_TIMEOUT_S = 5  # an unreachable database is an error within seconds, not after the OS's minutes
 POOL_SIZE = 2  # a worker uses at most two at once: the thread filling the run and its heartbeat
-_ENGINES: dict[str, object] = {}
+_ENGINES: dict[str, Engine] = {}
 _STORES: dict[str, SqlLeaseStore] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
-def engine_for(url: str):
+def engine_for(url: str) -> Engine:
     """This process's SQLAlchemy engine for ``url``, created once (pooled: at most :data:`POOL_SIZE` + 1
     connections) and disposed at exit, so a worker that runs many jobs holds a bounded number of
     connections however many jobs it ran (PostgreSQL's ``max_connections`` defaults to 100)."""

@@ -24,8 +24,8 @@ def snapshot_epochs(covariance_epochs: str | list[int], checkpoints: list[int]) 
     eps = sorted(set(checkpoints))
     if covariance_epochs == "none" or not eps:
         return []
-    if covariance_epochs == "first_last":
-        return sorted({eps[0], eps[-1]})
+    if isinstance(covariance_epochs, str):  # "first_last"; any other word (the schema allows none): none
+        return sorted({eps[0], eps[-1]}) if covariance_epochs == "first_last" else []
     return sorted(set(covariance_epochs) & set(eps))
 
 

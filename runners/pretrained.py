@@ -47,14 +47,14 @@ def _hub_repo(name: str) -> tuple[str, str | None, dict | None]:
     import timm
 
     try:
-        cfg = timm.models.get_pretrained_cfg(name, allow_unregistered=False)
+        known = timm.models.get_pretrained_cfg(name, allow_unregistered=False)
     except Exception:  # noqa: BLE001 - timm raises RuntimeError / KeyError for an unknown name
-        cfg = None
-    if cfg is None or not cfg.hf_hub_id:
+        known = None
+    if known is None or not known.hf_hub_id:
         raise StudyError(
             f"timm knows no pretrained weights on the Hugging Face hub named {name!r}", None, _FIELD
         )
-    return cfg.hf_hub_id.split("@")[0], cfg.hf_hub_filename, cfg.to_dict()
+    return known.hf_hub_id.split("@")[0], known.hf_hub_filename, known.to_dict()
 
 
 def _cached(repo: str, filename: str) -> Path | None:
@@ -90,7 +90,7 @@ def data_config(pretrained_cfg: dict | None, model_args: dict) -> dict:
     cfg = dict(pretrained_cfg or {})
     size = model_args.get("img_size")
     if size is not None:
-        cfg["input_size"] = (3, int(size), int(size))  # type: ignore[call-overload]
+        cfg["input_size"] = (3, int(size), int(size))
     out = resolve_data_config(pretrained_cfg=cfg)
     return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
 

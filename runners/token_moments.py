@@ -77,21 +77,33 @@ class _Moments:
             self.rows = [torch.zeros(b - a, b, dtype=torch.float64, device=x.device) for a, b in self.blocks]
             self.u = torch.zeros(d, dtype=torch.float64, device=x.device)
             self.w = torch.zeros((), dtype=torch.float64, device=x.device)
+        s, rows, blocks, u, w = self.filled()
         y = (work or _Workspace()).get(n_rows, d, x.device)
         torch.sub(x, self.shift, out=y)  # float64: one pass, no float32 rounding of the shifted values
-        self.s += y.sum(0)
+        s += y.sum(0)  # every sum in place: the fields hold these same tensors
         sq = torch.linalg.vector_norm(y, dim=1).square_()
-        self.u.addmv_(y.T, sq)
-        self.w += sq.square().sum()
-        for (a, b), row in zip(self.blocks, self.rows, strict=True):
+        u.addmv_(y.T, sq)
+        w += sq.square().sum()
+        for (a, b), row in zip(blocks, rows, strict=True):
             row.addmm_(y[:, a:b].T, y[:, :b])  # in place, no temporary
         self.n += n_rows
 
+    def filled(
+        self,
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[tuple[int, int]], torch.Tensor, torch.Tensor]:
+        """``(s, rows, blocks, u, w)`` of moments that hold sums (the first ``add`` sets all five)."""
+        s, rows, blocks, u, w = self.s, self.rows, self.blocks, self.u, self.w
+        # set together: by the first add, or all given by minus/copy of moments that had them
+        assert s is not None and rows is not None and blocks is not None, "no tokens added yet"
+        assert u is not None and w is not None, "no tokens added yet"
+        return s, rows, blocks, u, w
+
     def full_q(self) -> torch.Tensor:
         """The whole symmetric ``(D, D)`` ``q``: the lower block triangle mirrored above it."""
-        d = self.s.shape[0]
-        q = torch.zeros(d, d, dtype=torch.float64, device=self.s.device)
-        for (a, b), row in zip(self.blocks, self.rows, strict=True):
+        s, rows, blocks, _, _ = self.filled()
+        d = s.shape[0]
+        q = torch.zeros(d, d, dtype=torch.float64, device=s.device)
+        for (a, b), row in zip(blocks, rows, strict=True):
             q[a:b, :b] = row
             q[:a, a:b] = row[:, :a].T
         return q
@@ -100,9 +112,9 @@ class _Moments:
         """Moments of the tokens in ``self`` but not in ``other`` (same shift): exact in float64."""
         if other.rows is None:  # nothing added to ``other`` yet
             return self.copy()
-        rows = [r - o for r, o in zip(self.rows, other.rows, strict=True)]
-        u, w = self.u - other.u, self.w - other.w
-        return _Moments(self.shift, self.n - other.n, self.s - other.s, rows, self.blocks, u, w)
+        (s, rows, blocks, u, w), (s2, rows2, _, u2, w2) = self.filled(), other.filled()
+        diff = [r - o for r, o in zip(rows, rows2, strict=True)]
+        return _Moments(self.shift, self.n - other.n, s - s2, diff, blocks, u - u2, w - w2)
 
     @classmethod
     def of_sample(cls, x: np.ndarray) -> _Moments:
@@ -116,22 +128,25 @@ class _Moments:
         """An independent copy (a snapshot of the running sums at an image boundary)."""
         if self.rows is None:
             return _Moments(self.shift)
-        rows = [r.clone() for r in self.rows]
-        return _Moments(self.shift, self.n, self.s.clone(), rows, self.blocks, self.u.clone(), self.w.clone())
+        s, rows, blocks, u, w = self.filled()
+        copied = [r.clone() for r in rows]
+        return _Moments(self.shift, self.n, s.clone(), copied, blocks, u.clone(), w.clone())
 
     def sums(self) -> dict[str, np.ndarray]:
         """The raw shifted sums as float64 numpy: ``n`` (), ``s`` (D,), ``q`` (D, D), ``u`` (D,), ``w`` ()."""
+        s, _, _, u, w = self.filled()
         return {
             "n": np.asarray(self.n, dtype=np.float64),
-            "s": self.s.cpu().numpy(),
+            "s": s.cpu().numpy(),
             "q": self.full_q().cpu().numpy(),
-            "u": self.u.cpu().numpy(),
-            "w": np.asarray(self.w.item(), dtype=np.float64),
+            "u": u.cpu().numpy(),
+            "w": np.asarray(w.item(), dtype=np.float64),
         }
 
     def covariance(self) -> np.ndarray:
         """(D, D) float64 numpy: ``(Q - s s^T / n) / (n - 1)``, symmetrised."""
-        cov = (self.full_q() - torch.outer(self.s, self.s) / self.n) / (self.n - 1)
+        s = self.filled()[0]
+        cov = (self.full_q() - torch.outer(s, s) / self.n) / (self.n - 1)
         cov = 0.5 * (cov + cov.T)
         return cov.cpu().numpy()
 
@@ -143,11 +158,10 @@ class _Moments:
         tokens are all identical, such as the class token before the first block (measured: with
         ``D eps64`` alone, 5,900 identical class tokens at mean 60 left a spurious eigenvalue).
         """
-        d = self.s.shape[0]
+        s, rows, blocks, _, _ = self.filled()
+        d = s.shape[0]
         eps = np.finfo(np.float64).eps
-        q_max = max(
-            row[:, a:b].diagonal().max().item() for (a, b), row in zip(self.blocks, self.rows, strict=True)
-        )
+        q_max = max(row[:, a:b].diagonal().max().item() for (a, b), row in zip(blocks, rows, strict=True))
         return float((d + self.n) * eps * q_max / max(self.n - 1, 1))
 
 

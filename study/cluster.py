@@ -314,8 +314,8 @@ def db_reason(exc: BaseException) -> str:
     """``Type: reason`` of a database error in one line: the driver's own message (SQLAlchemy's wrapped
     ``orig``), its first line, without SQLAlchemy's ``(Background on this error at: ...)`` tail."""
     text = str(getattr(exc, "orig", None) or exc)
-    text = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", text).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0].strip() if text else ''}".rstrip(": ")
+    lines = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", text).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0].strip() if lines else ''}".rstrip(": ")
 
 
 def status_counts(leases: str | Path, name: str = "--leases") -> dict[str, Counter]:

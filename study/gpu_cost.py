@@ -68,8 +68,8 @@ def _throughput_key(run: dict) -> str | None:
     for key in ("embed_dim", "depth", "num_heads"):  # ViT-S: 384 wide, 12 blocks, 6 heads
         if model.get(key) not in (None, {"embed_dim": 384, "depth": 12, "num_heads": 6}[key]):
             return None
-    key = objective_settings(run["objective"]).throughput_key()
-    return key if key in MEASURED["images_per_s"] else None
+    measured = objective_settings(run["objective"]).throughput_key()
+    return measured if measured in MEASURED["images_per_s"] else None
 
 
 def gpu_estimate(specs: list[RunSpec]) -> dict | None:

@@ -27,7 +27,7 @@ from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 if TYPE_CHECKING:
     import matplotlib.figure
 
-    from analysis.figures import Figure
+    from analysis.figures import Figure, ReportFigure
     from analysis.report_sections import ReportInput
     from study.orchestrate import StudyOutcome
     from study.schema import Hypothesis
@@ -135,7 +135,7 @@ def _claim_index(results: list[ClaimResult], key: int | str) -> int:
     )
 
 
-def _show_as_png(cls: type) -> None:
+def _show_as_png(cls: type[ReportFigure]) -> None:
     """In IPython, display ``cls`` (a Figure subclass) by its own ``_repr_png_``: the inline backend's
     printer for every matplotlib Figure, which IPython tries before ``_repr_png_``, would redraw the image
     with margins and resampled. Nothing outside IPython (it is never imported here)."""

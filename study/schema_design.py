@@ -92,7 +92,9 @@ class Design(Strict):
     @classmethod
     def _models_are_seeds(cls, data: object) -> object:
         """A pretrained source's models are its seeds ``0 .. M-1`` (runners.sources.pretrained)."""
-        src = data.get("source") if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            return data
+        src = data.get("source")
         if isinstance(src, dict) and src.get("kind") == "pretrained" and "seeds" not in data:
             models = src.get("models")
             data = {**data, "seeds": list(range(len(models))) if isinstance(models, dict) else [0]}

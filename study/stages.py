@@ -37,6 +37,7 @@ from study.stopping import stopped_while_filling
 from vitstudy_core.errors import Interrupted, machine_fault
 
 if TYPE_CHECKING:
+    from runners.executor_base import Executor
     from study.tracking import TrackerProtocol
 
 Log = Callable[[str], None]
@@ -345,7 +346,7 @@ def execute(
     return failed
 
 
-def _executor(place: Placement, workers: int | str, n_jobs: int, out: Path):
+def _executor(place: Placement, workers: int | str, n_jobs: int, out: Path) -> Executor:
     """The executor of ``place`` for ``n_jobs`` runs of the output folder ``out``."""
     from runners.executors import make_executor
     from runners.train import pick_device

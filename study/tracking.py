@@ -83,6 +83,7 @@ from vitstudy_core.provenance import git_state
 
 if TYPE_CHECKING:
     from analysis.verdicts import ClaimResult
+    from study.run_triage import Triage
     from study.runspecs import RunSpec
     from study.schema import Hypothesis
     from study.tracking_reuse import StoredRun
@@ -298,7 +299,7 @@ class TrackerProtocol(Protocol):
         hyp: Hypothesis,
         hyp_path: Path,
         plan: list[RunSpec],
-        triage: object | None = None,
+        triage: Triage | None = None,
         command: str | None = None,
     ) -> None: ...
 
@@ -357,7 +358,7 @@ class NullTracker:
         hyp: Hypothesis,
         hyp_path: Path,
         plan: list[RunSpec],
-        triage: object | None = None,
+        triage: Triage | None = None,
         command: str | None = None,
     ) -> None:
         return None

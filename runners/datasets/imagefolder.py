@@ -84,6 +84,6 @@ DATASETS.register(
         read,
         example={"name": "imagenet100", "kind": "imagefolder", "path": "${IMAGENET100_DIR}"},
         num_classes=_num_classes,
-        train_images=lambda spec: KNOWN_TRAIN_IMAGES.get(spec.get("name")),
+        train_images=lambda spec: KNOWN_TRAIN_IMAGES.get(spec.get("name", "")),
     ),
 )

@@ -35,6 +35,8 @@ The settings model (:class:`~runners.objectives.dino_settings.DinoObjective`) an
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
+from typing import cast
 
 import numpy as np
 import torch
@@ -121,6 +123,8 @@ class DINOHead(nn.Module):
 class DINOLoss(nn.Module):
     """The DINO loss (module docstring) with the teacher centre as a buffer (1, out_dim)."""
 
+    center: torch.Tensor  # the buffer registered in __init__ (torch types a Module attribute Tensor | Module)
+
     def __init__(self, out_dim: int, n_crops: int, student_temp: float, center_momentum: float):
         super().__init__()
         self.n_crops, self.student_temp, self.center_momentum = n_crops, student_temp, center_momentum
@@ -139,7 +143,8 @@ class DINOLoss(nn.Module):
             student_out, teacher_out = student_out.to(wide), teacher_out.to(wide)
             student = (student_out / self.student_temp).chunk(self.n_crops)
             teacher = F.softmax((teacher_out - self.center) / teacher_temp, dim=-1).detach().chunk(2)
-            total, terms = 0.0, 0
+            total: torch.Tensor | float = 0.0
+            terms = 0
             for i, q in enumerate(teacher):
                 for j, s in enumerate(student):
                     if j == i:  # the same view seen by both: no information to distil
@@ -147,6 +152,8 @@ class DINOLoss(nn.Module):
                     total = total + torch.sum(-q * F.log_softmax(s, dim=-1), dim=-1).mean()
                     terms += 1
             self.update_center(teacher_out)
+        # two global crops (n_crops >= 2): at least the pair (0, 1) was added, so total is a tensor
+        assert isinstance(total, torch.Tensor)
         return total / terms
 
     @torch.no_grad()
@@ -163,7 +170,8 @@ def ema_update(student: nn.Module, teacher: nn.Module, momentum: float) -> None:
     As ``pt.mul_(m).add_(ps, alpha=1 - m)`` per parameter, in two ``torch._foreach_*`` calls (one
     kernel launch each on CUDA instead of two per parameter; on the CPU the same per-tensor ops).
     """
-    ps, pt = list(student.parameters()), list(teacher.parameters())
+    ps: list[torch.Tensor] = list(student.parameters())
+    pt: list[torch.Tensor] = list(teacher.parameters())
     if len(ps) != len(pt):
         raise ValueError(f"student has {len(ps)} parameters, teacher {len(pt)}")
     torch._foreach_mul_(pt, momentum)
@@ -249,15 +257,17 @@ class DinoTrainer:
         student = build_model(setup.model, setup.image_size, 0, dynamic_img_size=True)
         # the teacher has no stochastic depth (DINO builds it without drop path)
         teacher = build_model(setup.model.model_copy(update={"drop_path_rate": 0.0}), setup.image_size, 0)
-        head = dict(
-            in_dim=student.num_features,
+        # num_features: timm's int attribute (torch types a Module attribute Tensor | Module)
+        head = partial(
+            DINOHead,
+            in_dim=cast(int, student.num_features),
             out_dim=o.out_dim,
             hidden_dim=o.hidden_dim,
             bottleneck_dim=o.bottleneck_dim,
             norm_last_layer=o.norm_last_layer,
         )
-        self.student = nn.ModuleDict({"backbone": student, "head": DINOHead(**head)}).to(device)
-        self.teacher = nn.ModuleDict({"backbone": teacher, "head": DINOHead(**head)}).to(device)
+        self.student = nn.ModuleDict({"backbone": student, "head": head()}).to(device)
+        self.teacher = nn.ModuleDict({"backbone": teacher, "head": head()}).to(device)
         self.teacher.load_state_dict(self.student.state_dict())  # teacher starts as the student
         self.teacher.requires_grad_(False)
         self.teacher.eval()
@@ -333,7 +343,7 @@ class DinoTrainer:
             if o.clip_grad:
                 clip_gradients(list(self.student.parameters()), o.clip_grad)
             if epoch - 1 < o.freeze_last_layer_epochs:
-                for p in self.student["head"].last_layer.parameters():
+                for p in self.student["head"].get_submodule("last_layer").parameters():
                     p.grad = None
             self.opt.step()
             ema_update(self.student, self.teacher, float(self.momentum[it]))

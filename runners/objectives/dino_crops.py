@@ -145,7 +145,7 @@ class MultiCrop:
         (16 ints): the images of each (position, op)), ``sigma`` (b,) and ``kernel`` (b, 2r+1): blur
         widths (pixels) and kernels, and ``solarize`` (b,) bool when ``sol_p`` > 0.
         """
-        d = {
+        d: dict[str, torch.Tensor | list[int]] = {
             "rois": torch.cat(
                 [torch.arange(b, dtype=torch.float32)[:, None], self.crop_boxes(b, h, w, scale)], 1
             )
