@@ -83,10 +83,10 @@ from vitstudy_core.provenance import git_state
 
 if TYPE_CHECKING:
     from analysis.verdicts import ClaimResult
-    from study.run_triage import Triage
     from study.runspecs import RunSpec
     from study.schema import Hypothesis
     from study.tracking_reuse import StoredRun
+    from study.triage import Triage
 
 __all__ = [
     "RUN_ARTIFACTS_OPTIONAL",
