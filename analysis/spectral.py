@@ -35,7 +35,7 @@ numbers; it lives under its own name, ``effective_rank_sv``, and is never mixed 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +48,26 @@ METRICS: Registry[MetricFn] = Registry("metric", group="vitstudy.metrics")
 # (low, high) a metric's values can take (None: unbounded there, or bounded by D, which a table does not
 # carry): what the report's figures clip their bands to, so an interval never leaves the possible values
 Bounds = tuple[float | None, float | None]
-RANGES: dict[str, Bounds] = {}
+_BOUNDS: dict[str, Bounds] = {}  # as registered; RANGES shows those of the metrics registered now
+
+
+class _Ranges(Mapping[str, Bounds]):
+    """Metric name -> its (low, high), for the metrics in :data:`METRICS` now: read through the registry,
+    so a metric taken out (a broken plug-in's, a test's) takes its range with it."""
+
+    def __getitem__(self, name: str) -> Bounds:
+        if name not in METRICS:
+            raise KeyError(name)
+        return _BOUNDS[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(METRICS.names())
+
+    def __len__(self) -> int:
+        return len(METRICS.names())
+
+
+RANGES: Mapping[str, Bounds] = _Ranges()
 
 
 def register_metric(name: str, bounds: Bounds = (None, None)) -> Callable[[MetricFn], MetricFn]:
@@ -57,7 +76,7 @@ def register_metric(name: str, bounds: Bounds = (None, None)) -> Callable[[Metri
 
     def wrap(fn: MetricFn) -> MetricFn:
         METRICS.register(name, fn)
-        RANGES[name] = bounds
+        _BOUNDS[name] = bounds
         return fn
 
     return wrap
