@@ -26,6 +26,9 @@ TWO_RUNS = TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0, 1]")
 ONE_RUN = TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0]")  # the default suite's: one task
 # a run long enough to be caught mid-epoch on a loaded host: 2048 images an epoch, 6 epochs
 LONG_RUNS = TWO_RUNS.replace("epochs: 2", "epochs: 6").replace("n_train: 64", "n_train: 2048")
+# a run that outlasts the cancel: finding the victim's job and Slurm's KillWait (2 s) take seconds, and on
+# an idle machine a LONG_RUNS epoch takes about one, so a 6-epoch victim could finish before it was killed
+CANCEL_RUNS = LONG_RUNS.replace("epochs: 6", "epochs: 24")
 TABLE_COLS = ["run_key", "epoch", "layer", "token_set", "metric"]
 
 
@@ -135,7 +138,7 @@ def _job_by_log(run_key: str, jobs: list[str]) -> str:
 @pytest.mark.slow
 def test_a_job_cancelled_mid_epoch_fails_with_its_job_and_a_rerun_resumes_it(tmp_path, slurm_cluster):
     out = tmp_path / "out"
-    proc = _study(tmp_path, LONG_RUNS, "--slurm-array-parallelism", "1")
+    proc = _study(tmp_path, CANCEL_RUNS, "--slurm-array-parallelism", "1")
     victim = _running_past_first_epoch(out)
     job = _job_of(victim)
     subprocess.run(["scancel", job], check=True)
@@ -143,12 +146,12 @@ def test_a_job_cancelled_mid_epoch_fails_with_its_job_and_a_rerun_resumes_it(tmp
     assert proc.returncode == 1, stdout + stderr
     assert f"Slurm job {job} CANCELLED on node" in stdout, stdout
     assert "1 run(s) failed" in stderr
-    again = _study(tmp_path, LONG_RUNS)
+    again = _study(tmp_path, CANCEL_RUNS)
     stdout, stderr = again.communicate(timeout=900)
     assert again.returncode == 0, stdout + stderr
     assert "resuming after epoch" in _task_logs(out), _task_logs(out)
     result = json.loads((out / "runs" / victim / "result.json").read_text())
-    assert [h["epoch"] for h in result["history"]] == [1, 2, 3, 4, 5, 6]  # every epoch once, to the end
+    assert [h["epoch"] for h in result["history"]] == list(range(1, 25))  # every epoch once, to the end
 
 
 @pytest.mark.slow
