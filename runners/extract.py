@@ -125,18 +125,25 @@ class _Subsampler:
             self._idx[tokens_per_image] = np.sort(rng.choice(total, size=min(self.m, total), replace=False))
         return self._idx[tokens_per_image]
 
-    def add(self, key: tuple[str, str], tokens: torch.Tensor, first_image: int) -> None:
-        """tokens: (B, T, D) of one token set for images ``first_image .. first_image + B - 1``.
+    def rows(self, tokens: torch.Tensor, first_image: int) -> torch.Tensor | None:
+        """The subsample's rows ``(r, D)`` among ``tokens: (B, T, D)`` of one token set for images
+        ``first_image .. first_image + B - 1``, in the tokens' dtype (None: none of them is drawn).
 
-        No host synchronisation on a GPU: the positions go to the device once per token count (not per
-        batch), the gathered rows stay there until :meth:`get`."""
+        No host synchronisation on a GPU: the row range comes from the host's positions, and the positions
+        go to the device once per token count (not per batch)."""
         b, t, d = tokens.shape
         pos = self.positions(t)
         lo, hi = np.searchsorted(pos, [first_image * t, (first_image + b) * t])
-        if hi > lo:
-            dev = self._on_device(t, tokens.device)
-            sel = dev[lo:hi] - first_image * t
-            self.parts.setdefault(key, []).append(tokens.reshape(-1, d)[sel].float())
+        if hi == lo:
+            return None
+        sel = self._on_device(t, tokens.device)[lo:hi] - first_image * t
+        return tokens.reshape(-1, d)[sel]
+
+    def add(self, key: tuple[str, str], tokens: torch.Tensor, first_image: int) -> None:
+        """Keep this batch's :meth:`rows` (as float32, on the tokens' device until :meth:`get`)."""
+        rows = self.rows(tokens, first_image)
+        if rows is not None:
+            self.parts.setdefault(key, []).append(rows.float())
 
     def _on_device(self, tokens_per_image: int, device: torch.device) -> torch.Tensor:
         key = (tokens_per_image, str(device))
@@ -191,9 +198,12 @@ class SpectralObserver:
         self.model, self.epoch, self.covariances = model, epoch, covariances
         self.n_images, self.n_blocks = n_images, blocks
         self.cuts = cuts(n_images, blocks) if (probe_sizes or blocks > 1) else []
-        self.snapshots: dict[tuple[str, str], dict[int, _Moments]] = {}  # (point, set) -> cut -> sums
+        # (point, set) -> cut -> sums: copies of the running sums, kept only where block sums need them
+        self.snapshots: dict[tuple[str, str], dict[int, _Moments]] = {}
+        # (point, set, label) -> summary of the probe's first 1/4 and 1/2, taken at the cut (no blocks)
+        self.fractions: dict[tuple[str, str, str], tuple[np.ndarray, int, dict[str, float]]] = {}
         self.matcher = _Subsampler(n_images, n_images, MATCH_SEED) if probe_sizes else None
-        self.matched: dict[tuple[str, str], _Moments] = {}
+        self.matched: dict[tuple[str, str], _Moments] = {}  # (point, set) -> the matched subsample's sums
         self.device = next(model.parameters()).device
         self.n_prefix = int(getattr(model, "num_prefix_tokens", 1))
         self.has_cls = bool(getattr(model, "cls_token", None) is not None)
@@ -217,23 +227,47 @@ class SpectralObserver:
         for lo, hi in zip(edges[:-1], edges[1:], strict=True):
             self._add(name, x[lo - first : hi - first], mom, prefixed)
             if hi in self.cuts:
-                for key, m in self.moments.items():
-                    if key[0] == name:
-                        self.snapshots.setdefault(key, {})[hi] = m.copy()
+                self._cut(name, hi)
         # a NaN/Inf activation makes the float64 running sum non-finite: one (D,) check, not a full pass;
         # on a GPU the check would stall the device every point and batch, so it waits for result()
         if self.device.type != "cuda":
             self._check_finite(name)
         if self.matcher is not None:  # a seeded subsample of as many tokens as images, per token set
-            self.matcher.add((name, "all"), x, first)
+            self._match((name, "all"), x, first, mom.shift)
             if prefixed:
-                self.matcher.add((name, "patch"), x[:, self.n_prefix :], first)
+                self._match((name, "patch"), x[:, self.n_prefix :], first, mom.shift)
         if self.sampler is not None:
             self.sampler.add((name, "all"), x, first)
             if prefixed:
                 self.sampler.add((name, "patch"), x[:, self.n_prefix :], first)
                 if self.has_cls:
                     self.sampler.add((name, "cls"), x[:, :1], first)
+
+    def _cut(self, name: str, image: int) -> None:
+        """The running sums of point ``name`` reached cut ``image``: with block sums, snapshot them (the
+        blocks and probe fractions are read from the copies in :meth:`result`); else summarise the probe
+        fractions that end here at once, so no copy of the sums lives on."""
+        if self.n_blocks > 1:
+            for key, m in self.moments.items():
+                if key[0] == name:
+                    self.snapshots.setdefault(key, {})[image] = m.copy()
+            return
+        labels = [label for label, div in FRACTIONS.items() if self.n_images // div == image >= 2]
+        # non-finite sums are not summarised (eigh of NaN): result() raises for them
+        if not labels or not torch.isfinite(self.moments[(name, "all")].filled()[0]).all():
+            return
+        for tset, mom in self._sets(name, self.moments.__getitem__).items():
+            summary = _summary(mom)
+            for label in labels:
+                self.fractions[(name, tset, label)] = summary
+
+    def _match(self, key: tuple[str, str], tokens: torch.Tensor, first: int, shift: torch.Tensor) -> None:
+        """Stream this batch's rows of the matched subsample (``self.matcher``) into its sums for ``key``:
+        one Gram triangle per (point, token set), the sample itself is never kept."""
+        assert self.matcher is not None  # set with probe_sizes, the only caller's condition
+        rows = self.matcher.rows(tokens, first)
+        if rows is not None:
+            self.matched.setdefault(key, _Moments(shift=shift)).add(rows, self.work)
 
     def _check_finite(self, name: str) -> None:
         """RunFailedError if the running sum of point ``name`` is not finite (a NaN/Inf activation)."""
@@ -319,24 +353,29 @@ class SpectralObserver:
                 for obs, value in compute_observables(cov, sample).items():
                     out.scalars[(name, tset, obs)] = value
             if self.matcher is not None:  # probe_sizes
-                self._probe_sizes(name, out, self.matcher)
+                self._probe_sizes(name, out)
             if self.n_blocks > 1:
                 self._blocks(name, out)
         return out
 
-    def _probe_sizes(self, name: str, out: Spectra, matcher: _Subsampler) -> None:
-        """``Spectra.probe_sizes`` of one point: the probe's first 1/4 and 1/2, and the matched subsample."""
+    def _probe_sizes(self, name: str, out: Spectra) -> None:
+        """``Spectra.probe_sizes`` of one point: the probe's first 1/4 and 1/2 (summarised at the cut, or
+        from the snapshots where block sums keep them), and the matched subsample."""
         for label, div in FRACTIONS.items():
             cut = self.n_images // div
             if cut < 2:
                 continue
-            for tset, mom in self._sets(name, lambda key, cut=cut: self.snapshots[key][cut]).items():
-                out.probe_sizes[(name, tset, label)] = _summary(mom)
+            if self.n_blocks > 1:
+                for tset, mom in self._sets(name, lambda key, cut=cut: self.snapshots[key][cut]).items():
+                    out.probe_sizes[(name, tset, label)] = _summary(mom)
+                continue
+            for key, summary in self.fractions.items():
+                if key[0] == name and key[2] == label:
+                    out.probe_sizes[key] = summary
         for tset in ("all", "patch"):
-            key = (name, tset) if (name, tset) in matcher.parts else (name, "all")
-            sample = matcher.get(key).astype(np.float64)
-            if out.n_tokens[(name, tset)] > len(sample) >= 2:
-                out.probe_sizes[(name, tset, MATCHED)] = _summary(_Moments.of_sample(sample))
+            matched = self.matched.get((name, tset) if (name, tset) in self.matched else (name, "all"))
+            if matched is not None and out.n_tokens[(name, tset)] > matched.n >= 2:
+                out.probe_sizes[(name, tset, MATCHED)] = _summary(matched)
 
     def _blocks(self, name: str, out: Spectra) -> None:
         """``Spectra.blocks`` of one point: block k's sums are the snapshots' differences at its edges."""

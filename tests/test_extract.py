@@ -197,3 +197,82 @@ def test_rank_deficient_streaming_agrees_with_two_pass_under_the_stated_rule():
         assert row["err"] <= 1e-6, (name, row)
         assert row["kind"] == ("absolute" if name == "spectral_flatness" else "relative")
     assert "spectral_flatness" in bx.format_errors(table)
+
+
+def _captured(model, x, batch_size, **kw):
+    """One extraction of ``x`` and every observation point's activations ``(N, T, D)`` as it saw them."""
+    from runners.extract import SpectralObserver
+
+    store = {name: [] for name, _, _ in observation_points(model)}
+    observer = SpectralObserver(model, x.shape[0], **kw)
+    with observer:
+        handles = []
+        for name, module, kind in observation_points(model):
+            if kind == "pre":
+                fn = lambda m, a, name=name: store[name].append(a[0].detach().clone())  # noqa: E731
+                handles.append(module.register_forward_pre_hook(fn))
+            else:
+                fn = lambda m, a, o, name=name: store[name].append(o.detach().clone())  # noqa: E731
+                handles.append(module.register_forward_hook(fn))
+        for i in range(0, x.shape[0], batch_size):
+            observer.observe(x[i : i + batch_size])
+        for h in handles:
+            h.remove()
+    return observer, observer.result(), {k: torch.cat(v).double().numpy() for k, v in store.items()}
+
+
+def _assert_summary_close(got, ref, key):
+    lam, n, values = got
+    lam_ref, n_ref, values_ref = ref
+    assert n == n_ref, key
+    np.testing.assert_allclose(lam, lam_ref, rtol=1e-9, atol=1e-12 * lam_ref[0], err_msg=str(key))
+    assert values.keys() == values_ref.keys(), key
+    for name, v in values.items():
+        assert v == pytest.approx(values_ref[name], rel=1e-9, abs=1e-12, nan_ok=True), (key, name)
+
+
+def test_probe_sizes_are_the_sums_of_their_tokens():
+    """The matched subsample's streamed sums give the summary of the stacked sample (the seeded
+    positions, ``_Moments.of_sample``), nothing of it kept; the first 1/4 and 1/2, taken at the cut, give
+    bitwise the summary of sums over exactly those images' tokens (in the same segments: the
+    bias-corrected participation ratio of 5 near-constant class tokens moves by 6e-8 relative with the
+    summation order), and bitwise the one from snapshot copies."""
+    from runners.extract import MATCH_SEED, _Subsampler
+    from runners.token_moments import _summary
+
+    model = _model()
+    x = torch.randn(22, 3, 8, 8)  # cuts after images 5 and 11, both inside batches of 4
+    observer, sp, acts = _captured(model, x, batch_size=4)
+    assert not observer.snapshots and observer.matcher is not None and not observer.matcher.parts
+    positions = _Subsampler(22, 22, MATCH_SEED).positions
+    for name, a in acts.items():
+        sets = {"all": a} if name == "patch_embed" else {"all": a, "patch": a[:, 1:]}
+        for tset, tokens in sets.items():
+            flat = tokens.reshape(-1, tokens.shape[-1])
+            ref = _summary(_Moments.of_sample(flat[positions(tokens.shape[1])]))
+            _assert_summary_close(sp.probe_sizes[(name, tset, "tokens_matched")], ref, (name, tset))
+            assert ref[1] == 22
+        for label, segments in (("images_1_4", (4, 5)), ("images_1_2", (4, 5, 8, 11))):
+            # exactly those images, in the segments the observer added (batches of 4 split at the cuts)
+            ref = {t: _Moments(shift=observer.moments[(name, "all")].shift) for t in ("all", "prefix")}
+            for lo, hi in zip((0, *segments[:-1]), segments, strict=True):
+                ref["all"].add(torch.from_numpy(a[lo:hi].reshape(-1, a.shape[-1])))
+                ref["prefix"].add(torch.from_numpy(a[lo:hi, :1].reshape(-1, a.shape[-1])))
+            moms = {"all": ref["all"], "patch": ref["all"]}
+            if name != "patch_embed":
+                moms.update(patch=ref["all"].minus(ref["prefix"]), cls=ref["prefix"])
+            for tset, mom in moms.items():
+                (lam, n, values), (lam_r, n_r, values_r) = sp.probe_sizes[(name, tset, label)], _summary(mom)
+                assert n == n_r == segments[-1] * (a.shape[1] if tset == "all" else 1 if tset == "cls" else 4)
+                assert np.array_equal(lam, lam_r) and values.keys() == values_r.keys(), (name, tset, label)
+                for k, v in values.items():
+                    assert v == values_r[k] or (np.isnan(v) and np.isnan(values_r[k])), (name, tset, label, k)
+    # with block sums the fractions come from snapshot copies of the same running sums: the same bits
+    with_blocks = extract_spectra(model, x, batch_size=4, blocks=2)  # block edge 11: the same cuts
+    for key, (lam, n, values) in sp.probe_sizes.items():
+        lam_b, n_b, values_b = with_blocks.probe_sizes[key]
+        if key[2] != "tokens_matched":
+            assert n == n_b and np.array_equal(lam, lam_b), key
+            assert all(v == values_b[k] or (np.isnan(v) and np.isnan(values_b[k])) for k, v in values.items())
+    assert with_blocks.probe_sizes.keys() == sp.probe_sizes.keys()
+    assert list(with_blocks.probe_sizes) == list(sp.probe_sizes)  # same order
