@@ -28,7 +28,9 @@ the cached weights, preprocessing = the probe images through the model's timm tr
 extraction = the forward passes with the streaming spectra), summed over the runs with each stage's
 share; and the statistics stage: the verdict computation ``run`` does after its runs
 (``study.evaluation.evaluate`` with the runs' probe files: the jackknife over probe blocks of each
-``unit: images`` claim), redone in this process on the finished output (``--no-verdicts`` skips it).
+``unit: images`` claim), redone in this process on the finished output with ``--redo-verdicts`` (it
+takes about as long again; without it the statistics row is the ``run``'s own time from its last run's
+``finished`` line to its ``report:`` line, i.e. verdicts, outputs and the report).
 ``python -m study analyze FILE --table TABLE`` is no measure of it: from a table alone a ``unit: images``
 claim is not testable (it needs the runs' ``blocks.npz``). With ``--workers auto`` (``run``'s default) the
 two runs go in parallel, one per core, so their stage times overlap in wall time.
@@ -233,10 +235,14 @@ def phases(lines: list[tuple[float, str]], wall: float) -> dict[str, float]:
     return {"runs": runs_end, "verdicts + report": report - runs_end, "rest": wall - report}
 
 
-def stage_table(rows: list[dict], statistics_s: float) -> str:
-    """Stage, seconds (summed over the runs), share of the stages' sum."""
+def stage_table(rows: list[dict], statistics_s: float, after_runs_s: float) -> str:
+    """Stage, seconds (summed over the runs), share of the stages' sum; the statistics stage is the
+    verdicts alone when they were redone, else the run's time after its runs (verdicts + report)."""
     sums = {name: sum(r[key] for r in rows) for name, key in STAGES}
-    sums["statistics (verdicts)"] = statistics_s
+    if statistics_s == statistics_s:
+        sums["statistics (verdicts)"] = statistics_s
+    else:
+        sums["statistics + report"] = after_runs_s
     total = sum(v for v in sums.values() if v == v)
     lines = [f"{'stage':24s} {'seconds':>9s} {'share':>7s}"]
     lines += [f"{name:24s} {s:9.1f} {100 * s / total:6.1f}%" for name, s in sums.items()]
@@ -250,7 +256,7 @@ def print_results(rows: list[dict], statistics_s: float, wall: float, split: dic
             f"run {r['model']} ({r['timm']}, {r['px']} px, {r['device']}): load {r['load_s']:.1f} s, "
             f"preprocessing {r['preprocessing_s']:.1f} s, forward + extraction {r['extraction_s']:.1f} s"
         )
-    print(stage_table(rows, statistics_s))
+    print(stage_table(rows, statistics_s, split["verdicts + report"]))
     print(
         f"study run wall time: {wall:.1f} s (--workers {workers}): {split['runs']:.1f} s to the last run's "
         f"'finished' line (start-up, planning, data, the runs), {split['verdicts + report']:.1f} s from "
@@ -274,7 +280,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", default="auto", help="run's --workers (default auto, as run's)")
     p.add_argument("--seed", type=int, default=0, help="torch seed of the first model's random init")
     p.add_argument("--keep", type=Path, default=None, help="keep the generated folders here")
-    p.add_argument("--no-verdicts", action="store_true", help="do not redo the verdicts in this process")
+    p.add_argument(
+        "--redo-verdicts", action="store_true", help="time the verdicts alone, redone in this process"
+    )
     args = p.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="pretrained_study_")) if args.keep is None else args.keep
@@ -294,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         wall, lines = run_study(hyp, data, tmp / "out", tmp / "hf", args.workers)
         rows = run_timings(tmp / "out")
         nan = float("nan")
-        statistics_s = nan if args.no_verdicts else time_verdicts(hyp, tmp / "out", tmp / "hf", data)
+        statistics_s = nan if not args.redo_verdicts else time_verdicts(hyp, tmp / "out", tmp / "hf", data)
     finally:
         if args.keep is None:
             shutil.rmtree(tmp, ignore_errors=True)
