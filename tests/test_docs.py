@@ -153,6 +153,9 @@ class Run:
 
     setup: Callable[[Path], None] | None = None
     cwd_repo: bool = False  # a bench script run from the repo root (``PYTHONPATH=.``)
+    # exit statuses that pass: a bench script's "over its time budget" (a measurement, which a test on a
+    # loaded machine does not judge) is not an error
+    ok: tuple[int, ...] = (0,)
 
 
 @dataclass(frozen=True)
@@ -251,7 +254,7 @@ RULES: list[Rule] = [
         r"^python -m study run example\.yaml --out out$",
         Mapped((PLUGIN + "test_a_study_using_the_three_parts_validates_and_runs",)),
     ),
-    Rule(r"^PYTHONPATH=\. python bench/analyze\.py$", Run(cwd_repo=True)),
+    Rule(r"^PYTHONPATH=\. python bench/analyze\.py$", Run(cwd_repo=True, ok=(0, 3))),  # 3: over budget
     # ---- the suite itself and installs
     Rule(
         r'^pip install -e "\.\[test\]"$',
@@ -495,7 +498,10 @@ def test_cheap_commands_run_as_written(work):
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(one, unique.values()))
-    failed = [f"{c}: exit {p.returncode}\n{p.stderr[-1500:]}" for c, p in results if p.returncode != 0]
+    ok = {c.text: r.action.ok for c, r in unique.values()}
+    failed = [
+        f"{c}: exit {p.returncode}\n{p.stderr[-1500:]}" for c, p in results if p.returncode not in ok[c.text]
+    ]
     assert not failed, "\n".join(failed)
 
 

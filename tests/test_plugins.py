@@ -13,7 +13,7 @@ import pytest
 import vitstudy_core.plugins as plugins
 from study.cli import main
 from study.plugins import TITLES, registries
-from vitstudy_core.plugins import GROUPS, load_plugins, origin
+from vitstudy_core.plugins import GROUPS, load_plugins, origin, registry_of
 from vitstudy_core.registry import OWN_PACKAGES as OWN
 from vitstudy_core.registry import Registry
 
@@ -109,3 +109,15 @@ def test_loading_is_once_and_a_lookup_of_an_unknown_name_loads(monkeypatch):
     with pytest.raises(Exception, match="unknown metric 'nope'"):
         METRICS.get("nope")
     assert calls == list(GROUPS)
+
+
+def test_built_in_names_only_this_distribution_s_entries():
+    from vitstudy.testing import built_in, registered
+
+    reg = registry_of("vitstudy.executors")
+    reg.register("elsewhere", reg.get("local"))  # registered by this test module, as a plug-in's would be
+    try:
+        assert "elsewhere" in registered("executors") and "elsewhere" not in built_in("executors")
+        assert "local" in built_in("executors")
+    finally:
+        reg.discard(["elsewhere"])

@@ -5,7 +5,8 @@ A source passes when it is registered under its own name with a settings model w
 (or none, for the source of designs without a ``source`` section), its example design validates through the
 real hypothesis schema and selects it, ``check`` refuses a missing path with one line naming it, and
 ``fill`` on a tiny fixture leaves a finished run folder as ``vitstudy_core.runfolder`` defines it. A new
-source adds its fixture to :data:`FIXTURES` (the test fails until it does).
+source of this repository adds its fixture to :data:`FIXTURES` (the test fails until it does); an installed
+plug-in's source is tested by its own package (:func:`vitstudy.testing.built_in`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from runners.sources import DEFAULT_SOURCE, SOURCES
 from study.runspecs import plan_runs
 from study.schema import parse_hypothesis
 from study.schema_unions import SOURCE_TAGS
-from vitstudy.testing import parametrize_with_checks
+from vitstudy.testing import built_in, parametrize_with_checks
 from vitstudy.testing.runs import CLAIM, DESIGN  # the design and claim the shipped checks validate in
 from vitstudy_core.errors import StudyError
 from vitstudy_core.layers import layer_names
@@ -89,6 +90,7 @@ def _pretrained_fixture(tmp_path: Path, trained: Path) -> dict:
     )
 
 
+BUILT_IN = built_in("sources")  # an installed plug-in's sources are its package's to fill and test
 FIXTURES: dict[str, Callable[[Path, Path], dict]] = {
     "pretrained": _pretrained_fixture,
     "train": _train_fixture,
@@ -97,7 +99,7 @@ FIXTURES: dict[str, Callable[[Path, Path], dict]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(SOURCES))
+@pytest.mark.parametrize("name", BUILT_IN)
 def test_every_source_has_a_fixture(name):
     assert name in FIXTURES, f"source {name!r}: add the fixture that fills its example to FIXTURES"
 
@@ -108,7 +110,7 @@ def test_source_contract(name, check):
     check(name)
 
 
-@pytest.mark.parametrize("name", list(SOURCES))
+@pytest.mark.parametrize("name", BUILT_IN)
 def test_check_refuses_a_missing_path_with_one_line(name, tmp_path):
     entry, missing = SOURCES.get(name), tmp_path / "nowhere"
     doc = _doc(**copy.deepcopy(entry.example))
@@ -121,7 +123,7 @@ def test_check_refuses_a_missing_path_with_one_line(name, tmp_path):
     assert "\n" not in str(err.value) and str(missing) in str(err.value)
 
 
-@pytest.mark.parametrize("name", list(SOURCES))
+@pytest.mark.parametrize("name", BUILT_IN)
 def test_fill_leaves_a_finished_run_folder(name, tmp_path, trained):
     entry = SOURCES.get(name)
     run = _run(FIXTURES[name](tmp_path, trained))

@@ -158,7 +158,9 @@ def test_unopenable_storage_is_one_line_and_trains_nothing(tmp_path, capsys):
     path = tmp_path / "s.yaml"
     path.write_text(TINY_SWEEP)
     out = tmp_path / "out"
-    assert main(["sweep", str(path), "--out", str(out), "--storage", "sqlite:////nonexistent/dir/x.db"]) == 2
+    (tmp_path / "a_file").write_text("")  # a folder that cannot exist: its parent is a file
+    storage = f"sqlite:///{tmp_path / 'a_file' / 'x.db'}"
+    assert main(["sweep", str(path), "--out", str(out), "--storage", storage]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--storage" in err and "cannot open the optuna storage" in err
     assert not (out / "runs").exists()

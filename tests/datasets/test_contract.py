@@ -24,10 +24,10 @@ from runners.objectives import OBJECTIVES
 from study.runspecs import plan_runs
 from study.schema import parse_hypothesis
 from tests.datasets.conftest import DISK_HYPOTHESIS, N_CLASSES, PER_CLASS, disk_spec
-from vitstudy.testing import parametrize_with_checks
+from vitstudy.testing import built_in, parametrize_with_checks
 from vitstudy_core.errors import StudyError
 
-KINDS = DATASETS.names()
+KINDS = built_in("datasets")  # an installed plug-in's layouts are its package's to give fixtures and test
 WITH_IMAGES = [k for k in KINDS if DATASETS[k].load is not None]
 ON_DISK = [k for k in KINDS if DATASETS[k].layout is not None]
 

@@ -54,6 +54,17 @@ def registered(part: str) -> list[str]:
     return registry_of(f"vitstudy.{part}").names()
 
 
+def built_in(part: str) -> list[str]:
+    """The names of ``part`` that this distribution registers itself (``origin`` ``'built-in'``): the
+    entries whose data-on-disk checks (a dataset's fixture folder, a source's files to import) live in
+    this repository's tests. An installed plug-in's entries are not among them: its package gives them
+    fixtures and tests them, so installing one never fails our tests."""
+    from vitstudy_core.plugins import origin
+
+    reg = registry_of(f"vitstudy.{part}")
+    return [n for n in registered(part) if origin(reg, n) == "built-in"]
+
+
 def check_part(part: str, name: str) -> None:
     """Run every contract check of ``part`` on its entry ``name`` (the first failure raises)."""
     load_plugins()
@@ -71,4 +82,4 @@ def parametrize_with_checks(part: str, names: Iterable[str] | None = None):  # -
     return pytest.mark.parametrize(("name", "check"), pairs, ids=[f"{n}-{c.__name__}" for n, c in pairs])
 
 
-__all__ = ["PARTS", "check_part", "checks", "parametrize_with_checks", "registered"]
+__all__ = ["PARTS", "built_in", "check_part", "checks", "parametrize_with_checks", "registered"]
