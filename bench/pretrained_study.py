@@ -29,7 +29,7 @@ extraction = the forward passes with the streaming spectra), summed over the run
 share; and the statistics stage: the verdict computation ``run`` does after its runs
 (``study.evaluation.evaluate`` with the runs' probe files: the jackknife over probe blocks of each
 ``unit: images`` claim), redone in this process on the finished output with ``--redo-verdicts`` (it
-takes about as long again; without it the statistics row is the ``run``'s own time from its last run's
+is the same computation again; without it the statistics row is the ``run``'s own time from its last run's
 ``finished`` line to its ``report:`` line, i.e. verdicts, outputs and the report).
 ``python -m study analyze FILE --table TABLE`` is no measure of it: from a table alone a ``unit: images``
 claim is not testable (it needs the runs' ``blocks.npz``). With ``--workers auto`` (``run``'s default) the
