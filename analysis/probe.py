@@ -65,6 +65,9 @@ class ProbeData:
     def __init__(self, folders: dict[str, RunFolder]) -> None:
         self.folders = folders
         self._cache: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+        # (run key, epoch, layer, token set, metric) -> that covariance's (K,) jackknife pseudo-values:
+        # the claims of a file share rows, and each row costs K + 1 eigendecompositions (analysis.units)
+        self.pseudo: dict[tuple, np.ndarray] = {}
 
     @classmethod
     def of_table(cls, table: pd.DataFrame, runs_dir: Path) -> ProbeData:

@@ -172,8 +172,15 @@ def images_table(
     rows = claim_rows(table, claim).reset_index(drop=True)
     if names and "condition" in rows:
         rows = rows.drop(columns="condition")
-    _, pseudo = pseudo_values(_block_sums(probe, rows, where), claim.metric)
-    return pseudo_table(rows, pseudo, names)
+    keys = [
+        (str(r.run_key), int(r.epoch), str(r.layer), str(r.token_set), claim.metric)
+        for r in rows[["run_key", "epoch", "layer", "token_set"]].itertuples(index=False)
+    ]
+    todo = sorted({i for i, k in enumerate(keys) if k not in probe.pseudo})  # each row once per study
+    if todo:
+        _, fresh = pseudo_values(_block_sums(probe, rows.iloc[todo], where), claim.metric)
+        probe.pseudo.update({keys[i]: values for i, values in zip(todo, fresh, strict=True)})
+    return pseudo_table(rows, np.stack([probe.pseudo[k] for k in keys]), names)
 
 
 def population(

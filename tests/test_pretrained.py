@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -285,3 +286,47 @@ def test_offline_study_over_published_models(tmp_path):
     assert results["d"][1]["source"]["state_dict_key"] == "teacher"
     sa, sc = (np.load(r / "spectra.npz") for r in (run_a, run_c))
     assert not np.allclose(sa["0/block_01/all"], sc["0/block_01/all"])
+
+
+def test_each_covariance_s_pseudo_values_are_computed_once_per_study(monkeypatch):
+    """The claims of a file share rows (a u_shape per model and their difference read the same layers):
+    a row's K + 1 eigendecompositions run once per study (``ProbeData.pseudo``), with the same values
+    as a fresh computation, and a claim with new rows computes only those."""
+    import pandas as pd
+
+    from analysis import unit_calibration as uc
+    from analysis import units
+    from analysis.probe import ProbeData
+
+    layers = {"block_01": uc.power_law(0.5), "block_02": uc.step(0.2), "block_03": uc.power_law(1.0)}
+    sums = uc.block_sums(layers, 256, np.random.default_rng(0))
+    table = pd.DataFrame(
+        [
+            {"run_key": "r0", "dataset": "d", "seed": 0, "epoch": 0, "layer": ly, "token_set": "all"}
+            for ly in layers
+        ]
+    ).assign(metric="eed_pct", value=0.0)
+    computed: list[int] = []
+    original = units.pseudo_values
+
+    def stacked(probe, rows, where):
+        return {k: np.stack([sums[ly][k] for ly in rows.layer]) for k in ("n", "s", "q", "u", "w")}
+
+    def counting(block_sums, metric):
+        computed.append(len(block_sums["n"]))
+        return original(block_sums, metric)
+
+    monkeypatch.setattr(units, "_block_sums", stacked)
+    monkeypatch.setattr(units, "claim_rows", lambda t, claim: t[t.layer.isin(claim.layers)])
+    first = SimpleNamespace(metric="eed_pct", layers=["block_01", "block_02"])
+    wider = SimpleNamespace(metric="eed_pct", layers=list(layers))
+    fresh = units.images_table(table, wider, ProbeData({}), "t", None)  # what an uncached study gives
+
+    monkeypatch.setattr(units, "pseudo_values", counting)
+    probe = ProbeData({})
+    a = units.images_table(table, first, probe, "t", None)
+    b = units.images_table(table, first, probe, "t", None)
+    c = units.images_table(table, wider, probe, "t", None)
+    assert computed == [2, 1]  # the first claim's two rows, then only the wider claim's new one
+    pd.testing.assert_frame_equal(a, b)
+    pd.testing.assert_frame_equal(c, fresh)
