@@ -91,7 +91,9 @@ def _doc(claim: dict, **design) -> dict:
             },
             {},
             "claims[0].unit: unit: images is not calibrated for compare on eed_pct (its calibration rows "
-            "hold for differs on eed_pct, exceeds on eed_pct, u_shape on eed_pct; docs/statistics.md)",
+            "hold for compare on participation_ratio, differs on eed_pct, differs on participation_ratio, "
+            "exceeds on eed_pct, exceeds on participation_ratio, u_shape on eed_pct, u_shape on "
+            "participation_ratio; docs/statistics.md)",
         ),
         (
             {**U_SHAPE, "unit": "images", "regions": {**REGIONS, "bottleneck": "leave_one_seed_out"}},
