@@ -199,9 +199,10 @@ def _spectrum(mom: _Moments) -> tuple[np.ndarray, np.ndarray]:
 def _summary(mom: _Moments) -> tuple[np.ndarray, int, dict[str, float]]:
     """(eigenvalues, tokens, covariance observables and token-count metrics) of one smaller probe.
 
-    On one torch thread, like ``eigenvalues``: its (D, D) element-wise steps are too small to split, and
-    on a loaded 2-core machine one summary took 86-94 ms on one thread against 231-258 ms on two (D =
-    384, measured); element-wise results do not depend on the thread count (the same bits)."""
+    On one torch thread, like ``eigenvalues``: its (D, D) element-wise steps are too small to split. On a
+    loaded 2-core machine one summary took 86-94 ms on one thread against 231-258 ms on two (D = 384); on
+    an idle one the extraction's overhead was the same either way (1.383 vs 1.396, bench/README.md).
+    Element-wise results do not depend on the thread count (the same bits)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
