@@ -251,7 +251,8 @@ def step_gpu_tests(rep: Report, work: Path) -> bool:
 
     junit = work / "gpu_tests.xml"
     where = "tests/test_gpu.py" if rep.smoke else "tests"  # smoke: skip collecting the whole suite
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", where, "-q", "-p", "no:cacheprovider"]
+    # -n 0: one test at a time on the GPU, not pytest-xdist's worker per core (pyproject's addopts)
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", where, "-q", "-n", "0", "-p", "no:cacheprovider"]
     cmd += [f"--junitxml={junit}"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)

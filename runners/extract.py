@@ -130,14 +130,16 @@ class _Subsampler:
         ``first_image .. first_image + B - 1``, in the tokens' dtype (None: none of them is drawn).
 
         No host synchronisation on a GPU: the row range comes from the host's positions, and the positions
-        go to the device once per token count (not per batch)."""
-        b, t, d = tokens.shape
+        go to the device once per token count (not per batch). The rows are gathered by (image, token)
+        index from ``tokens`` as given: a token set that is a slice of the point's tokens (``patch``:
+        ``x[:, 1:]``) is not copied whole first, as flattening the slice would."""
+        b, t, _ = tokens.shape
         pos = self.positions(t)
         lo, hi = np.searchsorted(pos, [first_image * t, (first_image + b) * t])
         if hi == lo:
             return None
         sel = self._on_device(t, tokens.device)[lo:hi] - first_image * t
-        return tokens.reshape(-1, d)[sel]
+        return tokens[sel // t, sel % t]
 
     def add(self, key: tuple[str, str], tokens: torch.Tensor, first_image: int) -> None:
         """Keep this batch's :meth:`rows` (as float32, on the tokens' device until :meth:`get`)."""

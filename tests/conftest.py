@@ -17,6 +17,30 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 for _var in ("STUDY_LEASES", "STUDY_STORAGE"):  # a shell's lease store / optuna storage is not the tests'
     os.environ.pop(_var, None)
 
+# The files whose tests start clusters (Ray, PostgreSQL, Slurm: tests/clusters.py, tests/slurm_cluster.py),
+# by fixture or by hand. Under pytest-xdist (``-n auto --dist loadgroup``, pyproject's addopts) they share one
+# worker, so the session's clusters start once and never two at a time; every other file is a group of
+# its own (its module fixtures are built once, on one worker).
+CLUSTER_FILES = frozenset(
+    {
+        "test_cluster_cases.py",
+        "test_cluster_cli.py",
+        "test_executors.py",
+        "test_leases.py",
+        "test_scale.py",
+        "test_slurm.py",
+        "test_slurm_timeout.py",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        file = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group("clusters" if Path(file).name in CLUSTER_FILES else file))
+
+
 TINY_HYPOTHESIS = """\
 name: tiny
 description: a seconds-long study for tests

@@ -107,3 +107,20 @@ def test_the_checks_see_real_imports():
         "vitstudy_core.errors" in GRAPH["study.cli"]
         and "analysis.kinds._selection" in GRAPH["analysis.kinds.u_shape"]
     )
+
+
+def test_every_test_file_that_starts_a_cluster_shares_the_cluster_worker():
+    """A test file that asks for a cluster (Ray, PostgreSQL, Slurm) is in conftest's ``CLUSTER_FILES``, so
+    that under pytest-xdist its tests run on the one worker that holds the session's clusters and no two
+    clusters start at once."""
+    import re
+
+    from tests.conftest import CLUSTER_FILES
+
+    asks = re.compile(r"\b(ray_address|postgres_url|slurm_cluster|slurm_address|ray_cluster|job_cluster)\b")
+    here = Path(__file__).name  # this test names them all
+    files = {
+        p.name for p in (ROOT / "tests").rglob("test_*.py") if p.name != here and asks.search(p.read_text())
+    }
+    assert files, "no test file asks for a cluster: the pattern is stale"
+    assert files <= CLUSTER_FILES, sorted(files - CLUSTER_FILES)

@@ -586,6 +586,8 @@ def test_mapped_tests_exist_and_run_by_default():
             "pytest",
             "--collect-only",
             "-q",
+            "-n",
+            "0",  # collected in this one process, not by pytest-xdist's workers (pyproject's addopts)
             "-p",
             "no:cacheprovider",
             "-m",

@@ -71,6 +71,31 @@ def test_block_sums_rebuild_the_covariance_and_its_resamples():
     assert got == pytest.approx(participation_ratio_bc(sums_of(again)), rel=1e-9)
 
 
+def test_resampled_spectra_run_on_one_blas_thread(monkeypatch):
+    """Every eigendecomposition of a resample sees one BLAS thread (with one per core, two of them spin
+    against each other on a busy 2-core machine: 33x slower), and the thread count is restored after."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads() -> set[int]:
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    seen: list[set[int]] = []
+    eigvalsh = np.linalg.eigvalsh
+
+    def spy(a):
+        seen.append(blas_threads())
+        return eigvalsh(a)
+
+    rng = np.random.default_rng(1)
+    sums = [sums_of(rng.normal(size=(40, 6)), np.zeros(6)) for _ in range(3)]
+    stacked = {k: np.stack([s[k] for s in sums])[None] for k in sums[0]}
+    monkeypatch.setattr(np.linalg, "eigvalsh", spy)
+    with threadpool_limits(limits=2, user_api="blas"):  # as on a 2-core machine, whatever this one has
+        resampled_values(stacked, np.ones(3), "participation_ratio")
+        assert blas_threads() == {2}
+    assert seen == [{1}]
+
+
 def test_joint_interval_widens_the_seed_interval_and_decides():
     assert joint_interval(1.0, (0.5, 1.5), 0.0) == pytest.approx((0.5, 1.5))
     lo, hi = joint_interval(1.0, (0.5, 1.5), 0.5)
