@@ -34,11 +34,19 @@ CLUSTER_FILES = frozenset(
 )
 
 
+# Files of long, independent tests (no state shared between them but read-only module fixtures), spread
+# over the workers one test at a time: together they are about half of the slow tests' time (test_edges'
+# boundary rows 18 min, test_faults' kills 12 min, each file on one worker before).
+SPREAD_FILES = frozenset({"test_edges.py", "test_faults.py"})
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         file = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group("clusters" if Path(file).name in CLUSTER_FILES else file))
+        name = Path(file).name
+        if name not in SPREAD_FILES:
+            item.add_marker(pytest.mark.xdist_group("clusters" if name in CLUSTER_FILES else file))
 
 
 TINY_HYPOTHESIS = """\
