@@ -34,10 +34,9 @@ CLUSTER_FILES = frozenset(
 )
 
 
-# Files of long, independent tests (no state shared between them but read-only module fixtures), spread
-# over the workers one test at a time: together they are about half of the slow tests' time (test_edges'
-# boundary rows 18 min, test_faults' kills 12 min, each file on one worker before).
-SPREAD_FILES = frozenset({"test_edges.py", "test_faults.py"})
+# Files of long, independent tests (pure computation, no fixtures), spread over the workers one test at a
+# time: test_edges' boundary rows are 18 min of the slow tests, on one worker as a file.
+SPREAD_FILES = frozenset({"test_edges.py"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks

@@ -124,3 +124,13 @@ def test_every_test_file_that_starts_a_cluster_shares_the_cluster_worker():
     }
     assert files, "no test file asks for a cluster: the pattern is stale"
     assert files <= CLUSTER_FILES, sorted(files - CLUSTER_FILES)
+
+
+def test_under_pytest_xdist_a_file_s_tests_share_their_group(request):
+    """pyproject's ``--dist loadgroup`` with conftest's marks: this test runs in its file's group (pytest 9.2
+    with pytest-xdist 3.8 ignored every mark, and the cluster tests ran on both workers at once)."""
+    import os
+
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        pytest.skip("not under pytest-xdist (-n 0)")
+    assert request.node.nodeid.endswith("@tests/test_architecture.py"), request.node.nodeid
