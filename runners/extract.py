@@ -116,6 +116,10 @@ class _Subsampler:
         self.n_images, self.m, self.seed = n_images, m, seed
         self._idx: dict[int, np.ndarray] = {}
         self._dev: dict[tuple[int, str], torch.Tensor] = {}
+        # (tokens per image, device) -> (image index, token index) of the current batch's rows, or None:
+        # every point of a forward pass asks for the same rows, so they are found once per batch
+        self._batch: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor] | None] = {}
+        self._batch_at: tuple[int, int] = (-1, -1)  # (first image, images) the cached rows belong to
         self.parts: dict[tuple[str, str], list[torch.Tensor]] = {}
 
     def positions(self, tokens_per_image: int) -> np.ndarray:
@@ -134,12 +138,16 @@ class _Subsampler:
         index from ``tokens`` as given: a token set that is a slice of the point's tokens (``patch``:
         ``x[:, 1:]``) is not copied whole first, as flattening the slice would."""
         b, t, _ = tokens.shape
-        pos = self.positions(t)
-        lo, hi = np.searchsorted(pos, [first_image * t, (first_image + b) * t])
-        if hi == lo:
-            return None
-        sel = self._on_device(t, tokens.device)[lo:hi] - first_image * t
-        return tokens[sel // t, sel % t]
+        if self._batch_at != (first_image, b):
+            self._batch_at, self._batch = (first_image, b), {}
+        key = (t, str(tokens.device))
+        if key not in self._batch:
+            pos = self.positions(t)
+            lo, hi = np.searchsorted(pos, [first_image * t, (first_image + b) * t])
+            sel = self._on_device(t, tokens.device)[lo:hi] - first_image * t
+            self._batch[key] = (sel // t, sel % t) if hi > lo else None
+        index = self._batch[key]
+        return None if index is None else tokens[index]
 
     def add(self, key: tuple[str, str], tokens: torch.Tensor, first_image: int) -> None:
         """Keep this batch's :meth:`rows` (as float32, on the tokens' device until :meth:`get`)."""
@@ -340,12 +348,13 @@ class SpectralObserver:
                 self._check_finite(name)
         for name, _, _ in observation_points(self.model):
             for tset, mom in self._sets(name, self.moments.__getitem__).items():
-                cov, lam = _spectrum(mom)
+                sums = mom.sums()
+                cov, lam = _spectrum(mom, sums)
                 out.eigenvalues[(name, tset)] = lam
                 out.n_tokens[(name, tset)] = mom.n
                 if self.covariances and tset == "all":
                     out.covariances[name] = cov.astype(np.float32)
-                for metric, value in token_metrics(mom.sums(), lam).items():
+                for metric, value in token_metrics(sums, lam).items():
                     out.scalars[(name, tset, metric)] = value
                 if self.sampler is None:
                     continue

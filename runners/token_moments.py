@@ -6,13 +6,17 @@ The method (shift, sums, round-off floor) is described in ``runners.extract``'s 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from threadpoolctl import ThreadpoolController
 
 from analysis.observables import OBSERVABLES
 from analysis.spectral import TOKEN_METRICS
+
+CHUNK_ROWS = 1024  # CPU: tokens per float64 conversion and Gram update (the workspace: 3 MB at D = 384)
 
 
 def gram_blocks(d: int, device: torch.device) -> list[tuple[int, int]]:
@@ -77,9 +81,23 @@ class _Moments:
             self.rows = [torch.zeros(b - a, b, dtype=torch.float64, device=x.device) for a, b in self.blocks]
             self.u = torch.zeros(d, dtype=torch.float64, device=x.device)
             self.w = torch.zeros((), dtype=torch.float64, device=x.device)
+        work = work or _Workspace()
+        # on CPU, at most CHUNK_ROWS tokens at a time (equal chunks): the float64 workspace stays a few MB
+        # whatever the batch (256 images of 197 tokens at D = 384 would need 155 MB at once)
+        step = n_rows if x.device.type == "cuda" else -(-n_rows // -(-n_rows // CHUNK_ROWS))
+        for lo in range(0, n_rows, step):
+            self._add_rows(x[lo : lo + step], work)
+
+    def _add_rows(self, x: torch.Tensor, work: _Workspace) -> None:
+        """:meth:`add` of one chunk of rows ``x: (n, D)``, converted into ``work`` at once."""
+        n_rows, d = x.shape
         s, rows, blocks, u, w = self.filled()
-        y = (work or _Workspace()).get(n_rows, d, x.device)
-        torch.sub(x, self.shift, out=y)  # float64: one pass, no float32 rounding of the shifted values
+        y = work.get(n_rows, d, x.device)
+        # float64, no float32 rounding of the shifted values, and no temporary: ``torch.sub(x, shift,
+        # out=y)`` would first convert x into a fresh float64 tensor (aten::_to_copy, 3.3 MB a point and
+        # batch of 1,088 tokens at D = 384: page faults each time where large buffers go back to the OS)
+        y.copy_(x)
+        y -= self.shift
         s += y.sum(0)  # every sum in place: the fields hold these same tensors
         sq = torch.linalg.vector_norm(y, dim=1).square_()
         u.addmv_(y.T, sq)
@@ -102,7 +120,9 @@ class _Moments:
         """The whole symmetric ``(D, D)`` ``q``: the lower block triangle mirrored above it."""
         s, rows, blocks, _, _ = self.filled()
         d = s.shape[0]
-        q = torch.zeros(d, d, dtype=torch.float64, device=s.device)
+        # every entry is written below (block row i fills rows [a, b) up to column b, and its transpose the
+        # rows above it in columns [a, b)), so no zero fill first
+        q = torch.empty(d, d, dtype=torch.float64, device=s.device)
         for (a, b), row in zip(blocks, rows, strict=True):
             q[a:b, :b] = row
             q[:a, a:b] = row[:, :a].T
@@ -143,12 +163,23 @@ class _Moments:
             "w": np.asarray(w.item(), dtype=np.float64),
         }
 
-    def covariance(self) -> np.ndarray:
-        """(D, D) float64 numpy: ``(Q - s s^T / n) / (n - 1)``, symmetrised."""
-        s = self.filled()[0]
-        cov = (self.full_q() - torch.outer(s, s) / self.n) / (self.n - 1)
-        cov = 0.5 * (cov + cov.T)
-        return cov.cpu().numpy()
+    def covariance(self, sums: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """(D, D) float64 numpy: ``(Q - s s^T / n) / (n - 1)``, symmetrised (from ``sums``, this object's
+        :meth:`sums`, where the caller has them: the Gram is then mirrored once, not twice)."""
+        sm = self.sums() if sums is None else sums
+        s, blocks = sm["s"], self.filled()[2]
+        # (q - outer(s, s) / n) / (n - 1), then 0.5 (C + C^T), bit for bit, in place (two (D, D) arrays, not
+        # six): q is mirrored from its lower block triangle and outer(s, s) is symmetric, so C is already
+        # symmetric outside the diagonal blocks of the Gram (each a full GEMM block, which may differ from
+        # its transpose in the last bit), where 0.5 (c + c) = c exactly: only those blocks are averaged
+        outer = np.outer(s, s)
+        outer /= self.n
+        cov = np.subtract(sm["q"], outer, out=outer)
+        cov /= self.n - 1
+        for a, b in blocks:
+            diag = cov[a:b, a:b]
+            diag[...] = 0.5 * (diag + diag.T)
+        return cov
 
     def roundoff(self) -> float:
         """Absolute round-off level of ``covariance()`` entries: ``(D + n) eps64 max_i Q_ii / (n - 1)``.
@@ -166,16 +197,24 @@ class _Moments:
 
 
 def eigenvalues(cov: np.ndarray) -> np.ndarray:
-    """Descending, clipped eigenvalues of a symmetric matrix, computed in float64."""
-    # torch's LAPACK (the forward pass's thread pool, see _Moments), on one thread: a D ~ 384 eigh is too
-    # small to split, and two threads took ~10x longer than one on a loaded 2-core machine (measured)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        lam = torch.linalg.eigvalsh(torch.from_numpy(np.array(cov, dtype=np.float64))).numpy()
-    finally:
-        torch.set_num_threads(threads)
+    """Descending, clipped eigenvalues of a symmetric matrix, computed in float64.
+
+    numpy's LAPACK on one BLAS thread: a D ~ 384 ``eigvalsh`` is too small to split (two threads took ~10x
+    longer than one on a loaded 2-core machine), and numpy's one-thread ``syevd`` took 5.3 ms against 7.2
+    ms for torch's MKL one (D = 384, 40 matrices, idle 2-core machine). Limiting numpy's pool, not torch's,
+    leaves the forward pass's thread pool alone (changing torch's thread count per call cost 0.45 ms a
+    switch). Summaries on two Python threads at once were no faster here (eigvalsh of numpy, scipy and
+    torch alike), so they run one after another.
+    """
+    with _blas().limit(limits=1, user_api="blas"):
+        lam = np.linalg.eigvalsh(np.asarray(cov, dtype=np.float64))
     return np.clip(lam[::-1], 0.0, None).copy()
+
+
+@functools.cache
+def _blas() -> ThreadpoolController:
+    """The process's thread pools, found once (a lookup scans the loaded libraries)."""
+    return ThreadpoolController()
 
 
 def token_metrics(sums: dict[str, np.ndarray], lam: np.ndarray) -> dict[str, float]:
@@ -184,10 +223,10 @@ def token_metrics(sums: dict[str, np.ndarray], lam: np.ndarray) -> dict[str, flo
     return {name: fn(sums) if lam.any() else float("nan") for name, fn in TOKEN_METRICS.items()}
 
 
-def _spectrum(mom: _Moments) -> tuple[np.ndarray, np.ndarray]:
-    """(covariance (D, D), eigenvalues (D,)) of a token set's sums, round-off dimensions and eigenvalues
-    set to 0 (see the module docstring)."""
-    cov, floor = mom.covariance(), mom.roundoff()
+def _spectrum(mom: _Moments, sums: dict[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(covariance (D, D), eigenvalues (D,)) of a token set's sums (``sums``: its :meth:`_Moments.sums`,
+    where the caller has them), round-off dimensions and eigenvalues set to 0 (see the module docstring)."""
+    cov, floor = mom.covariance(sums), mom.roundoff()
     dead = np.diag(cov) <= floor  # variance at round-off level: a constant dimension
     cov[dead, :] = 0.0
     cov[:, dead] = 0.0
@@ -199,15 +238,8 @@ def _spectrum(mom: _Moments) -> tuple[np.ndarray, np.ndarray]:
 def _summary(mom: _Moments) -> tuple[np.ndarray, int, dict[str, float]]:
     """(eigenvalues, tokens, covariance observables and token-count metrics) of one smaller probe.
 
-    On one torch thread, like ``eigenvalues``: its (D, D) element-wise steps are too small to split. On a
-    loaded 2-core machine one summary took 86-94 ms on one thread against 231-258 ms on two (D = 384); on
-    an idle one the extraction's overhead was the same either way (1.383 vs 1.396, bench/README.md).
-    Element-wise results do not depend on the thread count (the same bits)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cov, lam = _spectrum(mom)
-        values = {n: e.fn(cov) for n, e in OBSERVABLES.items() if e.on == "covariance"}
-        return lam, mom.n, {**values, **token_metrics(mom.sums(), lam)}
-    finally:
-        torch.set_num_threads(threads)
+    In numpy from one copy of the sums (the Gram mirrored once); ``eigenvalues`` on one BLAS thread."""
+    sums = mom.sums()
+    cov, lam = _spectrum(mom, sums)
+    values = {n: e.fn(cov) for n, e in OBSERVABLES.items() if e.on == "covariance"}
+    return lam, mom.n, {**values, **token_metrics(sums, lam)}

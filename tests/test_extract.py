@@ -57,6 +57,39 @@ def test_block_triangle_gram_is_the_full_gram():
     torch.testing.assert_close(mom.full_q(), x.T @ x, rtol=1e-12, atol=1e-10)
 
 
+def test_covariance_is_the_textbook_formula_bit_for_bit():
+    """The in-place covariance (only the Gram's diagonal blocks averaged with their transposes) equals
+    ``0.5 (C + C^T)`` of ``C = (q - s s^T / n) / (n - 1)`` exactly, and is exactly symmetric."""
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy((rng.normal(size=(700, 200)) * np.linspace(0.01, 3, 200) + 60).astype(np.float32))
+    mom = _Moments(shift=x[:50].double().mean(0))
+    mom.add(x)
+    sums = mom.sums()
+    c = (sums["q"] - np.outer(sums["s"], sums["s"]) / mom.n) / (mom.n - 1)
+    cov = mom.covariance(sums)
+    assert np.array_equal(cov, 0.5 * (c + c.T))
+    assert np.array_equal(cov, cov.T)
+    assert np.array_equal(mom.covariance(), cov)  # from its own sums, the same
+
+
+def test_a_large_batch_is_added_in_chunks_with_a_bounded_workspace():
+    """On CPU at most CHUNK_ROWS tokens are converted to float64 at a time, in equal chunks; the sums
+    equal those of the tokens added in one piece to float64 accuracy."""
+    from runners.token_moments import CHUNK_ROWS, _Workspace
+
+    d, n = 64, 2 * CHUNK_ROWS + 77
+    x = torch.randn(n, d) * 3 + 60
+    work = _Workspace()
+    mom = _Moments(shift=x[:10].double().mean(0))
+    mom.add(x, work)
+    assert mom.n == n
+    assert work._buf is not None and work._buf.numel() == -(-n // 3) * d  # 3 equal chunks, not n rows
+    ref = x.double() - mom.shift
+    torch.testing.assert_close(mom.full_q(), ref.T @ ref, rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(mom.filled()[0], ref.sum(0), rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(mom.filled()[3], ref.T @ (ref * ref).sum(1), rtol=1e-12, atol=1e-6)
+
+
 def _model(seed=0):
     torch.manual_seed(seed)
     return build_model(TINY, img_size=8, num_classes=5).eval()
