@@ -4,6 +4,7 @@
     PYTHONPATH=. python bench/extract.py --img-size 224 --patch-size 16   # ViT-S/16 as the papers run it
     PYTHONPATH=. python bench/extract.py --naive one-pass       # the fast, memory-hungry naive variant
     PYTHONPATH=. python bench/extract.py --images 512           # a quick smoke run (fewer tokens)
+    PYTHONPATH=. python bench/extract.py --side-by-side         # with and without the probe-size extras
 
 Model: timm ``vit_small_patch16_224`` at ViT-Small width (D = 384, 12 blocks, 6 heads), by default on
 16x16 images with patch 4 (16 patches + 1 class token = 17 tokens per image: attention is negligible, so
@@ -210,6 +211,38 @@ def phase_streaming(args: argparse.Namespace) -> dict:
     }
 
 
+def phase_side_by_side(args: argparse.Namespace) -> dict:
+    """A plain forward and two hooked streaming extractions, without and with the probe-size extras,
+    interleaved batch by batch in one fresh process (the two extractions' order alternates between
+    batches), so that a change in machine speed, which moved the plain forward by 20% between separate
+    runs on the 2-core machine, hits all three alike. Times only: the two observers' memory is held at
+    once, so peaks come from separate runs."""
+    model, images, _ = _setup(args)
+    observers = {
+        extras: SpectralObserver(
+            model, args.images, observables=False, blocks=args.blocks, probe_sizes=extras
+        )
+        for extras in (False, True)
+    }
+    t = {"plain": 0.0, False: 0.0, True: 0.0}
+    for k, i in enumerate(range(0, args.images, args.batch_size)):
+        batch = images[i : i + args.batch_size]
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model.forward_features(batch)
+        t["plain"] += time.perf_counter() - t0
+        for extras in (False, True) if k % 2 == 0 else (True, False):
+            t0 = time.perf_counter()
+            with observers[extras]:
+                observers[extras].observe(batch)
+            t[extras] += time.perf_counter() - t0
+    for extras, observer in observers.items():
+        t0 = time.perf_counter()
+        observer.result()
+        t[extras] += time.perf_counter() - t0
+    return {"t_plain": t["plain"], "t_without": t[False], "t_with": t[True]}
+
+
 def _two_pass(x: torch.Tensor) -> np.ndarray:
     """Eigenvalues of the float64 two-pass covariance of ``x: (n, D)`` (centred on its mean, then the
     Gram), on ``x``'s device; a token set whose rows are all identical has none (all zero)."""
@@ -392,6 +425,11 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=0, help="also keep K image-block sums (probe.blocks)")
     ap.add_argument("--no-probe-sizes", action="store_true", help="extraction as before probe sizes existed")
     ap.add_argument("--extract-only", action="store_true", help="skip the naive comparison")
+    ap.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="time the extraction without and with the probe-size extras in one process (times only)",
+    )
     args = ap.parse_args()
     if args.embed_dim:
         args.arch = {
@@ -404,6 +442,16 @@ def main() -> None:
         f"probe: {args.images} images x {tokens} tokens = {args.images * tokens} tokens; "
         f"batch {args.batch_size} images; pos_embed offset {args.offset}"
     )
+    if args.side_by_side:
+        both = _in_child(phase_side_by_side, args)
+        print(f"plain forward:                 {both['t_plain']:8.2f} s")
+        print(f"extraction without the extras: {both['t_without']:8.2f} s")
+        print(f"extraction with the extras:    {both['t_with']:8.2f} s")
+        print(
+            f"overhead={both['t_with'] / both['t_plain']:.3f} "
+            f"overhead_without_extras={both['t_without'] / both['t_plain']:.3f} t_plain={both['t_plain']:.3f}"
+        )
+        return
     stream = _in_child(phase_streaming, args)
     print(
         f"model: ViT-Small width D=384, 12 blocks, {args.img_size}x{args.img_size} px, patch "

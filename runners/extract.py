@@ -20,9 +20,10 @@ level ``(D + n) * eps64 * max_i Q_ii / (n - 1)`` (negative ones included) set to
 Only two Grams are formed per batch and point: ``all`` (every token) and the prefix (the class token,
 one per image); ``patch = all - prefix`` exactly, because both share the point's shift. Each Gram is
 symmetric, so on CPU only its lower block triangle is multiplied (``gram_blocks``: 56% of the float64
-work of a full ``Y^T Y`` at D = 384) into a float64 buffer reused by every point. Memory is O(D^2) per
-point (its lower block triangle) plus one batch and a fixed token subsample, independent of the number
-of probe images. Sums live on the model's device.
+work of a full ``Y^T Y`` at D = 384) from a float64 buffer reused by every point, filled at most
+``CHUNK_ROWS`` tokens at a time on CPU (``runners.token_moments``). Memory is O(D^2) per point (its lower
+block triangle) plus that chunk (a batch on a GPU) and a fixed token subsample, independent of the number
+of probe images and, on CPU, of the batch size. Sums live on the model's device.
 
 Besides eigenvalues, each (point, token set) gets every observable registered in
 ``analysis.observables.OBSERVABLES``: those computed on the covariance (``diagonality``) from its

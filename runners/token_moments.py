@@ -16,7 +16,7 @@ from threadpoolctl import ThreadpoolController
 from analysis.observables import OBSERVABLES
 from analysis.spectral import TOKEN_METRICS
 
-CHUNK_ROWS = 1024  # CPU: tokens per float64 conversion and Gram update (the workspace: 3 MB at D = 384)
+CHUNK_ROWS = 512  # CPU: tokens per float64 conversion and Gram update (the workspace: 1.5 MB at D = 384)
 
 
 def gram_blocks(d: int, device: torch.device) -> list[tuple[int, int]]:
@@ -33,7 +33,7 @@ def gram_blocks(d: int, device: torch.device) -> list[tuple[int, int]]:
 
 
 class _Workspace:
-    """One reusable float64 buffer for the shifted activations, grown to the largest batch seen.
+    """One reusable float64 buffer for the shifted activations, grown to the largest chunk seen.
 
     Every point of a forward pass converts its activations into the same memory in turn (a ``(tokens, D)``
     view of its front), instead of allocating a fresh float64 copy per point and batch: a fresh 13 MiB

@@ -309,3 +309,16 @@ def test_probe_sizes_are_the_sums_of_their_tokens():
             assert all(v == values_b[k] or (np.isnan(v) and np.isnan(values_b[k])) for k, v in values.items())
     assert with_blocks.probe_sizes.keys() == sp.probe_sizes.keys()
     assert list(with_blocks.probe_sizes) == list(sp.probe_sizes)  # same order
+
+
+def test_the_side_by_side_benchmark_times_both_extractions_on_a_tiny_model():
+    """``bench/extract.py --side-by-side``'s phase, small: a plain forward and both extractions timed."""
+    import argparse
+
+    bx = _bench_extract()
+    args = argparse.Namespace(
+        threads=0, offset=60.0, img_size=8, patch_size=4, images=12, batch_size=4, blocks=0,
+        arch={"embed_dim": 32, "depth": 2, "num_heads": 2},
+    )  # fmt: skip
+    got = bx.phase_side_by_side(args)
+    assert set(got) == {"t_plain", "t_without", "t_with"} and min(got.values()) > 0
