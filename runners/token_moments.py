@@ -84,7 +84,8 @@ class _Moments:
         work = work or _Workspace()
         # on CPU, at most CHUNK_ROWS tokens at a time (equal chunks): the float64 workspace stays a few MB
         # whatever the batch (256 images of 197 tokens at D = 384 would need 155 MB at once)
-        step = n_rows if x.device.type == "cuda" else -(-n_rows // -(-n_rows // CHUNK_ROWS))
+        chunks = 1 if x.device.type == "cuda" else max(1, -(-n_rows // CHUNK_ROWS))
+        step = max(1, -(-n_rows // chunks))
         for lo in range(0, n_rows, step):
             self._add_rows(x[lo : lo + step], work)
 

@@ -84,6 +84,8 @@ def test_a_large_batch_is_added_in_chunks_with_a_bounded_workspace():
     mom.add(x, work)
     assert mom.n == n
     assert work._buf is not None and work._buf.numel() == -(-n // 3) * d  # 3 equal chunks, not n rows
+    mom.add(x[:0], work)  # no rows: nothing added
+    assert mom.n == n
     ref = x.double() - mom.shift
     torch.testing.assert_close(mom.full_q(), ref.T @ ref, rtol=1e-12, atol=1e-9)
     torch.testing.assert_close(mom.filled()[0], ref.sum(0), rtol=1e-12, atol=1e-9)
