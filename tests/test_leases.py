@@ -119,7 +119,12 @@ def test_fill_once_waits_for_a_live_holder_then_reuses_its_run(tmp_path):
 
     threading.Thread(target=other_worker).start()
     out = fill_once(store, {"key": "r"}, run_dir, lambda: pytest.fail("filled twice"), ttl=30, poll_s=0.1)
-    assert out["claim"]["filled"] is False and by_key(store)["r"].attempts == 1
+    lease = by_key(store)["r"]
+    assert out["claim"]["filled"] is False and lease.state == "finished"
+    # 1 claim, or 2 where the holder finished and released between the waiter's look at the folder and
+    # its next acquire: the waiter then holds the lease, finds the result and fills nothing (seen once
+    # in CI's venv on a loaded machine); never a second fill (pytest.fail above)
+    assert lease.attempts in (1, 2)
 
 
 def test_fill_once_takes_over_a_dead_holder(tmp_path):
