@@ -396,7 +396,7 @@ class RunWriter:
         # (Dataset is not an ABC, so it instantiates)
         dataset = MetaDataset(CodeDatasetSource(tags=tags), name=ds["name"], digest=digest(ds, 16))  # type: ignore[abstract]
         inp = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "training")])
-        self.client.log_inputs(rid, datasets=[inp])
+        log_inputs_once(self.client, rid, [inp])
 
     def _log_params(self, run_id: str, params: dict) -> None:
         from mlflow.entities import Param
@@ -469,3 +469,26 @@ def _source_tags(source: dict) -> dict[str, str]:
             value = source[k] if isinstance(source[k], str) else json.dumps(source[k], sort_keys=True)
             tags[f"source.{k}"] = value[:_TAG_MAX]
     return tags
+
+
+DUPLICATE_KEY = ("UniqueViolation", "unique constraint", "UNIQUE constraint failed", "Duplicate entry")
+
+
+def log_inputs_once(client: Any, run_id: str, datasets: list, tries: int = 3) -> None:
+    """``client.log_inputs`` that survives another process logging the same dataset at the same moment.
+
+    MLflow's SQL store looks the dataset (experiment, name, digest) up and inserts it when absent; two
+    processes on one database (two output folders, or Ray workers) can both find it absent, and the second
+    insert fails with a duplicate key (seen on PostgreSQL: ``dataset_pk``). The failed transaction is rolled
+    back, and a retry finds the dataset and links this run to it.
+    """
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(tries):
+        try:
+            client.log_inputs(run_id, datasets=datasets)
+            return
+        except MlflowException as e:
+            if attempt == tries - 1 or not any(k in str(e) for k in DUPLICATE_KEY):
+                raise
+            time.sleep(0.05 * (attempt + 1))
