@@ -91,11 +91,11 @@ def test_cuda_training_steps_do_not_synchronise(objective):
 
 
 def test_every_gpu_gets_pinned_workers_and_an_out_of_memory_run_is_one_line():
-    """``runners.gpu_workers`` on the real GPUs: K = 2 workers per visible GPU, each seeing exactly one
+    """``runners.executors.gpu_workers`` on the real GPUs: K = 2 workers per visible GPU, each seeing exactly one
     device (the one its CUDA_VISIBLE_DEVICES names), and a run asking for more memory than its GPU has
     fails with the one line naming that GPU and K while the others finish."""
-    from runners import gpu_workers
-    from runners.executors import make_executor
+    from runners.executors import gpu_workers
+    from runners.executors.local import make_executor
     from tests import gpu_standin
 
     visible = gpu_workers.visible_gpus()
