@@ -49,7 +49,7 @@ def test_cuda_bf16_compiled_run_resumes_within_tolerance(objective, tmp_path):
 
 def test_dino_crops_on_cuda_equal_the_cpu_crops_of_the_same_draws():
     """MultiCrop.apply on CUDA (draws moved in one packed copy) against the CPU, TF32 off for the blur."""
-    from runners.objectives.dino_crops import MultiCrop
+    from runners.objectives.multicrop import MultiCrop
 
     crops = MultiCrop(32, 16, 2, (0.4, 1.0), (0.05, 0.4), torch.Generator().manual_seed(0))
     x = (torch.rand(64, 3, 32, 32, generator=torch.Generator().manual_seed(1)) - 0.5) / 0.25

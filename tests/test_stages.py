@@ -10,8 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from study.pipeline import _evaluation as evaluation
-from study.pipeline import outputs, stages
+from study.pipeline import evaluation, outputs, stages
 from study.pipeline import tables as run_tables
 from study.pipeline import triage as run_triage
 from study.schema import parse_hypothesis

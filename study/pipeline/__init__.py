@@ -5,7 +5,7 @@ Public modules: ``stages`` (each stage on its own), ``orchestrate`` (:func:`run_
 ``triage`` (a plan's runs split into reused, fetched and to train) with ``triage_state`` (the
 :class:`Triage` it makes), ``tables`` (the tidy table of finished runs), ``scalars`` (run scalars joined
 to it), ``runlog`` (runs logged to the tracker), ``outputs`` (verdicts, tables and the report written),
-``stopping`` (a clean stop on a signal). Private: ``_evaluation`` (the claims tested on the table).
+``stopping`` (a clean stop on a signal), ``evaluation`` (the claims tested on the table).
 """
 
 from __future__ import annotations

@@ -28,8 +28,7 @@ from analysis.sequential import Spending
 from analysis.sequential_verdicts import decide_sequential, looks_spent
 from analysis.verdicts import INCONCLUSIVE, ClaimResult, families, format_verdicts
 from study import registration
-from study.pipeline import _evaluation as evaluation
-from study.pipeline import outputs, stages
+from study.pipeline import evaluation, outputs, stages
 from study.pipeline import tables as run_tables
 from study.pipeline import triage as run_triage
 from study.pipeline.scalars import with_run_scalars

@@ -17,7 +17,7 @@ up alike. :func:`write_outputs` writes both's result folders. The ``table`` verb
 This module is placement and execution (the options of where and how runs execute, the dataset caches
 made ready, :func:`fill_runs` and :func:`execute`); the other stages live beside it: ``study.pipeline.triage``
 (plan, check inputs, triage, fetch, clear), ``study.pipeline.runlog`` (tracking each run), ``study.pipeline.tables``
-(collect the table), ``study.pipeline._evaluation`` (test the claims) and ``study.pipeline.outputs`` (result folder, report).
+(collect the table), ``study.pipeline.evaluation`` (test the claims) and ``study.pipeline.outputs`` (result folder, report).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The MLflow boundary: ``study/tracking*.py`` are the only modules that talk to MLflow. This one opens the
+"""The MLflow boundary: ``study/tracking/`` is the only package that talks to MLflow. This module opens the
 store and the parent run (:class:`Tracker`, with :class:`NullTracker` for ``--no-mlflow``, both a
 :class:`TrackerProtocol`); writing runs is ``study.tracking._write``, reading them back for reuse
 ``study.tracking.reuse``, cleaning stale runs ``study.tracking.cleanup``.
