@@ -114,7 +114,7 @@ def code_digest() -> str:
     """A digest of this checkout's Python code (the four packages), to tell two hosts' code apart."""
     import hashlib
 
-    root, h = Path(__file__).resolve().parents[1], hashlib.sha256()
+    root, h = Path(__file__).resolve().parents[2], hashlib.sha256()  # study/cluster/jobs.py -> the checkout
     for pkg in PACKAGES:
         for path in sorted((root / pkg).rglob("*.py")):
             h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
@@ -138,7 +138,7 @@ def runtime_env(hyp_text: str, opts: SubmitOptions) -> dict:
     ``ship_code`` this checkout as the ``working_dir`` (uploaded, so nodes need not hold the code)."""
     env: dict = {"env_vars": submit_env(hyp_text, opts), "py_executable": sys.executable}
     if opts.ship_code:
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[2]  # study/cluster/jobs.py -> the checkout
         env["working_dir"] = str(root)
         env["excludes"] = [
             ".git",
