@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from analysis.kinds import KINDS
-from analysis.kinds._scenario import Scenario, Trial
+from analysis.kinds.base import Scenario, Trial
 
 # scenario label -> (claim kind, description of the least favourable null)
 CALIBRATION_KINDS = {
@@ -19,7 +19,7 @@ CALIBRATION_KINDS = {
 
 
 def scenario(label: str) -> Scenario:
-    """The :class:`~analysis.kinds._scenario.Scenario` behind a calibration label."""
+    """The :class:`~analysis.kinds.base.Scenario` behind a calibration label."""
     if label not in CALIBRATION_KINDS:
         raise ValueError(f"unknown calibration label {label!r}")
     return KINDS[CALIBRATION_KINDS[label][0]].calibration[label]
@@ -30,7 +30,7 @@ def simulate_claim_study(label: str, n_seeds: int, effect: float, rng: np.random
 
     Returns ``p`` (one-sided in the claimed direction; NaN if no test was possible), ``covered`` (whether
     the 95% CI of the kind's effect covers the truth; None where the effect has no known true value) and
-    ``warned`` (the fit recorded a warning). See ``analysis.kinds._scenario.Scenario``.
+    ``warned`` (the fit recorded a warning). See ``analysis.kinds.base.Scenario``.
     """
     if label not in CALIBRATION_KINDS:
         raise ValueError(f"unknown calibration label {label!r}")

@@ -11,10 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.kinds import get_kind
-from analysis.kinds._controls import apply_controls
-from analysis.kinds._outcome import Outcome
-from analysis.kinds._table import NotTestable, TableView
+from analysis.kinds import apply_controls, get_kind
+from analysis.kinds.base import NotTestable, Outcome, TableView
 from analysis.probe import ProbeData, claim_rows, matched_table, multibootstrap, sensitivity
 from vitstudy_core.errors import StudyError
 from vitstudy_core.fmt import fmt_num, fmt_p

@@ -23,7 +23,7 @@ from vitstudy_core.faults import fault_point
 from vitstudy_core.io import atomic_path
 from vitstudy_core.layers import layer_order
 
-CONDITION = "condition"  # a design with conditions: the cell's name on every row (study.conditions)
+CONDITION = "condition"  # a design with conditions: the cell's name on every row (study.schema._conditions)
 COLUMNS = [
     "run_key",
     "dataset",

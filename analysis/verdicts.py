@@ -40,9 +40,7 @@ from statsmodels.stats.multitest import multipletests
 from analysis.claim_outcome import _probe_outcome
 from analysis.inference import bootstrap_ci, power_and_seeds_needed
 from analysis.kinds import get_kind
-from analysis.kinds._curves import layer_location, no_interior_minimum
-from analysis.kinds._outcome import Outcome
-from analysis.kinds._table import TableView
+from analysis.kinds.base import Outcome, TableView, layer_location, no_interior_minimum
 from analysis.power import seed_floor
 from analysis.probe import ProbeData, excludes_zero
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of

@@ -49,7 +49,7 @@ import numpy as np
 from scipy import stats
 
 from analysis.calibration import CALIBRATION_KINDS, scenario, simulate_claim_study
-from analysis.kinds._rejection import REJECT_LEVEL
+from analysis.kinds.base import REJECT_LEVEL
 from analysis.sequential import SPENDING_FUNCTIONS, nominal_levels
 
 EFFECTS = (0.5, 1.0, 2.0)  # alternatives, in per-seed noise SDs

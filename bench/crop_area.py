@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torchvision.transforms as T
 
-from runners.objectives.dino_crops import MultiCrop
+from runners.objectives.multicrop import MultiCrop
 
 
 def main() -> None:

@@ -23,11 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from runners.executors import ProcessExecutor
-from runners.jobs import execute_run
-from study.run_triage import plan
+from runners.executors.jobs import execute_run
+from runners.executors.local import ProcessExecutor
+from study.pipeline.stages import prepare_data
+from study.pipeline.triage import plan
 from study.schema import load_hypothesis, parse_hypothesis
-from study.stages import prepare_data
 
 VARIANTS = {  # ProcessExecutor settings of each variant
     "fixed": {"share_tail": False},

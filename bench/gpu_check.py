@@ -728,13 +728,13 @@ def step_runs_per_gpu(rep: Report, work: Path) -> bool:
     """The same runs through the local executor on GPU 0 with ``--runs-per-gpu 1`` and ``2`` (each in
     a folder of its own, so both train every run): runs per hour of each, and the K=2 workers' per-GPU
     summary line. Passes when every run of both finished."""
-    from runners import gpu_workers
-    from study.stages import Placement, execute, prepare_data
+    from runners.executors import gpu_workers
+    from study.pipeline.stages import Placement, execute, prepare_data
 
     if rep.smoke:  # one fake GPU: the pinned workers are spawned as on a GPU host, and train on the CPU
         gpu_workers.visible_gpus = lambda: ["0"]
         rep.note(
-            "smoke: one fake GPU '0' (runners.gpu_workers.visible_gpus replaced): K=2 spawns two pinned workers "
+            "smoke: one fake GPU '0' (runners.executors.gpu_workers.visible_gpus replaced): K=2 spawns two pinned workers "
             "that train on the CPU; K=1 is then the CPU's own worker processes"
         )
     specs = _plan(RUNS_PER_GPU_SMOKE if rep.smoke else RUNS_PER_GPU)

@@ -27,7 +27,7 @@ report); per run, the stage times its ``result.json`` records (``timing``: load 
 the cached weights, preprocessing = the probe images through the model's timm transform, forward +
 extraction = the forward passes with the streaming spectra), summed over the runs with each stage's
 share; and the statistics stage: the verdict computation ``run`` does after its runs
-(``study.evaluation.evaluate`` with the runs' probe files: the jackknife over probe blocks of each
+(``study.pipeline.evaluation.evaluate`` with the runs' probe files: the jackknife over probe blocks of each
 ``unit: images`` claim), redone in this process on the finished output with ``--redo-verdicts`` (it
 is the same computation again; without it the statistics row is the ``run``'s own time from its last run's
 ``finished`` line to its ``report:`` line, i.e. verdicts, outputs and the report).
@@ -209,12 +209,12 @@ def run_timings(out: Path) -> list[dict]:
 
 
 def time_verdicts(hyp: Path, out: Path, hf_home: Path, data: Path) -> float:
-    """Seconds of the verdict computation ``run`` does after its runs (``study.evaluation.evaluate`` of the
+    """Seconds of the verdict computation ``run`` does after its runs (``study.pipeline.evaluation.evaluate`` of the
     study's table with its runs' probe files: the jackknife of each ``unit: images`` claim), redone in
     this process on the finished output."""
     import pandas as pd
 
-    from study.evaluation import evaluate
+    from study.pipeline.evaluation import evaluate
     from study.schema import load_hypothesis
 
     tables = sorted(out.glob("studies/*/table.parquet"))

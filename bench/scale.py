@@ -32,9 +32,9 @@ EIGHT = TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0, 1, 2, 3, 4, 5, 6
 def timed_study(hyp_path: Path, out: Path, workers: int, placement) -> float:
     import torch
 
-    from study.orchestrate import run_study
+    from study.pipeline.orchestrate import run_study
+    from study.pipeline.stages import RunOptions
     from study.schema import load_hypothesis
-    from study.stages import RunOptions
 
     hyp = load_hypothesis(hyp_path)
     threads = torch.get_num_threads()
@@ -57,7 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--epochs", type=int, default=2)
     args = ap.parse_args()
-    from study.stages import Placement
+    from study.pipeline.stages import Placement
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     hyp_path = tmp / "eight.yaml"

@@ -37,10 +37,10 @@ from tests.slurm_cluster import slurm_cluster  # noqa: E402
 
 
 def timed_study(hyp_path: Path, out: Path, placement) -> dict:
-    from study.orchestrate import run_study
+    from study.pipeline.orchestrate import run_study
+    from study.pipeline.stages import Placement, RunOptions
     from study.runspecs import plan_runs
     from study.schema import load_hypothesis
-    from study.stages import Placement, RunOptions
 
     hyp = load_hypothesis(hyp_path)
     by_label = {s.label: s.key for s in plan_runs(hyp)}
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2, help="studies per executor, alternated (default 2)")
     args = ap.parse_args()
-    from study.stages import Placement
+    from study.pipeline.stages import Placement
 
     seeds = ", ".join(str(s) for s in range(args.runs))
     tmp = Path(tempfile.mkdtemp(prefix="bench-slurm-"))

@@ -141,7 +141,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=128)  # the default training batch
-    # one thread, as each CPU worker process of a study runs (runners.executors); on a shared machine
+    # one thread, as each CPU worker process of a study runs (runners.executors.local); on a shared machine
     # more threads than free cores slow every step several-fold and swamp the ratios with noise
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     p.add_argument("--json", type=Path, default=None)

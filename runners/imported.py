@@ -6,7 +6,7 @@
 A source's ``path`` (or ``paths[seed]``) may hold ``${ENV}``, ``{seed}`` and ``{dataset}``. A run's key holds
 its source's fingerprint of the files (``runners.sources``: sha256 of their bytes), so a changed file is a
 new run and an unchanged one is reused. Which checkpoint file holds which epoch is
-``runners.checkpoint_files``'s. A metric log is read into the columns of ``analysis.table`` with its layer and metric names mapped
+``runners.checkpoints.files``'s. A metric log is read into the columns of ``analysis.table`` with its layer and metric names mapped
 to ours (declared in the file's ``design.source``, or inferred where unambiguous). Every bad input is one
 ``StudyError`` naming the file and the line (or row, or key). This module never imports torch.
 """

@@ -10,7 +10,7 @@ the Hugging Face cache (``huggingface_hub.try_to_load_from_cache``: ``HF_HOME`` 
 huggingface_hub reads them; never the network) and built by ``timm.create_model(name, pretrained=True)``
 with that very cached file as its weights (``pretrained_cfg_overlay={"file": ...}``), so the weights
 measured are the ones fingerprinted. A released file is read by the ``checkpoints`` source's loader
-(``runners.checkpoints.read_state_dict``: safetensors, or ``torch.load(weights_only=True)``; DINO's
+(``runners.checkpoints.importer.read_state_dict``: safetensors, or ``torch.load(weights_only=True)``; DINO's
 ``teacher``, timm's ``state_dict``, ...) into ``timm.create_model(arch, **model_args)`` and must fit exactly.
 
 Preprocessing: ``timm.data.resolve_data_config`` of the model's pretrained config (for the built model:
@@ -147,7 +147,7 @@ def build(record: dict):
                 f"timm cannot build {path.removeprefix(HUB)!r}: {why}", str(weights), _FIELD
             ) from None
         return model.eval(), "(timm)"
-    from runners.checkpoints import check_fit, read_state_dict
+    from runners.checkpoints.importer import check_fit, read_state_dict
 
     sd, key, _ = read_state_dict(weights)
     head = sd.get("head.weight")

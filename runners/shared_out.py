@@ -1,7 +1,7 @@
 """Does every worker see the study's output folder? A token the driver writes, checked by every task.
 
     token = write_token(out_dir)                 # the driver, before it starts any job
-    check_token(out_dir, token)                  # each job, before it trains (runners.jobs)
+    check_token(out_dir, token)                  # each job, before it trains (runners.executors.jobs)
     for i, result, exc in seen_by_driver(executor.map_jobs(fn, jobs), run_dirs): ...   # the driver
 
 On a cluster ``--out`` must be one folder every node mounts at the same path. A node where that path is a

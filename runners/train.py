@@ -38,10 +38,10 @@ import numpy as np
 import torch
 
 from runners.datasets import LABEL_SEED_OFFSET, load_split, num_classes, shuffled_labels
-from runners.executors import adopt_thread_budget
+from runners.executors.local import adopt_thread_budget
 from runners.extract import extract_spectra
 from runners.inputs import to_tensor
-from runners.lease_model import check_lease
+from runners.leases.model import check_lease
 from runners.measurement_files import save_covariances, save_observables, save_probe, snapshot_epochs
 from runners.objectives import Trainer, TrainerSetup, TrainingSpec, build_trainer
 from runners.objectives.dino import AUG_SEED_OFFSET

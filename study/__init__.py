@@ -4,7 +4,7 @@ Flow (one direction, one job per module)::
 
     hypothesis YAML -> study.schema (validated spec) -> study.runspecs (run specs)
       -> runners (train + extract spectra per run) -> analysis.table (tidy table)
-      -> analysis.kinds (one module per claim kind) -> analysis.verdicts -> report + MLflow (study.tracking)
+      -> analysis.kinds (one module per claim kind) -> analysis.verdicts -> report + MLflow (study.tracking.tracker)
 
 ``core`` is the bottom layer every package imports; ``runners`` and ``analysis`` import nothing from ``study``.
 

@@ -122,7 +122,7 @@ def validate(hypothesis: HypothesisLike, out: str | Path = "study_results") -> V
     check_hypothesis(hyp, file, Path(out))
     seeds = len(hyp.design.seeds)
     if hyp.sweep is not None:
-        from study.sweep import trial_target
+        from study.sweep.loop import trial_target
 
         trials = trial_target(hyp, None, file)
         return Validation(hyp, file, len(hyp.claims), seeds, trials * seeds, trials)
@@ -222,10 +222,10 @@ def _workers(value: int | str) -> int | str:
 def _sequential(
     hyp: Hypothesis, file: str, until_decided: bool, max_seeds: int | None, batch: int, spending: Spending
 ):
-    """The ``until_decided`` plan (``study.orchestrate.SequentialPlan``), or None."""
+    """The ``until_decided`` plan (``study.pipeline.orchestrate.SequentialPlan``), or None."""
     if not until_decided:
         return None
-    from study.orchestrate import SequentialPlan
+    from study.pipeline.orchestrate import SequentialPlan
 
     n = len(hyp.design.seeds)
     most = max_seeds if max_seeds is not None else 2 * n
@@ -265,8 +265,8 @@ def _placement(
 ):
     """Where the runs execute (``stages.Placement``), checked: an unreachable cluster or database is one
     line before anything is written."""
-    import study.stages as stages
-    from study.cluster import check_reachable
+    import study.pipeline.stages as stages
+    from study.cluster.jobs import check_reachable
 
     if cpus <= 0 or gpus < 0:
         raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
@@ -301,7 +301,7 @@ def run(
     command: str | None = None,
 ) -> StudyResult:
     """Train (or reuse) the runs a hypothesis needs and test its claims: ``python -m study run``'s stages
-    (``study.orchestrate.run_study``), the same flags as keyword arguments.
+    (``study.pipeline.orchestrate.run_study``), the same flags as keyword arguments.
 
     Args:
         hypothesis: a file's path, a mapping (written to ``<out>/hypotheses/<name>.yaml`` first) or a
@@ -324,8 +324,8 @@ def run(
     Returns:
         The finished study's :class:`StudyResult` (``outcome``: what was trained, reused and failed).
     """
-    import study.orchestrate as orchestrate
-    import study.stages as stages
+    import study.pipeline.orchestrate as orchestrate
+    import study.pipeline.stages as stages
 
     hyp, path, file = _hypothesis(hypothesis)
     if hyp.sweep is not None:
@@ -482,7 +482,7 @@ def report(study: str | Path, out: str | Path = "study_results") -> tuple[Path, 
         hyp = load_hypothesis(folder)
         folder = Path(out) / ("sweeps" if hyp.sweep else "studies") / hyp.name
     if (folder / "trials.csv").is_file() and (folder / "verdicts.json").is_file():
-        from study.sweep_report import report_from_folder
+        from study.sweep.report import report_from_folder
 
         html_path = report_from_folder(folder)
         return html_path, html_path.with_suffix(".md")

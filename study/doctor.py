@@ -17,7 +17,7 @@ Findings, and what ``--repair`` does about each:
   ``study.out``; all but the newest deleted): two folders sharing a store each keep their own copy;
 * ``superseded_child``: a KILLED child run (an invocation stopped while logging it) whose ``run_key``
   has a FINISHED child: a partial copy of that run (deleted, as ``run`` deletes it once it logs the
-  FINISHED one: ``study.tracking_write.RunWriter._retire_superseded``);
+  FINISHED one: ``study.tracking._write.RunWriter._retire_superseded``);
 * ``damaged_run``: a run folder whose ``result.json``, ``spectra.npz``, ``rows.parquet`` or
   ``scalars.json`` cannot be read (e.g. truncated; ``vitstudy_core.runfolder.RunFolder.damage``):
   restored from the tracking store's FINISHED copy of its key when there is one (downloaded and checked
@@ -121,7 +121,7 @@ def _trial_runs(out_dir: Path, sweep_dir: Path, hyp) -> dict[str, object | None]
     """Run key -> RunSpec (None where the sweep's file is not at hand) of every trial a sweep asked: each
     trial's ``run_keys`` (recorded when it is asked) or, with the file, its knob values' runs; from
     ``trials.csv`` when the optuna study cannot be read."""
-    from study.sweep_trials import trial_point
+    from study.sweep.trials import trial_point
 
     try:
         trials = [
@@ -144,7 +144,7 @@ def _trial_runs(out_dir: Path, sweep_dir: Path, hyp) -> dict[str, object | None]
 def planned_runs(out_dir: Path, studies, sweeps=()) -> dict[str, object | None]:
     """Run key -> RunSpec (None: known by key only) of every run the studies plan and the sweeps' trials
     need (``sweeps``: :func:`_sweeps`)."""
-    from study.run_triage import plan
+    from study.pipeline.triage import plan
 
     planned: dict[str, object | None] = {}
     for sweep_dir, hyp in sweeps:
@@ -184,7 +184,7 @@ def check_runs(out_dir: Path, studies, repair: bool = False, planned: dict | Non
 def _restore_from_store(findings: list[Finding], client, uri: str, specs: dict) -> None:
     """Give each ``damaged_run`` with a FINISHED copy in the store a fix that downloads that copy
     (``specs``: :func:`planned_runs`)."""
-    from study.tracking_reuse import StoredRuns
+    from study.tracking.reuse import StoredRuns
 
     for f in findings:
         if f.kind != "damaged_run":
@@ -213,7 +213,7 @@ def check_logged(out_dir: Path, client, planned: dict) -> list[Finding]:
 
 
 def _children(client, status: str) -> list:
-    from study.tracking import training_runs
+    from study.tracking.tracker import training_runs
 
     return training_runs(client, status)
 
@@ -221,7 +221,7 @@ def _children(client, status: str) -> list:
 def _open_store(out_dir: Path):
     from mlflow.tracking import MlflowClient
 
-    from study.tracking_store import default_tracking_uri, quiet_library_logs
+    from study.tracking.store import default_tracking_uri, quiet_library_logs
 
     uri = default_tracking_uri(out_dir)
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
@@ -247,8 +247,8 @@ def _first_words(exc: Exception) -> str:
 def check_store(out_dir: Path, client) -> list[Finding]:
     """Stale parents, RUNNING children of ended parents, untagged children, child runs missing artifacts,
     and run keys recorded twice in the tracking store."""
-    from study.tracking import close_stale, stale_parents
-    from study.tracking_store import foreign_artifact_locations
+    from study.tracking.store import foreign_artifact_locations
+    from study.tracking.tracker import close_stale, stale_parents
     from vitstudy_core.runfolder import REQUIRED
 
     out = []
@@ -334,8 +334,8 @@ def _runs_in(study_dir: Path, saved: pd.DataFrame | None) -> tuple[int, str]:
 def check_tables(out_dir: Path, studies, repair: bool = False) -> list[Finding]:
     """Each study's table.parquet against the table rebuilt from its run folders (never shrunk)."""
     from analysis.table import save_table
-    from study.run_tables import collect_table
-    from study.run_triage import plan
+    from study.pipeline.tables import collect_table
+    from study.pipeline.triage import plan
 
     out = []
     for study_dir, hyp in studies:

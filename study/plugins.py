@@ -21,7 +21,7 @@ TITLES: dict[str, tuple[str, str]] = {
     "datasets": ("vitstudy.datasets", "runners.datasets.base.DATASETS"),
     "objectives": ("vitstudy.objectives", "runners.objectives.base.OBJECTIVES"),
     "run sources": ("vitstudy.sources", "runners.sources.base.SOURCES"),
-    "executors": ("vitstudy.executors", "runners.executors.EXECUTORS"),
+    "executors": ("vitstudy.executors", "runners.executors.local.EXECUTORS"),
     "eigenvalue metrics": ("vitstudy.metrics", "analysis.spectral.METRICS"),
     "token-count metrics": ("vitstudy.token_metrics", "analysis.spectral.TOKEN_METRICS"),
     "observables": ("vitstudy.observables", "analysis.observables.OBSERVABLES"),

@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from study.schema import Hypothesis
-from study.schema_sweep import sweep_of
+from study.schema import Hypothesis, sweep_of
 from vitstudy_core.errors import StudyError
 from vitstudy_core.layers import TOKEN_SETS
 
@@ -52,8 +51,8 @@ def check_hypothesis(hyp: Hypothesis, file: str, out_dir: Path | None = None) ->
 def _check_environment() -> None:
     """The periods read from the environment (lease lifetime, parent heartbeat) are numbers of seconds > 0:
     found here, before anything is written, rather than in a worker or a heartbeat thread."""
-    from runners.lease_model import lease_ttl
-    from study.tracking_cleanup import heartbeat_s
+    from runners.leases.model import lease_ttl
+    from study.tracking.cleanup import heartbeat_s
 
     lease_ttl()
     heartbeat_s()
@@ -277,7 +276,7 @@ def knob_levels(values, integer: bool) -> list[float]:
 
 def synthetic_sweep_table(hyp: Hypothesis, seed: int = 0) -> pd.DataFrame:
     """A synthetic table of a sweep's shape: the swept dataset as a trial dataset per combination of knob
-    levels (named as ``study.sweep_trials.trial_label`` names them), each row carrying the knob values as columns."""
+    levels (named as ``study.sweep.trials.trial_label`` names them), each row carrying the knob values as columns."""
     from vitstudy_core.knobs import INTEGER_KNOBS
 
     knobs = list(sweep_of(hyp).space)
@@ -302,7 +301,7 @@ def synthetic_sweep_table(hyp: Hypothesis, seed: int = 0) -> pd.DataFrame:
 
 def _with_scalars(table: pd.DataFrame, hyp: Hypothesis, seed: int = 0) -> pd.DataFrame:
     """A synthetic table with seeded noise in a column per per-run scalar the claims adjust for."""
-    from study.run_scalars import scalars_named
+    from study.pipeline.scalars import scalars_named
 
     rng = np.random.default_rng(seed)
     runs = table.run_key.unique()

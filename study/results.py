@@ -2,7 +2,7 @@
 or sweep folder), both as pandas DataFrames and matplotlib figures, with a rich view in Jupyter.
 
 The numbers are the study's own: ``verdicts.json``'s claims (``analysis.verdicts.ClaimResult``), the tidy
-table (``analysis.table``), the report's figures (``analysis.report_sections.build_sections``, which asks each claim's
+table (``analysis.table``), the report's figures (``analysis.report.sections.build_sections``, which asks each claim's
 kind for its figures) and the t interval of ``analysis.inference``. Nothing here recomputes a verdict.
 """
 
@@ -27,12 +27,12 @@ from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 if TYPE_CHECKING:
     import matplotlib.figure
 
-    from analysis.figures import Figure, ReportFigure
-    from analysis.report_sections import ReportInput
-    from study.orchestrate import StudyOutcome
+    from analysis.report.figures import Figure, ReportFigure
+    from analysis.report.sections import ReportInput
+    from study.pipeline.orchestrate import StudyOutcome
     from study.schema import Hypothesis
 
-# the report's verdict colours (analysis/report.py's CSS), so a notebook reads like the report
+# the report's verdict colours (analysis/report/page.py's CSS), so a notebook reads like the report
 _COLOURS = {"ACCEPTED": "#2e7d32", "REJECTED": "#c62828", "INCONCLUSIVE": "#6d6d6d"}
 
 
@@ -148,14 +148,14 @@ def _show_as_png(cls: type[ReportFigure]) -> None:
 def figure_to_matplotlib(fig: Figure) -> matplotlib.figure.Figure:
     """A report figure (rendered PNG) as a matplotlib Figure showing it at its size (no axes drawn).
 
-    The report's figure functions render their figures (``analysis.figures``); this holds the exact image
+    The report's figure functions render their figures (``analysis.report.figures``); this holds the exact image
     the report shows, for display or saving from a notebook. It is made without pyplot (no backend, no
     pyplot state) and shows itself inline in Jupyter as the cell's value (``_repr_png_``: the report's
     PNG), whatever the notebook's backend.
     """
     import matplotlib.image
 
-    from analysis.figures import ReportFigure
+    from analysis.report.figures import ReportFigure
 
     if fig.png is None:
         raise StudyError(f"figure {fig.name!r} was not drawn: {fig.missing}", None, "claim")
@@ -177,7 +177,7 @@ class StudyResult:
         folder: ``<out>/studies/<name>`` or ``<out>/sweeps/<name>``.
         hypothesis: its validated ``hypothesis.yaml`` (None when that copy cannot be read).
         results: one ``ClaimResult`` per claim (a sweep's: its claims over knobs).
-        inp: what its report shows (``analysis.report_sections.ReportInput``: table, runs, labels, ...).
+        inp: what its report shows (``analysis.report.sections.ReportInput``: table, runs, labels, ...).
         payload: ``verdicts.json`` as read.
         trials: a sweep's ``trials.csv`` (one row per trial x seed), else None.
         outcome: what :func:`study.api.run` trained, reused and failed (None after :func:`load`).
@@ -254,9 +254,9 @@ class StudyResult:
         return seed_profile(self.table, metric, dataset, epoch, token_set, str(self.folder), condition)
 
     def figures(self, claim: int | str) -> list[Figure]:
-        """The report's figures of one claim (``analysis.report_sections.build_sections``), rendered PNGs with what
-        each drew (``analysis.figures.Figure``)."""
-        from analysis.report_sections import build_sections
+        """The report's figures of one claim (``analysis.report.sections.build_sections``), rendered PNGs with what
+        each drew (``analysis.report.figures.Figure``)."""
+        from analysis.report.sections import build_sections
 
         i = _claim_index(self.results, claim)
         one = replace(self.inp, claims=[self.inp.claims[i]], results=[self.results[i]])
@@ -273,11 +273,11 @@ class StudyResult:
     def report(self, path: str | Path | None = None) -> Path:
         """Write ``report.html`` and ``report.md`` (figures under ``figures/``) into the folder ``path``
         (default: the study's own folder); returns the HTML path."""
-        from analysis.report import write_report
+        from analysis.report.page import write_report
 
         target = Path(path) if path is not None else self.folder
         if self.trials is not None and self.hypothesis is not None:
-            from study.sweep_report import sweep_report
+            from study.sweep.report import sweep_report
 
             return sweep_report(target, self.hypothesis, self.inp, self.trials, None)
         return write_report(target, self.inp)[0]
@@ -313,7 +313,7 @@ def read_result(folder: Path, outcome: StudyOutcome | None = None) -> StudyResul
     Raises:
         StudyError: no ``verdicts.json`` (the study has not finished), or it cannot be read.
     """
-    from analysis.report import read_study
+    from analysis.report.page import read_study
     from study.schema import load_hypothesis
 
     folder = Path(folder)

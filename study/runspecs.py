@@ -99,7 +99,7 @@ def plan_runs(hyp: Hypothesis, data_dir: str | Path | None = None, record: bool 
     """One RunSpec per (trained cell, dataset, seed) of the design, in file order.
 
     A cell's runs are keyed as the runs of a single-condition file with the cell's design
-    (``study.conditions``); an untrained cell has no runs of its own: its twin's runs name it in
+    (``study.schema._conditions``); an untrained cell has no runs of its own: its twin's runs name it in
     ``epoch0_conditions``.
 
     Args:

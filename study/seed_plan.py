@@ -16,7 +16,7 @@ modelled) times the run's checkpoints; measured runs spend 0.40-0.48 of their wa
 it out undercounts by about half. Evaluation is not included.
 
 For designs of the configuration measured on a GPU (ViT-S/16 at 224 px, supervised or ``dino_paper``), the
-plan also prints the estimated GPU time of every run on that device (``study.gpu_cost``).
+plan also prints the estimated GPU time of every run on that device (``study.cluster.gpu_cost``).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from analysis.kinds import get_kind
-from analysis.kinds._table import TableView
+from analysis.kinds.base import TableView
 from analysis.power import MAX_SEEDS, plan_claim
 from analysis.verdicts import first_step_levels
-from study.gpu_cost import format_estimate, gpu_estimate
-from study.run_triage import plan as plan_runs
+from study.cluster.gpu_cost import format_estimate, gpu_estimate
+from study.pipeline.triage import plan as plan_runs
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
 from vitstudy_core.fmt import fmt_num

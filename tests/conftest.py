@@ -241,7 +241,7 @@ def make_study(root: Path, covariances: bool = True) -> Path:
 
 def report(study_dir: Path) -> tuple[Path, Path]:
     """What ``python -m study report`` does: the typed claims from the study's hypothesis file."""
-    from analysis.report import read_study, write_report
+    from analysis.report.page import read_study, write_report
     from study.schema import load_hypothesis
 
     hyp = load_hypothesis(study_dir / "hypothesis.yaml")

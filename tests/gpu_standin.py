@@ -4,7 +4,7 @@ Imported in a worker process when its first job arrives, so ``SEEN_AT_IMPORT`` i
 ``CUDA_VISIBLE_DEVICES`` the worker had when a job's code (torch, in a real run) was first imported.
 ``oom_on`` raises a fake ``torch.cuda.OutOfMemoryError``: a stand-in ``torch`` module with that class is
 put in the worker's ``sys.modules`` (a real import costs seconds per worker), which is where
-``runners.gpu_workers`` looks for it.
+``runners.executors.gpu_workers`` looks for it.
 """
 
 from __future__ import annotations

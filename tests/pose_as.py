@@ -50,15 +50,15 @@ def main(argv: list[str]) -> int:
     host, rest = argv[0], argv[1:]
     socket.gethostname = lambda: host
     if rest[:1] == ["--hold"]:
-        from study import sweep
+        from study.sweep import loop as sweep
 
         sweep._run_batch = _held(sweep._run_batch, Path(rest[1]))
         rest = rest[2:]
-    if rest[:1] == ["--meet"]:  # each run's job (runners.jobs, in this process with --workers 1)
-        import runners.jobs
+    if rest[:1] == ["--meet"]:  # each run's job (runners.executors.jobs, in this process with --workers 1)
+        import runners.executors.jobs
 
-        runners.jobs.execute_claimed_run = _meeting(
-            runners.jobs.execute_claimed_run, Path(rest[1]), int(rest[2])
+        runners.executors.jobs.execute_claimed_run = _meeting(
+            runners.executors.jobs.execute_claimed_run, Path(rest[1]), int(rest[2])
         )
         rest = rest[3:]
     from study.cli import main as study_main

@@ -65,8 +65,8 @@ def store_state(out: Path) -> dict:
     (``visible``: what the MLflow UI lists; deleted runs aside), and parent runs per status."""
     from mlflow.tracking import MlflowClient
 
-    from study.tracking import training_runs
-    from study.tracking_store import default_tracking_uri
+    from study.tracking.store import default_tracking_uri
+    from study.tracking.tracker import training_runs
 
     client = MlflowClient(default_tracking_uri(out))
     finished = Counter(r.data.tags["run_key"] for r in training_runs(client))

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.kinds._difference import difference_statistics, welch_statistics
-from analysis.kinds._table import TableView
+from analysis.kinds._parts.difference import difference_statistics, welch_statistics
+from analysis.kinds._parts.table import TableView
 from analysis.simulate import simulate_study_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims
 from study.schema import parse_hypothesis
@@ -204,7 +204,7 @@ def test_controls(table):
 
 def test_report_puts_the_two_effects_side_by_side(table, tmp_path):
     from analysis.kinds import FigureContext, get_kind
-    from analysis.report_sections import findings
+    from analysis.report.sections import findings
 
     hyp = _hyp(EXCEEDS)
     (r,) = evaluate_claims(hyp, table)
@@ -328,7 +328,7 @@ def test_adjusted_claim_removes_a_confound_through_accuracy(kind):
     up = _sweep_hyp(kind, direction="increasing", adjust_for="test_accuracy")
     rises = evaluate_claims(up, _sweep_table("knob"))[0]
     assert rises.verdict == ACCEPTED and 4 < rises.effect < 12  # the planted 8 per unit at equal accuracy
-    from analysis.report_sections import findings
+    from analysis.report.sections import findings
 
     lines = findings(None, adj)
     assert any("with test_accuracy in the same regression" in x for x in lines)
@@ -349,7 +349,7 @@ def test_adjust_for_a_scalar_the_table_lacks_is_one_line():
 def test_run_scalars_come_from_the_run_history(tmp_path):
     import json
 
-    from study.run_scalars import with_run_scalars
+    from study.pipeline.scalars import with_run_scalars
 
     hyp = _sweep_hyp(direction="decreasing", adjust_for="test_accuracy")
     table = _sweep_table("accuracy").drop(columns="test_accuracy")

@@ -139,7 +139,7 @@ def test_torchscript_and_legacy_checkpoints_load_without_warnings(tmp_path):
 
     import torch
 
-    from runners.checkpoint_files import load_checkpoint
+    from runners.checkpoints.files import load_checkpoint
     from vitstudy_core.errors import StudyError
 
     with warnings.catch_warnings():

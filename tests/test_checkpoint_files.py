@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from runners.checkpoint_files import checkpoint_files, checkpoint_format, load_checkpoint
-from runners.checkpoints import read_state_dict
+from runners.checkpoints.files import checkpoint_files, checkpoint_format, load_checkpoint
+from runners.checkpoints.importer import read_state_dict
 from runners.models import build_model
 from runners.sources import SOURCES, imported_record
 from study.runspecs import plan_runs

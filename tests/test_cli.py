@@ -74,7 +74,7 @@ def _tiny(tmp_path, tiny_yaml, covariance_epochs="first_last"):
 
 def test_train_run_writes_scalars_and_covariances_then_table_rebuilds(tmp_path, tiny_yaml, capsys):
     from runners.train import train_run
-    from study.run_tables import run_rows
+    from study.pipeline.tables import run_rows
     from study.runspecs import plan_runs
     from study.schema import load_hypothesis
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runners.lease_file import FileLeaseStore
-from runners.lease_sql import SqlLeaseStore, dispose_engines
-from runners.leases import fill_once, open_lease_store
+from runners.leases._file import FileLeaseStore
+from runners.leases.sql import SqlLeaseStore, dispose_engines
+from runners.leases.store import fill_once, open_lease_store
 from runners.shared_out import TOKEN, OutNotShared, check_token, lease_key, seen_by_driver, write_token
 from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for, fresh_database
 from tests.studyproc import study_cmd
@@ -45,7 +45,7 @@ def _finish(run_dir: Path) -> dict:
 
 
 def _tiny_specs(text: str = ONE_SEED):
-    from study.run_triage import plan
+    from study.pipeline.triage import plan
     from study.schema import parse_hypothesis
 
     hyp = parse_hypothesis(yaml.safe_load(text))
@@ -54,7 +54,7 @@ def _tiny_specs(text: str = ONE_SEED):
 
 # ---- case 1: a node that does not see --out ----------------------------------------------------------
 def test_case1_a_task_that_does_not_see_out_fails_before_training_naming_its_host(tmp_path):
-    from runners.jobs import execute_claimed_run
+    from runners.executors.jobs import execute_claimed_run
 
     _, [spec] = _tiny_specs()
     token = write_token(tmp_path / "out")
@@ -97,7 +97,7 @@ def test_case1_a_run_finished_elsewhere_but_unreadable_here_is_an_error_naming_t
 
 def test_case1_a_ray_task_s_error_is_the_job_s_own_one_line_without_ray_s_traceback():
     exceptions = pytest.importorskip("ray.exceptions")
-    from runners.executors import ray_job_error
+    from runners.executors.local import ray_job_error
 
     own = OutNotShared("host node-7 does not see the study's output folder /out (...): --out must be ...")
     # what Ray's driver gets: the task's traceback in colour, and the job's exception as its cause
@@ -118,7 +118,7 @@ def test_case1_a_ray_task_s_error_is_the_job_s_own_one_line_without_ray_s_traceb
 
 @pytest.mark.slow  # a Ray task on the loopback cluster (~10 s: its worker imports torch)
 def test_case1_on_ray_a_task_that_does_not_see_out_fails_with_one_line_naming_its_host(tmp_path, ray_address):
-    from runners.executors import RayExecutor
+    from runners.executors.local import RayExecutor
 
     [(i, result, exc)] = list(
         RayExecutor(ray_address).map_jobs(check_token, [(str(tmp_path / "private"), "t")])
@@ -133,15 +133,15 @@ def test_case1_on_ray_a_task_that_does_not_see_out_fails_with_one_line_naming_it
 
 def _private_node(monkeypatch, tmp_path):
     """Every job runs as on a node whose --out is a private folder (the driver's path, another disk)."""
-    import runners.jobs
+    import runners.executors.jobs
 
-    real = runners.jobs.execute_claimed_run
+    real = runners.executors.jobs.execute_claimed_run
 
     def on_private_node(run, run_dir, data_dir, leases, study="", token="", label=""):
         node_out = tmp_path / "node-disk"
         return real(run, str(node_out / "runs" / Path(run_dir).name), data_dir, leases, study, token, label)
 
-    monkeypatch.setattr(runners.jobs, "execute_claimed_run", on_private_node)
+    monkeypatch.setattr(runners.executors.jobs, "execute_claimed_run", on_private_node)
 
 
 def test_case1_a_study_whose_runs_fail_exits_1_unless_fewer_seeds_are_allowed(tmp_path, monkeypatch, capsys):
@@ -187,7 +187,7 @@ def test_case8_no_artefact_of_a_run_holds_the_password(tmp_path, postgres_url):
     assert not leaked, leaked
     verdicts = json.loads((out / "studies" / "tiny" / "verdicts.json").read_text())
     assert "study:***@127.0.0.1" in verdicts["command"]
-    from study.cluster import SubmitOptions, submit_command
+    from study.cluster.jobs import SubmitOptions, submit_command
 
     entry = submit_command(hyp, out, SubmitOptions(leases=db, storage=db), sweep=True)
     assert "S3cretPW" not in entry and "--leases" not in entry and "--storage" not in entry
@@ -314,7 +314,7 @@ def test_case4_release_and_renewal_survive_an_outage_shorter_than_the_lease(tmp_
 
 @pytest.mark.parametrize("kind", ["file", "postgres"])
 def test_case4_a_rerun_records_runs_finished_on_disk_whose_release_was_lost(tmp_path, kind, request):
-    from study.stages import Placement, reconcile_leases
+    from study.pipeline.stages import Placement, reconcile_leases
 
     if kind == "file":
         where = str(tmp_path / "out" / "leases")
@@ -333,7 +333,7 @@ def test_case4_a_rerun_records_runs_finished_on_disk_whose_release_was_lost(tmp_
 # ---- case 5: one pooled engine per process ----------------------------------------------------------------
 WORKER = """
 import sys, time
-from runners.leases import fill_once, open_lease_store
+from runners.leases.store import fill_once, open_lease_store
 from vitstudy_core.runfolder import RunFolder
 import numpy as np
 url, root = sys.argv[1], sys.argv[2]
@@ -384,7 +384,7 @@ def test_case5_workers_share_one_pool_each_under_a_low_connection_limit(tmp_path
 
 
 def test_case5_one_engine_per_url_and_process(tmp_path):
-    from runners.lease_sql import engine_for
+    from runners.leases.sql import engine_for
 
     url = f"sqlite:///{tmp_path / 'l.db'}"
     assert open_lease_store(url) is open_lease_store(url) and engine_for(url) is engine_for(url)
@@ -397,7 +397,7 @@ def test_case2_optuna_then_mlflow_then_leases_share_one_database_url(postgres_ur
     import mlflow
     import optuna
 
-    from study.sweep_storage import _database_storage
+    from study.sweep.storage import _database_storage
 
     db = fresh_database(postgres_url, "shared")
     optuna.create_study(study_name="s", storage=_database_storage(db)).enqueue_trial({"x": 1})
@@ -430,7 +430,7 @@ def test_case2_a_sweep_with_mlflow_on_against_one_postgresql_url(tmp_path, postg
 
 # ---- case 3: submit ships its environment -------------------------------------------------------------
 def test_case3_submit_forwards_every_option_the_interpreter_and_the_file_s_variables(tmp_path, monkeypatch):
-    from study.cluster import CODE_DIGEST_ENV, SubmitOptions, code_digest, runtime_env, submit_command
+    from study.cluster.jobs import CODE_DIGEST_ENV, SubmitOptions, code_digest, runtime_env, submit_command
 
     monkeypatch.setenv("CIFAR100_DIR", "/shared/cifar100")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
@@ -481,7 +481,7 @@ class _PluginExecutor:
     """An executor as a plug-in may write it: ``map_jobs(fn, jobs)`` without ``requeue``."""
 
     def map_jobs(self, fn, jobs):
-        from runners.executors import InlineExecutor
+        from runners.executors.local import InlineExecutor
 
         yield from InlineExecutor().map_jobs(fn, jobs)
 
@@ -491,7 +491,7 @@ class _PluginExecutor:
     [pytest.param("local-2", marks=pytest.mark.slow), "ray-1", "plugin"],  # local-2: spawns workers (~8 s)
 )
 def test_case9_every_executor_sends_a_job_back_after_its_delay_and_yields_it_once(name, request):
-    from runners.executors import EXECUTORS, ExecutorOptions, map_requeued
+    from runners.executors.local import EXECUTORS, ExecutorOptions, map_requeued
 
     if name == "plugin":
         executor = _PluginExecutor()
@@ -515,8 +515,8 @@ def test_case9_every_executor_sends_a_job_back_after_its_delay_and_yields_it_onc
 def test_case9_a_run_leased_elsewhere_frees_its_slot_and_reuses_the_holder_s_result(tmp_path, monkeypatch):
     """One slot (the in-process executor): run A is leased live by another worker; run B, independent,
     finishes while A waits, and A then reuses the holder's result without training."""
-    import runners.jobs
-    from study.stages import Placement, execute
+    import runners.executors.jobs
+    from study.pipeline.stages import Placement, execute
 
     _, specs = _tiny_specs(ONE_SEED.replace("seeds: [0]", "seeds: [0, 1]"))
     a, b = specs
@@ -536,7 +536,7 @@ def test_case9_a_run_leased_elsewhere_frees_its_slot_and_reuses_the_holder_s_res
         _finish(runs / a.key)
         store.release(scoped, "other-host:1:abc", "finished")
 
-    monkeypatch.setattr(runners.jobs, "execute_run", training)
+    monkeypatch.setattr(runners.executors.jobs, "execute_run", training)
     ended: list[str] = []
     threading.Thread(target=holder, daemon=True).start()
     failed = execute(
@@ -559,7 +559,7 @@ def test_case9_a_run_leased_elsewhere_frees_its_slot_and_reuses_the_holder_s_res
 def test_case9_on_ray_waiting_tasks_free_their_cpus_for_an_independent_run(tmp_path, ray_address):
     """2 CPUs, 3 runs: two leased live elsewhere, one independent. The independent one trains while the
     other two wait (before, the two waiting tasks held both CPUs), and they then reuse the holder's runs."""
-    from study.stages import Placement, execute, prepare_data
+    from study.pipeline.stages import Placement, execute, prepare_data
 
     _, (a1, a2, b) = _tiny_specs(TINY_HYPOTHESIS)
     out = tmp_path / "out"
@@ -662,7 +662,7 @@ def test_case11_polls_of_a_waiting_worker_and_announcements_log_no_server_error(
 
 
 def test_case11_a_tracking_server_decides_where_experiments_keep_artifacts(tmp_path):
-    from study.tracking_store import experiment_artifact_location
+    from study.tracking.store import experiment_artifact_location
 
     for server in ("http://mlflow-host:5000", "https://u:pw@mlflow.example.org"):
         assert experiment_artifact_location(server, tmp_path, "tiny") is None  # its --artifacts-destination
@@ -672,7 +672,7 @@ def test_case11_a_tracking_server_decides_where_experiments_keep_artifacts(tmp_p
 
 
 def test_case11_the_hint_and_ui_for_a_tracking_server_open_its_address(tmp_path, monkeypatch):
-    import study.tracking_ui as ui
+    import study.tracking.ui as ui
 
     hint = ui.store_hint("http://u:pw@mlflow-host:5000")
     assert hint.startswith("http://u:***@mlflow-host:5000 ") and "mlflow ui" not in hint and "pw" not in hint
@@ -689,7 +689,7 @@ def test_case11_on_a_real_server_artifacts_go_to_its_artifacts_destination(tmp_p
     import signal
     import urllib.request
 
-    from study.tracking import Tracker
+    from study.tracking.tracker import Tracker
     from tests.clusters import free_port
 
     port, dest, out = free_port(), tmp_path / "server-artifacts", tmp_path / "out"
@@ -756,8 +756,8 @@ def test_case6_two_invocations_on_a_fresh_database_both_create_its_tables(
 
     import mlflow.tracking._tracking_service.registry as mlflow_stores
 
-    from study.sweep_storage import _database_storage
-    from study.tracking import Tracker
+    from study.sweep.storage import _database_storage
+    from study.tracking.tracker import Tracker
 
     db = fresh_database(postgres_url, "case6_fresh")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", db)
@@ -779,19 +779,21 @@ def test_case6_two_invocations_on_a_fresh_database_both_create_its_tables(
 def test_case6_two_output_folders_hold_separate_leases_each_run_filled_once(
     tmp_path, postgres_url, monkeypatch
 ):
-    import runners.jobs
-    from study.cluster import format_status
+    import runners.executors.jobs
+    from study.cluster.jobs import format_status
 
     db = fresh_database(postgres_url, "case6_leases")
     monkeypatch.setattr(
-        runners.jobs, "execute_run", lambda run, run_dir, data_dir, label="": _finish(Path(run_dir))
+        runners.executors.jobs, "execute_run", lambda run, run_dir, data_dir, label="": _finish(Path(run_dir))
     )
     _, [spec] = _tiny_specs()
     try:
         for out in ("a", "b"):  # B's job after A's run finished: A's finished lease is not B's run
             token = write_token(tmp_path / out)
             run_dir = tmp_path / out / "runs" / spec.key
-            done = runners.jobs.execute_claimed_run(spec.model_dump(), str(run_dir), "-", db, "tiny", token)
+            done = runners.executors.jobs.execute_claimed_run(
+                spec.model_dump(), str(run_dir), "-", db, "tiny", token
+            )
             assert done["claim"]["filled"] and RunFolder(run_dir).is_finished()
         leases = open_lease_store(db).leases()
         assert sorted((le.state, le.attempts) for le in leases) == [("finished", 1), ("finished", 1)]
@@ -824,8 +826,8 @@ def test_case6_each_output_folder_s_training_reaches_mlflow_once(tmp_path, case6
     from mlflow.tracking import MlflowClient
 
     from study.doctor import check_store
-    from study.run_logging import log_run
-    from study.tracking import Tracker
+    from study.pipeline.runlog import log_run
+    from study.tracking.tracker import Tracker
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", case6_store)
     hyp, [spec] = _tiny_specs()
@@ -862,7 +864,7 @@ def _posing_on_store(monkeypatch, store: str, name: str):
 def test_case6_a_live_parent_of_another_host_or_folder_is_never_closed_a_silent_one_is(
     tmp_path, case6_store, monkeypatch
 ):
-    from study.tracking import Tracker
+    from study.tracking.tracker import Tracker
 
     host, client = _posing_on_store(monkeypatch, case6_store, "host-a")
 
@@ -1106,7 +1108,7 @@ def test_case7_a_driver_on_another_host_waits_for_a_live_driver_s_trials(
 ):
     import optuna
 
-    from study.sweep_storage import _database_storage
+    from study.sweep.storage import _database_storage
 
     db = fresh_database(postgres_url, "case7_live")
     hyp, hold = tmp_path / "s.yaml", tmp_path / "go"
@@ -1140,8 +1142,10 @@ def test_case7_a_driver_on_another_host_waits_for_a_live_driver_s_trials(
 def test_case7_drivers_whose_postgresql_sessions_keep_other_time_zones_agree_on_heartbeats(
     tmp_path, postgres_url, monkeypatch
 ):
-    from study import sweep_heartbeat, sweep_storage, sweep_trials
     from study.schema import parse_hypothesis
+    from study.sweep import _heartbeat as sweep_heartbeat
+    from study.sweep import storage as sweep_storage
+    from study.sweep import trials as sweep_trials
 
     hyp = parse_hypothesis(yaml.safe_load(TINY_SWEEP))
     db = fresh_database(postgres_url, "case7_time_zones")
@@ -1167,7 +1171,7 @@ def test_case7_drivers_whose_postgresql_sessions_keep_other_time_zones_agree_on_
 def test_case7_a_parent_that_goes_silent_while_another_invocation_runs_is_closed_when_that_one_ends(
     tmp_path, case6_store, monkeypatch
 ):
-    from study.tracking import Tracker
+    from study.tracking.tracker import Tracker
 
     host, client = _posing_on_store(monkeypatch, case6_store, "node-a")
     a = Tracker(tmp_path / "out", "case7_exit").__enter__()

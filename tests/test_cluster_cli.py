@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from runners.lease_file import FileLeaseStore
-from study.cluster import submit_command
+from runners.leases._file import FileLeaseStore
+from study.cluster.jobs import submit_command
 from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for, fresh_database
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,10 +74,10 @@ def test_status_counts_each_study_s_runs_by_state_from_a_lease_folder(tmp_path):
 def test_status_counts_a_study_by_its_own_runs_shared_ones_too(tmp_path, kind):
     """``controls`` plans 10 runs, 5 of them the default study's (trained and leased by it): it counts 10
     (was 5: a lease names the study that trained it), and ``u_shape`` still counts its 5."""
-    from runners.lease_members import members, record, record_planned
-    from runners.leases import open_lease_store
+    from runners.leases.members import members, record, record_planned
+    from runners.leases.store import open_lease_store
     from runners.shared_out import lease_key, read_token
-    from study.cluster import status_counts
+    from study.cluster.jobs import status_counts
 
     where = str(tmp_path / "leases") if kind == "folder" else f"sqlite:///{tmp_path / 'leases.db'}"
     store = open_lease_store(where)
@@ -101,7 +101,7 @@ def test_status_counts_a_study_by_its_own_runs_shared_ones_too(tmp_path, kind):
 
 
 def test_status_reads_a_postgresql_lease_store(postgres_url):
-    from runners.leases import open_lease_store
+    from runners.leases.store import open_lease_store
 
     db = fresh_database(postgres_url, "status")
     fill_store(open_lease_store(db))
@@ -141,7 +141,7 @@ def test_submit_to_an_unreachable_cluster_is_one_line_and_writes_nothing(tmp_pat
 def test_submit_command_runs_a_sweep_file_as_a_sweep_with_absolute_paths(tmp_path, monkeypatch):
     import shlex
 
-    from study.cluster import SubmitOptions
+    from study.cluster.jobs import SubmitOptions
 
     monkeypatch.chdir(tmp_path)
     opts = SubmitOptions(leases="postgresql://db/x", storage="postgresql://db/x", gpus_per_run=0.5)
@@ -158,7 +158,7 @@ def _agent_starting(monkeypatch, refusals: int) -> list[dict]:
     with Ray's own 500, then accepted; returns the submissions it saw (no real sleep between them)."""
     import ray.job_submission
 
-    from study import cluster
+    from study.cluster import jobs as cluster
 
     seen: list[dict] = []
 
@@ -195,8 +195,8 @@ def test_submit_waits_for_the_job_agent_then_submits_once(tmp_path, monkeypatch,
 
 
 def test_submit_whose_job_agent_never_comes_is_one_line_within_its_bound(tmp_path, monkeypatch, capsys):
-    from study import cluster
     from study.cli import main
+    from study.cluster import jobs as cluster
 
     seen = _agent_starting(monkeypatch, refusals=10**6)
     hyp, out = tmp_path / "tiny.yaml", tmp_path / "out"

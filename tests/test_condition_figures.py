@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.condition_figures import seed_aggregate_figure
-from analysis.palette import condition_colours
+from analysis.report.condition_figures import seed_aggregate_figure
+from analysis.report.palette import condition_colours
 from analysis.table import make_table, seed_profile
-from study.tracking_write import RunWriter
+from study.tracking._write import RunWriter
 
 LAYERS = ["patch_embed", "pos_embed", "block_01", "block_02", "block_03", "norm"]
 SHIFT = {"trained": 0.0, "shuffled": 5.0, "untrained": 20.0}
@@ -122,7 +122,7 @@ def _controls_report(drawn_figs: list):
     on a synthetic table, its report sections built; ``drawn_figs`` collects the matplotlib figures."""
     import yaml
 
-    from analysis.report_sections import ReportInput, build_sections, conditions_preface
+    from analysis.report.sections import ReportInput, build_sections, conditions_preface
     from analysis.verdicts import evaluate_claims
     from study.schema import parse_hypothesis
     from tests.conftest import TINY_HYPOTHESIS
@@ -158,7 +158,7 @@ def test_a_reports_figures_keep_one_colour_per_condition_and_one_y_range_per_cla
     condition's profile had its own y range, so a dip drawn beside another looked as deep."""
     import matplotlib.colors
 
-    import analysis.figures as figures
+    import analysis.report.figures as figures
 
     kept: list = []
     png = figures._png
@@ -204,7 +204,7 @@ def test_a_reports_figures_keep_one_colour_per_condition_and_one_y_range_per_cla
 
 def test_axis_labels_break_between_words_only():
     """Before: the effects figure's y label was cut every 40 characters ("mea/n", "deep/er")."""
-    from analysis.kinds._difference_display import _wrapped
+    from analysis.kinds._parts.difference_display import _wrapped
 
     text = "the bottleneck depth: the shoulders' mean minus the bottleneck, per seed (a deeper dip is larger)"
     lines = _wrapped(text).split("\n")
@@ -216,7 +216,7 @@ def test_axis_labels_break_between_words_only():
 
 def test_the_panels_of_an_epoch_figure_share_their_y_axis(monkeypatch):
     """Before: one panel per dataset, each zoomed on its own values (a 1-pp change looked like a 20-pp one)."""
-    import analysis.figures as figures
+    import analysis.report.figures as figures
 
     kept: list = []
     png = figures._png

@@ -1,4 +1,4 @@
-"""Conditions of a design (``study.conditions``): cells, their run keys, the built-in controls (shuffled
+"""Conditions of a design (``study.schema._conditions``): cells, their run keys, the built-in controls (shuffled
 labels, untrained), the ``condition`` column of the tidy table, and the one-line errors of bad designs.
 
 A cell is keyed exactly as the single-condition file with the same parts, so a cell shared between files is
@@ -321,7 +321,7 @@ def test_shuffled_and_untrained_cells_train_once_end_to_end(tmp_path, capsys):
 
     from mlflow import MlflowClient
 
-    from study.tracking_store import default_tracking_uri
+    from study.tracking.store import default_tracking_uri
 
     client = MlflowClient(default_tracking_uri(out))
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])

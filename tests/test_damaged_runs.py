@@ -43,7 +43,7 @@ def test_triage_does_not_trust_a_damaged_finished_folder(tmp_path, name):
     """Triage reads each ended folder in full: a damaged one goes to the store's copy, else to training."""
     from types import SimpleNamespace
 
-    from study.run_triage import clear_for_training, plan, triage
+    from study.pipeline.triage import clear_for_training, plan, triage
     from study.schema import load_hypothesis
     from tests.conftest import write_runs
     from vitstudy_core.runfolder import RunFolder

@@ -18,7 +18,7 @@ from runners.objectives.dino import (
     knn_subset,
     teacher_temp_schedule,
 )
-from runners.objectives.dino_crops import JITTER_OPS, MultiCrop, colour_op
+from runners.objectives.multicrop import JITTER_OPS, MultiCrop, colour_op
 
 
 def _np_softmax(z: np.ndarray) -> np.ndarray:
@@ -379,7 +379,7 @@ def test_crops_apply_their_draws_image_by_image():
 
 def test_packed_copy_round_trips_every_draw():
     """The one host-to-device copy of a step's draws keeps every value, dtype and shape (here CPU -> CPU)."""
-    from runners.objectives.dino_crops import packed_copy
+    from runners.objectives.multicrop import packed_copy
 
     draws = MultiCrop(16, 8, 2, (0.4, 1.0), (0.05, 0.4), torch.Generator().manual_seed(0)).draw(9, 16, 16)
     back = packed_copy(draws, torch.device("cpu"))

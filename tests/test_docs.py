@@ -509,7 +509,7 @@ def _verbs() -> dict[str, list[str]]:
     """Every verb of ``python -m study`` and its option strings, from the CLI's own parser."""
     import argparse
 
-    from study.cli_parser import _parser
+    from study.cli._parser import _parser
 
     sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
     return {verb: [o for a in p._actions for o in a.option_strings] for verb, p in sub.choices.items()}

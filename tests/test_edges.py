@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from analysis.calibration import scenario
-from analysis.kinds._rejection import REJECT_LEVEL
+from analysis.kinds._parts.rejection import REJECT_LEVEL
 from analysis.power import plan_claim, seed_floor
 from analysis.table import make_table, save_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims, format_verdicts
@@ -105,7 +105,7 @@ def test_u_shape_loso_table_uses_the_calibrated_rejection():
         },
     }
     r = _analyze(claim, table, 10)
-    from analysis.kinds._u_shape_statistics import u_shape_loso_statistics
+    from analysis.kinds._parts.u_shape_statistics import u_shape_loso_statistics
 
     st = u_shape_loso_statistics(prof[:, :2].mean(1), prof[:, 2:9], prof[:, 9:].mean(1))
     assert (r.verdict == REJECTED) == st.contradicted

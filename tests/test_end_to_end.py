@@ -140,7 +140,7 @@ def test_ui_prints_the_runs_table_address_and_starts_a_lean_server(finished_stud
     telemetry (tests/test_ui.py has the rest)."""
     from mlflow.tracking import MlflowClient
 
-    from study.tracking import open_tracker
+    from study.tracking.tracker import open_tracker
 
     _, out = finished_study
     study_id = MlflowClient(f"sqlite:///{out / 'mlflow.db'}").get_experiment_by_name("tiny").experiment_id
@@ -148,7 +148,7 @@ def test_ui_prints_the_runs_table_address_and_starts_a_lean_server(finished_stud
         sweep_id = t.experiment_id
     calls = []
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setattr("study.cli._serve", lambda cmd, **kw: calls.append((cmd, kw)) or 0)
+    monkeypatch.setattr("study.cli.verbs._serve", lambda cmd, **kw: calls.append((cmd, kw)) or 0)
     capsys.readouterr()
     assert main(["ui", "--out", str(out), "--port", "5077", "--no-browser"]) == 0
     said = capsys.readouterr().out.splitlines()
@@ -166,7 +166,7 @@ def test_ui_prints_the_runs_table_address_and_starts_a_lean_server(finished_stud
         "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
     }
     # it opens the study logged last, or --study's (a sweep by its hypothesis name too)
-    from study.tracking_ui import ui_plan
+    from study.tracking.ui import ui_plan
 
     assert ui_plan(out, 5077).url == runs.format(sweep_id)
     assert ui_plan(out, 5077, "tiny").url == runs.format(study_id)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from runners.executors import (
+from runners.executors.local import (
     EXECUTORS,
     ExecutorOptions,
     InlineExecutor,
@@ -14,8 +14,8 @@ from runners.executors import (
     RayExecutor,
     make_executor,
 )
-from runners.slurm import SlurmExecutor, check_cluster, from_options, parse_time
-from study.stages import Placement
+from runners.executors.slurm import SlurmExecutor, check_cluster, from_options, parse_time
+from study.pipeline.stages import Placement
 from vitstudy.testing import parametrize_with_checks
 from vitstudy.testing.runs import square_or_fail
 from vitstudy_core.errors import StudyError
@@ -145,7 +145,7 @@ def report_budget(wait_for_two: bool) -> int:
     """A job that reads its thread budget as a training run does each epoch; returns the largest seen."""
     import time
 
-    from runners.executors import adopt_thread_budget
+    from runners.executors.local import adopt_thread_budget
 
     seen = adopt_thread_budget() or 0
     deadline = time.monotonic() + (30 if wait_for_two else 0.5)
@@ -173,7 +173,7 @@ def test_threads_are_fixed_unless_the_tail_is_shared():
 
 
 def test_a_job_outside_an_executor_has_no_budget(monkeypatch):
-    from runners.executors import THREADS_FILE_ENV, adopt_thread_budget
+    from runners.executors.local import THREADS_FILE_ENV, adopt_thread_budget
 
     monkeypatch.delenv(THREADS_FILE_ENV, raising=False)
     assert adopt_thread_budget() is None

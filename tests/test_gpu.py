@@ -49,7 +49,7 @@ def test_cuda_bf16_compiled_run_resumes_within_tolerance(objective, tmp_path):
 
 def test_dino_crops_on_cuda_equal_the_cpu_crops_of_the_same_draws():
     """MultiCrop.apply on CUDA (draws moved in one packed copy) against the CPU, TF32 off for the blur."""
-    from runners.objectives.dino_crops import MultiCrop
+    from runners.objectives.multicrop import MultiCrop
 
     crops = MultiCrop(32, 16, 2, (0.4, 1.0), (0.05, 0.4), torch.Generator().manual_seed(0))
     x = (torch.rand(64, 3, 32, 32, generator=torch.Generator().manual_seed(1)) - 0.5) / 0.25
@@ -91,11 +91,11 @@ def test_cuda_training_steps_do_not_synchronise(objective):
 
 
 def test_every_gpu_gets_pinned_workers_and_an_out_of_memory_run_is_one_line():
-    """``runners.gpu_workers`` on the real GPUs: K = 2 workers per visible GPU, each seeing exactly one
+    """``runners.executors.gpu_workers`` on the real GPUs: K = 2 workers per visible GPU, each seeing exactly one
     device (the one its CUDA_VISIBLE_DEVICES names), and a run asking for more memory than its GPU has
     fails with the one line naming that GPU and K while the others finish."""
-    from runners import gpu_workers
-    from runners.executors import make_executor
+    from runners.executors import gpu_workers
+    from runners.executors.local import make_executor
     from tests import gpu_standin
 
     visible = gpu_workers.visible_gpus()

@@ -1,6 +1,6 @@
 """Every GPU of a node, without a GPU: pinning, spreading and failures against a fake device list.
 
-``runners.gpu_workers.visible_gpus`` is replaced by a list of fake ``CUDA_VISIBLE_DEVICES`` values; the
+``runners.executors.gpu_workers.visible_gpus`` is replaced by a list of fake ``CUDA_VISIBLE_DEVICES`` values; the
 jobs are stand-ins (``tests/gpu_standin.py``) that say which device their worker saw when their code was
 imported, so nothing here imports torch in a worker or trains.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from runners import gpu_workers
-from runners.executors import InlineExecutor, make_executor
-from runners.gpu_workers import GpuExecutor, GpuOutOfMemory
+from runners.executors import gpu_workers
+from runners.executors.gpu_workers import GpuExecutor, GpuOutOfMemory
+from runners.executors.local import InlineExecutor, make_executor
 from study.cli import main
 from tests import gpu_standin
 

@@ -55,8 +55,8 @@ def test_disk_full_during_a_study_exits_2_naming_the_path(tiny_yaml, tmp_path, m
 def test_doctor_finds_and_repairs(tiny_yaml, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
-    from study.tracking import training_runs
-    from study.tracking_store import default_tracking_uri
+    from study.tracking.store import default_tracking_uri
+    from study.tracking.tracker import training_runs
 
     out = tmp_path / "out"
     assert main(["run", str(tiny_yaml), "--out", str(out), "--workers", "1", "--no-report"]) == 0
@@ -110,9 +110,7 @@ def test_doctor_counts_a_report_only_finding_as_reported_not_as_repaired(tmp_pat
 def test_fresh_store_prints_no_library_logs(tmp_path):
     from tests.studyproc import run
 
-    code = (
-        f"from pathlib import Path; from study.tracking import Tracker; Tracker(Path({str(tmp_path)!r}), 'x')"
-    )
+    code = f"from pathlib import Path; from study.tracking.tracker import Tracker; Tracker(Path({str(tmp_path)!r}), 'x')"
     done = run([sys.executable, "-c", code])
     assert done.returncode == 0 and done.stderr.strip() == "", done.stderr
     assert (tmp_path / "mlflow.db").is_file()
@@ -184,8 +182,8 @@ def test_doctor_reports_every_damage_before_repairing_any(tiny_yaml, tmp_path, c
     from mlflow.tracking import MlflowClient
 
     from study.doctor import doctor
-    from study.tracking import training_runs
-    from study.tracking_store import default_tracking_uri
+    from study.tracking.store import default_tracking_uri
+    from study.tracking.tracker import training_runs
     from vitstudy_core.locks import run_lock_path
 
     out = tmp_path / "out"

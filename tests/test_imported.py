@@ -14,10 +14,10 @@ import yaml
 
 from analysis.verdicts import INCONCLUSIVE
 from study.cli import main
-from study.orchestrate import run_study
+from study.pipeline.orchestrate import run_study
+from study.pipeline.stages import RunOptions
 from study.runspecs import plan_runs
 from study.schema import load_hypothesis, parse_hypothesis
-from study.stages import RunOptions
 
 DESIGN = {
     "datasets": [{"name": "objects", "variant": "objects", "n_train": 64, "n_test": 32, "image_size": 8}],

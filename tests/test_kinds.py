@@ -14,12 +14,12 @@ from statsmodels.stats.weightstats import ttost_paired
 from analysis.calibration import CALIBRATION_KINDS, scenario, simulate_claim_study
 from analysis.inference import jonckheere_terpstra, jt_statistic, power_and_seeds_needed, tost
 from analysis.kinds import KINDS
-from analysis.kinds._u_shape_statistics import loso_bottleneck
+from analysis.kinds._parts.u_shape_statistics import loso_bottleneck
 from analysis.simulate import simulate_study_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims
 from study.cli import main
 from study.schema import parse_hypothesis
-from study.schema_unions import CLAIM_KINDS
+from study.schema._unions import CLAIM_KINDS
 from vitstudy_core.errors import StudyError
 
 BLOCKS = [f"block_{i:02d}" for i in range(1, 13)]

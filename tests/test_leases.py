@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from runners.lease_file import FileLeaseStore
-from runners.lease_model import LeaseLost, check_lease
-from runners.lease_sql import SqlLeaseStore
-from runners.leases import fill_once, heartbeat, open_lease_store
+from runners.leases._file import FileLeaseStore
+from runners.leases.model import LeaseLost, check_lease
+from runners.leases.sql import SqlLeaseStore
+from runners.leases.store import fill_once, heartbeat, open_lease_store
 from vitstudy_core.runfolder import RunFolder
 
 
@@ -215,7 +215,7 @@ def test_train_run_stops_at_the_epoch_after_its_lease_is_lost(tmp_path):
     import yaml
 
     import runners.train as train
-    from study.run_triage import plan
+    from study.pipeline.triage import plan
     from study.schema import parse_hypothesis
     from tests.conftest import TINY_HYPOTHESIS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from mlflow.exceptions import MlflowException
 
-from study.tracking_write import log_inputs_once
+from study.tracking._write import log_inputs_once
 
 
 class _Client:

@@ -175,7 +175,7 @@ def test_token_metric_of_a_metric_log_is_refused():
     """participation_ratio_bc asked of a table without it or token counts (an imported metric log)."""
     import pandas as pd
 
-    from study.evaluation import check_token_metrics
+    from study.pipeline.evaluation import check_token_metrics
 
     hyp = parse_hypothesis(
         _mutated(lambda d: d["claims"][0].update(metric="participation_ratio_bc")), "f.yaml"

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from study import sweep_heartbeat, sweep_storage, sweep_trials
+from study.sweep import _heartbeat as sweep_heartbeat
+from study.sweep import storage as sweep_storage
+from study.sweep import trials as sweep_trials
 from tests.test_sweep_trials import _asked_on, _hyp, _sqlite_sweep
 
 
-# ---- 1. study/sweep_trials.py restamp_start: optuna 5's RDB column is naive *UTC*, restamp writes naive *local* ----
+# ---- 1. study/sweep/trials.py restamp_start: optuna 5's RDB column is naive *UTC*, restamp writes naive *local* ----
 def test_restamp_start_on_a_database_storage_outside_utc(tmp_path, monkeypatch):
     """Was: on a host whose time zone is not UTC, a restamped trial on a database storage (sqlite here,
     PostgreSQL alike) starts hours away from its first run's start: optuna >= 5 keeps
@@ -38,7 +40,7 @@ def test_restamp_start_on_a_database_storage_outside_utc(tmp_path, monkeypatch):
         time.tzset()
 
 
-# ---- 2. runners/executors.py ProcessExecutor._collect: a dead worker with a job sent back ------------------
+# ---- 2. runners/executors/local.py ProcessExecutor._collect: a dead worker with a job sent back ------------------
 def _die_or_wait(kind: str) -> dict:
     if kind == "die":
         time.sleep(0.5)
@@ -52,7 +54,7 @@ def test_a_dead_worker_while_a_job_is_sent_back_fails_that_job_not_the_map():
     ``map_jobs`` itself raise BrokenProcessPool when that job is resubmitted to the broken pool: the study
     stops with a traceback and the sent-back run is never reported. Before the requeue, a broken pool
     failed each job (``(i, None, BrokenProcessPool)``) and the study went on to test its claims."""
-    from runners.executors import ProcessExecutor
+    from runners.executors.local import ProcessExecutor
 
     def requeue(i, result, times):
         return 0.2 if times < 5 and result.get("status") == "waiting" else None
@@ -69,10 +71,10 @@ def test_a_folder_s_leases_from_before_the_token_scope_are_reconciled(tmp_path):
     mid-run: its bare-key lease stalled) keeps them forever after the upgrade: reconcile_leases marks only
     the scoped keys, and ``status`` calls the one folder '(2 output folders)' with a stalled and a todo
     run on top of the 2 finished ones (4 runs for a 2-run study)."""
-    from runners.leases import open_lease_store
+    from runners.leases.store import open_lease_store
     from runners.shared_out import lease_key, write_token
-    from study.cluster import status_counts
-    from study.stages import Placement, reconcile_leases
+    from study.cluster.jobs import status_counts
+    from study.pipeline.stages import Placement, reconcile_leases
 
     out, runs = tmp_path / "out", tmp_path / "out" / "runs"
     runs.mkdir(parents=True)
@@ -89,14 +91,14 @@ def test_a_folder_s_leases_from_before_the_token_scope_are_reconciled(tmp_path):
     assert {s: dict(c) for s, c in status_counts(out / "leases").items()} == {"demo": {"finished": 2}}
 
 
-# ---- 4. study/tracking_cleanup.py heartbeat_s: STUDY_HEARTBEAT_S <= 0 is not refused -----------------------
+# ---- 4. study/tracking/cleanup.py heartbeat_s: STUDY_HEARTBEAT_S <= 0 is not refused -----------------------
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "nan"])
 def test_a_parent_heartbeat_period_that_is_not_positive_is_refused_not_a_busy_loop(monkeypatch, value):
     """Was: STUDY_HEARTBEAT_S=0 made ParentHeartbeat write the tag in a busy loop (~600,000 writes a second
     against the tracking store); a negative value too, and its tag then made every other invocation judge
     the live parent stale at once and mark it KILLED; a non-number was a bare ValueError. Now each is one
     line naming the variable, found before anything is written (``run`` exits 2)."""
-    from study.tracking_cleanup import heartbeat_s
+    from study.tracking.cleanup import heartbeat_s
     from vitstudy_core.errors import StudyError
 
     monkeypatch.setenv("STUDY_HEARTBEAT_S", value)
@@ -111,7 +113,7 @@ def test_a_negative_heartbeat_period_does_not_make_a_live_parent_stale():
     host right after a beat, so its live invocation is marked KILLED (is_stale: now - beat > 4 * -1)."""
     from types import SimpleNamespace as NS
 
-    from study.tracking_cleanup import is_stale
+    from study.tracking.cleanup import is_stale
 
     now = time.time()
     tags = {"study.host": "other", "study.heartbeat": f"{now:.3f}", "study.heartbeat_s": "-1"}
@@ -119,7 +121,7 @@ def test_a_negative_heartbeat_period_does_not_make_a_live_parent_stale():
     assert not is_stale(run, Path("/nonexistent"), "me", now + 0.5)
 
 
-# ---- 5. study/sweep_heartbeat.py fail_stale: a trial another driver failed meanwhile crashes the sweep ----------------
+# ---- 5. study/sweep/_heartbeat.py fail_stale: a trial another driver failed meanwhile crashes the sweep ----------------
 def test_fail_stale_when_another_driver_failed_the_trial_first(tmp_path, monkeypatch):
     """Was: two restarted drivers that both fail a gone driver's trial without heartbeat (one asked by a
     driver from before heartbeats): the second one's set_trial_state_values raises

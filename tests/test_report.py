@@ -1,4 +1,4 @@
-"""analysis/report.py: the HTML/Markdown report over a synthetic study folder (no training, seconds), and
+"""analysis/report/page.py: the HTML/Markdown report over a synthetic study folder (no training, seconds), and
 what each claim's figures plot for every shipped hypothesis file."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.figures import t_band
-from analysis.report import read_study
-from analysis.report_sections import ReportInput, build_sections, subset_text
+from analysis.report.figures import t_band
+from analysis.report.page import read_study
+from analysis.report.sections import ReportInput, build_sections, subset_text
 from analysis.verdicts import evaluate_claims
 from study.cli import main
 from study.schema import load_hypothesis
@@ -91,7 +91,9 @@ def test_cli_report_and_ui(tmp_path, capsys, monkeypatch):
 
     calls = []
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.setattr("study.cli._serve", lambda cmd, **kw: calls.append(cmd) or 0)  # never start a server
+    monkeypatch.setattr(
+        "study.cli.verbs._serve", lambda cmd, **kw: calls.append(cmd) or 0
+    )  # never start a server
     assert main(["ui", "--out", str(tmp_path / "empty")]) == 2 and calls == []  # no store yet
     (tmp_path / "out" / "mlflow.db").write_bytes(b"")
     assert main(["ui", "--out", str(tmp_path / "out"), "--port", "5077"]) == 0
@@ -199,7 +201,7 @@ def test_report_names_the_test_a_claim_used(tmp_path):
 def test_a_design_with_conditions_gets_a_condition_by_dataset_grid():
     """The report of a design with conditions opens with one grid per claimed metric: a panel per condition
     x dataset at the condition's own last epoch (the untrained cell's is 0), per-seed lines and a band."""
-    from analysis.report_sections import conditions_preface
+    from analysis.report.sections import conditions_preface
 
     hyp = load_hypothesis(ROOT / "hypotheses" / "controls.yaml")
     table = pd.read_parquet(BEHAVIOUR / "table_controls.parquet")

@@ -1,6 +1,6 @@
 """Reports that mislead (issue 27): what the figures draw and what the verdicts and findings say, checked on
 small synthetic sweep tables and trial tables (no training, seconds). Each test reads the matplotlib figure
-the report really renders (``_png`` is wrapped in ``analysis.figures`` and ``analysis.knob_figures``, where
+the report really renders (``_png`` is wrapped in ``analysis.report.figures`` and ``analysis.report.knob_figures``, where
 it is looked up)."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import pandas as pd
 import pytest
 import yaml
 
-import analysis.figures as figures
-import analysis.knob_figures as knob_figures
-from analysis.figures import epoch_figure, profile_figure
-from analysis.knob_figures import knob_figure, trials_figure
+import analysis.report.figures as figures
+import analysis.report.knob_figures as knob_figures
 from analysis.observables import metric_range
-from analysis.report_sections import ReportInput, build_sections, findings
+from analysis.report.figures import epoch_figure, profile_figure
+from analysis.report.knob_figures import knob_figure, trials_figure
+from analysis.report.sections import ReportInput, build_sections, findings
 from analysis.spectral import METRICS, RANGES
 from analysis.verdicts import evaluate_claims, format_verdicts
 from study.schema import load_hypothesis, parse_hypothesis
-from study.sweep_tables import accuracy_warnings, learning_lines, with_task_size
+from study.sweep._tables import accuracy_warnings, learning_lines, with_task_size
 from tests.conftest import TINY_SWEEP
 
 ROOT = Path(__file__).parents[1]
@@ -62,7 +62,7 @@ def _sweep_table(
 
 
 def _trials(points: list[dict], acc, n_seeds: int = 3, objective=None) -> pd.DataFrame:
-    """One row per trial x seed (as ``study.sweep.trials_table``): ``acc(point, seed)`` its test accuracy."""
+    """One row per trial x seed (as ``study.sweep.loop.trials_table``): ``acc(point, seed)`` its test accuracy."""
     rows = [
         {"trial": t, **point, "seed": s, "run_key": f"k{t}{s}", "test_acc": acc(point, s),
          "objective": objective(point, s) if objective else 40.0 + 8 * next(iter(point.values())) + s}
@@ -105,7 +105,7 @@ def test_runs_at_chance_fixed_accuracy_axis_chance_line_and_no_confound(drawn, t
     """Every run at chance over an n_classes knob (accuracy 0.5 -> 0.1 only because chance does): the sweep
     report's figures show accuracy on [0, 1] with a legend and the chance of each trial; the verdicts and
     the report say no run learnt, and no accuracy confound is claimed."""
-    from study.sweep_report import sweep_report
+    from study.sweep.report import sweep_report
 
     hyp = _hyp({"n_classes": [2, 4, 10]}, n_test=400)
     trials = with_task_size(_trials(AT_CHANCE, _at_chance), hyp)
@@ -251,7 +251,7 @@ def test_slopes_say_per_unit_of_the_knob_and_a_missing_crossing_says_never(drawn
 
 
 def test_a_crossing_reached_by_some_seeds_only():
-    from analysis.kinds._curves import crossing, crossing_lines
+    from analysis.kinds._parts.curves import crossing, crossing_lines
 
     x, y = np.array([0.0, 1.0]), np.array([[0.0, 4.0], [0.0, 1.0], [0.0, 6.0]])  # mean reaches 3.0 at 0.818
     (line,) = crossing_lines(crossing(x, y, 3.0), "clutter")

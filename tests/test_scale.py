@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from runners.leases import open_lease_store
+from runners.leases.store import open_lease_store
 from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for, fresh_database
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,8 +32,8 @@ def trained_once(leases: str, keys: list[str]) -> None:
 
 def test_the_local_default_imports_neither_ray_nor_a_database_driver():
     code = (
-        "import sys, study.cli, study.stages, study.orchestrate, study.sweep, study.cluster, "
-        "runners.executors, runners.jobs, runners.leases; "
+        "import sys, study.cli.verbs, study.pipeline.stages, study.pipeline.orchestrate, study.sweep.loop, study.cluster.jobs, "
+        "runners.executors.local, runners.executors.jobs, runners.leases.store; "
         "print(sorted(m for m in ('ray', 'psycopg', 'psycopg2') if m in sys.modules))"
     )
     out = subprocess.run(
@@ -91,9 +91,9 @@ def test_two_sweep_processes_share_one_optuna_study_and_train_each_run_once(tmp_
 
 @pytest.mark.slow  # minutes-budget: the same path is covered by faster default tests
 def test_a_study_on_ray_matches_the_local_executor(tmp_path, postgres_url, ray_address):
-    from study.orchestrate import run_study
+    from study.pipeline.orchestrate import run_study
+    from study.pipeline.stages import Placement, RunOptions
     from study.schema import load_hypothesis
-    from study.stages import Placement, RunOptions
 
     db = fresh_database(postgres_url, "raystudy")
     hyp_path = tmp_path / "four.yaml"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from runners.leases import open_lease_store
+from runners.leases.store import open_lease_store
 from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,9 +46,9 @@ def trained_once(out: Path, keys: list[str]) -> None:
 
 
 def test_a_study_on_slurm_gives_the_local_executor_s_tables_bit_for_bit(tmp_path, slurm_cluster, capsys):
-    from study.orchestrate import run_study
+    from study.pipeline.orchestrate import run_study
+    from study.pipeline.stages import Placement, RunOptions
     from study.schema import load_hypothesis
-    from study.stages import Placement, RunOptions
 
     hyp_path = tmp_path / "one.yaml"
     hyp_path.write_text(ONE_RUN)  # one run: one Slurm task, and the local run in this process (cheap)
@@ -303,8 +303,8 @@ def test_submit_to_ray_without_an_address_is_one_line(tmp_path, capsys):
 def test_a_task_that_does_not_see_out_fails_with_one_line_naming_its_node(tmp_path, slurm_cluster):
     import socket
 
-    from runners.executors import make_executor
-    from runners.jobs import execute_claimed_run
+    from runners.executors.jobs import execute_claimed_run
+    from runners.executors.local import make_executor
     from runners.shared_out import OutNotShared, write_token
 
     out = tmp_path / "out"

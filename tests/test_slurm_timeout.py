@@ -4,7 +4,7 @@ rerun, it ends with the tables of an undisturbed local run, every epoch trained 
 
 ``--slurm-time 1`` with submitit's ``--signal=USR2@90``: the controller signals the task at its first
 time-limit check (every 30 s), before the limit; the task requeues itself (at most
-``runners.slurm.MAX_TIMEOUT_REQUEUES`` times) and resumes from its last complete epoch.
+``runners.executors.slurm.MAX_TIMEOUT_REQUEUES`` times) and resumes from its last complete epoch.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from runners.leases import open_lease_store
+from runners.leases.store import open_lease_store
 from tests.test_slurm import LONG_RUNS, TABLE_COLS, _running_past_first_epoch, _study, _task_logs
 
 # one run of about 60 s undisturbed (8192 images an epoch, 40 epochs): past its first signal at least once
@@ -31,9 +31,9 @@ ONE_LONG = (
 def test_a_job_past_its_time_limit_is_requeued_or_rerun_and_ends_with_the_local_tables(
     tmp_path, slurm_cluster
 ):
-    from study.orchestrate import run_study
+    from study.pipeline.orchestrate import run_study
+    from study.pipeline.stages import RunOptions
     from study.schema import load_hypothesis
-    from study.stages import RunOptions
 
     out = tmp_path / "out"
     proc = _study(tmp_path, ONE_LONG, "--slurm-time", "1")
@@ -71,7 +71,7 @@ def test_a_job_past_its_time_limit_is_requeued_or_rerun_and_ends_with_the_local_
 
 
 class _FakeJob:
-    """What ``runners.slurm._outcome`` reads of a submitit job: its id, paths and state watcher."""
+    """What ``runners.executors.slurm._outcome`` reads of a submitit job: its id, paths and state watcher."""
 
     def __init__(self, folder, value):
         import pickle
@@ -95,7 +95,7 @@ class _FakeJob:
 def test_a_task_past_its_last_requeue_fails_as_timeout_with_its_job_and_log(tmp_path):
     UncompletedJobError = pytest.importorskip("submitit.core.utils").UncompletedJobError
 
-    from runners.slurm import SlurmJobFailed, _outcome
+    from runners.executors.slurm import SlurmJobFailed, _outcome
 
     why = "Job not requeued because: timed-out too many times."
     # raised by submitit's signal handler inside the run (sent back as the run's own error), or outside it

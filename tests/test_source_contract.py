@@ -23,7 +23,7 @@ from analysis.table import COLUMNS
 from runners.sources import DEFAULT_SOURCE, SOURCES
 from study.runspecs import plan_runs
 from study.schema import parse_hypothesis
-from study.schema_unions import SOURCE_TAGS
+from study.schema._unions import SOURCE_TAGS
 from vitstudy.testing import built_in, parametrize_with_checks
 from vitstudy.testing.runs import CLAIM, DESIGN  # the design and claim the shipped checks validate in
 from vitstudy_core.errors import StudyError

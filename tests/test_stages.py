@@ -1,4 +1,4 @@
-"""Each stage of ``study.stages`` on its own: what it reads, what it returns, what it leaves on disk."""
+"""Each stage of ``study.pipeline.stages`` on its own: what it reads, what it returns, what it leaves on disk."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from study import evaluation, outputs, run_tables, run_triage, stages
+from study.pipeline import evaluation, outputs, stages
+from study.pipeline import tables as run_tables
+from study.pipeline import triage as run_triage
 from study.schema import parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS, write_runs
 from vitstudy_core.runfolder import RunFolder
@@ -83,7 +85,7 @@ def test_prepare_data_makes_each_dataset_once(tiny, tmp_path):
 
 
 def test_execute_reports_failures_and_calls_back(tiny, tmp_path, monkeypatch):
-    import runners.jobs
+    import runners.executors.jobs
 
     _, _, _, specs = tiny
 
@@ -99,7 +101,7 @@ def test_execute_reports_failures_and_calls_back(tiny, tmp_path, monkeypatch):
             folder.write_result({"status": "finished"})
         return {"status": "finished" if run["seed"] == 0 else "failed", "failed_epoch": 1, "error": "nan"}
 
-    monkeypatch.setattr(runners.jobs, "execute_run", fake)
+    monkeypatch.setattr(runners.executors.jobs, "execute_run", fake)
     seen = []
     failed = stages.execute(
         specs, tmp_path, tmp_path, workers=1, log=lambda _: None, on_result=lambda s, r: seen.append(s.seed)
@@ -114,7 +116,7 @@ def test_a_run_s_progress_lines_lead_with_its_condition(tiny, tmp_path, monkeypa
     (docs/conditions.md: ``shuffled/objects/seed3``), and the run dict the source gets has no condition."""
     import numpy as np
 
-    import runners.jobs
+    import runners.executors.jobs
 
     _, _, _, specs = tiny
     got = []
@@ -129,7 +131,7 @@ def test_a_run_s_progress_lines_lead_with_its_condition(tiny, tmp_path, monkeypa
             folder.write_result({"status": "finished"})
             return {"status": "finished"}
 
-    monkeypatch.setattr(runners.jobs, "get_source", lambda name: Source())
+    monkeypatch.setattr(runners.executors.jobs, "get_source", lambda name: Source())
     run_specs = [specs[0].model_copy(update={"condition": "shuffled"}), specs[1]]
     assert stages.execute(run_specs, tmp_path, tmp_path, workers=1, log=lambda _: None) == {}
     lines = capsys.readouterr().out.splitlines()

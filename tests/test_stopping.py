@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from runners.executors import InlineExecutor, ProcessExecutor, make_executor, run_threads
+from runners.executors.local import InlineExecutor, ProcessExecutor, make_executor, run_threads
 from vitstudy_core.errors import Interrupted, MachineError, RunFailedError, StudyError, machine_fault
 
 
@@ -102,7 +102,7 @@ WATCHED = """
 import sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from runners.executors import ProcessExecutor
+from runners.executors.local import ProcessExecutor
 from tests.test_stopping import start_then_sleep
 
 if __name__ == "__main__":
@@ -125,7 +125,7 @@ def test_workers_exit_when_their_caller_is_killed(tmp_path):
 
 
 def test_sigterm_is_an_interruption_and_a_second_signal_does_not_cut_the_stop_short():
-    from study.stopping import stopping_cleanly
+    from study.pipeline.stopping import stopping_cleanly
 
     before = signal.getsignal(signal.SIGTERM)  # SIG_DFL, or what an earlier test's library installed (Ray)
     with pytest.raises(Interrupted) as got, stopping_cleanly():
@@ -216,9 +216,9 @@ class _FullDisk:
 
 def _run_planted(monkeypatch, tmp_path, source):
     import runners.sources
-    from study.orchestrate import run_study
+    from study.pipeline.orchestrate import run_study
+    from study.pipeline.stages import RunOptions
     from study.schema import load_hypothesis
-    from study.stages import RunOptions
     from tests.planted import DIFF, write_planted
 
     train = runners.sources.SOURCES["train"]
@@ -281,10 +281,10 @@ def test_a_killed_partial_child_is_retired_once_its_run_is_logged_finished(tmp_p
     import json
 
     from study.doctor import doctor
-    from study.orchestrate import run_study
+    from study.pipeline.orchestrate import run_study
+    from study.pipeline.stages import RunOptions
     from study.schema import load_hypothesis
-    from study.stages import RunOptions
-    from study.tracking import Tracker, training_runs
+    from study.tracking.tracker import Tracker, training_runs
     from tests.conftest import BEHAVIOUR, write_runs
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

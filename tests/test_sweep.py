@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis.kinds._curves import crossing
+from analysis.kinds._parts.curves import crossing
 from analysis.verdicts import evaluate_claims
 from study.cli import main
 from study.schema import parse_hypothesis
@@ -372,7 +372,7 @@ def test_a_sweep_killed_mid_trial_resumes_and_trains_each_run_once(tmp_path):
     # every run is there once, tagged with the trial that reports it; the killed sweep's parent is KILLED
     from mlflow.tracking import MlflowClient
 
-    from study.tracking import training_runs
+    from study.tracking.tracker import training_runs
 
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     children = training_runs(client)
@@ -416,7 +416,7 @@ def test_shipped_sweep_validates_and_its_claims_run_on_a_sweep_table():
 def _begun(tmp_path, text: str = TINY_SWEEP):
     """A sweep whose first pass has begun in ``out``: its optuna study records what its trials run under
     (as ``run_sweep`` records it before asking the first trial)."""
-    from study.sweep_storage import check_unchanged, open_optuna_study
+    from study.sweep.storage import check_unchanged, open_optuna_study
 
     path, out = tmp_path / "s.yaml", tmp_path / "out"
     path.write_text(text)
@@ -452,7 +452,7 @@ def test_an_edited_sweep_rerun_into_the_same_out_is_refused_with_one_line(tmp_pa
 
 
 def test_sweep_edits_its_trials_do_not_depend_on_are_accepted(tmp_path):
-    from study.sweep_storage import check_unchanged, open_optuna_study
+    from study.sweep.storage import check_unchanged, open_optuna_study
 
     path, out = _begun(tmp_path)
     # the swept knob's design point (each trial replaces it) and the claims change nothing of the trials
@@ -481,7 +481,7 @@ def test_optuna_figures_leave_the_matplotlib_style_alone():
     import matplotlib.pyplot as plt
     import optuna
 
-    from analysis.knob_figures import optuna_figures
+    from analysis.report.knob_figures import optuna_figures
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
@@ -503,7 +503,7 @@ def test_submit_keeps_database_passwords_out_of_everything_ray_records(tmp_path,
 
     import ray.job_submission
 
-    from study import cluster
+    from study.cluster import jobs as cluster
 
     sent: dict = {}
 

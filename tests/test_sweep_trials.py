@@ -13,9 +13,14 @@ import optuna
 import pytest
 import yaml
 
-from study import run_triage, stages, sweep, sweep_heartbeat, sweep_storage, sweep_trials
+from study.pipeline import stages
+from study.pipeline import triage as run_triage
 from study.schema import parse_hypothesis
-from study.tracking import NullTracker
+from study.sweep import _heartbeat as sweep_heartbeat
+from study.sweep import loop as sweep
+from study.sweep import storage as sweep_storage
+from study.sweep import trials as sweep_trials
+from study.tracking.tracker import NullTracker
 from tests.conftest import TINY_SWEEP
 from tests.planted import PlantedSource
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.kinds._outcome import token_count_warnings
+from analysis.kinds._parts.outcome import token_count_warnings
 from analysis.simulate import simulate_layer_table
 from analysis.verdicts import evaluate_claims
 from study.schema import parse_hypothesis

@@ -1,4 +1,4 @@
-"""study/tracking.py + run reuse: the MLflow layout, reuse across hypothesis files through the store,
+"""study/tracking/tracker.py + run reuse: the MLflow layout, reuse across hypothesis files through the store,
 cached reruns, --force, and one-line errors for missing/corrupt store artifacts. Tiny runs (seconds)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import time
 import pytest
 
 from study.cli import main
-from study.orchestrate import run_study
-from study.run_tables import collect_table
+from study.pipeline.orchestrate import run_study
+from study.pipeline.stages import RunOptions
+from study.pipeline.tables import collect_table
 from study.runspecs import plan_runs
 from study.schema import load_hypothesis
-from study.stages import RunOptions
-from study.tracking import sanitize_metric_name
+from study.tracking.tracker import sanitize_metric_name
 from vitstudy_core.errors import StudyError
 
 DESIGN = """\
@@ -248,7 +248,7 @@ def test_log_model_is_opt_in(study, tmp_path):
     """Weight files in a run folder are logged under model/ only with log_model=True."""
     import pandas as pd
 
-    from study.tracking import Tracker
+    from study.tracking.tracker import Tracker
 
     root, out, _ = study  # the module's store: creating a fresh sqlite store costs seconds
     spec = plan_runs(load_hypothesis(root / "first.yaml"))[0]
@@ -276,9 +276,9 @@ def test_a_store_with_the_old_metric_names_still_restores(study, tmp_path, monke
     (issue 27 turned them to ``{metric}/{token_set}/{layer}``), is restored from the store file for file,
     and ``doctor`` finds nothing wrong with it."""
     from study.doctor import check_store
-    from study.tracking import Tracker
-    from study.tracking_reuse import StoredRuns
-    from study.tracking_write import sanitize_metric_name
+    from study.tracking._write import sanitize_metric_name
+    from study.tracking.reuse import StoredRuns
+    from study.tracking.tracker import Tracker
 
     root, out, first = study
     # the module's earlier tests delete and retrain run folders of this study: bring them back first (a
@@ -291,7 +291,7 @@ def test_a_store_with_the_old_metric_names_still_restores(study, tmp_path, monke
     result = json.loads((folder / "result.json").read_text())
     rows = collect_table([spec], out / "runs", load_hypothesis(root / "first.yaml").design.layers).table
     old = lambda metric, layer, token_set: sanitize_metric_name(f"{metric}/{layer}/{token_set}")  # noqa: E731
-    monkeypatch.setattr("study.tracking_write.metric_name", old)
+    monkeypatch.setattr("study.tracking._write.metric_name", old)
     with Tracker(out, "old_metric_names") as tracker:
         rid = tracker.log_training_run(spec, result, rows, run_dir=folder)
     monkeypatch.undo()
@@ -343,7 +343,7 @@ def _shape(sig: inspect.Signature) -> list[tuple]:
 def test_null_tracker_keeps_up_with_tracker():
     """Every public method of Tracker is in NullTracker and in TrackerProtocol, with the same parameters:
     a method added to Tracker alone fails here (``--no-mlflow`` would raise AttributeError)."""
-    from study.tracking import NullTracker, Tracker, TrackerProtocol
+    from study.tracking.tracker import NullTracker, Tracker, TrackerProtocol
 
     real, null, proto = _public(Tracker), _public(NullTracker), _public(TrackerProtocol)
     assert set(real) == set(null) == set(proto), (set(real) ^ set(null), set(real) ^ set(proto))
@@ -356,7 +356,7 @@ def test_null_tracker_keeps_up_with_tracker():
 
 
 def test_only_the_tracking_modules_import_mlflow():
-    """The MLflow boundary: study/tracking*.py (and doctor, which inspects the store) import mlflow."""
+    """The MLflow boundary: study/tracking/ (and doctor, which inspects the store) import mlflow."""
     import ast
     from pathlib import Path
 
@@ -370,4 +370,4 @@ def test_only_the_tracking_modules_import_mlflow():
             names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
             if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
                 found.add(path.relative_to(root).as_posix())
-    assert found and all(f.startswith("study/tracking") or f == "study/doctor.py" for f in found), found
+    assert found and all(f.startswith("study/tracking/") or f == "study/doctor.py" for f in found), found

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.kinds._u_shape_statistics import u_shape_statistics
+from analysis.kinds._parts.u_shape_statistics import u_shape_statistics
 from analysis.kinds.u_shape import evaluate as u_shape_test
 from analysis.simulate import simulate_layer_table, simulate_profiles
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, adjust, evaluate_claims

@@ -30,7 +30,7 @@ class _Health(http.server.BaseHTTPRequestHandler):
 
 
 def test_ui_opens_the_runs_table_once_the_server_answers(monkeypatch):
-    from study.tracking_ui import UiPlan, announce_when_up
+    from study.tracking.ui import UiPlan, announce_when_up
 
     server = http.server.HTTPServer(("127.0.0.1", 0), _Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -152,7 +152,7 @@ def test_edited_claim_is_post_hoc_and_exploratory(tmp_path, planted, capsys):
 def test_registration_tags_on_the_mlflow_parent_run(tmp_path, planted):
     from mlflow.tracking import MlflowClient
 
-    from study.tracking_store import default_tracking_uri
+    from study.tracking.store import default_tracking_uri
 
     planted(0.5)
     out = tmp_path / "out"

@@ -37,7 +37,7 @@ GROUPS: dict[str, str] = {
     "vitstudy.datasets": "runners.datasets:DATASETS",
     "vitstudy.objectives": "runners.objectives:OBJECTIVES",
     "vitstudy.sources": "runners.sources:SOURCES",
-    "vitstudy.executors": "runners.executors:EXECUTORS",
+    "vitstudy.executors": "runners.executors.local:EXECUTORS",
     "vitstudy.metrics": "analysis.spectral:METRICS",
     "vitstudy.token_metrics": "analysis.spectral:TOKEN_METRICS",
     "vitstudy.observables": "analysis.observables:OBSERVABLES",

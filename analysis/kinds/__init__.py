@@ -12,11 +12,23 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from analysis.kinds._display import FigureContext
-from analysis.kinds._registry import KINDS, ClaimKind, get_kind, register_kind
-from analysis.kinds._scenario import Scenario
+from analysis.kinds._parts.controls import apply_controls, controls_figures, explain_controls
+from analysis.kinds._parts.display import FigureContext
+from analysis.kinds._parts.registry import KINDS, ClaimKind, get_kind, register_kind
+from analysis.kinds._parts.scenario import Scenario
 
-__all__ = ["KINDS", "ClaimKind", "FigureContext", "Scenario", "claim_models", "get_kind", "register_kind"]
+__all__ = [
+    "KINDS",
+    "ClaimKind",
+    "FigureContext",
+    "Scenario",
+    "apply_controls",
+    "claim_models",
+    "controls_figures",
+    "explain_controls",
+    "get_kind",
+    "register_kind",
+]
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     if _module != "base" and not _module.startswith("_"):

@@ -23,15 +23,15 @@ The names live in the package's private modules, one job each: ``_claim`` (the c
 
 from __future__ import annotations
 
-from analysis.kinds._claim import RUN_SCALARS, ClaimBase, Condition, Subset
-from analysis.kinds._curves import (
+from analysis.kinds._parts.claim import RUN_SCALARS, ClaimBase, Condition, Subset
+from analysis.kinds._parts.curves import (
     crossing,
     crossing_lines,
     layer_location,
     no_interior_minimum,
     summarise_layers,
 )
-from analysis.kinds._display import (
+from analysis.kinds._parts.display import (
     FigureContext,
     Result,
     condition_figures,
@@ -39,7 +39,7 @@ from analysis.kinds._display import (
     metric_unit,
     per_seed_text,
 )
-from analysis.kinds._outcome import (
+from analysis.kinds._parts.outcome import (
     Outcome,
     Statistic,
     few_seeds_warning,
@@ -48,8 +48,8 @@ from analysis.kinds._outcome import (
     std_effect,
     token_count_warnings,
 )
-from analysis.kinds._registry import KINDS, ClaimKind, get_kind, register_kind
-from analysis.kinds._rejection import (
+from analysis.kinds._parts.registry import KINDS, ClaimKind, get_kind, register_kind
+from analysis.kinds._parts.rejection import (
     REJECT_LEVEL,
     Estimate,
     Needs,
@@ -58,8 +58,8 @@ from analysis.kinds._rejection import (
     holm_min,
     margin_p,
 )
-from analysis.kinds._scenario import Scenario, Trial
-from analysis.kinds._selection import (
+from analysis.kinds._parts.scenario import Scenario, Trial
+from analysis.kinds._parts.selection import (
     claim_view,
     complete_seeds,
     condition_values,
@@ -69,7 +69,7 @@ from analysis.kinds._selection import (
     select,
     token_counts,
 )
-from analysis.kinds._table import NotTestable, OneLevel, TableView
+from analysis.kinds._parts.table import NotTestable, OneLevel, TableView
 
 __all__ = [
     "KINDS",

@@ -10,14 +10,14 @@ import pandas as pd
 from pydantic import Field
 
 from analysis.inference import Alternative, opposite, t_test
-from analysis.kinds._claim import ClaimBase, Condition
-from analysis.kinds._display import Result, condition_figures, describe_condition, per_seed_text
-from analysis.kinds._outcome import Outcome, Statistic, few_seeds_warning, paired_outcome, std_effect
-from analysis.kinds._registry import ClaimKind, register_kind
-from analysis.kinds._rejection import contradiction
-from analysis.kinds._scenario import Scenario, Trial
-from analysis.kinds._selection import claim_view, paired
-from analysis.kinds._table import TableView
+from analysis.kinds._parts.claim import ClaimBase, Condition
+from analysis.kinds._parts.display import Result, condition_figures, describe_condition, per_seed_text
+from analysis.kinds._parts.outcome import Outcome, Statistic, few_seeds_warning, paired_outcome, std_effect
+from analysis.kinds._parts.registry import ClaimKind, register_kind
+from analysis.kinds._parts.rejection import contradiction
+from analysis.kinds._parts.scenario import Scenario, Trial
+from analysis.kinds._parts.selection import claim_view, paired
+from analysis.kinds._parts.table import TableView
 
 
 class CompareClaim(ClaimBase):

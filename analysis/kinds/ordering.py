@@ -17,27 +17,27 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from analysis.inference import JTTest, identical_rows, jonckheere_terpstra
-from analysis.kinds._adjust import adjusted_outcome, group_covariate
-from analysis.kinds._claim import ClaimBase
-from analysis.kinds._curves import crossing, crossing_lines, summarise_layers
-from analysis.kinds._display import FigureContext, Result
-from analysis.kinds._outcome import Outcome, outcome_from_stats, token_count_warnings
-from analysis.kinds._registry import ClaimKind, register_kind
-from analysis.kinds._scenario import Scenario, Trial
-from analysis.kinds._selection import (
+from analysis.kinds._parts.adjust import adjusted_outcome, group_covariate
+from analysis.kinds._parts.claim import ClaimBase
+from analysis.kinds._parts.curves import crossing, crossing_lines, summarise_layers
+from analysis.kinds._parts.display import FigureContext, Result
+from analysis.kinds._parts.outcome import Outcome, outcome_from_stats, token_count_warnings
+from analysis.kinds._parts.registry import ClaimKind, register_kind
+from analysis.kinds._parts.scenario import Scenario, Trial
+from analysis.kinds._parts.selection import (
     claim_view,
     complete_seeds,
     knob_levels_of,
     knob_rows,
     token_counts,
 )
-from analysis.kinds._table import TableView
-from analysis.kinds._trend_statistics import TrendStatistic, trend_statistics
+from analysis.kinds._parts.table import TableView
+from analysis.kinds._parts.trend_statistics import TrendStatistic, trend_statistics
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.knobs import Knob
 
 if TYPE_CHECKING:
-    from analysis.figures import Figure
+    from analysis.report.figures import Figure
 
 
 class OrderingClaim(ClaimBase):
@@ -101,7 +101,7 @@ class OrderingClaim(ClaimBase):
 
 @dataclass(frozen=True, kw_only=True)
 class OrderingStatistic(TrendStatistic):
-    """:class:`~analysis.kinds._trend_statistics.TrendStatistic` of the per-seed slopes on the rank (or levels), plus
+    """:class:`~analysis.kinds._parts.trend_statistics.TrendStatistic` of the per-seed slopes on the rank (or levels), plus
     ``jt``: the Jonckheere-Terpstra test that decides without levels (else None)."""
 
     jt: JTTest | None = None
@@ -126,7 +126,7 @@ def ordering_statistics(
     (on the rank 0..K-1 without levels) with a 95% t CI over seeds.
 
     Returns:
-        An :class:`OrderingStatistic` (a :class:`~analysis.kinds._trend_statistics.TrendStatistic` plus ``jt``).
+        An :class:`OrderingStatistic` (a :class:`~analysis.kinds._parts.trend_statistics.TrendStatistic` plus ``jt``).
     """
     y = np.asarray(y, dtype=np.float64)
     k = y.shape[1]
@@ -309,12 +309,12 @@ def effect_unit(claim: OrderingClaim) -> str:
 
 def figures(ctx: FigureContext) -> list[Figure]:
     """The metric by layer at the tested epoch for every listed dataset, in order, summarised layers shaded."""
-    from analysis.figures import profile_figure
+    from analysis.report.figures import profile_figure
 
     claim = ctx.claim
     if claim.knob() is not None:
-        from analysis.figures import summary_bounds
-        from analysis.knob_figures import knob_figure
+        from analysis.report.figures import summary_bounds
+        from analysis.report.knob_figures import knob_figure
 
         bounds = summary_bounds(claim.metric, claim.summary)
         return [

@@ -16,21 +16,21 @@ from pydantic import Field, model_validator
 from analysis.inference import (
     per_seed_kendall,
 )
-from analysis.kinds._adjust import (
+from analysis.kinds._parts.adjust import (
     adjusted_outcome,
     adjusted_trial,
     draw_confounded,
     group_covariate,
 )
-from analysis.kinds._claim import ClaimBase
-from analysis.kinds._curves import crossing, crossing_lines
-from analysis.kinds._display import FigureContext, Result
-from analysis.kinds._outcome import Outcome
-from analysis.kinds._registry import ClaimKind, register_kind
-from analysis.kinds._scenario import Scenario
-from analysis.kinds._selection import claim_view, complete_seeds, knob_levels_of, knob_rows
-from analysis.kinds._table import TableView
-from analysis.kinds._trend_scenarios import (
+from analysis.kinds._parts.claim import ClaimBase
+from analysis.kinds._parts.curves import crossing, crossing_lines
+from analysis.kinds._parts.display import FigureContext, Result
+from analysis.kinds._parts.outcome import Outcome
+from analysis.kinds._parts.registry import ClaimKind, register_kind
+from analysis.kinds._parts.scenario import Scenario
+from analysis.kinds._parts.selection import claim_view, complete_seeds, knob_levels_of, knob_rows
+from analysis.kinds._parts.table import TableView
+from analysis.kinds._parts.trend_scenarios import (
     _SPACINGS,
     _draw,
     _draw_at,
@@ -38,7 +38,7 @@ from analysis.kinds._trend_scenarios import (
     _raw_trial,
     _test,
 )
-from analysis.kinds._trend_statistics import (
+from analysis.kinds._parts.trend_statistics import (
     TrendStatistic,
     layers_statistics,
 )
@@ -48,7 +48,7 @@ from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.knobs import Knob
 
 if TYPE_CHECKING:
-    from analysis.figures import Figure
+    from analysis.report.figures import Figure
 
 
 class TrendClaim(ClaimBase):
@@ -355,12 +355,12 @@ def _holm_contrasts(claim: TrendClaim) -> int:
 def figures(ctx: FigureContext) -> list[Figure]:
     """Over epochs: the metric against every tested epoch, one line per claimed layer. Over layers: the
     metric by layer at the tested epoch, the claimed layers shaded."""
-    from analysis.figures import epoch_figure, profile_figure
+    from analysis.report.figures import epoch_figure, profile_figure
 
     claim, table = ctx.claim, ctx.table
     if claim.knob() is not None:
-        from analysis.knob_figures import knob_figure
         from analysis.observables import metric_range
+        from analysis.report.knob_figures import knob_figure
 
         return [knob_figure(ctx.result, claim.metric, metric_range(claim.metric), table, effect_unit(claim))]
     if claim.over == "epoch":

@@ -6,8 +6,8 @@ leave-one-seed-out (with a sign-flip randomisation p that repeats the choice). T
 fit is never used: it "detects" a U in any convex decay.
 
 This module holds the claim model, its evaluation over the table, the figures, the explanation and the
-registration; the array-level tests are ``analysis.kinds._u_shape_statistics``, the calibration scenarios
-``analysis.kinds._u_shape_scenarios``.
+registration; the array-level tests are ``analysis.kinds._parts.u_shape_statistics``, the calibration scenarios
+``analysis.kinds._parts.u_shape_scenarios``.
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ import pandas as pd
 from pydantic import Field, field_validator
 
 from analysis.inference import t_test
-from analysis.kinds._claim import ClaimBase
-from analysis.kinds._curves import layer_location, no_interior_minimum
-from analysis.kinds._display import FigureContext, Result
-from analysis.kinds._outcome import Outcome
-from analysis.kinds._registry import ClaimKind, register_kind
-from analysis.kinds._rejection import combined_against
-from analysis.kinds._scenario import Scenario
-from analysis.kinds._selection import claim_view, complete_seeds, select
-from analysis.kinds._table import TableView
-from analysis.kinds._u_shape_scenarios import _draw, _step_down, _test_declared, _test_loso
-from analysis.kinds._u_shape_statistics import (
+from analysis.kinds._parts.claim import ClaimBase
+from analysis.kinds._parts.curves import layer_location, no_interior_minimum
+from analysis.kinds._parts.display import FigureContext, Result
+from analysis.kinds._parts.outcome import Outcome
+from analysis.kinds._parts.registry import ClaimKind, register_kind
+from analysis.kinds._parts.rejection import combined_against
+from analysis.kinds._parts.scenario import Scenario
+from analysis.kinds._parts.selection import claim_view, complete_seeds, select
+from analysis.kinds._parts.table import TableView
+from analysis.kinds._parts.u_shape_scenarios import _draw, _step_down, _test_declared, _test_loso
+from analysis.kinds._parts.u_shape_statistics import (
     UShapeStatistic,
     dip_depth,
     u_shape_loso_statistics,
@@ -40,7 +40,7 @@ from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.settings import Strict
 
 if TYPE_CHECKING:
-    from analysis.figures import Figure
+    from analysis.report.figures import Figure
 
 
 class Regions(Strict):
@@ -238,7 +238,7 @@ def _labellings(claim: UShapeClaim) -> int:
 def figures(ctx: FigureContext) -> list[Figure]:
     """The metric by layer at the tested epoch, declared regions shaded (a LOSO bottleneck: the layers
     chosen for some seed)."""
-    from analysis.figures import profile_figure
+    from analysis.report.figures import profile_figure
 
     claim, details = ctx.claim, ctx.result.details
     bottleneck = claim.regions.bottleneck

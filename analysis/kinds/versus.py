@@ -4,7 +4,7 @@
 * ``exceeds``: the same, one-sided: larger in ``a`` than in ``b`` (larger = further in the inner claim's
   claimed direction: a deeper dip, a steeper claimed slope);
 * ``holds_in_all``: the inner claim holds in every listed condition (intersection-union: p = max);
-* ``controls: [names]`` on any claim (:func:`analysis.kinds._controls.apply_controls`, called by the verdicts): the claim holds in
+* ``controls: [names]`` on any claim (:func:`analysis.kinds._parts.controls.apply_controls`, called by the verdicts): the claim holds in
   its own condition and its per-seed effect exceeds the same claim's in each control (intersection-union
   with those ``exceeds`` tests).
 
@@ -30,16 +30,16 @@ import pandas as pd
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from analysis.inference import Alternative
-from analysis.kinds._claim import CONDITION_NAME, ClaimBase
-from analysis.kinds._difference import _difference_details, _se_df, compare_effects, in_condition
-from analysis.kinds._difference_display import difference_lines, effects_figure
-from analysis.kinds._display import FigureContext, Result
-from analysis.kinds._outcome import Outcome
-from analysis.kinds._registry import KINDS, ClaimKind, get_kind, register_kind
-from analysis.kinds._rejection import Estimate, contradiction, holm_min
-from analysis.kinds._scenario import Scenario
-from analysis.kinds._table import TableView
-from analysis.kinds._versus_scenarios import (
+from analysis.kinds._parts.claim import CONDITION_NAME, ClaimBase
+from analysis.kinds._parts.difference import _difference_details, _se_df, compare_effects, in_condition
+from analysis.kinds._parts.difference_display import difference_lines, effects_figure
+from analysis.kinds._parts.display import FigureContext, Result
+from analysis.kinds._parts.outcome import Outcome
+from analysis.kinds._parts.registry import KINDS, ClaimKind, get_kind, register_kind
+from analysis.kinds._parts.rejection import Estimate, contradiction, holm_min
+from analysis.kinds._parts.scenario import Scenario
+from analysis.kinds._parts.table import TableView
+from analysis.kinds._parts.versus_scenarios import (
     _boundary,
     _calibration_exceeds,
     _draw_holds,
@@ -50,7 +50,7 @@ from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.settings import Strict
 
 if TYPE_CHECKING:
-    from analysis.figures import Figure
+    from analysis.report.figures import Figure
 
 ACROSS_KINDS = ("differs", "exceeds", "holds_in_all")
 # what an inner claim takes from the claim around it; set on the outer claim only
@@ -340,8 +340,8 @@ def _shared_ylim(
     """One y range for the inner claim's figures in every condition: the per-seed values of its metric
     (at each condition's tested epoch, where it has one) and their 95% t bands, clipped to the metric's
     range, with a 5% margin; None when no condition has rows."""
-    from analysis.figures import clip_band, t_band
     from analysis.observables import metric_range
+    from analysis.report.figures import clip_band, t_band
 
     if "condition" not in table.columns:
         return None

@@ -101,7 +101,7 @@ class ObjectiveSettings(Strict):
         return v
 
     def throughput_key(self) -> str | None:
-        """The rate of ``study.gpu_cost.MEASURED["images_per_s"]`` measured with these settings (the GPU
+        """The rate of ``study.cluster.gpu_cost.MEASURED["images_per_s"]`` measured with these settings (the GPU
         estimate of ``study plan``); None: not measured, no estimate."""
         return None
 

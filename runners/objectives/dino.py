@@ -26,7 +26,7 @@ Crops are made batched on the training device with ``torchvision.ops.roi_align``
 crop) and tensor arithmetic (flip, colour jitter with hue, grayscale, Gaussian blur, solarisation),
 every random draw from one seeded ``torch.Generator`` (``seed + 104729``), so augmentation is
 reproducible, separable from init and data order, and resumable; they live in
-``runners.objectives.dino_crops``.
+``runners.objectives.multicrop``.
 
 The settings model (:class:`~runners.objectives.dino_settings.DinoObjective`) and the presets
 (``dino_paper``, ``dino_small``) are in ``runners.objectives.dino_settings``, which imports no torch.
@@ -46,9 +46,9 @@ from torch import nn
 from runners.inputs import batch_input, to_input
 from runners.models import build_model
 from runners.objectives.base import TrainerSetup
-from runners.objectives.dino_crops import MultiCrop
 from runners.objectives.dino_settings import DinoObjective
 from runners.objectives.meter import EpochMeter, adamw
+from runners.objectives.multicrop import MultiCrop
 
 AUG_SEED_OFFSET = 104729
 # k-NN monitor: at most this many train / test images, the same seeded subset at every epoch and seed

@@ -1,5 +1,5 @@
 """The ``checkpoints`` source: saved weights of the design's timm ViT, one folder per seed, measured on the
-probe set exactly as a trained run is (``runners.checkpoints``)."""
+probe set exactly as a trained run is (``runners.checkpoints.importer``)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ class CheckpointsSettings(ImportedSettings):
 
 
 class CheckpointSource(ImportedSourceBase):
-    """Saved checkpoints of the design's timm ViT, one folder per seed (``runners.checkpoints``)."""
+    """Saved checkpoints of the design's timm ViT, one folder per seed (``runners.checkpoints.importer``)."""
 
     name = "checkpoints"
     settings = CheckpointsSettings
@@ -59,14 +59,14 @@ class CheckpointSource(ImportedSourceBase):
 
     def fingerprint(self, settings: dict, path: Path, epochs: list[int]) -> dict:
         """sha256 of the (file name, sha256 of its bytes) list of the epochs imported."""
-        from runners.checkpoint_files import checkpoint_files
+        from runners.checkpoints.files import checkpoint_files
         from vitstudy_core.hashing import file_digest
 
         files = checkpoint_files(path, epochs)
         return {"fingerprint": digest([(p.name, file_digest(p)) for p in files.values()], 16)}
 
     def check(self, run: dict) -> None:
-        from runners.checkpoints import check_checkpoints
+        from runners.checkpoints.importer import check_checkpoints
         from runners.datasets import check_dataset_folder
 
         check_dataset_folder(run["dataset"])
@@ -78,7 +78,7 @@ class CheckpointSource(ImportedSourceBase):
     def fill(
         self, run: dict, run_dir: str | Path, data_dir: str | Path, progress=None, bar: bool = False
     ) -> dict:
-        from runners.checkpoints import import_checkpoints
+        from runners.checkpoints.importer import import_checkpoints
 
         return import_checkpoints(run, run_dir, data_dir, progress=progress)
 

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.figures import Figure
 from analysis.kinds import KINDS, FigureContext
 from analysis.kinds.base import ClaimBase, Outcome, TableView
+from analysis.report.figures import Figure
 from analysis.simulate import simulate_study_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims
 from vitstudy_core.errors import StudyError

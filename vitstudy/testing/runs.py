@@ -1,5 +1,5 @@
 """Contract checks of the parts that make runs: dataset kinds (:data:`runners.datasets.DATASETS`), run
-sources (:data:`runners.sources.SOURCES`) and executors (:data:`runners.executors.EXECUTORS`).
+sources (:data:`runners.sources.SOURCES`) and executors (:data:`runners.executors.local.EXECUTORS`).
 
 These are the checks that need nothing but the entry: its model and example, validated through the real
 hypothesis schema, and (executors) five jobs through ``map_jobs``. What needs data on disk (a dataset's
@@ -15,7 +15,7 @@ import unittest
 from typing import Any
 
 from runners.datasets import DATASETS, DEFAULT_KIND
-from runners.executors import EXECUTORS, ExecutorOptions
+from runners.executors.local import EXECUTORS, ExecutorOptions
 from runners.sources import DEFAULT_SOURCE, SOURCES, ImportedSettings
 from vitstudy_core.settings import Strict
 

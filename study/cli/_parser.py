@@ -1,0 +1,226 @@
+"""The command line's argument parser: every verb of ``python -m study`` and its options (:func:`_parser`);
+what each verb does is in ``study.cli.verbs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block): ``error: run: the following arguments ...``."""
+
+    def error(self, message: str):
+        where = self.prog.removeprefix("python -m study").strip()
+        print(f"error: {where + ': ' if where else ''}{' '.join(message.split())}", file=sys.stderr)
+        sys.exit(2)
+
+
+_STORAGE_HELP = (
+    "optuna storage URL (default: $STUDY_STORAGE, else the file's sweep.storage, else a journal file in "
+    "the output folder; the flag wins over the variable, which keeps a password off the command line)"
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m study", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    v = sub.add_parser("validate", help="check a hypothesis file without running anything")
+    v.add_argument("hypothesis", type=Path)
+    v.add_argument("--out", type=Path, default=Path("study_results"), help="where `run` would write")
+
+    r = sub.add_parser("run", help="train the runs a hypothesis needs and test its claims")
+    r.add_argument("hypothesis", type=Path)
+    r.add_argument(
+        "--out", type=Path, default=Path("study_results"), help="output folder (default: study_results)"
+    )
+    r.add_argument(
+        "--workers",
+        default="auto",
+        help="parallel training processes ('auto': one per CPU core, or one per visible GPU)",
+    )
+    r.add_argument("--force", action="store_true", help="retrain runs even if finished results exist")
+    r.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    r.add_argument(
+        "--data-root",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="folder of the on-disk dataset NAME (overrides its path in the file; repeatable)",
+    )
+    r.add_argument(
+        "--log-model",
+        action="store_true",
+        help="also log weight files to MLflow (off: ~88 MB per ViT-S seed)",
+    )
+    r.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
+    r.add_argument("--verbose", action="store_true", help="let MLflow's and alembic's log lines through")
+    r.add_argument(
+        "--new-registration", metavar="REASON", help="start the study's registration afresh (recorded)"
+    )
+    _add_sequential_options(r)
+    _add_placement(r)
+    pl = sub.add_parser(
+        "plan", help="seeds and run-hours each claim needs for 80%%/90%% power (trains nothing)"
+    )
+    pl.add_argument("hypothesis", type=Path)
+    pl.add_argument(
+        "--pilot", type=Path, default=None, help="tidy table of a pilot (default: the study's own)"
+    )
+    pl.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+    _add_sweep(sub)
+
+    a = sub.add_parser("analyze", help="re-test a hypothesis's claims on a saved tidy table (no training)")
+    a.add_argument("hypothesis", type=Path)
+    a.add_argument("--table", type=Path, required=True, help="tidy table (.parquet or .csv)")
+    a.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+
+    # ---- observatory verbs: score spectra / rebuild tables from saved runs (no model needed) -----------
+    mt = sub.add_parser("metrics", help="eigenvalue metrics of spectra (.npy/.npz) as JSON (null: undefined)")
+    mt.add_argument("spectrum", type=Path, help="a .npy 1-D vector of eigenvalues, or a run's spectra.npz")
+    tb = sub.add_parser("table", help="rebuild the tidy table from the saved spectra of a hypothesis's runs")
+    tb.add_argument("hypothesis", type=Path)
+    tb.add_argument("--out", type=Path, default=Path("study_results"), help="the folder `run` wrote to")
+    tb.add_argument(
+        "--to", type=Path, default=None, help="table path (default: OUT/studies/NAME/table.parquet)"
+    )
+    _add_results_verbs(sub)
+    _add_scale_verbs(sub)
+    return p
+
+
+def _add_sweep(sub) -> None:
+    sw = sub.add_parser("sweep", help="run optuna trials over a dataset's knobs and test claims over them")
+    sw.add_argument("hypothesis", type=Path)
+    sw.add_argument(
+        "--out", type=Path, default=Path("study_results"), help="output folder (default: study_results)"
+    )
+    sw.add_argument(
+        "--n-trials", type=int, default=None, help="trials in all (default: the file's, or the grid)"
+    )
+    sw.add_argument("--storage", default=None, help=_STORAGE_HELP)
+    sw.add_argument(
+        "--workers",
+        default="auto",
+        help="parallel training processes ('auto': one per CPU core, or one per visible GPU)",
+    )
+    sw.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    sw.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
+    _add_placement(sw)
+
+
+def _add_sequential_options(r) -> None:
+    r.add_argument(  # without it, a run that failed (a seed missing from the verdicts) is exit status 1
+        "--allow-failed-runs",
+        action="store_true",
+        help="exit 0 even when runs failed (their seeds are left out of the verdicts)",
+    )
+    r.add_argument(
+        "--until-decided",
+        action="store_true",
+        help="add seeds in batches until every confirmatory claim is decided (group-sequential)",
+    )
+    r.add_argument("--max-seeds", type=int, default=None, help="most seeds (default: twice the file's)")
+    r.add_argument("--batch", type=int, default=2, help="seeds added per look (default 2)")
+    r.add_argument(
+        "--spending",
+        choices=("obf", "pocock"),
+        default="obf",
+        help="alpha spending: O'Brien-Fleming type (default) or Pocock type",
+    )
+
+
+# ---- scale out: where runs execute, submitting to a Ray cluster, what is running ------------------------
+def _add_placement(p: argparse.ArgumentParser) -> None:
+    from runners.executors.local import EXECUTORS
+
+    kinds = "; ".join(f"{name}: {kind.summary}" for name, kind in EXECUTORS.items())
+    p.add_argument(
+        "--executor", choices=EXECUTORS.names(), default="local", help=f"where runs train ({kinds})"
+    )
+    p.add_argument("--address", default="auto", help="Ray cluster address for --executor ray (default: auto)")
+    p.add_argument(
+        "--cpus-per-run", type=float, default=1, help="CPUs each Ray or Slurm task requests (default 1)"
+    )
+    p.add_argument(
+        "--gpus-per-run", type=float, default=0, help="GPUs each Ray or Slurm task requests (default 0)"
+    )
+    from study.cluster.gpu_flags import add_gpu_flags
+    from study.cluster.slurm_flags import add_slurm_flags
+
+    add_gpu_flags(p)
+    add_slurm_flags(p)
+    p.add_argument(
+        "--leases",
+        default=None,
+        help="run lease store shared by every worker: a database URL (postgresql://...) or a folder "
+        "(default: $STUDY_LEASES, else OUT/leases; a sweep with a database --storage uses that database; "
+        "the flag wins over the variable, which keeps a password off the command line)",
+    )
+
+
+def _add_scale_verbs(sub) -> None:
+    sb = sub.add_parser("submit", help="start a study or sweep as a Ray or Slurm job on a running cluster")
+    sb.add_argument("hypothesis", type=Path, help="the file, on a filesystem every node reaches")
+    sb.add_argument(
+        "--executor",
+        choices=("ray", "slurm"),
+        default="ray",
+        help="ray: a Ray job (--address); slurm: the driver as a 1-CPU Slurm job (default ray)",
+    )
+    sb.add_argument("--address", default=None, help="the Ray cluster's dashboard, e.g. http://HEAD:8265")
+    sb.add_argument("--out", type=Path, default=Path("study_results"), help="shared output folder")
+    sb.add_argument(
+        "--leases",
+        default=None,
+        help="run lease store (a postgresql:// URL on a cluster; default: $STUDY_LEASES)",
+    )
+    sb.add_argument(
+        "--storage",
+        default=None,
+        help="optuna storage URL of a sweep (postgresql://...; default: $STUDY_STORAGE)",
+    )
+    sb.add_argument("--cpus-per-run", type=float, default=1, help="CPUs each run requests (default 1)")
+    sb.add_argument("--gpus-per-run", type=float, default=0, help="GPUs each run requests (default 0)")
+    sb.add_argument("--data-root", action="append", default=[], metavar="NAME=PATH", help="as for run")
+    sb.add_argument("--force", action="store_true", help="as for run: retrain finished runs")
+    sb.add_argument("--n-trials", type=int, default=None, help="as for sweep: trials in all")
+    sb.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    sb.add_argument("--no-report", action="store_true", help="do not write report.html / report.md")
+    sb.add_argument(
+        "--ship-code",
+        action="store_true",
+        help="send this checkout's code with the job (Ray working_dir), for nodes that lack it",
+    )
+    from study.cluster.slurm_flags import add_slurm_flags
+
+    add_slurm_flags(sb)
+    st = sub.add_parser("status", help="studies with their runs done, running and to do")
+    st.add_argument("--out", type=Path, default=Path("study_results"), help="output folder (file leases)")
+    st.add_argument(
+        "--leases", default=None, help="run lease store URL (default: $STUDY_LEASES, else OUT/leases)"
+    )
+    st.add_argument("--address", default=None, help="also list the Ray jobs of this dashboard address")
+
+
+# ---- results people can look at: report and ui ---------------------------------------------------------
+def _add_results_verbs(sub) -> None:
+    rp = sub.add_parser("report", help="write report.html and report.md for a finished study")
+    rp.add_argument("study", type=Path, help="a study folder (<out>/studies/<name>) or its hypothesis file")
+    rp.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
+    u = sub.add_parser("ui", help="start the MLflow UI on the study store (127.0.0.1)")
+    u.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
+    u.add_argument("--port", type=int, default=5000)
+    u.add_argument("--study", help="open this study's runs (default: the study logged last)")
+    u.add_argument("--no-browser", action="store_true", help="print the address only, open no browser")
+    pg = sub.add_parser("plugins", help="list every plug-in registry and what is registered in it")
+    pg.add_argument("--json", action="store_true", help="print a JSON mapping instead of a list")
+    d = sub.add_parser("doctor", help="check an output folder and its MLflow store (and repair)")
+    d.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
+    d.add_argument("--repair", action="store_true", help="repair what can be repaired")
+    d.add_argument("--verbose", action="store_true", help="let MLflow's and alembic's log lines through")
