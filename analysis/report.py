@@ -33,7 +33,7 @@ from analysis.report_sections import ReportInput, Section, build_sections, condi
 from analysis.verdicts import ClaimResult
 from vitstudy_core.errors import StudyError
 from vitstudy_core.faults import fault_point
-from vitstudy_core.fmt import fmt_num, fmt_p
+from vitstudy_core.fmt import fmt_interval, fmt_p
 from vitstudy_core.io import atomic_write_bytes, atomic_write_text
 from vitstudy_core.provenance import package_versions
 from vitstudy_core.runfolder import RunFolder
@@ -161,7 +161,7 @@ def _verdict_rows(sections: list[Section]) -> list[list[str]]:
                 r.metric,
                 s.subset,
                 _verdict_cell(r),
-                f"{fmt_num(r.effect)}{unit} ({fmt_num(r.ci_low)}, {fmt_num(r.ci_high)})",
+                fmt_interval(r.effect, (r.ci_low, r.ci_high), unit, label=False),
                 fmt_p(r.p_value),
                 fmt_p(r.p_adjusted),
                 str(r.n_seeds),

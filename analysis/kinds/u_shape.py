@@ -20,8 +20,8 @@ from pydantic import Field, field_validator
 
 from analysis.inference import t_test
 from analysis.kinds._claim import ClaimBase
-from analysis.kinds._curves import layer_location, no_interior_minimum
 from analysis.kinds._display import FigureContext, Result
+from analysis.kinds._location import bottleneck_text, depth_text, replicates
 from analysis.kinds._outcome import Outcome
 from analysis.kinds._registry import ClaimKind, register_kind
 from analysis.kinds._rejection import combined_against
@@ -136,6 +136,7 @@ def evaluate(
         stat = u_shape_statistics(early, bottleneck, late)
     details = _details(df, epoch, wide, stat, seeds, order, between, dip_depth(early, bottleneck, late))
     details["bottleneck_location"].update(_interior_minima(wide, regions, order, between))
+    details["bottleneck_location"]["layers"] = {layer: order[layer] for layer in between}
     seed_effects = {}
     if chosen is not None:
         details["loso_bottleneck"] = chosen
@@ -285,16 +286,19 @@ def explain(claim: UShapeClaim, result: Result) -> list[str]:
             + (" (binding: the weaker shoulder)" if name == d.get("binding_contrast") else "")
             + (f"; per seed {per_seed}" if per_seed else "")
         )
-    loc, depth = d.get("bottleneck_location"), d.get("bottleneck_depth")
-    if loc and depth:
-        between = _between(claim, d.get("profile") or [])
-        where = no_interior_minimum(loc) or layer_location(
-            loc["mean_layer_index"], loc["ci"], between, "the layers between the shoulders"
+    where, depth = bottleneck_text(d), depth_text(d, claim.metric)
+    if where and depth:
+        one, many = replicates(d)
+        between = d["bottleneck_location"].get("layers") or _between(claim, d.get("profile") or [])
+        mean = {str(p["layer"]): p["mean"] for p in d.get("profile") or [] if str(p["layer"]) in between}
+        lowest = (
+            f"; lowest layer of the mean profile between them: {min(mean, key=mean.__getitem__)}"
+            if mean
+            else ""
         )
         lines.append(
-            f"bottleneck location (each seed's lowest layer between the shoulders, mean over seeds): {where}; "
-            f"depth below the shoulders' mean {fmt_num(depth['mean'])}{unit} (95% CI {fmt_num(depth['ci'][0])}, "
-            f"{fmt_num(depth['ci'][1])}); lowest layer of the mean profile: {d.get('observed_minimum_layer')}"
+            f"{where} (the mean over {many} of each {one}'s lowest layer between the shoulders); {depth} "
+            f"(the shoulders' mean minus the bottleneck){lowest}"
         )
     if d.get("loso_bottleneck"):
         chosen = ", ".join(f"seed {s}: {layer}" for s, layer in d["loso_bottleneck"].items())
