@@ -231,11 +231,13 @@ def _sweep_verb(args: argparse.Namespace, hyp, argv, names: dict[str, str]) -> i
     from study.cluster import check_reachable
     from study.sweep import SweepOptions
     from study.sweep_storage import storage_url
+    from study.sweep_storage_check import check_storage
 
     sweep = SweepOptions(n_trials=args.n_trials, storage=args.storage, storage_from=names["--storage"])
     opts = _run_options(args, argv, names)
     url, where = storage_url(hyp, args.storage), (names["--leases"], names["--storage"])
-    check_reachable(opts.placement, url, names=where)  # before anything is written
+    check_reachable(opts.placement, None, names=where)  # before anything is written
+    check_storage(url, str(args.hypothesis), names["--storage"] if args.storage else None)
     outcome = run_sweep(hyp, args.hypothesis, args.out, opts, sweep)
     print()
     print(format_verdicts(outcome.results))

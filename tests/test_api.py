@@ -85,8 +85,9 @@ def test_analyze_names_every_missing_column(flows):
     _, result, _, _ = flows
     with pytest.raises(study.StudyError) as err:
         study.analyze(DIFF, result.table.drop(columns=["seed", "value"]))
-    assert str(err.value).startswith(
-        "table: missing columns ['seed', 'value']; expected ['run_key', 'dataset'"
+    assert str(err.value) == (  # only the required columns (run_key, layer_index, n_tokens were listed)
+        "table: missing columns ['seed', 'value']; expected at least ['dataset', 'seed', 'epoch', 'layer', "
+        "'token_set', 'metric', 'value'] (run_key, layer_index, n_tokens and condition are optional)"
     )
     with pytest.raises(
         study.StudyError,

@@ -36,7 +36,7 @@ from analysis.kinds._u_shape_statistics import (
     u_shape_statistics,
 )
 from vitstudy_core.errors import StudyError
-from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
+from vitstudy_core.fmt import fmt_interval, fmt_num, fmt_p, unit_of
 from vitstudy_core.settings import Strict
 
 if TYPE_CHECKING:
@@ -276,19 +276,18 @@ def explain(claim: UShapeClaim, result: Result) -> list[str]:
     d = result.details
     unit = unit_of(claim.metric)
     lines = []
+    one, many = replicates(d)  # seeds, or probe blocks (unit: images)
     for name, c in (d.get("contrasts") or {}).items():
         per_seed = ", ".join(
-            f"seed {s}: {fmt_num(v)}" for s, v in (d.get("per_seed", {}).get(name) or {}).items()
+            f"{one.split()[-1]} {s}: {fmt_num(v)}" for s, v in (d.get("per_seed", {}).get(name) or {}).items()
         )
         lines.append(
-            f"{name} - bottleneck: mean {fmt_num(c['mean'])}{unit} (95% CI {fmt_num(c['ci'][0])}, "
-            f"{fmt_num(c['ci'][1])}), one-sided p {fmt_p(c['p'])}"
+            f"{name} - bottleneck: mean {fmt_interval(c['mean'], c['ci'], unit)}, one-sided p {fmt_p(c['p'])}"
             + (" (binding: the weaker shoulder)" if name == d.get("binding_contrast") else "")
-            + (f"; per seed {per_seed}" if per_seed else "")
+            + (f"; per {one} {per_seed}" if per_seed else "")
         )
     where, depth = bottleneck_text(d), depth_text(d, claim.metric)
     if where and depth:
-        one, many = replicates(d)
         between = d["bottleneck_location"].get("layers") or _between(claim, d.get("profile") or [])
         mean = {str(p["layer"]): p["mean"] for p in d.get("profile") or [] if str(p["layer"]) in between}
         lowest = (
