@@ -15,8 +15,9 @@ import pandas as pd
 from analysis.figures import Figure, effect_figure
 from analysis.kinds import FigureContext, get_kind
 from analysis.kinds._controls import controls_figures, explain_controls
+from analysis.kinds._location import replicates
 from analysis.verdicts import INCONCLUSIVE, ClaimResult
-from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
+from vitstudy_core.fmt import fmt_interval, fmt_num, fmt_p, unit_of
 
 
 @dataclass
@@ -105,6 +106,17 @@ def probe_size_lines(result: ClaimResult) -> list[str]:
             f"(95% CI {fmt_num(r['ci'][0])}, {fmt_num(r['ci'][1])}), p {fmt_p(r['p'])}"
         )
     return out
+
+
+def verdict_sentence(result: ClaimResult, unit: str) -> str:
+    """``ACCEPTED (post hoc): <the verdict's reason>; effect 1.23 pp (95% CI 0.80, 1.66), p (holm) 0.004,
+    5 seeds``: what a claim's report section leads with (its label as the verdict table shows it)."""
+    one, many = replicates(result.details)
+    label = f"{result.verdict} (post hoc)" if result.post_hoc else result.verdict
+    return (
+        f"{label}: {result.reason}; effect {fmt_interval(result.effect, (result.ci_low, result.ci_high), unit)}, "
+        f"p ({result.adjustment}) {fmt_p(result.p_adjusted)}, {result.n_seeds} {one if result.n_seeds == 1 else many}"
+    )
 
 
 def findings(claim, result: ClaimResult) -> list[str]:
@@ -221,13 +233,18 @@ def _rows_of(table: pd.DataFrame, claim) -> pd.DataFrame:
     return table[table["condition"].astype(str) == condition]
 
 
-def conditions_preface(table: pd.DataFrame | None, claims: list) -> list[Figure]:
+def conditions_preface(
+    table: pd.DataFrame | None, claims: list, order: list[str] | None = None
+) -> list[Figure]:
     """A design with conditions: one condition x dataset grid (:func:`analysis.figures.conditions_grid`) per
-    claimed (metric, token set), at most 3, shown before the claims; [] for a table without conditions."""
+    claimed (metric, token set), at most 3, shown before the claims, its conditions in ``order`` (the
+    file's; None: the table's); [] for a table without conditions."""
     if table is None or "condition" not in table.columns or table["condition"].nunique() < 2:
         return []
     from analysis.figures import conditions_grid
 
     pairs = dict.fromkeys((c.metric, getattr(c.subset, "token_set", "all") or "all") for c in claims)
     colours = study_colours(table)
-    return [conditions_grid(table, metric, token_set, colours) for metric, token_set in list(pairs)[:3]]
+    return [
+        conditions_grid(table, metric, token_set, colours, order) for metric, token_set in list(pairs)[:3]
+    ]

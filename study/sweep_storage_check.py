@@ -43,7 +43,9 @@ def check_storage(url: str | None, file: str | None, flag: str | None = None) ->
     if parsed.get_backend_name() == "sqlite":
         db = parsed.database
         if db and db != ":memory:" and not Path(db).expanduser().parent.is_dir():
-            raise fail(f"the SQLite file's folder {Path(db).parent} does not exist (create it, or another URL)")
+            raise fail(
+                f"the SQLite file's folder {Path(db).parent} does not exist (create it, or another URL)"
+            )
         return
     from study.cluster import _check_database
 
