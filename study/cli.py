@@ -8,6 +8,7 @@
     python -m study report study_results/studies/u_shape   (or the hypothesis file) [--out study_results]
     python -m study ui [--out study_results] [--port 5000] [--study NAME] [--no-browser]
     python -m study metrics SPECTRUM.npy      # every eigenvalue metric of a saved spectrum, as JSON
+    python -m study metrics RUN/spectra.npz   # ... of each spectrum a run saved (<epoch>/<layer>/<token set>)
     python -m study table hypotheses/u_shape.yaml --out study_results [--to PATH]   # rebuild the tidy table
     python -m study sweep hypotheses/complexity_sweep.yaml [--n-trials N] [--storage URL] [--workers N]
     python -m study run FILE --executor ray --address HOST:6379 --out /shared/results --leases postgresql://...
