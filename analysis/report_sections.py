@@ -146,7 +146,7 @@ def findings(claim, result: ClaimResult) -> list[str]:
     lines.append(
         f"effect {fmt_num(result.effect)}{unit} (95% t CI {fmt_num(result.ci_low)}, {fmt_num(result.ci_high)}; "
         f"bootstrap {fmt_num(result.bootstrap_ci[0])}, {fmt_num(result.bootstrap_ci[1])}); p {fmt_p(result.p_value)}, "
-        f"{adjusted}; {result.n_seeds} seeds ({', '.join(map(str, result.seeds_used))})"
+        f"{adjusted}; {result.n_seeds} {replicates(result.details)[1]} ({', '.join(map(str, result.seeds_used))})"
     )
     joint = result.details.get("seeds_probe")
     if joint:

@@ -155,3 +155,17 @@ def test_covariance_colour_bar_ticks_stay_clear_of_the_next_panel(tmp_path, draw
     for bar in bars:
         box = bar.get_tightbbox(renderer)
         assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in heat), bar
+
+
+def test_a_unit_images_claim_counts_probe_blocks_not_seeds(tmp_path):
+    """Before: "16 seeds (0, 1, ...)" and "in every seed" where the replicates are the probe's image blocks."""
+    from analysis.report_sections import findings, verdict_sentence
+
+    hyp = load_hypothesis(REPO / "hypotheses" / "u_shape.yaml")
+    table = pd.read_parquet(BEHAVIOUR / "table_u_shape.parquet")
+    (r,) = evaluate_claims(hyp, table)
+    r.details["unit"] = {"unit": "images", "blocks": 5, "test": "jackknife over probe blocks"}
+    assert verdict_sentence(r, " pp").endswith(", 5 probe blocks")
+    lines = "\n".join(findings(hyp.claims[0], r))
+    assert "5 probe blocks (0, 1, 2, 3, 4)" in lines and "per probe block block 0:" in lines
+    assert " seeds (" not in lines and "seed 0:" not in lines
