@@ -206,10 +206,12 @@ def sensitivity(
     table: pd.DataFrame, claim: Any, probe: ProbeData, evaluate: Evaluate
 ) -> list[dict[str, Any]]:
     """The claim's effect at N/4, N/2 and N probe images (one dict per size: ``probe``, ``n_tokens`` of the
-    subset's token set, ``effect``, ``ci``, ``p``); [] when the runs hold no smaller probe."""
+    subset's token set at the layers the claim reads, ``effect``, ``ci``, ``p``); [] when the runs hold no
+    smaller probe."""
     if not probe.has(PROBE) or claim.metric not in set(table.metric) or not resamplable(claim.metric):
         return []
     base = claim_rows(table, claim)
+    layers = {str(v) for _, what, v in claim.named() if what == "layer"}
     out = []
     for label, name in (*LABELS.items(), ("", "N")):
         rows = base if not label else table_at(base, probe, claim.metric, label)
@@ -217,7 +219,10 @@ def sensitivity(
             o = evaluate(rows)
         except StudyError:
             continue
-        n = sorted({int(v) for v in rows[rows.token_set == claim.subset.token_set].n_tokens if v >= 0})
+        read = rows[rows.token_set == claim.subset.token_set]
+        if layers:  # the layers the claim reads: patch_embed (no class token) is in no region
+            read = read[read.layer.isin(layers)]
+        n = sorted({int(v) for v in read.n_tokens if v >= 0})
         out.append({"probe": name, "n_tokens": n, "effect": o.effect, "ci": list(o.ci), "p": o.p_value})
     return out
 

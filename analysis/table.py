@@ -152,7 +152,11 @@ def check_table(df: pd.DataFrame, where: str = "table") -> pd.DataFrame:
     """
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
-        raise StudyError(f"missing columns {sorted(missing)}; expected {COLUMNS}", where)
+        raise StudyError(
+            f"missing columns {sorted(missing)}; expected at least {list(REQUIRED)} (run_key, layer_index, "
+            "n_tokens and condition are optional)",
+            where,
+        )
     _check_columns(df, where)
     return complete_columns(df, where)
 

@@ -40,10 +40,10 @@ from statsmodels.stats.multitest import multipletests
 from analysis.claim_outcome import _probe_outcome
 from analysis.inference import bootstrap_ci, power_and_seeds_needed
 from analysis.kinds import get_kind
-from analysis.kinds.base import Outcome, TableView, layer_location, no_interior_minimum
+from analysis.kinds.base import Outcome, TableView, bottleneck_text, depth_text
 from analysis.power import seed_floor
 from analysis.probe import ProbeData, excludes_zero
-from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
+from vitstudy_core.fmt import fmt_interval, fmt_num, fmt_p, unit_of
 
 ACCEPTED, REJECTED, INCONCLUSIVE = "ACCEPTED", "REJECTED", "INCONCLUSIVE"
 
@@ -278,6 +278,8 @@ def evaluate_claims(
     for claim, o in zip(hyp.claims, outcomes, strict=True):
         blocks = int(o.details.get("unit", {}).get("blocks", 0))
         o.details["population"] = population(claim, names, list(o.seeds_used), n_images, blocks)
+        if o.details.get("bottleneck_location"):  # verdicts.json holds the words every output prints
+            o.details["bottleneck_location"]["text"] = bottleneck_text(o.details)
     adjusted: dict[int, float] = {}
     method_of: dict[int, str] = {}
     for fam, idx in families(hyp, post_hoc).items():
@@ -367,7 +369,7 @@ def format_verdicts(results: list[ClaimResult]) -> str:
             (
                 r.name,
                 f"{r.verdict} (post hoc)" if r.post_hoc else r.verdict,
-                f"{fmt_num(r.effect, 2)}{unit} ({fmt_num(r.ci_low, 2)}, {fmt_num(r.ci_high, 2)})",
+                fmt_interval(r.effect, (r.ci_low, r.ci_high), unit, label=False),
                 fmt_p(r.p_adjusted),
                 str(r.n_seeds),
             )
@@ -375,16 +377,9 @@ def format_verdicts(results: list[ClaimResult]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     for r in results:
-        loc, depth = r.details.get("bottleneck_location"), r.details.get("bottleneck_depth")
-        if loc and depth and r.n_seeds >= 2:
-            # in layer names, the CI clipped to the layers observed: never an index no layer has
-            observed = {str(p["layer"]): int(p["layer_index"]) for p in r.details.get("profile") or []}
-            none = no_interior_minimum(loc)
-            at = none or f"bottleneck at {layer_location(loc['mean_layer_index'], loc['ci'], observed)}"
-            lines.append(
-                f"  - {r.name}: {at}, "
-                f"depth {fmt_num(depth['mean'], 2)} ({fmt_num(depth['ci'][0], 2)}, {fmt_num(depth['ci'][1], 2)})"
-            )
+        where, depth = bottleneck_text(r.details), depth_text(r.details, r.metric)
+        if where and depth and r.n_seeds >= 2:  # the report's words (analysis.kinds._parts.location)
+            lines.append(f"  - {r.name}: {where}, {depth}")
         if r.verdict == INCONCLUSIVE and r.n_seeds >= 2 and math.isnan(r.power):
             # no standardised effect (the seeds do not vary): no power to speak of, whatever the sign
             lines.append(f"  ? {r.name}: power n/a: no test across seeds was possible (see the warnings)")

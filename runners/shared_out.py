@@ -39,7 +39,7 @@ def write_token(out_dir: str | Path) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except FileExistsError:
         existing = path.read_text().strip()
         if existing:

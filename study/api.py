@@ -123,7 +123,9 @@ def validate(hypothesis: HypothesisLike, out: str | Path = "study_results") -> V
     seeds = len(hyp.design.seeds)
     if hyp.sweep is not None:
         from study.sweep.loop import trial_target
+        from study.sweep.storage_check import check_storage
 
+        check_storage(hyp.sweep.storage, file)  # as `sweep` checks it, naming the file's sweep.storage
         trials = trial_target(hyp, None, file)
         return Validation(hyp, file, len(hyp.claims), seeds, trials * seeds, trials)
     cells = hyp.design.cells() if hyp.design.condition_names() else []

@@ -9,12 +9,13 @@ design, each with the time it was first seen::
      "designs": {<hash>: {"registered_at", "registered_ts", "design"}},
      "sequential": {<hash of the design>: {max_seeds, batch, spending}},
      "post_hoc": {<claim hash>: {"name", "since", "reason"}},      # sticky: see below
-     "tested_on": {<claim hash>: {"runs": [<run key>], "seeds": [...]}},  # each claim's planned runs
+     "tested_on": {<claim hash>: {"runs": [<run key>], "seeds": [...], "reads": "claim"}},  # its runs
      "edits": [{"at", "what": "seeds" | "runs", "from", "to"}],
      "history": [{"started_at", "reason", "previous": <the registration it replaced>}]}
 
 A claim that stays the same keeps its first registration. A claim whose hash is new is registered now;
-if some of the runs it is tested on had finished before that (``RunFolder.finished_at``), it was written
+if some of the runs it is tested on (:func:`claim_specs`: the runs of the datasets and the conditions it
+reads, not every run of the file) had finished before that (``RunFolder.finished_at``), it was written
 after its data existed: its status is ``post hoc`` and the verdicts adjust it with the exploratory claims
 (``analysis.verdicts.families``), never the confirmatory ones. What binds:
 
@@ -193,17 +194,42 @@ def _mark_post_hoc(data: dict, claim, now: float, reason: str) -> None:
     )
 
 
-def _finished(claim, specs, runs_dir: Path) -> tuple[list[tuple[float, str]], int]:
-    """((finish time, label) of each finished run of the datasets ``claim`` names, earliest first; how
-    many runs of those datasets are planned)."""
-    named = set(claim.datasets_named())
+def _conditions_read(claim) -> set[str] | None:
+    """The conditions ``claim`` reads (None: every condition: it names none, or a part of it reads the rows
+    of every condition, e.g. an operand without a condition under a subset without one)."""
+    named = {c for _, c in claim.conditions_named()}
+    subset = getattr(getattr(claim, "subset", None), "condition", None)
+    if not named or (subset is None and any(c.condition is None for _, _, c in claim.operands())):
+        return None
+    return named
+
+
+def claim_specs(claim, specs) -> list:
+    """The planned runs ``claim`` reads: those of the datasets it names and, in a design with conditions,
+    of the conditions it names (an untrained condition reads its trained twin's epoch-0 rows, so the
+    twin's runs); what the claim's registration is judged by."""
+    named, conditions = set(claim.datasets_named()), _conditions_read(claim)
     mine = [s for s in specs if s.dataset["name"] in named]
+    if conditions is None:
+        return mine
+    return [
+        s
+        for s in mine
+        if getattr(s, "condition", None) in conditions
+        or conditions & set(getattr(s, "epoch0_conditions", ()))
+    ]
+
+
+def _finished(claim, specs, runs_dir: Path) -> tuple[list[tuple[float, str]], int]:
+    """((finish time, label) of each finished run ``claim`` reads (:func:`claim_specs`), earliest first;
+    how many of them are planned)."""
+    mine = claim_specs(claim, specs)
     done = [(t, s.label) for s in mine if (t := RunFolder(Path(runs_dir) / s.key).finished_at()) is not None]
     return sorted(done), len(mine)
 
 
 def _earliest_finish(claim, specs, runs_dir: Path) -> float | None:
-    """The earliest finish time (unix s) of the runs of the datasets ``claim`` names (None: none)."""
+    """The earliest finish time (unix s) of the runs ``claim`` reads (None: none)."""
     done, _ = _finished(claim, specs, runs_dir)
     return done[0][0] if done else None
 
@@ -220,7 +246,16 @@ def _late_reason(now: float, done: list[tuple[float, str]], planned: int) -> str
 
 
 def _claim_runs(claim, specs) -> dict:
-    """The planned runs ``claim`` is tested on (those of the datasets it names): keys and seeds, sorted."""
+    """The planned runs ``claim`` is tested on (:func:`claim_specs`): keys and seeds, sorted; ``reads``
+    says they are the claim's own runs (entries without it, written before, hold every run of the datasets
+    the claim names, whatever its conditions)."""
+    mine = claim_specs(claim, specs)
+    keys, seeds = sorted({s.key for s in mine}), sorted({int(s.seed) for s in mine})
+    return {"runs": keys, "seeds": seeds, "reads": "claim"}
+
+
+def _legacy_runs(claim, specs) -> dict:
+    """A ``tested_on`` entry as registrations before ``reads`` wrote it (every run of the named datasets)."""
     named = set(claim.datasets_named())
     mine = [s for s in specs if s.dataset["name"] in named]
     return {"runs": sorted({s.key for s in mine}), "seeds": sorted({int(s.seed) for s in mine})}
@@ -237,7 +272,8 @@ def _runs_edited(data: dict, hyp, specs, tested: bool, now: float) -> dict[str, 
         return out
     for claim in hyp.claims:
         h = claim_hash(claim)
-        old, new = before.get(h), _claim_runs(claim, specs)
+        old = before.get(h)
+        new = _claim_runs(claim, specs) if not old or "reads" in old else _legacy_runs(claim, specs)
         if not old or set(old["runs"]) == set(new["runs"]):
             continue
         if not set(old["runs"]) & set(new["runs"]) and old["seeds"] == new["seeds"]:
@@ -352,7 +388,7 @@ def claim_status(registration: dict, hyp, specs, runs_dir: Path) -> dict[str, di
     """Per claim name: ``hash``, ``registered_at``, ``status`` (pre-registered or post hoc) and, when post
     hoc, ``data_from`` (the earliest finish time, ISO, of the runs it is tested on) or ``reason``.
 
-    A claim's runs are the planned runs of the datasets it names (``specs``: ``study.runspecs.RunSpec``);
+    A claim's runs are the planned runs it reads (:func:`claim_specs`; ``specs``: ``study.runspecs.RunSpec``);
     a claim recorded post hoc (sticky, see the module docstring) stays post hoc.
     """
     out = {}

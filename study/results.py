@@ -333,7 +333,8 @@ def read_result(folder: Path, outcome: StudyOutcome | None = None) -> StudyResul
     if hyp is not None and trials is not None:
         claims = [c for c in hyp.claims if c.knob() is not None]
     title, description = (hyp.name, hyp.description.strip()) if hyp else (folder.name, "")
-    inp = read_study(folder, title, description, claims)
+    order = hyp.design.condition_names() if hyp else None  # the conditions grid in the file's order
+    inp = read_study(folder, title, description, claims, conditions=order)
     payload = json.loads((folder / "verdicts.json").read_text())
     results = outcome.results if outcome is not None else inp.results
     report = outcome.report if outcome is not None else None

@@ -145,8 +145,11 @@ def plan_claims(hyp: Hypothesis, table, source: str = "pilot") -> list[dict]:
         outcome = kind.evaluate(view, claim, f"{source}: claims[{i}]", {}) if view is not None else None
         values = np.asarray(outcome.effect_values if outcome else [], dtype=np.float64)
         effect, effect_from = kind.planning_effect(claim), "declared"
+        shown = effect
         if effect is None and outcome is not None and values.size >= 2:
             effect, effect_from = float(outcome.std_effect * values.std(ddof=1)), "pilot"
+            # printed with the verdict's sign: a u_shape's verdict effect is minus its contrast (a dip < 0)
+            shown = -effect if outcome.effect * effect < 0 else effect
         row = plan_claim(
             effect,
             values,
@@ -158,6 +161,7 @@ def plan_claims(hyp: Hypothesis, table, source: str = "pilot") -> list[dict]:
         )
         rows.append(
             {"claim": claim.name, "kind": claim.kind, "effect": effect, "effect_from": effect_from}
+            | {"effect_shown": shown}
             | {"alpha": level[i], **row}
         )
     return rows
@@ -223,7 +227,8 @@ def format_plan(plan: dict) -> str:
 
     rows: list[tuple[str, ...]] = [head]
     for r in plan["claims"]:
-        effect = "-" if r["effect"] is None else f"{fmt_num(r['effect'], 3)} ({r['effect_from']})"
+        shown = r.get("effect_shown", r["effect"])  # the verdict's sign (plans written before: the effect)
+        effect = "-" if r["effect"] is None else f"{fmt_num(shown, 3)} ({r['effect_from']})"
         sd = f"{fmt_num(r['sd'], 3)} ({fmt_num(r['sd_upper80'], 3)}), n={r['n_pilot']}"
         rows.append(
             (r["claim"], effect, sd, f"{r['alpha']:.3g}", seeds(r, 80), seeds(r, 90))

@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -85,8 +86,9 @@ def test_analyze_names_every_missing_column(flows):
     _, result, _, _ = flows
     with pytest.raises(study.StudyError) as err:
         study.analyze(DIFF, result.table.drop(columns=["seed", "value"]))
-    assert str(err.value).startswith(
-        "table: missing columns ['seed', 'value']; expected ['run_key', 'dataset'"
+    assert str(err.value) == (  # only the required columns (run_key, layer_index, n_tokens were listed)
+        "table: missing columns ['seed', 'value']; expected at least ['dataset', 'seed', 'epoch', 'layer', "
+        "'token_set', 'metric', 'value'] (run_key, layer_index, n_tokens and condition are optional)"
     )
     with pytest.raises(
         study.StudyError,
@@ -173,6 +175,12 @@ def test_quickstart_notebook_runs(flows, monkeypatch):
     expected = result.figures(result.hypothesis.claims[-1].name)[0].png
     assert images[report_figure] == expected  # the report's exact image
     assert images[own_plot][:8] == b"\x89PNG\r\n\x1a\n" and len(images[own_plot]) > 5000
+    # the changed-region re-test says why its effect moved or did not (before: an unchanged result, no word)
+    printed = "".join(
+        o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.get("name") == "stdout"
+    )
+    assert re.search(r"early region from \w+: effect -?\d+\.\d\d from the (early|late) shoulder", printed)
+    assert "the early region does not enter it" in printed or "the early region decides it" in printed
     if os.environ.get("STUDY_KEEP_NOTEBOOK_PNG"):  # to look at what a notebook user sees
         for i, png in enumerate(images.values()):
             (Path(os.environ["STUDY_KEEP_NOTEBOOK_PNG"]) / f"cell{i}.png").write_bytes(png)

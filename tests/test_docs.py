@@ -691,3 +691,14 @@ def test_command_extraction(line, expected):
 
 def test_an_unknown_command_matches_no_rule():
     assert not rule_for(Command("python -m study run hypotheses/new.yaml --frobnicate", "x:1"))
+
+
+def test_readme_documents_metrics_on_a_run_s_spectra_and_the_controls_post_hoc():
+    """Before: ``metrics`` was documented for ``.npy`` only (it also reads a run's ``spectra.npz``), and
+    the controls.yaml verdicts omitted the "(post hoc)" a user following the README sees."""
+    readme = REPO.joinpath("README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `metrics"))
+    assert ".npy" in row and "spectra.npz" in row
+    controls = " ".join(readme.split("## Conditions, controls", 1)[1].split("\n## ", 1)[0].split())
+    assert 'every claim reading its trained runs shows "(post hoc)"' in controls
+    assert "the shuffled-labels claim (new runs only) is pre-registered" in controls

@@ -225,3 +225,25 @@ def test_plan_prints_the_gpu_estimate_of_the_paper_files(tmp_path, capsys):
         assert "on one H200" in line and "1,527 img/s" in line
         assert f": {seconds / 3600:.1f} h for" in line, (line, seconds / 3600)
     assert round(ib / 3600, 1) == 38.1 and round(tgo / 3600, 1) == 11.5
+
+
+def test_plan_prints_a_u_shape_effect_with_the_verdict_s_sign():
+    """Before: ``plan`` printed the u_shape's binding contrast (0.039) where the verdict said -0.04 (the
+    verdict's effect is minus the contrast: a dip is negative); the power still uses the contrast."""
+    import pandas as pd
+
+    from analysis.verdicts import evaluate_claims
+    from study.schema import load_hypothesis
+    from study.seed_plan import plan_claims
+    from tests.conftest import BEHAVIOUR, REPO
+
+    hyp = load_hypothesis(REPO / "hypotheses" / "u_shape.yaml")
+    table = pd.read_parquet(BEHAVIOUR / "table_u_shape_weak.parquet")
+    (verdict,) = evaluate_claims(hyp, table)
+    (row,) = plan_claims(hyp, table)
+    assert row["effect_from"] == "pilot" and row["effect"] * verdict.effect < 0  # the contrast, for power
+    assert row["effect_shown"] == pytest.approx(verdict.effect, rel=0.05)
+    plan = {"claims": [row], "file_seeds": 5, "pilot": "p", "per_run": {}}
+    for k in ("80", "90", "80_upper", "90_upper"):
+        row[f"run_hours_{k}"] = None
+    assert f" {fmt_num(verdict.effect, 3)} (pilot)" in format_plan(plan)

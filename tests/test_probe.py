@@ -254,3 +254,19 @@ def test_probe_size_rows_are_each_conditions_own(tmp_path):
         assert sizes["u trained"][label]["effect"] != pytest.approx(sizes["u shuffled"][label]["effect"])
         deeper = sizes["deeper trained"][label]  # the trained dip is planted deeper at every probe size
         assert deeper["effect"] > 1 and 0 < deeper["ci"][0] < deeper["ci"][1] and deeper["p"] < 0.05
+
+
+def test_probe_size_rows_quote_the_tokens_of_the_layers_the_claim_reads(tmp_path):
+    """Before: the rows quoted every layer's count, patch_embed's (no class token) first, a layer no region
+    reads: "N/4 images (2048/2176 tokens)" where the claim's layers have 2,176."""
+    from analysis.probe import ProbeData
+    from analysis.verdicts import evaluate_claims
+
+    data, table = _condition_study(tmp_path)
+    table.loc[table.layer == "patch_embed", "n_tokens"] = 64  # patch tokens only
+    (r,) = evaluate_claims(
+        parse_hypothesis({**data, "claims": data["claims"][:1]}, "f.yaml"),
+        table,
+        probe=ProbeData.of_table(table, tmp_path / "runs"),
+    )
+    assert {p["probe"]: p["n_tokens"] for p in r.details["probe_sizes"]}["N"] == [80]

@@ -304,3 +304,56 @@ def test_sweep_claims_are_registered(tmp_path, source, edit_claim):
         )
         claims = json.loads((sweep_dir / "verdicts.json").read_text())["claims"]
         assert [c["registration"]["status"] for c in claims] == ["pre-registered", "post hoc"]
+
+
+def test_controls_after_the_default_study_judges_each_claim_by_the_runs_it_reads(tmp_path):
+    """hypotheses/controls.yaml run after the default study (hypotheses/u_shape.yaml, whose runs are its
+    trained cell's): the claim on shuffled labels reads only the shuffled runs, all new, so it is
+    pre-registered; every claim reading the trained runs (or their epoch 0, untrained) is post hoc.
+    ``tested_on`` lists each claim's own runs (before: all 10 runs for every claim, all post hoc)."""
+    from study.registration import claim_status, register
+    from study.runspecs import plan_runs
+    from study.schema import load_hypothesis
+    from tests.conftest import REPO
+    from vitstudy_core.runfolder import RunFolder
+
+    default = {s.key for s in plan_runs(load_hypothesis(REPO / "hypotheses" / "u_shape.yaml"))}
+    hyp = load_hypothesis(REPO / "hypotheses" / "controls.yaml")
+    specs = plan_runs(hyp)
+    assert len(default) == 5 and default < {s.key for s in specs}
+    for key in default:
+        RunFolder(tmp_path / "runs" / key).write_result({"status": "finished", "finished_at": 1.0e9})
+    reg = register(tmp_path / "studies" / "controls", hyp, runs=(specs, tmp_path / "runs"), now=2.0e9)
+    status = {n: st["status"] for n, st in claim_status(reg, hyp, specs, tmp_path / "runs").items()}
+    assert status == {
+        "the objects dip exceeds both controls (trained vs untrained and shuffled)": "post hoc",
+        "the dip is deeper trained than untrained": "post hoc",
+        "the dip is deeper on true labels than on shuffled ones": "post hoc",
+        "eed_pct dips in middle layers (objects, shuffled labels)": "pre-registered",
+        "eed_pct dips in middle layers (objects, untrained)": "post hoc",
+    }
+    runs = {reg["claims"][h]["name"]: set(e["runs"]) for h, e in reg["tested_on"].items()}
+    shuffled = {s.key for s in specs if s.condition == "shuffled"}
+    assert runs["eed_pct dips in middle layers (objects, shuffled labels)"] == shuffled
+    assert runs["eed_pct dips in middle layers (objects, untrained)"] == default
+    assert len(runs["the objects dip exceeds both controls (trained vs untrained and shuffled)"]) == 10
+
+
+def test_a_registration_from_before_per_claim_runs_is_no_edit(tmp_path):
+    """A ``tested_on`` written before each claim's own runs were recorded (every run of its datasets, no
+    ``reads``) is compared as it was written: rerunning the same design is no edit, and the entry is
+    rewritten with the claim's own runs."""
+    from study.registration import _legacy_runs, claim_hash, register, sticky_status
+    from study.runspecs import plan_runs
+    from study.schema import load_hypothesis
+    from tests.conftest import REPO
+
+    hyp = load_hypothesis(REPO / "hypotheses" / "controls.yaml")
+    specs, folder = plan_runs(hyp), tmp_path / "studies" / "controls"
+    reg = register(folder, hyp, runs=(specs, tmp_path / "runs"), now=1.0e9)
+    reg["tested_on"] = {claim_hash(c): _legacy_runs(c, specs) for c in hyp.claims}  # as written before
+    (folder / "registration.json").write_text(json.dumps(reg))
+    (folder / "verdicts.json").write_text("{}")  # the claims were tested
+    reg = register(folder, hyp, runs=(specs, tmp_path / "runs"), now=2.0e9)
+    assert {st["status"] for st in sticky_status(reg, hyp.claims).values()} == {"pre-registered"}
+    assert "edits" not in reg and all(e["reads"] == "claim" for e in reg["tested_on"].values())

@@ -297,14 +297,18 @@ def test_the_bottleneck_location_names_layers_and_never_leaves_them():
     (r,) = evaluate_claims(hyp, table)
     lo, hi = r.details["bottleneck_location"]["ci"]
     assert lo < 2 and hi > 13  # the raw interval leaves the layers; the report must not show it
-    (line,) = [x for x in findings(hyp.claims[0], r) if x.startswith("bottleneck location")]
+    (line,) = [x for x in findings(hyp.claims[0], r) if x.startswith("bottleneck ")]
     claim_regions = hyp.claims[0].regions
     first = blocks[blocks.index(claim_regions.early[-1]) + 1]
     last = blocks[blocks.index(claim_regions.late[0]) - 1]
-    assert f"95% CI {first} to {last}, clipped to the layers between the shoulders" in line, line
-    assert "layer index" not in line and "-" not in line.split(":")[1].split(";")[0]
-    assert "bottleneck at between block_06 and block_07" not in format_verdicts([r])
-    assert "clipped to the observed layers" in format_verdicts([r])
+    where = (
+        f"bottleneck at block_06 (95% CI {first} to {last}, clipped to the layers between "
+        f"the shoulders, {first}..{last})"
+    )
+    assert line.startswith(where) and "layer index" not in line, line
+    # issue 50: verdicts.txt (and the terminal) say the same, never "at between" nor a CI into the shoulders
+    assert f"  - {hyp.claims[0].name}: {where}, depth " in format_verdicts([r])
+    assert r.details["bottleneck_location"]["text"] == where
 
 
 # ---- 7. a one-level curve ---------------------------------------------------------------------------------
@@ -344,7 +348,7 @@ def test_a_profile_peaking_between_the_shoulders_reports_no_interior_minimum():
         "no interior minimum between the shoulders (in every seed the lowest layer between them, block_09,"
         in text
     )
-    (line,) = [x for x in findings(hyp.claims[0], r) if x.startswith("bottleneck location")]
+    (line,) = [x for x in findings(hyp.claims[0], r) if x.startswith("no bottleneck location")]
     assert "no interior minimum" in line and "95% CI" not in line.split(";")[0]
     # a real dip keeps its location
     for row in rows:
@@ -395,3 +399,49 @@ def test_an_adjusted_claim_draws_the_adjusted_relation_and_labels_each_line_by_i
     assert _line_slope(adjusted) == pytest.approx(r.effect, rel=0.01)
     (raw,) = [line for label, line in lines.items() if label.startswith("raw fit")]
     assert _line_slope(raw) == pytest.approx(r.details["adjusted"]["raw"]["effect"], rel=0.01)
+
+
+# ---- 10. issue 50: one text for the location everywhere, and only where every replicate dips ----------------
+def _u_rows(minimum_of) -> pd.DataFrame:
+    """A u_shape.yaml table over block_01..12 (and patch_embed, lowest of all): seed s dips at layer
+    ``minimum_of(s)`` (a 1-based block number, or None: a profile rising from the early shoulder)."""
+    rows = []
+    for s in range(5):
+        low = minimum_of(s)
+        for i in range(12):
+            value = 40.0 + 2 * abs(i + 1 - low) + 0.1 * s if low else 30.0 + i + 0.1 * s
+            rows.append(
+                {"run_key": f"r{s}", "dataset": "objects", "seed": s, "epoch": 8, "layer": f"block_{i + 1:02d}",
+                 "layer_index": i + 2, "token_set": "all", "n_tokens": 80, "metric": "eed_pct", "value": value}
+            )  # fmt: skip
+        rows.append({**rows[-1], "layer": "patch_embed", "layer_index": 0, "value": 1.0})
+    return pd.DataFrame(rows)
+
+
+def test_the_location_is_one_text_and_only_where_every_replicate_has_an_interior_minimum():
+    """Before: verdicts.txt said "95% CI block_02 to block_10" (into the shoulders) where the report said
+    "block_03 to block_09, clipped", the terminal "bottleneck at between ...", a location was given though
+    4 of 5 seeds had no interior minimum, and the report added "lowest layer of the mean profile:
+    patch_embed", a layer outside every region; a ``unit: images`` claim said "in every seed"."""
+    hyp = load_hypothesis(ROOT / "hypotheses" / "u_shape.yaml")
+    claim = hyp.claims[0]
+    (r,) = evaluate_claims(hyp, _u_rows(lambda s: (4, 5, 6, 5, 5)[s]))  # every seed dips, at block_04..06
+    where = r.details["bottleneck_location"]["text"]
+    assert where.startswith("bottleneck at block_05 (95% CI block_0"), where
+    assert f"  - {claim.name}: {where}, depth " in format_verdicts([r])
+    (line,) = [x for x in findings(claim, r) if x.startswith("bottleneck ")]
+    assert line.startswith(where) and line.endswith("lowest layer of the mean profile between them: block_05")
+    assert "patch_embed" not in line
+    (r,) = evaluate_claims(hyp, _u_rows(lambda s: 5 if s == 0 else None))  # 4 of 5 seeds rise: no dip
+    text = r.details["bottleneck_location"]["text"]
+    assert text == (
+        "no bottleneck location: 4 of 5 seeds have no interior minimum between the shoulders (their lowest "
+        "layer between them, block_03, lies at their edge, above the shoulder layer beside it)"
+    )
+    assert f"  - {claim.name}: {text}, depth " in format_verdicts([r])
+    assert any(x.startswith(text) for x in findings(claim, r))
+    (r,) = evaluate_claims(hyp, _u_rows(lambda s: None))
+    r.details["unit"] = {"unit": "images", "blocks": 5}  # the replicates are probe blocks
+    from analysis.kinds.base import bottleneck_text
+
+    assert "in every probe block the lowest layer" in bottleneck_text(r.details)

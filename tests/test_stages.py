@@ -166,4 +166,4 @@ def test_evaluate_and_write_outputs(tiny, tmp_path):
     assert paths["text"].read_text().startswith("claim")
     assert not list((tmp_path / "studies" / "tiny").glob(".*"))  # no temporary file left behind
     html, md = outputs.write_study_report(tmp_path / "studies" / "tiny", hyp, outcome, out / "runs")
-    assert "What the test found" in html.read_text() and RunFolder(out / "runs" / specs[0].key).is_finished()
+    assert "<h3>Details</h3>" in html.read_text() and RunFolder(out / "runs" / specs[0].key).is_finished()

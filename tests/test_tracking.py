@@ -370,4 +370,33 @@ def test_only_the_tracking_modules_import_mlflow():
             names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
             if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
                 found.add(path.relative_to(root).as_posix())
-    assert found and all(f.startswith("study/tracking/") or f == "study/doctor.py" for f in found), found
+    assert found and all(f.startswith("study/tracking") or f == "study/doctor.py" for f in found), found
+
+
+def test_a_copied_store_is_refused_from_its_marker_before_the_store_opens(tmp_path, monkeypatch):
+    """Before: refusing a copied folder scanned the store's experiments (42-57 s wall under load); now one
+    marker file beside ``mlflow.db`` names the folder the store was made in. Its own folder skips the scan."""
+    import shutil
+
+    import study.tracking
+    from study.tracking.store import HOME_MARKER, check_home
+    from study.tracking.tracker import Tracker
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    Tracker(a, "tiny")
+    assert json.loads((a / HOME_MARKER).read_text()) == {"home": str(a.resolve()), "experiments": ["tiny"]}
+    shutil.copytree(a, b)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the store was opened or scanned")
+
+    monkeypatch.setattr(study.tracking, "refuse_foreign_artifacts", never)
+    Tracker(a, "tiny")  # its own folder: the marker says so, no scan
+    monkeypatch.setattr("mlflow.tracking.MlflowClient", never)
+    for experiment in ("tiny", "tiny_other"):  # a study new to the copy is refused the same way
+        with pytest.raises(StudyError) as err:
+            Tracker(b, experiment)
+        msg = str(err.value)
+        assert "copied or moved" in msg and str(a / "mlartifacts" / "tiny") in msg and "'tiny'" in msg, msg
+    (b / "mlflow.db").rename(tmp_path / "aside.db")  # what the refusal says to do: a fresh store
+    assert check_home(b, "tiny") is False

@@ -145,3 +145,13 @@ def env_seconds(name: str, default: float) -> float:
     if not math.isfinite(value) or value <= 0:
         raise StudyError(f"environment variable {name}={raw!r}: expected a number of seconds > 0")
     return value
+
+
+class FieldError(ValueError):
+    """A schema error that names its field (``study.schema.parse_hypothesis`` makes it one line): raised in
+    a pydantic validator, it replaces pydantic's location with ``field`` (as the hypothesis file spells it)."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(message)

@@ -15,6 +15,13 @@ def fmt_num(x: Any, digits: int = 2) -> str:
     return "n/a" if math.isnan(x) else f"{x:.{digits}f}"
 
 
+def fmt_interval(value: Any, ci: Any, unit: str = "", label: bool = True) -> str:
+    """``1.23 pp (95% CI 0.80, 1.66)`` (``label=False``: ``1.23 pp (0.80, 1.66)``, under a header that says
+    it): every interval the verdict table, ``verdicts.txt`` and the report print, two decimals each."""
+    low, high = ci
+    return f"{fmt_num(value)}{unit} ({'95% CI ' if label else ''}{fmt_num(low)}, {fmt_num(high)})"
+
+
 def fmt_p(p: Any) -> str:
     """A p-value: three decimals, ``<0.001`` below that, ``n/a`` when no test was possible."""
     try:

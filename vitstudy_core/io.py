@@ -1,7 +1,7 @@
 """Atomic writes and cached arrays: a reader never sees half a file, an interrupted write leaves none.
 
 Every writer goes through a temporary file in the target's folder, then ``os.replace`` (atomic on POSIX
-within one filesystem). The folder is created when missing. A write refused by the machine (disk full,
+within one filesystem); the file gets the mode ``open()`` would give it (the process umask applies). The folder is created when missing. A write refused by the machine (disk full,
 read-only filesystem, no permission) raises a one-line ``MachineError`` (a StudyError) naming the target and leaves it as it was.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +24,20 @@ from vitstudy_core.errors import MachineError
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EFBIG})
 
 
+def _create_temporary(path: Path, suffix: str) -> str:
+    """Create an empty ``.<name>.<random><suffix>`` beside ``path`` with the mode ``open()`` gives a new
+    file (0o666 less the process umask: 0644 under umask 022), not ``tempfile.mkstemp``'s 0600, which made
+    every file a study writes unreadable to the rest of a lab's group on a shared ``--out``."""
+    for _ in range(100):
+        tmp = str(path.parent / f".{path.name}.{secrets.token_hex(6)}{suffix}")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path))
+
+
 @contextmanager
 def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     """A temporary path beside ``path`` to write to; renamed onto ``path`` when the block succeeds.
@@ -35,8 +49,7 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
-        os.close(fd)
+        tmp = _create_temporary(path, suffix)
         yield Path(tmp)
         os.replace(tmp, path)
     except OSError as exc:

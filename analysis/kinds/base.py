@@ -39,6 +39,7 @@ from analysis.kinds._parts.display import (
     metric_unit,
     per_seed_text,
 )
+from analysis.kinds._parts.location import bottleneck_text, depth_text, replicates
 from analysis.kinds._parts.outcome import (
     Outcome,
     Statistic,
@@ -90,6 +91,7 @@ __all__ = [
     "Subset",
     "TableView",
     "Trial",
+    "bottleneck_text",
     "claim_view",
     "combined_against",
     "complete_seeds",
@@ -98,6 +100,7 @@ __all__ = [
     "contradiction",
     "crossing",
     "crossing_lines",
+    "depth_text",
     "describe_condition",
     "few_seeds_warning",
     "get_kind",
@@ -113,6 +116,7 @@ __all__ = [
     "paired_outcome",
     "per_seed_text",
     "register_kind",
+    "replicates",
     "select",
     "std_effect",
     "summarise_layers",

@@ -20,8 +20,8 @@ from pydantic import Field, field_validator
 
 from analysis.inference import t_test
 from analysis.kinds._parts.claim import ClaimBase
-from analysis.kinds._parts.curves import layer_location, no_interior_minimum
 from analysis.kinds._parts.display import FigureContext, Result
+from analysis.kinds._parts.location import bottleneck_text, depth_text, replicates
 from analysis.kinds._parts.outcome import Outcome
 from analysis.kinds._parts.registry import ClaimKind, register_kind
 from analysis.kinds._parts.rejection import combined_against
@@ -36,7 +36,7 @@ from analysis.kinds._parts.u_shape_statistics import (
     u_shape_statistics,
 )
 from vitstudy_core.errors import StudyError
-from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
+from vitstudy_core.fmt import fmt_interval, fmt_num, fmt_p, unit_of
 from vitstudy_core.settings import Strict
 
 if TYPE_CHECKING:
@@ -136,6 +136,7 @@ def evaluate(
         stat = u_shape_statistics(early, bottleneck, late)
     details = _details(df, epoch, wide, stat, seeds, order, between, dip_depth(early, bottleneck, late))
     details["bottleneck_location"].update(_interior_minima(wide, regions, order, between))
+    details["bottleneck_location"]["layers"] = {layer: order[layer] for layer in between}
     seed_effects = {}
     if chosen is not None:
         details["loso_bottleneck"] = chosen
@@ -275,26 +276,28 @@ def explain(claim: UShapeClaim, result: Result) -> list[str]:
     d = result.details
     unit = unit_of(claim.metric)
     lines = []
+    one, many = replicates(d)  # seeds, or probe blocks (unit: images)
     for name, c in (d.get("contrasts") or {}).items():
         per_seed = ", ".join(
-            f"seed {s}: {fmt_num(v)}" for s, v in (d.get("per_seed", {}).get(name) or {}).items()
+            f"{one.split()[-1]} {s}: {fmt_num(v)}" for s, v in (d.get("per_seed", {}).get(name) or {}).items()
         )
         lines.append(
-            f"{name} - bottleneck: mean {fmt_num(c['mean'])}{unit} (95% CI {fmt_num(c['ci'][0])}, "
-            f"{fmt_num(c['ci'][1])}), one-sided p {fmt_p(c['p'])}"
+            f"{name} - bottleneck: mean {fmt_interval(c['mean'], c['ci'], unit)}, one-sided p {fmt_p(c['p'])}"
             + (" (binding: the weaker shoulder)" if name == d.get("binding_contrast") else "")
-            + (f"; per seed {per_seed}" if per_seed else "")
+            + (f"; per {one} {per_seed}" if per_seed else "")
         )
-    loc, depth = d.get("bottleneck_location"), d.get("bottleneck_depth")
-    if loc and depth:
-        between = _between(claim, d.get("profile") or [])
-        where = no_interior_minimum(loc) or layer_location(
-            loc["mean_layer_index"], loc["ci"], between, "the layers between the shoulders"
+    where, depth = bottleneck_text(d), depth_text(d, claim.metric)
+    if where and depth:
+        between = d["bottleneck_location"].get("layers") or _between(claim, d.get("profile") or [])
+        mean = {str(p["layer"]): p["mean"] for p in d.get("profile") or [] if str(p["layer"]) in between}
+        lowest = (
+            f"; lowest layer of the mean profile between them: {min(mean, key=mean.__getitem__)}"
+            if mean
+            else ""
         )
         lines.append(
-            f"bottleneck location (each seed's lowest layer between the shoulders, mean over seeds): {where}; "
-            f"depth below the shoulders' mean {fmt_num(depth['mean'])}{unit} (95% CI {fmt_num(depth['ci'][0])}, "
-            f"{fmt_num(depth['ci'][1])}); lowest layer of the mean profile: {d.get('observed_minimum_layer')}"
+            f"{where} (the mean over {many} of each {one}'s lowest layer between the shoulders); {depth} "
+            f"(the shoulders' mean minus the bottleneck){lowest}"
         )
     if d.get("loso_bottleneck"):
         chosen = ", ".join(f"seed {s}: {layer}" for s, layer in d["loso_bottleneck"].items())

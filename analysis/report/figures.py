@@ -35,7 +35,9 @@ from vitstudy_core.runfolder import RunFolder
 _DPI = 90  # enough to read axis labels; keeps a 15-layer study's report well under 1 MB
 _CI = 0.95
 _REGION_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#8172b3")
-_VERDICT_COLOURS = {"ACCEPTED": "#2e7d32", "REJECTED": "#c62828", "INCONCLUSIVE": "#6d6d6d"}
+# a verdict is written, in black, never told by a colour: its old green and red were a region's green and a
+# condition's red (analysis.report.palette) in the same report
+VERDICT_INK = "black"
 
 
 @dataclass
@@ -292,13 +294,15 @@ def effect_figure(result, unit: str | None = None) -> Figure:
     # the whole name, wrapped between words (never inside one), never clipped
     label = textwrap.fill(result.name, 36, break_long_words=False, break_on_hyphens=False)
     fig, ax = new_figure(figsize=(6.0, 1.0 + 0.15 * (label.count("\n") + 1)))
-    colour = _VERDICT_COLOURS.get(result.verdict, "black")
+    colour = VERDICT_INK
     if not (math.isnan(lo) or math.isnan(hi)):
         ax.errorbar([effect], [0], xerr=[[effect - lo], [hi - effect]], fmt="o", color=colour, capsize=5)
     else:
         ax.plot([effect], [0], "o", color=colour)
     ax.axvline(0, color="black", lw=0.8, ls="--")
     ax.set_yticks([0], [label], fontsize=8)
+    verdict = f"{result.verdict} (post hoc)" if getattr(result, "post_hoc", False) else str(result.verdict)
+    ax.set_title(verdict, fontsize=8, loc="right", fontweight="bold")
     ax.set_xlabel(f"{result.metric} effect{unit}")
     ax.grid(axis="x", alpha=0.3)
     return Figure(name, caption, png=_png(fig))
@@ -326,8 +330,9 @@ def covariance_figures(runs_dir: Path, run_keys: list[str], labels: dict, missin
         pick = [layers[i] for i in sorted({round(j * (len(layers) - 1) / 3) for j in range(4)})]
         rows = [epochs[0], epochs[-1]] if len(epochs) > 1 else epochs
         fig, axes = new_figure(
-            len(rows), len(pick), figsize=(2.6 * len(pick), 2.5 * len(rows)), squeeze=False
+            len(rows), len(pick), figsize=(3.0 * len(pick), 2.5 * len(rows)), squeeze=False
         )
+        fig.set_layout_engine("constrained")  # each colour bar's ticks kept clear of the next panel
         for r, epoch in enumerate(rows):
             for c, layer in enumerate(pick):
                 ax = axes[r][c]
@@ -341,13 +346,28 @@ def covariance_figures(runs_dir: Path, run_keys: list[str], labels: dict, missin
                 ax.set_title(f"{layer}, epoch {epoch}", fontsize=8)
                 ax.set_xticks([])
                 ax.set_yticks([])
-                fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+                bar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+                bar.ax.tick_params(labelsize=6)
+                bar.ax.yaxis.get_offset_text().set_fontsize(6)
         return [Figure("covariances", f"{caption}: run {labels.get(key, key)} (key {key})", png=_png(fig))]
     return [Figure("covariances", caption, missing="every covariances.npz was unreadable (see Missing)")]
 
 
+def _grid_panels(conditions: list[str], datasets: list[str]) -> list[tuple[int, int, str, str]]:
+    """(row, column, condition, dataset) of each panel: a row per condition and a column per dataset, or,
+    with one dataset, the conditions side by side, up to 3 a row."""
+    if len(datasets) > 1:
+        return [(r, c, cond, ds) for r, cond in enumerate(conditions) for c, ds in enumerate(datasets)]
+    per_row = min(3, len(conditions))
+    return [(i // per_row, i % per_row, cond, datasets[0]) for i, cond in enumerate(conditions)]
+
+
 def conditions_grid(
-    table: pd.DataFrame, metric: str, token_set: str = "all", colours: dict[str, str] | None = None
+    table: pd.DataFrame,
+    metric: str,
+    token_set: str = "all",
+    colours: dict[str, str] | None = None,
+    order: list[str] | None = None,
 ) -> Figure:
     """A design with conditions at a glance: one panel per condition (rows) x dataset (columns), the metric
     by layer at the condition's last epoch (an untrained cell's is 0): a thin line per seed, the mean with
@@ -357,6 +377,8 @@ def conditions_grid(
         table: a tidy table with a ``condition`` column.
         colours: the study's condition palette (default: ``analysis.report.palette.condition_colours`` of the
             table's conditions), each condition's panels in its colour.
+        order: the conditions in the order the file declares them (default: the table's order); with one
+            dataset the panels run side by side, up to 3 a row, not one narrow column.
     """
     from analysis.report.palette import condition_colours
 
@@ -365,36 +387,41 @@ def conditions_grid(
     sel = table[(table.metric == metric) & (table.token_set == token_set)]
     if sel.empty or "condition" not in sel.columns:
         return Figure(name, caption, missing=f"no {metric}/{token_set} rows with conditions in the table")
-    conditions = list(dict.fromkeys(map(str, sel["condition"])))
+    present = list(dict.fromkeys(map(str, sel["condition"])))
+    conditions = [c for c in order or [] if c in present] + [c for c in present if c not in (order or [])]
     colours = colours or condition_colours(conditions)
     datasets = list(dict.fromkeys(map(str, sel["dataset"])))
     layer_order = sel.drop_duplicates("layer").sort_values("layer_index")["layer"].tolist()
     x = np.arange(len(layer_order))
+    panels = _grid_panels(conditions, datasets)
+    rows, cols = max(r for r, _, _, _ in panels) + 1, max(c for _, c, _, _ in panels) + 1
     fig, axes = new_figure(
-        len(conditions), len(datasets), sharex=True, sharey=True, squeeze=False,
-        figsize=(max(4.0, 0.3 * len(layer_order)) * len(datasets), 2.2 * len(conditions) + 0.6),
+        rows, cols, sharex=True, sharey=True, squeeze=False,
+        figsize=(max(4.0, 0.3 * len(layer_order)) * cols, 2.4 * rows + 0.6),
     )  # fmt: skip
+    for ax in axes.flat[len(panels) :]:
+        ax.set_axis_off()
     epochs = {}
-    for r, cond in enumerate(conditions):
-        for c, ds in enumerate(datasets):
-            ax, part = axes[r][c], sel[(sel.condition.astype(str) == cond) & (sel.dataset.astype(str) == ds)]
-            if part.empty:
-                ax.set_axis_off()
-                continue
-            ep = int(part.epoch.max())
-            epochs[cond] = ep
-            wide = part[part.epoch == ep].pivot_table(index="seed", columns="layer", values="value")
-            wide = wide.reindex(columns=layer_order)
-            colour = colours.get(cond, "C0")
-            for _, row in wide.iterrows():
-                ax.plot(x, row.to_numpy(), color=colour, alpha=0.35, lw=0.7)
-            mean = _band(ax, x, wide.to_numpy(dtype=float), metric_range(metric), colour)
-            ax.plot(x, mean, color=colour, lw=1.8, marker="o", ms=2.5)
-            ax.set_title(f"{cond} | {ds} (epoch {ep}, {len(wide)} seeds)", fontsize=8)
-            if c == 0:
-                ax.set_ylabel(metric, fontsize=8)
-    for ax in axes[-1]:
+    for r, c, cond, ds in panels:
+        ax, part = axes[r][c], sel[(sel.condition.astype(str) == cond) & (sel.dataset.astype(str) == ds)]
+        if part.empty:
+            ax.set_axis_off()
+            continue
+        ep = int(part.epoch.max())
+        epochs[cond] = ep
+        wide = part[part.epoch == ep].pivot_table(index="seed", columns="layer", values="value")
+        wide = wide.reindex(columns=layer_order)
+        colour = colours.get(cond, "C0")
+        for _, row in wide.iterrows():
+            ax.plot(x, row.to_numpy(), color=colour, alpha=0.35, lw=0.7)
+        mean = _band(ax, x, wide.to_numpy(dtype=float), metric_range(metric), colour)
+        ax.plot(x, mean, color=colour, lw=1.8, marker="o", ms=2.5)
+        ax.set_title(f"{cond} | {ds} (epoch {ep}, {len(wide)} seeds)", fontsize=8)
+        if c == 0:
+            ax.set_ylabel(metric, fontsize=8)
+    for ax in axes.flat:
         ax.set_xticks(x, layer_order, rotation=60, ha="right", fontsize=7)
+        ax.tick_params(labelbottom=True)  # shared x: every panel keeps its layer names (a wrapped row too)
     fig.tight_layout()
     plotted = {"conditions": conditions, "datasets": datasets, "layers": layer_order, "epochs": epochs}
     plotted["colours"] = {c: colours.get(c, "C0") for c in conditions}

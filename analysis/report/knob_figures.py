@@ -75,13 +75,14 @@ def _accuracy_axis(ax, x: np.ndarray, acc: np.ndarray, chance: np.ndarray | None
 
 
 def _legend(ax, ax2=None) -> None:
-    """One legend for both axes (on the right axis when there is one, so no line hides it)."""
+    """One legend for both axes, below the plot: inside it (``loc="best"``) a long ``adjust_for`` legend
+    sat over the y tick labels and hid lines."""
     handles, labels = ax.get_legend_handles_labels()
     if ax2 is not None:
         more = ax2.get_legend_handles_labels()
         handles, labels = handles + more[0], labels + more[1]
     if handles:
-        (ax2 or ax).legend(handles, labels, fontsize=7, loc="best")
+        ax.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
 
 
 def _seed_points(ax, x: np.ndarray, y: np.ndarray, bounds: Bounds, joined: bool, colour: Any, label: str):

@@ -29,22 +29,35 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.report.figures import Figure, covariance_figures
-from analysis.report.sections import ReportInput, Section, build_sections, conditions_preface, effect_unit
+from analysis.report.sections import (
+    ReportInput,
+    Section,
+    build_sections,
+    conditions_preface,
+    effect_unit,
+    verdict_sentence,
+)
 from analysis.verdicts import ClaimResult
 from vitstudy_core.errors import StudyError
 from vitstudy_core.faults import fault_point
-from vitstudy_core.fmt import fmt_num, fmt_p
+from vitstudy_core.fmt import fmt_interval, fmt_p
 from vitstudy_core.io import atomic_write_bytes, atomic_write_text
 from vitstudy_core.provenance import package_versions
 from vitstudy_core.runfolder import RunFolder
 
 
 def read_study(
-    study_dir: Path, title: str, description: str, claims: list | None, runs_dir: Path | None = None
+    study_dir: Path,
+    title: str,
+    description: str,
+    claims: list | None,
+    runs_dir: Path | None = None,
+    conditions: list[str] | None = None,
 ) -> ReportInput:
     """A :class:`ReportInput` from what ``run`` left in ``study_dir`` (``verdicts.json``, ``table.parquet``).
 
-    ``claims``: the validated claims of the study's hypothesis file (None when it could not be read).
+    ``claims``: the validated claims of the study's hypothesis file (None when it could not be read);
+    ``conditions``: its design's conditions in the file's order (the conditions grid's order).
 
     Raises:
         StudyError: ``study_dir`` has no readable ``verdicts.json`` (nothing to report on).
@@ -71,7 +84,7 @@ def read_study(
         table = pd.read_parquet(study_dir / "table.parquet")
     except Exception as exc:  # noqa: BLE001 - missing or corrupt: report what we have
         missing.append(f"table.parquet unreadable ({type(exc).__name__}); claim figures not shown")
-    preface = conditions_preface(table, [c for c in claims if c is not None])
+    preface = conditions_preface(table, [c for c in claims if c is not None], conditions)
     return ReportInput(
         preface=preface,
         preface_title="Conditions" if preface else "Sweep",
@@ -105,8 +118,11 @@ body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max
 padding:0 1em;color:#222;line-height:1.4}
 table{border-collapse:collapse;margin:1em 0;font-size:0.9em}th,td{border:1px solid #ccc;padding:4px 8px;
 text-align:left;vertical-align:top}th{background:#f3f3f3}
-.ACCEPTED{color:#2e7d32;font-weight:bold}.REJECTED{color:#c62828;font-weight:bold}
-.INCONCLUSIVE{color:#6d6d6d;font-weight:bold}
+.ACCEPTED{color:#00613a;font-weight:bold}.REJECTED{color:#8e0038;font-weight:bold}
+.INCONCLUSIVE{color:#4a4a4a;font-weight:bold}
+.badge{color:#fff;padding:1px 6px;border-radius:3px}.badge.ACCEPTED{background:#00613a}
+.badge.REJECTED{background:#8e0038}.badge.INCONCLUSIVE{background:#4a4a4a}
+.verdict-line{font-size:1.05em}
 figure{margin:1em 0}figcaption{font-size:0.85em;color:#555}img{max-width:100%;height:auto}
 .missing{background:#fff3e0;border-left:4px solid #ef6c00;padding:6px 10px}
 pre{background:#f6f6f6;padding:8px;overflow-x:auto}
@@ -123,8 +139,7 @@ def header_lines(inp: ReportInput) -> list[str]:
     for r in inp.results:
         reg = r.registration
         if reg:
-            extra = f" (its data existed from {reg['data_from']})" if reg.get("data_from") else ""
-            extra += f" ({reg['reason']})" if reg.get("reason") else ""  # why: which runs existed before
+            extra = _registration_why(reg)
             extra += (
                 f"; a new registration was started {reg['new_registration']}"
                 if reg.get("new_registration")
@@ -146,6 +161,16 @@ def header_lines(inp: ReportInput) -> list[str]:
     return lines
 
 
+def _registration_why(reg: dict) -> str:
+    """Why a claim is post hoc, once and without nested parentheses: its reason (which runs existed
+    before), less the registration time the line already gives; else when its data existed from."""
+    why = str(reg.get("reason") or "")
+    lead = f"registered {reg.get('registered_at')}, "
+    if why:
+        return f": {why.removeprefix(lead)}"
+    return f"; its data existed from {reg['data_from']}" if reg.get("data_from") else ""
+
+
 def _verdict_cell(r: ClaimResult) -> str:
     return f"{r.verdict} (post hoc)" if r.post_hoc else r.verdict
 
@@ -161,7 +186,7 @@ def _verdict_rows(sections: list[Section]) -> list[list[str]]:
                 r.metric,
                 s.subset,
                 _verdict_cell(r),
-                f"{fmt_num(r.effect)}{unit} ({fmt_num(r.ci_low)}, {fmt_num(r.ci_high)})",
+                fmt_interval(r.effect, (r.ci_low, r.ci_high), unit, label=False),
                 fmt_p(r.p_value),
                 fmt_p(r.p_adjusted),
                 str(r.n_seeds),
@@ -220,14 +245,18 @@ def _html(
         out.append(f"<h2>{e(inp.preface_title)}</h2>")
         out += [f"<p>{e(line)}</p>" for line in inp.preface_lines]
         out += [fig_html(f) for f in inp.preface]
-    for sec in sections:
+    for sec in sections:  # the verdict in one sentence and the figures that show it, then the details
         r = sec.result
         out.append(f"<h2>{e(sec.title)}</h2>")
+        label, rest = verdict_sentence(r, sec.unit).split(": ", 1)
         out.append(
-            f'<p>Verdict <span class="{e(r.verdict)}">{e(r.verdict)}</span>; kind <code>{e(r.kind)}</code>, '
-            f"metric <code>{e(r.metric)}</code>, subset <code>{e(sec.subset)}</code>.</p>"
+            f'<p class="verdict-line"><span class="badge {e(r.verdict)}">{e(label)}</span> {e(rest)}</p>'
         )
-        out.append('<h3>What the test found</h3><ul class="findings">')
+        out += [fig_html(f) for f in sec.figures]
+        out.append(
+            f"<h3>Details</h3><p>kind <code>{e(r.kind)}</code>, metric <code>{e(r.metric)}</code>, subset "
+            f'<code>{e(sec.subset)}</code></p><ul class="findings">'
+        )
         out += [
             f'<li class="warning">{e(line)}</li>'
             if line.startswith(("warning:", "seed "))
@@ -235,7 +264,6 @@ def _html(
             for line in sec.findings
         ]
         out.append("</ul>")
-        out += [fig_html(f) for f in sec.figures]
     out.append("<h2>Covariance snapshots</h2>")
     for f in covs:
         if f.png is None and f.missing == "covariance snapshots not recorded":
@@ -283,10 +311,9 @@ def _markdown(
             else f"*missing: {f.caption}: {f.missing}*"
             for f in inp.preface
         ]
-    for sec in sections:
-        out += ["", f"## {sec.title}", "", "What the test found:", ""]
-        out += [f"- {line}" for line in sec.findings]
-        out.append("")
+    for sec in sections:  # as the HTML: the verdict sentence, the figures, then the details
+        label, rest = verdict_sentence(sec.result, sec.unit).split(": ", 1)
+        out += ["", f"## {sec.title}", "", f"**{label}**: {rest}", ""]
         for f in sec.figures:
             out.append(
                 f"![{f.caption}]({fig_paths[f.name]})"
@@ -294,6 +321,8 @@ def _markdown(
                 else f"*missing: {f.caption}: {f.missing}*"
             )
             out.append("")
+        out += ["Details:", ""]
+        out += [f"- {line}" for line in sec.findings]
     out += ["## Covariance snapshots", ""]
     for f in covs:
         out.append(f"![{f.caption}]({fig_paths[f.name]})" if f.name in fig_paths else f"*{f.missing}*")

@@ -13,9 +13,10 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.kinds import FigureContext, controls_figures, explain_controls, get_kind
+from analysis.kinds.base import replicates
 from analysis.report.figures import Figure, effect_figure
 from analysis.verdicts import INCONCLUSIVE, ClaimResult
-from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
+from vitstudy_core.fmt import fmt_interval, fmt_num, fmt_p, unit_of
 
 
 @dataclass
@@ -106,6 +107,17 @@ def probe_size_lines(result: ClaimResult) -> list[str]:
     return out
 
 
+def verdict_sentence(result: ClaimResult, unit: str) -> str:
+    """``ACCEPTED (post hoc): <the verdict's reason>; effect 1.23 pp (95% CI 0.80, 1.66), p (holm) 0.004,
+    5 seeds``: what a claim's report section leads with (its label as the verdict table shows it)."""
+    one, many = replicates(result.details)
+    label = f"{result.verdict} (post hoc)" if result.post_hoc else result.verdict
+    return (
+        f"{label}: {result.reason}; effect {fmt_interval(result.effect, (result.ci_low, result.ci_high), unit)}, "
+        f"p ({result.adjustment}) {fmt_p(result.p_adjusted)}, {result.n_seeds} {one if result.n_seeds == 1 else many}"
+    )
+
+
 def findings(claim, result: ClaimResult) -> list[str]:
     """What the claim's test found: the kind's own lines, then the verdict's basis, power, warnings, seeds."""
     unit = effect_unit(claim, result)
@@ -133,7 +145,7 @@ def findings(claim, result: ClaimResult) -> list[str]:
     lines.append(
         f"effect {fmt_num(result.effect)}{unit} (95% t CI {fmt_num(result.ci_low)}, {fmt_num(result.ci_high)}; "
         f"bootstrap {fmt_num(result.bootstrap_ci[0])}, {fmt_num(result.bootstrap_ci[1])}); p {fmt_p(result.p_value)}, "
-        f"{adjusted}; {result.n_seeds} seeds ({', '.join(map(str, result.seeds_used))})"
+        f"{adjusted}; {result.n_seeds} {replicates(result.details)[1]} ({', '.join(map(str, result.seeds_used))})"
     )
     joint = result.details.get("seeds_probe")
     if joint:
@@ -220,13 +232,18 @@ def _rows_of(table: pd.DataFrame, claim) -> pd.DataFrame:
     return table[table["condition"].astype(str) == condition]
 
 
-def conditions_preface(table: pd.DataFrame | None, claims: list) -> list[Figure]:
+def conditions_preface(
+    table: pd.DataFrame | None, claims: list, order: list[str] | None = None
+) -> list[Figure]:
     """A design with conditions: one condition x dataset grid (:func:`analysis.report.figures.conditions_grid`) per
-    claimed (metric, token set), at most 3, shown before the claims; [] for a table without conditions."""
+    claimed (metric, token set), at most 3, shown before the claims, its conditions in ``order`` (the
+    file's; None: the table's); [] for a table without conditions."""
     if table is None or "condition" not in table.columns or table["condition"].nunique() < 2:
         return []
     from analysis.report.figures import conditions_grid
 
     pairs = dict.fromkeys((c.metric, getattr(c.subset, "token_set", "all") or "all") for c in claims)
     colours = study_colours(table)
-    return [conditions_grid(table, metric, token_set, colours) for metric, token_set in list(pairs)[:3]]
+    return [
+        conditions_grid(table, metric, token_set, colours, order) for metric, token_set in list(pairs)[:3]
+    ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from analysis.units import model_names  # noqa: F401 - re-exported: the models in seed order
 from runners.sources.base import (
@@ -35,9 +35,10 @@ from runners.sources.base import (
     ImportedSourceBase,
     probe_record,
 )
-from vitstudy_core.errors import StudyError
+from vitstudy_core.errors import FieldError, StudyError
 from vitstudy_core.settings import Strict
 
+_FIELD = "design.source.models"
 HUB = "timm:"  # a run's path for a hub model: "timm:<timm name>" (its weights are found in the cache)
 
 
@@ -51,6 +52,19 @@ class ModelFile(Strict):
     file: str = Field(min_length=1)
     model_args: dict[str, int | float | str | bool] = Field(default_factory=dict)  # e.g. {img_size: 224}
 
+    @field_validator("model_args")
+    @classmethod
+    def _not_set_here(cls, v: dict) -> dict:
+        """``timm.create_model`` gets these from the weights (the head's size) and the source (no download):
+        given here too, ``run`` failed with "got multiple values for keyword argument"."""
+        why = {
+            "num_classes": "the head's size is read from the weights file",
+            "pretrained": "weights come from file",
+        }
+        for key in (k for k in why if k in v):
+            raise ValueError(f"set by the source ({why[key]}): leave {key} out of model_args")
+        return v
+
 
 class PretrainedSettings(ImportedSettings):
     """Published models: ``models: {NAME: TIMM_NAME | {timm: ARCH, file: PATH}}``; ``path``: an optional
@@ -58,6 +72,33 @@ class PretrainedSettings(ImportedSettings):
 
     kind: Literal["pretrained"]
     models: dict[str, str | ModelFile] = Field(min_length=1)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _entries(cls, v: object) -> object:
+        """A mapping entry is a :class:`ModelFile`, validated as one so that its error names its own key
+        (pydantic's union reported the other branch: ``models.a.str: Input should be a valid string``)."""
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for name, entry in v.items():
+            if not isinstance(entry, dict):
+                out[name] = entry
+                continue
+            try:
+                out[name] = ModelFile.model_validate(entry)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = "".join(f".{p}" for p in err["loc"])
+                if err["type"] == "extra_forbidden":
+                    what = (
+                        "unknown key: a model file takes timm, file and model_args (arguments of the "
+                        f"model such as img_size go under model_args: {{{err['loc'][-1]}: ...}})"
+                    )
+                else:
+                    what = err["msg"].removeprefix("Value error, ")
+                raise FieldError(f"{_FIELD}.{name}{where}", what) from None
+        return out
 
     @model_validator(mode="after")
     def _one_path(self):  # overrides ImportedSettings': the models name their weights, a path is optional

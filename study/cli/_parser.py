@@ -24,8 +24,20 @@ _STORAGE_HELP = (
 )
 
 
+DESCRIPTION = (
+    "Test hypotheses about the representation geometry of vision transformers: a YAML file declares the "
+    "runs and the claims; `run` trains the runs, measures their spectra and prints a verdict per claim. "
+    "Start with: python -m study validate FILE, then python -m study run FILE; `python -m study VERB -h` "
+    "says more about each verb."
+)
+EPILOG = (
+    "Bad input prints one line (file, field, what was expected) and exits with status 2. --leases and "
+    "--storage default to $STUDY_LEASES and $STUDY_STORAGE."
+)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m study", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m study", description=DESCRIPTION, epilog=EPILOG)
     sub = p.add_subparsers(dest="verb", required=True)
 
     v = sub.add_parser("validate", help="check a hypothesis file without running anything")

@@ -8,6 +8,7 @@
     python -m study report study_results/studies/u_shape   (or the hypothesis file) [--out study_results]
     python -m study ui [--out study_results] [--port 5000] [--study NAME] [--no-browser]
     python -m study metrics SPECTRUM.npy      # every eigenvalue metric of a saved spectrum, as JSON
+    python -m study metrics RUN/spectra.npz   # ... of each spectrum a run saved (<epoch>/<layer>/<token set>)
     python -m study table hypotheses/u_shape.yaml --out study_results [--to PATH]   # rebuild the tidy table
     python -m study sweep hypotheses/complexity_sweep.yaml [--n-trials N] [--storage URL] [--workers N]
     python -m study run FILE --executor ray --address HOST:6379 --out /shared/results --leases postgresql://...
@@ -231,11 +232,13 @@ def _sweep_verb(args: argparse.Namespace, hyp, argv, names: dict[str, str]) -> i
     from study.cluster.jobs import check_reachable
     from study.sweep.loop import SweepOptions
     from study.sweep.storage import storage_url
+    from study.sweep.storage_check import check_storage
 
     sweep = SweepOptions(n_trials=args.n_trials, storage=args.storage, storage_from=names["--storage"])
     opts = _run_options(args, argv, names)
     url, where = storage_url(hyp, args.storage), (names["--leases"], names["--storage"])
-    check_reachable(opts.placement, url, names=where)  # before anything is written
+    check_reachable(opts.placement, None, names=where)  # before anything is written
+    check_storage(url, str(args.hypothesis), names["--storage"] if args.storage else None)
     outcome = run_sweep(hyp, args.hypothesis, args.out, opts, sweep)
     print()
     print(format_verdicts(outcome.results))

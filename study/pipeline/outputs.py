@@ -92,7 +92,7 @@ def write_study_report(
     from analysis.report.page import write_report
     from analysis.report.sections import conditions_preface
 
-    preface = conditions_preface(out.table, list(hyp.claims))
+    preface = conditions_preface(out.table, list(hyp.claims), hyp.design.condition_names())
     more: dict = {"preface": preface, "preface_title": "Conditions"} if preface else {}
     inp = report_input(hyp.name, hyp, out, runs_dir, sequential=sequential, **more)
     return list(write_report(study_dir, inp))

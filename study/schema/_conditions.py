@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError
 
+from vitstudy_core.errors import FieldError  # noqa: F401 - re-exported: schema errors with a field
 from vitstudy_core.hashing import canonical_json
 from vitstudy_core.settings import Strict
 
@@ -30,15 +31,6 @@ NAME_PATTERN = r"^[A-Za-z0-9_.=,-]+$"  # a cell's name: a table value, a tag, pa
 PARTS = ("objective", "model", "training", "labels", "untrained")  # what a condition may override
 FACTORS = ("objective", "model", "labels", "untrained")  # and training.<field>
 DEFAULT_MAX_RUNS = 200  # a design past this many runs is refused unless design.max_runs says otherwise
-
-
-class FieldError(ValueError):
-    """A schema error that names its field (``study.schema.parse_hypothesis`` makes it one line)."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        self.message = message
-        super().__init__(message)
 
 
 def _labels(v: object) -> object:

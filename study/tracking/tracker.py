@@ -69,12 +69,14 @@ from study.tracking.reuse import (
     training_runs,
 )
 from study.tracking.store import (
+    check_home,
     default_tracking_uri,
     experiment_artifact_location,
     quiet_library_logs,
     refuse_foreign_artifacts,
     schema_lock,
     store_lock_path,
+    write_home,
 )
 from vitstudy_core.errors import StudyError
 from vitstudy_core.faults import fault_point
@@ -124,6 +126,10 @@ class Tracker(RunWriter):
     """
 
     def __init__(self, out_dir: Path, experiment: str, log_model: bool = False, role: str = "study"):
+        own = not os.environ.get("MLFLOW_TRACKING_URI")  # a store of our own: this folder's
+        home = own and check_home(
+            Path(out_dir), experiment
+        )  # a copied folder: refused before the store opens
         import mlflow
         from mlflow.tracking import MlflowClient
 
@@ -143,9 +149,11 @@ class Tracker(RunWriter):
                 with schema_lock(self.uri):
                     self._create_store()
                     self.client = MlflowClient(self.uri)
-                    if not os.environ.get("MLFLOW_TRACKING_URI"):  # a store of our own: this folder's
+                    if own and not home:  # no marker yet (a store made before it): the full scan
                         refuse_foreign_artifacts(self.client, self.out_dir, experiment)
                     self.experiment_id = self._get_or_create_experiment(experiment)
+                    if own and self.uri.startswith("sqlite:///"):
+                        write_home(self.out_dir, experiment)
             except StudyError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a bad URI or unreachable store: one line, not a trace
