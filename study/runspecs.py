@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from runners.datasets import GENERATOR_VERSION, LOADER_VERSION, resolve_fingerprint, resolve_path
 from runners.objectives import objective_payload
+from study.measured_by import plugin_parts
 from study.schema import Hypothesis
 from vitstudy_core.hashing import digest
 
@@ -92,6 +93,9 @@ def run_key(payload: dict) -> str:
         payload.pop("imported", None)
     else:  # an imported run is its files' content: where they lie does not change it
         payload["imported"] = {k: v for k, v in payload["imported"].items() if k not in ("path", "paths")}
+    parts = plugin_parts(payload)
+    if parts:  # a plug-in's part shapes this run (study.measured_by); built-ins only keep their keys
+        payload["plugins"] = parts
     return digest(payload, 16)
 
 

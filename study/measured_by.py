@@ -1,0 +1,64 @@
+"""What measured a run: the plug-in parts that shape what a run computes, as they enter its key.
+
+    plugin_parts(payload)   # {} for a run of built-ins only; else e.g.
+    # {"observables": {"norm_spread": {"distribution": "my-plugins", "version": "2"}},
+    #  "objective": {"mirrored": {"distribution": "my-plugins", "version": None}}}
+
+A run's dataset kind, objective and source decide what is trained; every registered observable and
+token-count metric is measured into its ``scalars.json``. Each of these that an installed distribution
+(not this one) registered enters the run key (``study.runspecs.run_key``) with its distribution's name and
+the version the part declared when it registered (``Registry.register(..., version=...)``,
+``register_observable(..., version=...)``, ``register_token_metric(..., version=...)``). So installing or
+removing such a plug-in, or bumping a part's declared version, gives new keys: the runs are trained and
+measured again rather than reused without the part's values. The distribution's own version stays out
+(a release that changes nothing a part computes keeps the keys), and eigenvalue metrics stay out (they are
+computed from the stored spectra when the table is read, and need no new runs). A study of built-in parts
+only has no plug-in parts: its keys are the keys runs always had.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vitstudy_core.plugins import distribution_of, registry_of
+
+# payload field -> entry-point group of the registry naming what that field selects
+_SELECTED = {"dataset": "vitstudy.datasets", "objective": "vitstudy.objectives", "source": "vitstudy.sources"}
+# every entry of these is measured in every run
+_MEASURED = {"observables": "vitstudy.observables", "token_metrics": "vitstudy.token_metrics"}
+
+
+def _part(group: str, name: str) -> dict[str, Any] | None:
+    reg = registry_of(group)
+    dist = distribution_of(reg, name) if name in reg else None
+    return None if dist is None else {"distribution": dist[0], "version": reg.version_of(name)}
+
+
+def _selected(payload: dict, field: str) -> str | None:
+    """The registered name a run payload's ``field`` selects (None: none, e.g. an imported run's
+    ``objective: none``)."""
+    value = payload.get(field)
+    if field == "dataset":
+        from runners.datasets import kind_of
+
+        return kind_of(value)
+    if isinstance(value, dict):
+        return value.get("kind")
+    return value if isinstance(value, str) else None
+
+
+def plugin_parts(payload: dict) -> dict[str, dict[str, dict[str, Any]]]:
+    """The plug-in parts (not built-in) that shape the run of ``payload`` (a run spec's fields), by role
+    then name: ``{"observables": {name: {"distribution": ..., "version": ...}}, ...}``; ``{}`` when every
+    part is built-in."""
+    parts: dict[str, dict[str, dict[str, Any]]] = {}
+    for field, group in _SELECTED.items():
+        name = _selected(payload, field) if field != "source" else payload.get("source", "train")
+        info = _part(group, name) if name is not None else None
+        if info is not None:
+            parts[field] = {name: info}
+    for role, group in _MEASURED.items():
+        found = {n: info for n in registry_of(group) if (info := _part(group, n)) is not None}
+        if found:
+            parts[role] = found
+    return parts
