@@ -209,3 +209,64 @@ def test_one_namespace_for_every_name_a_claim_can_give(register, line):
         make()(lambda x: 0.0)
     assert "\n" not in str(err.value)
     assert {r.what: r.names() for r in (METRICS, TOKEN_METRICS, OBSERVABLES)} == before
+
+
+NINE_FLAGS = """MISPLACED = "--nine-*: these flags need --executor {name}"
+
+
+def add_flags(p):
+    p.add_argument("--nine-queue", default=None)
+
+
+def read_flags(args):
+    return {"queue": args.nine_queue} if args.nine_queue else {}
+
+
+def submit(hypothesis, out, opts, options, address):
+    return f"nine took {hypothesis} with {options}"
+"""
+
+
+def test_a_plugin_executor_is_a_choice_of_run_and_submit_with_its_own_flags(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from runners.executors import EXECUTORS
+    from study.cli_parser import _parser
+    from study.executor_flags import executor_flags, submit_driver
+    from vitstudy_core.errors import StudyError
+
+    (tmp_path / "nine_flags.py").write_text(NINE_FLAGS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    EXECUTORS.register("nine", replace(EXECUTORS["local"], flags="nine_flags", submit="nine_flags:submit"))
+    try:
+        p = _parser()
+        args = p.parse_args(["run", "h.yaml", "--executor", "nine", "--nine-queue", "q"])
+        assert args.executor == "nine" and executor_flags(args) == {"queue": "q"}
+        with pytest.raises(StudyError, match=r"^--nine-\*: these flags need --executor nine$"):
+            executor_flags(p.parse_args(["run", "h.yaml", "--nine-queue", "q"]))
+        with pytest.raises(StudyError, match=r"^--slurm-\*: these flags need --executor slurm$"):
+            executor_flags(p.parse_args(["run", "h.yaml", "--executor", "nine", "--slurm-time", "5"]))
+        args = p.parse_args(["submit", "h.yaml", "--executor", "nine", "--nine-queue", "q"])
+        assert submit_driver(args, None) == "nine took h.yaml with {'queue': 'q'}"
+    finally:
+        EXECUTORS.discard(["nine"])
+        sys.modules.pop("nine_flags", None)
+    with pytest.raises(SystemExit):  # gone from the registry: no longer a choice
+        _parser().parse_args(["run", "h.yaml", "--executor", "nine"])
+
+
+def test_metrics_verb_lists_a_plugin_metric(tmp_path, capsys):
+    import numpy as np
+
+    from analysis.spectral import METRICS, register_metric
+    from study.cli import main
+
+    load_plugins()
+    np.save(tmp_path / "lam.npy", np.array([3.0, 2.0, 1.0]))
+    register_metric("a_tests_top", bounds=(0.0, 1.0))(lambda lam: float(np.max(lam) / np.sum(lam)))
+    try:
+        assert main(["metrics", str(tmp_path / "lam.npy")]) == 0
+    finally:
+        METRICS.discard(["a_tests_top"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["a_tests_top"] == 0.5 and "effective_rank" in out

@@ -154,7 +154,9 @@ def test_fill_leaves_a_finished_run_folder(name, tmp_path, trained):
         ({"checkpoints": [0, 9]}, "design: checkpoint epoch 9 outside 0..1"),
         (
             {"datasets": [{"name": "objects", "kind": "external"}]},
-            "design.datasets: dataset 'objects' (kind external) needs a table source",
+            "design.datasets: dataset 'objects' (kind external) needs a "
+            + " or ".join(n for n, s in SOURCES.items() if s.accepts_dataset("external"))  # table, plug-ins'
+            + " source",
         ),
         (
             {"checkpoints": [1], "source": {"kind": "checkpoints", "path": "/c"}, "seeds": [0, 1]},
