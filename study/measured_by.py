@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runners.sources import DEFAULT_SOURCE
 from vitstudy_core.plugins import distribution_of, registry_of
 
 # payload field -> entry-point group of the registry naming what that field selects
@@ -37,7 +38,7 @@ def _part(group: str, name: str) -> dict[str, Any] | None:
 def _selected(payload: dict, field: str) -> str | None:
     """The registered name a run payload's ``field`` selects (None: none, e.g. an imported run's
     ``objective: none``)."""
-    value = payload.get(field)
+    value = payload.get(field, DEFAULT_SOURCE if field == "source" else None)
     if field == "dataset":
         from runners.datasets import kind_of
 
@@ -53,9 +54,9 @@ def plugin_parts(payload: dict) -> dict[str, dict[str, dict[str, Any]]]:
     part is built-in."""
     parts: dict[str, dict[str, dict[str, Any]]] = {}
     for field, group in _SELECTED.items():
-        name = _selected(payload, field) if field != "source" else payload.get("source", "train")
+        name = _selected(payload, field)
         info = _part(group, name) if name is not None else None
-        if info is not None:
+        if name is not None and info is not None:
             parts[field] = {name: info}
     for role, group in _MEASURED.items():
         found = {n: info for n in registry_of(group) if (info := _part(group, n)) is not None}

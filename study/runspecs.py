@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from runners.datasets import GENERATOR_VERSION, LOADER_VERSION, resolve_fingerprint, resolve_path
 from runners.objectives import objective_payload
+from runners.sources import DEFAULT_SOURCE
 from study.measured_by import plugin_parts
 from study.schema import Hypothesis
 from vitstudy_core.hashing import digest
@@ -42,9 +43,7 @@ class RunSpec(BaseModel):
     seed: int
     checkpoints: list[int]
     probe: dict
-    source: str = (
-        "train"  # the run source that fills its folder (runners.sources); "train" stays out of the key
-    )
+    source: str = DEFAULT_SOURCE  # the run source that fills its folder (runners.sources); the default stays out of the key
     # an imported run: the source's settings, its resolved path and its content fingerprint (None: trained)
     imported: dict | None = None
     # "shuffled": trained on a seeded permutation of the training labels (in the key; "true" is not)
@@ -87,7 +86,7 @@ def run_key(payload: dict) -> str:
         payload["probe"] = {k: v for k, v in payload["probe"].items() if not (k == "blocks" and not v)}
     # torch.compile changes speed, not the result (beyond float rounding on GPU)
     payload["training"] = {k: v for k, v in payload["training"].items() if k != "compile"}
-    if payload.get("source", "train") == "train":
+    if payload.get("source", DEFAULT_SOURCE) == DEFAULT_SOURCE:
         payload.pop("source", None)
     if payload.get("imported") is None:
         payload.pop("imported", None)
