@@ -103,6 +103,11 @@ class ClaimKind:
 
 
 def _new_labels(name: str, kind: ClaimKind) -> None:
+    """Registry check: registered under its own name and ``kind`` literal, with calibration labels no
+    other kind has."""
+    field_ = kind.model.model_fields.get("kind")
+    if kind.name != name or field_ is None or getattr(field_.annotation, "__args__", None) != (name,):
+        raise ValueError(f"claim kind {name!r}: its model needs kind: Literal[{name!r}] and name={name!r}")
     labels = {label for k in KINDS.values() for label in k.calibration}
     if labels & set(kind.calibration):
         raise ValueError(f"calibration labels {sorted(labels & set(kind.calibration))} are taken")
