@@ -14,6 +14,7 @@ fingerprint of its files' content (and how they are read) in place of training.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Literal
 
@@ -22,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 from runners.datasets import GENERATOR_VERSION, LOADER_VERSION, resolve_fingerprint, resolve_path
 from runners.objectives import objective_payload
 from runners.sources import DEFAULT_SOURCE
-from study.measured_by import plugin_parts
+from study.measured_by import claimed_metrics, plugin_parts
 from study.schema import Hypothesis
 from vitstudy_core.hashing import digest
 
@@ -71,8 +72,9 @@ class RunSpec(BaseModel):
         return f"{lead}{self.dataset['name']}/seed{self.seed}"
 
 
-def run_key(payload: dict) -> str:
-    """sha256 (first 16 hex digits) of the canonical JSON of a run's determining fields."""
+def run_key(payload: dict, metrics: Collection[str] = ()) -> str:
+    """sha256 (first 16 hex digits) of the canonical JSON of a run's determining fields; ``metrics``: what
+    the study's claims name (a plug-in's observable or token-count metric among them enters the key)."""
     payload = {**payload, "protocol_version": PROTOCOL_VERSION, "generator_version": GENERATOR_VERSION}
     if "path" in payload["dataset"]:  # on disk; procedural keys stay as they were
         payload["loader_version"] = LOADER_VERSION
@@ -92,7 +94,7 @@ def run_key(payload: dict) -> str:
         payload.pop("imported", None)
     else:  # an imported run is its files' content: where they lie does not change it
         payload["imported"] = {k: v for k, v in payload["imported"].items() if k not in ("path", "paths")}
-    parts = plugin_parts(payload)
+    parts = plugin_parts(payload, metrics)
     if parts:  # a plug-in's part shapes this run (study.measured_by); built-ins only keep their keys
         payload["plugins"] = parts
     return digest(payload, 16)
@@ -114,6 +116,7 @@ def plan_runs(hyp: Hypothesis, data_dir: str | Path | None = None, record: bool 
     if hyp.design.source is not None:
         return _plan_imports(hyp)
     cells = hyp.design.cells()
+    metrics = claimed_metrics(hyp.claims)
     datasets = [_dataset_payload(ds, data_dir, record) for ds in hyp.design.datasets]
     runs = []
     for cell in cells:
@@ -141,7 +144,7 @@ def plan_runs(hyp: Hypothesis, data_dir: str | Path | None = None, record: bool 
                 }
                 if design.labels != "true":  # true labels stay out of the payload: today's keys
                     payload["labels"] = design.labels
-                runs.append(RunSpec(key=run_key(payload), **payload, **view))
+                runs.append(RunSpec(key=run_key(payload, metrics), **payload, **view))
     return runs
 
 
@@ -185,5 +188,5 @@ def _plan_imports(hyp: Hypothesis) -> list[RunSpec]:
                     source, dataset["name"], seed, design.checkpoint_epochs, len(design.seeds)
                 ),
             }
-            runs.append(RunSpec(key=run_key(payload), **payload))
+            runs.append(RunSpec(key=run_key(payload, claimed_metrics(hyp.claims)), **payload))
     return runs

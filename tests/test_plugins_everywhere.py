@@ -131,17 +131,16 @@ def test_spawned_workers_measure_the_plugins_observable_and_token_metric(tmp_pat
     assert verdicts["claims"][0]["seeds_used"] == [0, 1]
 
 
-def test_plugin_parts_enter_the_run_key_and_built_ins_keep_theirs(tmp_path):
-    hyp = tmp_path / "built_in_claim.yaml"
-    hyp.write_text(json.dumps({**TINY, "claims": [{**TINY["claims"][0], "metric": "eed_pct"}]}))
-    plain = _plan_keys(hyp, None)
-    with_v1 = _plan_keys(hyp, install(tmp_path / "v1", "1"))
-    again = _plan_keys(hyp, install(tmp_path / "v1b", "1"))
-    with_v2 = _plan_keys(hyp, install(tmp_path / "v2", "2"))
-    assert len(set(plain)) == 2 and not set(plain) & set(with_v1)  # installing it: new keys
-    assert with_v1 == again  # the same part at the same version: the same keys, wherever it lies
-    assert not set(with_v2) & set(with_v1)  # a bumped declared version: new keys
-    assert _plan_keys(hyp, None) == plain  # removed: the built-ins' keys again
+def test_a_plugin_part_a_study_uses_is_in_its_run_keys_and_others_keep_theirs(tmp_path, hyp):
+    built_in = tmp_path / "built_in_claim.yaml"
+    built_in.write_text(json.dumps({**TINY, "claims": [{**TINY["claims"][0], "metric": "eed_pct"}]}))
+    plain = _plan_keys(built_in, None)
+    assert len(set(plain)) == 2
+    assert _plan_keys(built_in, install(tmp_path / "v1", "1")) == plain  # installing it changes no key ...
+    with_v1 = _plan_keys(hyp, install(tmp_path / "v1", "1"))  # ... but of a study naming its observable
+    assert not set(with_v1) & set(plain)  # the same design: the runs differ by what they must measure
+    assert _plan_keys(hyp, install(tmp_path / "v1b", "1")) == with_v1  # same part and version, elsewhere
+    assert not set(_plan_keys(hyp, install(tmp_path / "v2", "2"))) & set(with_v1)  # a bumped version
 
 
 def test_plugin_parts_names_only_what_is_not_built_in(monkeypatch):
@@ -150,10 +149,11 @@ def test_plugin_parts_names_only_what_is_not_built_in(monkeypatch):
 
     load_plugins()
     payload = {"dataset": {"variant": "objects"}, "objective": "supervised"}
-    assert plugin_parts(payload) == {}
+    assert plugin_parts(payload, ["eed_pct", "diagonality"]) == {}
     OBSERVABLES.register("a_tests_observable", Observable("sample", lambda x: 0.0), version="3")
     try:
-        assert plugin_parts(payload) == {
+        assert plugin_parts(payload, ["eed_pct"]) == {}  # registered, but not what this study claims
+        assert plugin_parts(payload, ["eed_pct", "a_tests_observable"]) == {
             "observables": {"a_tests_observable": {"distribution": f"module {__name__}", "version": "3"}}
         }
     finally:
@@ -270,3 +270,13 @@ def test_metrics_verb_lists_a_plugin_metric(tmp_path, capsys):
         METRICS.discard(["a_tests_top"])
     out = json.loads(capsys.readouterr().out)
     assert out["a_tests_top"] == 0.5 and "effective_rank" in out
+
+
+def test_claimed_metrics_reads_inner_claims_too():
+    from study.measured_by import claimed_metrics
+    from vitstudy.testing.kinds import example_hypothesis
+
+    hyp = example_hypothesis("differs", metric="participation_ratio")
+    inner = hyp.claims[0].claim.metric
+    assert inner != "participation_ratio"  # the inner claim names another metric
+    assert claimed_metrics(hyp.claims) == {"participation_ratio", inner}
