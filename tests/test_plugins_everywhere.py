@@ -273,10 +273,14 @@ def test_metrics_verb_lists_a_plugin_metric(tmp_path, capsys):
 
 
 def test_claimed_metrics_reads_inner_claims_too():
+    from types import SimpleNamespace
+
     from study.measured_by import claimed_metrics
     from vitstudy.testing.kinds import example_hypothesis
 
-    hyp = example_hypothesis("differs", metric="participation_ratio")
-    inner = hyp.claims[0].claim.metric
-    assert inner != "participation_ratio"  # the inner claim names another metric
-    assert claimed_metrics(hyp.claims) == {"participation_ratio", inner}
+    assert claimed_metrics(example_hypothesis("differs", metric="participation_ratio").claims) == {
+        "participation_ratio"
+    }
+    nested = {"metric": "eed_pct", "claim": {"metric": "norm_spread"}, "all": [{"metric": "trace_per_dim"}]}
+    claim = SimpleNamespace(model_dump=lambda: nested)
+    assert claimed_metrics([claim]) == {"eed_pct", "norm_spread", "trace_per_dim"}
