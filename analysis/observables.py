@@ -33,7 +33,7 @@ from typing import Literal
 
 import numpy as np
 
-from analysis.spectral import METRICS, RANGES, TOKEN_METRICS, Bounds
+from analysis.spectral import MEASURES, METRICS, RANGES, TOKEN_METRICS, Bounds
 from vitstudy_core.registry import Names, Registry
 
 Input = Literal["covariance", "sample"]
@@ -59,21 +59,22 @@ class Observable:
 def _check(name: str, entry: Observable) -> None:
     if entry.on not in INPUTS:
         raise ValueError(f"observable {name!r}: 'on' must be one of {INPUTS}, got {entry.on!r}")
-    if name in METRICS:
-        raise ValueError(f"observable {name!r}: the name is an eigenvalue metric's")
 
 
-OBSERVABLES: Registry[Observable] = Registry("observable", check=_check, group="vitstudy.observables")
+OBSERVABLES: Registry[Observable] = Registry(
+    "observable", check=_check, group="vitstudy.observables", namespace=MEASURES
+)
 
 
 def register_observable(
-    name: str, on: Input, bounds: Bounds = (None, None)
+    name: str, on: Input, bounds: Bounds = (None, None), version: str | None = None
 ) -> Callable[[Callable], Callable]:
     """Decorator: add ``fn`` to :data:`OBSERVABLES` under ``name``, computed on ``on``, its values in
-    ``bounds``; returns ``fn``."""
+    ``bounds``; returns ``fn``. ``version``: what the observable declares about its values (a plug-in's
+    enters the run key: bump it when they change; ``study.measured_by``)."""
 
     def wrap(fn: Callable[[np.ndarray], float]) -> Callable[[np.ndarray], float]:
-        OBSERVABLES.register(name, Observable(on, fn, bounds))
+        OBSERVABLES.register(name, Observable(on, fn, bounds), version=version)
         return fn
 
     return wrap

@@ -41,10 +41,15 @@ from pathlib import Path
 import numpy as np
 
 from vitstudy_core.errors import StudyError
-from vitstudy_core.registry import Registry
+from vitstudy_core.registry import Namespace, Registry
 
 MetricFn = Callable[[np.ndarray], float]
-METRICS: Registry[MetricFn] = Registry("metric", group="vitstudy.metrics")
+# every name a claim's ``metric:`` can give: the eigenvalue metrics, the token-count metrics and the
+# observables (analysis.observables) share it, so a name is one column of the tidy table, never two
+MEASURES = Namespace()
+METRICS: Registry[MetricFn] = Registry(
+    "metric", group="vitstudy.metrics", namespace=MEASURES, noun="eigenvalue metric"
+)
 # (low, high) a metric's values can take (None: unbounded there, or bounded by D, which a table does not
 # carry): what the report's figures clip their bands to, so an interval never leaves the possible values
 Bounds = tuple[float | None, float | None]
@@ -361,20 +366,21 @@ def _checked(lam: np.ndarray, path: Path, name: str, expect: str) -> np.ndarray:
 # Token-count metrics: bias-corrected estimators that need more than the eigenvalues
 # --------------------------------------------------------------------------------------------------
 TokenMetricFn = Callable[[Mapping[str, np.ndarray]], float]
-TOKEN_METRICS: Registry[TokenMetricFn] = Registry("token-count metric", group="vitstudy.token_metrics")
+TOKEN_METRICS: Registry[TokenMetricFn] = Registry(
+    "token-count metric", group="vitstudy.token_metrics", namespace=MEASURES
+)
 
 
-def register_token_metric(name: str) -> Callable[[TokenMetricFn], TokenMetricFn]:
+def register_token_metric(name: str, version: str | None = None) -> Callable[[TokenMetricFn], TokenMetricFn]:
     """Decorator: add ``fn(sums) -> float`` to :data:`TOKEN_METRICS` under ``name``.
 
     ``sums`` are one covariance's streamed token sums of shifted activations ``y = x - k`` (any constant
     shift ``k``): ``n`` (tokens), ``s = sum y`` (D,), ``q = sum y y^T`` (D, D), ``u = sum y |y|^2`` (D,)
     and ``w = sum |y|^4`` (); ``runners.extract`` accumulates them beside the Gram and stores each
-    metric's value in ``scalars.json`` like an observable.
+    metric's value in ``scalars.json`` like an observable. ``version``: what the metric declares about
+    its values (a plug-in's enters the run key: bump it when they change; ``study.measured_by``).
     """
-    if name in METRICS:
-        raise ValueError(f"token-count metric {name!r}: the name is an eigenvalue metric's")
-    return TOKEN_METRICS.register(name)
+    return TOKEN_METRICS.register(name, version=version)
 
 
 def quartic_sums(sums: Mapping[str, np.ndarray]) -> dict[str, float]:

@@ -44,44 +44,26 @@ MIN_IMAGES = 256
 
 
 def model_names(source: dict | None) -> list[str]:
-    """A pretrained source's model names in seed order ([] for another source or none)."""
-    return list(source["models"]) if source and source.get("kind") == "pretrained" else []
+    """The model names of a validated source whose settings name its models (``models``: a source that
+    declares ``models_are_seeds``, ``runners.sources.base``) in seed order ([] for another source or none)."""
+    models = source.get("models") if source else None
+    return list(models) if isinstance(models, dict) else []
 
 
-def _u_shape_images(claim: Any) -> str | None:
-    if claim.regions.bottleneck == "leave_one_seed_out":
-        return "a leave-one-seed-out bottleneck is chosen per replicate (not linear in the layer values): declare it"
-    return None
+def _image_kinds() -> dict[str, Any]:
+    """``{kind name: ClaimKind}`` of the kinds that allow ``unit: images`` (``ClaimKind.images``)."""
+    from analysis.kinds import KINDS
+
+    return {name: kind for name, kind in KINDS.items() if kind.images is not None}
 
 
-def _across_images(claim: Any) -> str | None:
-    inner = claim.claim
-    check = IMAGE_KINDS.get(inner.kind)
-    if check is None:
+def inner_images_problem(inner: Any) -> str | None:
+    """For a compound claim's ``ClaimKind.images``: why its ``inner`` claim's kind cannot test that claim
+    on ``unit: images`` (that kind's own ``images``), or None."""
+    entry = _image_kinds().get(inner.kind)
+    if entry is None:
         return f"its inner {inner.kind} claim is not calibrated for unit: images"
-    return check(inner)
-
-
-def _always(claim: Any) -> str | None:
-    return None
-
-
-# (kind, metric) pairs whose unit: images rows hold at 256, 1,024 and 4,096 probe images
-# (bench/calibration.py --unit-images, docs/statistics.md); the others are refused until theirs do
-CALIBRATED = {
-    (kind, metric)
-    for kind in ("u_shape", "differs", "exceeds")
-    for metric in ("eed_pct", "participation_ratio")
-} | {("compare", "participation_ratio")}  # compare on eed_pct: type-I 0.069 > 0.064 at 256 images
-
-# kind -> a check of a claim of that kind for unit: images (None: fits). Kinds left out are refused: each
-# one here has its calibration rows (analysis.unit_calibration).
-IMAGE_KINDS = {
-    "u_shape": _u_shape_images,
-    "compare": _always,
-    "differs": _across_images,
-    "exceeds": _across_images,
-}
+    return entry.images(inner)
 
 
 def unit_problem(
@@ -110,14 +92,16 @@ def unit_problem(
         if n_models < 2:
             return f"unit: models needs >= 2 models (the source names {n_models}); one model: unit: images"
         return None
-    check = IMAGE_KINDS.get(claim.kind)
-    if check is None:
-        return f"unit: images is not available for kind {claim.kind} (it is for {sorted(IMAGE_KINDS)})"
-    problem = check(claim)
+    kinds = _image_kinds()
+    entry = kinds.get(claim.kind)
+    if entry is None:
+        return f"unit: images is not available for kind {claim.kind} (it is for {sorted(kinds)})"
+    problem = entry.images(claim)
     if problem:
         return f"unit: images: {problem}"
-    if (claim.kind, claim.metric) not in CALIBRATED:
-        held = ", ".join(f"{k} on {m}" for k, m in sorted(CALIBRATED))
+    if claim.metric not in entry.images_calibrated:
+        calibrated = sorted((k, m) for k, kind in kinds.items() for m in kind.images_calibrated)
+        held = ", ".join(f"{k} on {m}" for k, m in calibrated)
         return (
             f"unit: images is not calibrated for {claim.kind} on {claim.metric} (its calibration rows hold "
             f"for {held}; docs/statistics.md)"

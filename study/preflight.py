@@ -187,6 +187,8 @@ def free_disk(path: Path) -> int:
 
 
 def _check_sizes(hyp: Hypothesis, i: int, ds, file: str, out_dir: Path | None) -> None:
+    from runners.datasets import DATASETS
+
     where = f"design.datasets[{i}]"
     probe = hyp.design.probe.size
     n_test = getattr(ds, "n_test", None)
@@ -208,7 +210,7 @@ def _check_sizes(hyp: Hypothesis, i: int, ds, file: str, out_dir: Path | None) -
             file,
             f"{where}.n_train",
         )
-    if out_dir is not None and ds.kind == "procedural" and need > free_disk(out_dir):
+    if out_dir is not None and DATASETS.get(ds.kind).generated and need > free_disk(out_dir):
         raise StudyError(
             f"{ds.name!r} needs {need / 2**30:.1f} GiB of disk for its image cache; "
             f"{free_disk(out_dir) / 2**30:.1f} GiB free under {out_dir}",

@@ -14,6 +14,7 @@ fingerprint of its files' content (and how they are read) in place of training.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Literal
 
@@ -21,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from runners.datasets import GENERATOR_VERSION, LOADER_VERSION, resolve_fingerprint, resolve_path
 from runners.objectives import objective_payload
+from runners.sources import DEFAULT_SOURCE
+from study.measured_by import claimed_metrics, plugin_parts
 from study.schema import Hypothesis
 from vitstudy_core.hashing import digest
 
@@ -41,9 +44,7 @@ class RunSpec(BaseModel):
     seed: int
     checkpoints: list[int]
     probe: dict
-    source: str = (
-        "train"  # the run source that fills its folder (runners.sources); "train" stays out of the key
-    )
+    source: str = DEFAULT_SOURCE  # the run source that fills its folder (runners.sources); the default stays out of the key
     # an imported run: the source's settings, its resolved path and its content fingerprint (None: trained)
     imported: dict | None = None
     # "shuffled": trained on a seeded permutation of the training labels (in the key; "true" is not)
@@ -71,8 +72,9 @@ class RunSpec(BaseModel):
         return f"{lead}{self.dataset['name']}/seed{self.seed}"
 
 
-def run_key(payload: dict) -> str:
-    """sha256 (first 16 hex digits) of the canonical JSON of a run's determining fields."""
+def run_key(payload: dict, metrics: Collection[str] = ()) -> str:
+    """sha256 (first 16 hex digits) of the canonical JSON of a run's determining fields; ``metrics``: what
+    the study's claims name (a plug-in's observable or token-count metric among them enters the key)."""
     payload = {**payload, "protocol_version": PROTOCOL_VERSION, "generator_version": GENERATOR_VERSION}
     if "path" in payload["dataset"]:  # on disk; procedural keys stay as they were
         payload["loader_version"] = LOADER_VERSION
@@ -86,12 +88,15 @@ def run_key(payload: dict) -> str:
         payload["probe"] = {k: v for k, v in payload["probe"].items() if not (k == "blocks" and not v)}
     # torch.compile changes speed, not the result (beyond float rounding on GPU)
     payload["training"] = {k: v for k, v in payload["training"].items() if k != "compile"}
-    if payload.get("source", "train") == "train":
+    if payload.get("source", DEFAULT_SOURCE) == DEFAULT_SOURCE:
         payload.pop("source", None)
     if payload.get("imported") is None:
         payload.pop("imported", None)
     else:  # an imported run is its files' content: where they lie does not change it
         payload["imported"] = {k: v for k, v in payload["imported"].items() if k not in ("path", "paths")}
+    parts = plugin_parts(payload, metrics)
+    if parts:  # a plug-in's part shapes this run (study.measured_by); built-ins only keep their keys
+        payload["plugins"] = parts
     return digest(payload, 16)
 
 
@@ -111,6 +116,7 @@ def plan_runs(hyp: Hypothesis, data_dir: str | Path | None = None, record: bool 
     if hyp.design.source is not None:
         return _plan_imports(hyp)
     cells = hyp.design.cells()
+    metrics = claimed_metrics(hyp.claims)
     datasets = [_dataset_payload(ds, data_dir, record) for ds in hyp.design.datasets]
     runs = []
     for cell in cells:
@@ -138,7 +144,7 @@ def plan_runs(hyp: Hypothesis, data_dir: str | Path | None = None, record: bool 
                 }
                 if design.labels != "true":  # true labels stay out of the payload: today's keys
                     payload["labels"] = design.labels
-                runs.append(RunSpec(key=run_key(payload), **payload, **view))
+                runs.append(RunSpec(key=run_key(payload, metrics), **payload, **view))
     return runs
 
 
@@ -182,5 +188,5 @@ def _plan_imports(hyp: Hypothesis) -> list[RunSpec]:
                     source, dataset["name"], seed, design.checkpoint_epochs, len(design.seeds)
                 ),
             }
-            runs.append(RunSpec(key=run_key(payload), **payload))
+            runs.append(RunSpec(key=run_key(payload, claimed_metrics(hyp.claims)), **payload))
     return runs

@@ -239,11 +239,15 @@ RULES: list[Rule] = [
     Rule(r"^python -m study plugins$", Run()),
     # docs/plugins.md's example package, built and installed in a fresh venv by one slow test module
     Rule(
-        r"^pip wheel --no-deps --no-build-isolation -w dist \.$",
+        r'^python -m pip install "setuptools>=70\.1"$',
         Mapped((PLUGIN + "test_plugins_names_the_distribution",)),
     ),
     Rule(
-        r"^pip install dist/vitstudy_example-0\.1\.0-",
+        r"^python -m pip wheel --no-deps --no-build-isolation -w dist \.$",
+        Mapped((PLUGIN + "test_plugins_names_the_distribution",)),
+    ),
+    Rule(
+        r"^python -m pip install dist/vitstudy_example-0\.1\.0-",
         Mapped((PLUGIN + "test_plugins_names_the_distribution",)),
     ),
     Rule(

@@ -24,7 +24,11 @@ def _module():
 
 
 def _cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # this tree first; what else is on the path stays (a plug-in found there is found by the steps too)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+    }
     cmd = [sys.executable, str(SCRIPT), *args]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -16,19 +16,20 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
-from analysis.table import COLUMNS
 from runners.sources import DEFAULT_SOURCE, SOURCES
 from study.runspecs import plan_runs
 from study.schema import parse_hypothesis
 from study.schema._unions import SOURCE_TAGS
 from vitstudy.testing import built_in, parametrize_with_checks
-from vitstudy.testing.runs import CLAIM, DESIGN  # the design and claim the shipped checks validate in
+from vitstudy.testing.runs import (  # the design and claim the shipped checks use
+    CLAIM,
+    DESIGN,
+    check_source_fills,
+)
 from vitstudy_core.errors import StudyError
 from vitstudy_core.layers import layer_names
-from vitstudy_core.runfolder import RunFolder, parse_spectrum_key
 
 
 def _doc(**design) -> dict:
@@ -125,22 +126,10 @@ def test_check_refuses_a_missing_path_with_one_line(name, tmp_path):
 
 @pytest.mark.parametrize("name", BUILT_IN)
 def test_fill_leaves_a_finished_run_folder(name, tmp_path, trained):
-    entry = SOURCES.get(name)
     run = _run(FIXTURES[name](tmp_path, trained))
     assert run["source"] == name
-    entry.check(run)
-    entry.prepare(run, tmp_path / "data")
-    lines: list[str] = []
-    result = entry.fill(run, tmp_path / "run", tmp_path / "data", progress=lines.append)
-    folder = RunFolder(tmp_path / "run")
-    assert folder.is_finished() and result["status"] == "finished" and "n_tokens" in result
-    assert folder.read_result() == json.loads(json.dumps(result))  # result.json is what fill returned
-    if folder.has_spectra():
-        spectra = folder.read_spectra()
-        assert spectra and {parse_spectrum_key(k)[0] for k in spectra} == set(run["checkpoints"])
-    else:
-        rows = folder.read_rows()
-        assert isinstance(rows, pd.DataFrame) and list(rows.columns) == list(COLUMNS) and len(rows)
+    result = check_source_fills(name, run, tmp_path / "run", tmp_path / "data")  # the shipped check
+    assert "n_tokens" in result
     if name != DEFAULT_SOURCE:
         assert (
             result["source"]["kind"] == name
@@ -154,7 +143,9 @@ def test_fill_leaves_a_finished_run_folder(name, tmp_path, trained):
         ({"checkpoints": [0, 9]}, "design: checkpoint epoch 9 outside 0..1"),
         (
             {"datasets": [{"name": "objects", "kind": "external"}]},
-            "design.datasets: dataset 'objects' (kind external) needs a table source",
+            "design.datasets: dataset 'objects' (kind external) needs a "
+            + " or ".join(n for n, s in SOURCES.items() if s.accepts_dataset("external"))  # table, plug-ins'
+            + " source",
         ),
         (
             {"checkpoints": [1], "source": {"kind": "checkpoints", "path": "/c"}, "seeds": [0, 1]},

@@ -67,6 +67,19 @@ _LOADED: dict[str, str] = {}
 _state = "unloaded"  # "loading" while load_plugins runs (a nested call returns at once), then "loaded"
 
 
+def registry_modules_ready() -> bool:
+    """Whether loading may start now: plug-ins are not loaded yet and no registry's module is half
+    imported (a read made by a built-in module's own import, e.g. a kind's check of the kinds registered
+    so far, must not load plug-ins before every built-in has registered)."""
+    if _state != "unloaded":
+        return False
+    for target in GROUPS.values():
+        module = sys.modules.get(target.partition(":")[0])
+        if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return False
+    return True
+
+
 def registry_of(group: str) -> Registry:
     """The registry of an entry-point group (imports its module, and so its built-ins)."""
     module, _, attr = GROUPS[group].partition(":")
@@ -123,16 +136,24 @@ def load_plugins() -> bool:
     return True
 
 
+def distribution_of(reg: Registry, name: str) -> tuple[str, str] | None:
+    """``(distribution, version)`` that registered ``reg``'s entry ``name``: None for a built-in, and
+    ``("module M", "")`` for one registered by code outside any installed distribution (a test, a script)."""
+    module = reg.module_of(name)
+    top = module.partition(".")[0]
+    if top in OWN_PACKAGES:
+        return None
+    for loaded, dist in _LOADED.items():
+        if loaded.partition(".")[0] == top:
+            dist_name, _, version = dist.rpartition(" ")
+            return dist_name, version
+    for dist_name in metadata.packages_distributions().get(top, []):
+        return dist_name, metadata.version(dist_name)
+    return f"module {module}", ""
+
+
 def origin(reg: Registry, name: str) -> str:
     """Where ``reg``'s entry ``name`` comes from: ``'built-in'``, a distribution's ``'name version'``, or
     ``'module M'`` for one registered by code outside any installed distribution (a test, a script)."""
-    module = reg.module_of(name)
-    if module.partition(".")[0] in OWN_PACKAGES:
-        return "built-in"
-    top = module.partition(".")[0]
-    for loaded, dist in _LOADED.items():
-        if loaded.partition(".")[0] == top:
-            return dist
-    for dist_name in metadata.packages_distributions().get(top, []):
-        return f"{dist_name} {metadata.version(dist_name)}"
-    return f"module {module}"
+    dist = distribution_of(reg, name)
+    return "built-in" if dist is None else " ".join(p for p in dist if p)

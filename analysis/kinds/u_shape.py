@@ -305,6 +305,13 @@ def explain(claim: UShapeClaim, result: Result) -> list[str]:
     return lines
 
 
+def _images(claim: UShapeClaim) -> str | None:
+    """``unit: images`` fits a declared bottleneck (the layer values enter linearly)."""
+    if claim.regions.bottleneck == "leave_one_seed_out":
+        return "a leave-one-seed-out bottleneck is chosen per replicate (not linear in the layer values): declare it"
+    return None
+
+
 register_kind(
     ClaimKind(
         name="u_shape",
@@ -333,6 +340,9 @@ register_kind(
         labellings_per_seed=_labellings,
         figures=figures,
         explain=explain,
+        # unit: images rows hold at 256, 1,024 and 4,096 probe images (bench/calibration.py --unit-images)
+        images=_images,
+        images_calibrated=frozenset({"eed_pct", "participation_ratio"}),
         example={
             "kind": "u_shape",
             "metric": "eed_pct",

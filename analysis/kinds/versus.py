@@ -46,6 +46,7 @@ from analysis.kinds._parts.versus_scenarios import (
     _test_holds,
     _value_scenarios,
 )
+from analysis.units import inner_images_problem
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.settings import Strict
 
@@ -414,6 +415,14 @@ def _inner_margin(claim: HoldsInAllClaim) -> float | None:
     return get_kind(claim.claim.kind).rejection_margin(claim.claim)
 
 
+# unit: images rows hold at 256, 1,024 and 4,096 probe images (bench/calibration.py --unit-images)
+_IMAGES_CALIBRATED = frozenset({"eed_pct", "participation_ratio"})
+
+
+def _images(claim: DiffersClaim) -> str | None:
+    return inner_images_problem(claim.claim)
+
+
 def _inner_labellings(claim: HoldsInAllClaim) -> int:
     return get_kind(claim.claim.kind).labellings_per_seed(claim.claim)
 
@@ -427,6 +436,8 @@ register_kind(
         figures=figures_differs,
         explain=explain_differs,
         rejection_margin=_margin,
+        images=_images,  # unit: images as its inner claim's kind allows it
+        images_calibrated=_IMAGES_CALIBRATED,
         example=_differs_example("differs"),
     )
 )
@@ -439,6 +450,8 @@ register_kind(
         figures=figures_differs,
         explain=explain_differs,
         rejection_margin=_margin,
+        images=_images,  # unit: images as its inner claim's kind allows it
+        images_calibrated=_IMAGES_CALIBRATED,
         example=_differs_example("exceeds"),
     )
 )

@@ -48,6 +48,8 @@ class DatasetKind:
         read: on-disk kinds: the layout's reader, used by the shared loader; else None.
         train_images: the training images of a spec dict before any ``n_train`` subsample, as the
             publisher ships them (``study plan``'s GPU estimate); None: not known without reading the data.
+        generated: its images are made from the spec and a seed and cached under the output folder's
+            ``data/`` (``validate`` checks that folder's free disk for them); False: read from a folder.
     """
 
     name: str
@@ -59,6 +61,7 @@ class DatasetKind:
     layout: str | None = None
     read: Reader | None = field(default=None, repr=False)
     train_images: Callable[[dict], int | None] | None = None
+    generated: bool = False
 
 
 def _check(name: str, entry: DatasetKind) -> None:

@@ -330,5 +330,6 @@ DATASETS.register(
         example={"name": "objects", "variant": "objects", "n_train": 64, "n_test": 32, "image_size": 8},
         load=load,
         num_classes=lambda spec: spec["n_classes"],
+        generated=True,
     ),
 )

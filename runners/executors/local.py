@@ -361,12 +361,24 @@ class ExecutorKind:
         summary: one line for ``--help``.
         check: called before anything is written (``study.cluster.jobs.check_reachable``): a one-line
             ``StudyError`` when the executor cannot run what is asked (its cluster is down or refuses).
+        flags: the module declaring the executor's own command-line flags (imported by the CLI only):
+            ``add_flags(parser)``, ``read_flags(args) -> dict[str, str]`` (the flags given, as the
+            options ``make`` reads) and ``MISPLACED``, the one line for those flags given with another
+            executor (``{name}``: this executor's name). None: no flags of its own.
+        submit: ``"module:function"`` that ``python -m study submit --executor NAME`` calls to start the
+            driver on the cluster: ``function(hypothesis, out, submit_options, executor_options, address)
+            -> str`` (the lines to print). None: the executor cannot be submitted to.
+        dials_address: ``--address`` is a ``HOST:PORT`` it connects to (checked reachable before anything
+            is written, unless ``auto``).
     """
 
     make: Callable[[ExecutorOptions], Executor]
     needs_cluster: bool = False
     summary: str = ""
     check: Callable[[ExecutorOptions], None] | None = None
+    flags: str | None = None
+    submit: str | None = None
+    dials_address: bool = False
 
 
 def _local(opts: ExecutorOptions) -> Executor:
@@ -417,13 +429,33 @@ def _local_check(opts: ExecutorOptions) -> None:
 
 
 EXECUTORS.register(
-    "local", ExecutorKind(_local, summary="processes on this host, one per GPU", check=_local_check)
+    "local",
+    ExecutorKind(
+        _local,
+        summary="processes on this host, one per GPU",
+        check=_local_check,
+        flags="study.cluster.gpu_flags",
+    ),
 )
-EXECUTORS.register("ray", ExecutorKind(_ray, needs_cluster=True, summary="tasks on a Ray cluster"))
+EXECUTORS.register(
+    "ray",
+    ExecutorKind(
+        _ray,
+        needs_cluster=True,
+        summary="tasks on a Ray cluster",
+        submit="study.cluster.jobs:submit_ray_driver",
+        dials_address=True,
+    ),
+)
 EXECUTORS.register(
     "slurm",
     ExecutorKind(
-        _slurm, needs_cluster=True, summary="tasks of Slurm job arrays (submitit)", check=_slurm_check
+        _slurm,
+        needs_cluster=True,
+        summary="tasks of Slurm job arrays (submitit)",
+        check=_slurm_check,
+        flags="study.cluster.slurm_flags",
+        submit="study.cluster.slurm_submit:submit_slurm_driver",
     ),
 )
 

@@ -80,6 +80,10 @@ class ObjectiveSettings(Strict):
     uses_labels: ClassVar[bool] = True
     # the per-epoch history keys its runs record (result.json): what a claim's ``adjust_for`` may read
     records: ClassVar[frozenset[str]] = frozenset({"loss", "train_acc", "test_acc"})
+    # its loss falls within a few steps on a small learnable batch (the shipped contract checks it);
+    # False for a loss that may first rise (self-distillation while its teacher warms up): the check then
+    # asks only that training moves the weights and the loss
+    loss_falls_at_once: ClassVar[bool] = True
 
     @model_validator(mode="before")
     @classmethod

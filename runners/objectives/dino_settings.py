@@ -77,6 +77,7 @@ class DinoObjective(ObjectiveSettings):
     presets: ClassVar[dict[str, Preset]] = PRESETS
     uses_labels: ClassVar[bool] = False  # self-distillation: labels are read only by the k-NN evaluation
     records: ClassVar[frozenset[str]] = frozenset({"loss", "knn_acc"})
+    loss_falls_at_once: ClassVar[bool] = False  # the teacher's temperature warms up: early losses may rise
 
     out_dim: int = Field(1024, ge=2)  # prototypes K of the DINO head's last layer
     hidden_dim: int = Field(256, ge=2)

@@ -161,6 +161,11 @@ class SourceBase:
     example_claim: ClassVar[dict | None] = None
     tag_fields: ClassVar[tuple[str, ...]] = ()
     measures_spectra: ClassVar[bool] = True
+    # it trains its runs (their inputs are the dataset's, which the seeds share: checked once per dataset)
+    trains: ClassVar[bool] = False
+    # its settings' ``models`` mapping names published models, one per seed 0 .. M-1 in order: claims
+    # then need unit: images or unit: models (analysis.units)
+    models_are_seeds: ClassVar[bool] = False
 
     def accepts_dataset(self, kind: str) -> bool:
         from runners.datasets import DATASETS
@@ -203,6 +208,13 @@ def _check_entry(name: str, entry: RunSource) -> None:
 
 
 SOURCES: Registry[RunSource] = Registry("run source", check=_check_entry, group="vitstudy.sources")
+
+
+def declares(name: str | None, capability: str) -> bool:
+    """Whether the registered source ``name`` declares ``capability`` (a :class:`SourceBase` flag such as
+    ``trains`` or ``models_are_seeds``); False for None, an unknown name or a source without the flag."""
+    entry = SOURCES.get(name, None) if name is not None else None
+    return bool(getattr(entry, capability, False))
 
 
 def get_source(name: str) -> RunSource:

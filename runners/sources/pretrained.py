@@ -129,6 +129,7 @@ class PretrainedSource(ImportedSourceBase):
 
     name = "pretrained"
     settings = PretrainedSettings
+    models_are_seeds = True
     example = {
         "source": {
             "kind": "pretrained",

@@ -14,6 +14,7 @@ class TrainingSource(SourceBase):
     """Train a timm ViT with the run's objective and measure its spectra (``runners.train``)."""
 
     name = "train"
+    trains = True
     settings = None  # no ``design.source`` section: training is what a design without one means
     example = {"checkpoints": [0, 1]}
 

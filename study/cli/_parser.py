@@ -162,11 +162,9 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpus-per-run", type=float, default=0, help="GPUs each Ray or Slurm task requests (default 0)"
     )
-    from study.cluster.gpu_flags import add_gpu_flags
-    from study.cluster.slurm_flags import add_slurm_flags
+    from study.cluster.executor_flags import add_executor_flags
 
-    add_gpu_flags(p)
-    add_slurm_flags(p)
+    add_executor_flags(p)  # each executor's own (local: --gpus, --runs-per-gpu; slurm: --slurm-*)
     p.add_argument(
         "--leases",
         default=None,
@@ -177,13 +175,19 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
 
 
 def _add_scale_verbs(sub) -> None:
+    from runners.executors.local import EXECUTORS
+    from study.cluster.executor_flags import submit_targets
+
     sb = sub.add_parser("submit", help="start a study or sweep as a Ray or Slurm job on a running cluster")
     sb.add_argument("hypothesis", type=Path, help="the file, on a filesystem every node reaches")
+    targets = submit_targets()
     sb.add_argument(
         "--executor",
-        choices=("ray", "slurm"),
-        default="ray",
-        help="ray: a Ray job (--address); slurm: the driver as a 1-CPU Slurm job (default ray)",
+        choices=targets,
+        default=targets[0] if targets else None,
+        help="the cluster the driver is submitted to ("
+        + "; ".join(f"{n}: {EXECUTORS[n].summary}" for n in targets)
+        + f"; default {targets[0] if targets else 'none'})",
     )
     sb.add_argument("--address", default=None, help="the Ray cluster's dashboard, e.g. http://HEAD:8265")
     sb.add_argument("--out", type=Path, default=Path("study_results"), help="shared output folder")
@@ -209,9 +213,9 @@ def _add_scale_verbs(sub) -> None:
         action="store_true",
         help="send this checkout's code with the job (Ray working_dir), for nodes that lack it",
     )
-    from study.cluster.slurm_flags import add_slurm_flags
+    from study.cluster.executor_flags import add_executor_flags
 
-    add_slurm_flags(sb)
+    add_executor_flags(sb, submit=True)
     st = sub.add_parser("status", help="studies with their runs done, running and to do")
     st.add_argument("--out", type=Path, default=Path("study_results"), help="output folder (file leases)")
     st.add_argument(

@@ -58,7 +58,7 @@ def _url_options(args: argparse.Namespace) -> dict[str, str]:
 def _scale_verbs(args, names: dict[str, str]) -> int | None:
     """Run ``submit`` / ``status``; None for any other verb."""
     if args.verb == "submit":
-        from study.cluster.jobs import SubmitOptions, submit
+        from study.cluster.jobs import SubmitOptions
 
         opts = SubmitOptions(
             args.leases,
@@ -72,19 +72,9 @@ def _scale_verbs(args, names: dict[str, str]) -> int | None:
             args.no_report,
             args.ship_code,
         )
-        if args.executor == "slurm":
-            from study.cluster.slurm_flags import executor_options
-            from study.cluster.slurm_submit import submit_driver
+        from study.cluster.executor_flags import submit_driver
 
-            job, log = submit_driver(args.hypothesis, args.out, opts, executor_options(args))
-            print(f"submitted: Slurm job {job} (the driver)\nfollow:    tail -f {log}")
-            return 0
-        if not args.address:
-            raise StudyError(
-                "submit: --address is required with --executor ray (the dashboard, http://HEAD:8265)"
-            )
-        job_id = submit(args.hypothesis, args.address, args.out, opts)
-        print(f"submitted: {job_id}\nfollow:    ray job logs --follow {job_id} --address {args.address}")
+        print(submit_driver(args, opts))
         return 0
     if args.verb == "status":
         from study.cluster.jobs import format_status, ray_jobs
@@ -266,8 +256,7 @@ def _run_options(args: argparse.Namespace, argv: list[str] | None, names: dict[s
     workers = _workers(args.workers)
     if args.cpus_per_run <= 0 or args.gpus_per_run < 0:
         raise StudyError("--cpus-per-run / --gpus-per-run: expected CPUs > 0 and GPUs >= 0")
-    from study.cluster.gpu_flags import gpu_options
-    from study.cluster.slurm_flags import executor_options
+    from study.cluster.executor_flags import executor_flags
 
     placement = Placement(
         args.executor,
@@ -275,7 +264,7 @@ def _run_options(args: argparse.Namespace, argv: list[str] | None, names: dict[s
         args.cpus_per_run,
         args.gpus_per_run,
         args.leases,
-        tuple({**executor_options(args), **gpu_options(args)}.items()),
+        tuple(executor_flags(args).items()),
     )
     return RunOptions(
         workers=workers,
@@ -300,9 +289,8 @@ def _analyze_verb(args: argparse.Namespace) -> int:
 def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
     from analysis.verdicts import format_verdicts
     from study import api
-    from study.cluster.gpu_flags import gpu_options
+    from study.cluster.executor_flags import executor_flags
     from study.cluster.jobs import check_database
-    from study.cluster.slurm_flags import executor_options
 
     if names["--leases"] != "--leases":  # from STUDY_LEASES: its one line names the variable
         check_database(names["--leases"], args.leases)
@@ -326,7 +314,7 @@ def _run_verb(args: argparse.Namespace, argv, names: dict[str, str]) -> int:
         cpus_per_run=args.cpus_per_run,
         gpus_per_run=args.gpus_per_run,
         leases=args.leases,
-        executor_options={**executor_options(args), **gpu_options(args)},
+        executor_options=executor_flags(args),
         log=print,
         command=redact(_command(argv, args, names)),  # recorded in MLflow, verdicts.json and the report
     )

@@ -13,8 +13,12 @@ import argparse
 from runners.executors.gpu_workers import GPUS, RUNS_PER_GPU, parse_gpus, parse_runs_per_gpu
 from vitstudy_core.errors import StudyError
 
+# the one line for these flags given with another executor (study.cluster.executor_flags)
+MISPLACED = "--gpus / --runs-per-gpu: these flags are for --executor {name} (one host's GPUs)"
 
-def add_gpu_flags(p: argparse.ArgumentParser) -> None:
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """The local executor's own flags (``ExecutorKind.flags`` of ``local``)."""
     p.add_argument(
         "--gpus",
         default=None,
@@ -28,7 +32,7 @@ def add_gpu_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def gpu_options(args: argparse.Namespace) -> dict[str, str]:
+def read_flags(args: argparse.Namespace) -> dict[str, str]:
     """The ``--gpus`` / ``--runs-per-gpu`` given, as the executor's options; bad ones are one line."""
     opts: dict[str, str] = {}
     if args.gpus is not None:
@@ -37,6 +41,4 @@ def gpu_options(args: argparse.Namespace) -> dict[str, str]:
         opts[RUNS_PER_GPU] = str(parse_runs_per_gpu(args.runs_per_gpu))
         if str(args.workers) != "auto":
             raise StudyError(f"--runs-per-gpu: give it with --workers auto, not --workers {args.workers}")
-    if opts and args.executor != "local":
-        raise StudyError("--gpus / --runs-per-gpu: these flags are for --executor local (one host's GPUs)")
     return opts

@@ -218,6 +218,19 @@ AGENT_WAIT_S = 120.0
 NO_AGENT = "No available agent"
 
 
+def submit_ray_driver(
+    hyp_path: Path, out: Path, opts: SubmitOptions, options: dict, address: str | None
+) -> str:
+    """``submit --executor ray`` (``ExecutorKind.submit`` of ``ray``): the study as a Ray job on the
+    dashboard at ``address``; returns the lines to print."""
+    if not address:
+        raise StudyError(
+            "submit: --address is required with --executor ray (the dashboard, http://HEAD:8265)"
+        )
+    job_id = submit(hyp_path, address, out, opts)
+    return f"submitted: {job_id}\nfollow:    ray job logs --follow {job_id} --address {address}"
+
+
 def submit_job(client, job: dict, address: str, wait: float = AGENT_WAIT_S, pause: float = 2.0) -> str:
     """``client.submit_job(**job)``, retried while the cluster's job agent is not ready yet (for at most
     ``wait`` seconds, then one line); any other failure is raised at once. A refused request submitted
@@ -265,7 +278,9 @@ def check_reachable(
     what the lines call the lease store and the storage (a variable they came from, :func:`url_option`)."""
     check_code_digest()
     _check_executor(placement)
-    if placement.executor == "ray" and placement.address != "auto":
+    from runners.executors.local import EXECUTORS
+
+    if EXECUTORS.get(placement.executor).dials_address and placement.address != "auto":
         host, _, port = placement.address.split("://", 1)[-1].rstrip("/").rpartition(":")
         try:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()

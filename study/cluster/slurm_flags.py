@@ -13,8 +13,12 @@ import argparse
 
 from vitstudy_core.errors import StudyError
 
+# the one line for these flags given with another executor (study.cluster.executor_flags)
+MISPLACED = "--slurm-*: these flags need --executor {name}"
 
-def add_slurm_flags(p: argparse.ArgumentParser) -> None:
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """Slurm's own flags (``ExecutorKind.flags`` of ``slurm``)."""
     p.add_argument(
         "--slurm-partition", default=None, help="Slurm partition of the runs' jobs (default: the cluster's)"
     )
@@ -39,7 +43,7 @@ def add_slurm_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def executor_options(args: argparse.Namespace) -> dict[str, str]:
+def read_flags(args: argparse.Namespace) -> dict[str, str]:
     """The ``--slurm-*`` flags given, as the executor's options; a ``--slurm-arg`` without ``=`` is one line."""
     opts: dict[str, str] = {}
     for item in args.slurm_arg:
@@ -52,7 +56,4 @@ def executor_options(args: argparse.Namespace) -> dict[str, str]:
         value = getattr(args, f"slurm_{key}")
         if value is not None:
             opts[key] = str(value)
-    slurm_given = bool(opts)
-    if slurm_given and args.executor != "slurm":
-        raise StudyError("--slurm-*: these flags need --executor slurm")
     return opts

@@ -75,3 +75,12 @@ def submit_driver(hyp_path: Path, out: Path, opts, options: Mapping[str, str]) -
         raise StudyError(f"--executor slurm: sbatch refused the driver job ({lines[-1].strip()})")
     job = done.stdout.strip().split(";")[0]
     return job, logs / f"driver-{job}.log"
+
+
+def submit_slurm_driver(
+    hyp_path: Path, out: Path, opts, options: Mapping[str, str], address: str | None
+) -> str:
+    """``submit --executor slurm`` (``ExecutorKind.submit`` of ``slurm``): the driver as a Slurm job;
+    returns the lines to print (``address`` is not used: Slurm's controller is the one ``sbatch`` asks)."""
+    job, log = submit_driver(hyp_path, out, opts, options)
+    return f"submitted: Slurm job {job} (the driver)\nfollow:    tail -f {log}"

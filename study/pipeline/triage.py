@@ -65,12 +65,13 @@ def check_inputs(specs: list[RunSpec], runs_dir: Path, force: bool = False) -> N
     one line before anything is written or recorded. Runs finished here (and not forced) are skipped: they
     were checked when filled, and their key holds their inputs' fingerprint."""
     from runners.sources import get_source
+    from runners.sources.base import declares
 
     checked: set[str] = set()
     for spec in specs:
         run = spec.model_dump()
         # a training run checks its dataset folder, which its seeds share: once per dataset
-        token = dataset_key(spec.dataset) if spec.source == "train" else spec.key
+        token = dataset_key(spec.dataset) if declares(spec.source, "trains") else spec.key
         if token in checked or (not force and RunFolder(runs_dir / spec.key).is_finished()):
             continue
         checked.add(token)

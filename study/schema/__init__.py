@@ -228,13 +228,14 @@ class Hypothesis(Strict):
         """Each claim's unit fits the design (``analysis.units.unit_problem``)."""
         from analysis.probe import resamplable
         from analysis.units import model_names, unit_problem
+        from runners.sources.base import declares
 
         source = self.design.source.model_dump() if self.design.source is not None else None
         models = model_names(source)
         for i, claim in enumerate(self.claims):
             problem = unit_problem(
                 claim,
-                len(models) if source and source["kind"] == "pretrained" else None,
+                len(models) if source and declares(source["kind"], "models_are_seeds") else None,
                 len(self.design.seeds),
                 self.design.probe.blocks,
                 resamplable(claim.metric),

@@ -25,6 +25,7 @@ from runners.objectives import (
     preset_names,
 )
 from runners.sources import DEFAULT_SOURCE, SOURCES, DesignFacts, RunSource
+from runners.sources.base import declares
 from study.schema import _conditions as cond
 from study.schema._conditions import DEFAULT_MAX_RUNS, Cell, ConditionSpec, Labels
 from study.schema._conditions import FieldError as _FieldError
@@ -95,7 +96,7 @@ class Design(Strict):
         if not isinstance(data, dict):
             return data
         src = data.get("source")
-        if isinstance(src, dict) and src.get("kind") == "pretrained" and "seeds" not in data:
+        if isinstance(src, dict) and declares(src.get("kind"), "models_are_seeds") and "seeds" not in data:
             models = src.get("models")
             data = {**data, "seeds": list(range(len(models))) if isinstance(models, dict) else [0]}
         return data

@@ -25,6 +25,7 @@ from study.runspecs import plan_runs
 from study.schema import parse_hypothesis
 from tests.datasets.conftest import DISK_HYPOTHESIS, N_CLASSES, PER_CLASS, disk_spec
 from vitstudy.testing import built_in, parametrize_with_checks
+from vitstudy.testing.runs import check_dataset_reads
 from vitstudy_core.errors import StudyError
 
 KINDS = built_in("datasets")  # an installed plug-in's layouts are its package's to give fixtures and test
@@ -59,6 +60,7 @@ def test_dataset_contract(name, check):
 def test_loader_reads_its_data(kind, roots, tmp_path):
     spec = _spec(kind, roots)
     size = spec["image_size"]
+    check_dataset_reads(kind, spec, tmp_path / "shipped")  # the shipped check a plug-in's package calls
     xtr, ytr = load_split(spec, "train", tmp_path)
     xte, yte = load_split(spec, "test", tmp_path)
     for x, y in ((xtr, ytr), (xte, yte)):

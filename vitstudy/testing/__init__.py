@@ -20,6 +20,7 @@ plug-ins are loaded before names are read, so "every registered entry" includes 
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Iterable
 
@@ -41,11 +42,38 @@ _MODULES = {
 PARTS = tuple(g.partition(".")[2] for g in GROUPS)
 
 
+def _require(part: str, name: str) -> None:
+    """An ``AssertionError`` saying why ``name`` is not registered for ``part``: the one line of every
+    plug-in of that group that failed to load ("... not loaded: <the error>"), else the names registered."""
+    from vitstudy_core.plugins import BROKEN
+
+    reg = registry_of(f"vitstudy.{part}")
+    if name in reg:
+        return
+    lines = [b.line() for b in BROKEN if b.group == reg.group]
+    raise AssertionError(
+        f"{part} {name!r} is not registered"
+        + (f": {'; '.join(lines)}" if lines else f"; registered: {reg.names()}")
+    )
+
+
+def _guarded(part: str, check: Check) -> Check:
+    """``check`` that first says why its entry is not registered (:func:`_require`), not a ``KeyError``."""
+
+    @functools.wraps(check)
+    def guarded(name: str) -> None:
+        _require(part, name)
+        check(name)
+
+    return guarded
+
+
 def checks(part: str) -> list[Check]:
-    """The contract checks of one part (``"metrics"``, ``"kinds"``, ...), in the order they run."""
+    """The contract checks of one part (``"metrics"``, ``"kinds"``, ...), in the order they run; each
+    first fails with the plug-in's "not loaded" line when its entry is not registered."""
     if part not in PARTS:
         raise ValueError(f"unknown part {part!r}; expected one of {list(PARTS)}")
-    return list(importlib.import_module(_MODULES[part]).CHECKS[part])
+    return [_guarded(part, c) for c in importlib.import_module(_MODULES[part]).CHECKS[part]]
 
 
 def registered(part: str) -> list[str]:

@@ -147,6 +147,51 @@ def check_objective_trains_and_resumes(name: str) -> None:
         assert torch.equal(pa, pb), f"{name}: resumed weights differ"
 
 
+def learnable_batch(size: int, n: int = 16):  # -> (x uint8 (n, S, S, 3), y int64 (n,))
+    """A batch a classifier separates at once: class 0 dark noise, class 1 bright noise."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(n) % 2
+    x = torch.rand(n, size, size, 3, generator=g) * 60 + y[:, None, None, None] * 150
+    return x.to(torch.uint8), y
+
+
+def check_objective_learns(name: str) -> None:
+    """Training learns (on CPU, two epochs of two steps on :func:`learnable_batch`): the measured
+    model's weights move, the loss changes, and (``loss_falls_at_once``, the default) the last epoch's
+    mean loss is below the first step's. A trainer that never steps (a learning rate of 0) fails."""
+    import torch
+
+    run = _tiny_run(name)
+    size = run["dataset"]["image_size"]
+    x, y = learnable_batch(size)
+    torch.manual_seed(0)
+    trainer = make_objective(run, 2, size, 2, torch.device("cpu"))
+    before = [p.detach().clone() for p in trainer.measured.parameters()]
+    losses: list[list[float]] = []
+    for epoch in (1, 2):
+        losses.append([])
+        trainer.train_epoch(
+            epoch, x, y, torch.arange(len(y)), lambda s, loss, n: losses[-1].append(float(loss))
+        )
+    flat = [v for epoch in losses for v in epoch]
+    moved = any(not torch.equal(a, b) for a, b in zip(before, trainer.measured.parameters(), strict=True))
+    assert moved, f"{name}: training left every weight of the measured model as it was (losses {flat})"
+    assert len(set(flat)) > 1, f"{name}: the loss stayed at {flat[0]} over {len(flat)} steps"
+    if OBJECTIVES[name].loss_falls_at_once:
+        last = sum(losses[-1]) / len(losses[-1])
+        assert last < flat[0], (
+            f"{name}: the loss did not fall on a learnable batch ({flat}); expected the last epoch's "
+            f"mean below the first step's"
+        )
+
+
 CHECKS = {
-    "objectives": [check_objective_settings, check_objective_presets, check_objective_trains_and_resumes]
+    "objectives": [
+        check_objective_settings,
+        check_objective_presets,
+        check_objective_trains_and_resumes,
+        check_objective_learns,
+    ]
 }

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import copy
 import os
+import tempfile
 import unittest
+from pathlib import Path
 from typing import Any
 
 from runners.datasets import DATASETS, DEFAULT_KIND
@@ -62,6 +64,12 @@ def check_dataset_model(kind: str) -> None:
     assert entry.example and entry.example.get("kind", DEFAULT_KIND) == kind
     assert (entry.load is None) == (entry.num_classes is None), f"{kind}: load and num_classes go together"
     assert (entry.layout is None) == (entry.read is None) == (entry.check is None), f"{kind}: on-disk parts"
+    if entry.load is not None:  # the core reads these fields of a dataset with images (preflight, plan)
+        for field in ("image_size",):
+            assert field in entry.model.model_fields, (
+                f"{kind}: its settings model has no {field} field (the side S of its (N, S, S, 3) images: "
+                "the model, memory and probe checks read it)"
+            )
 
 
 def check_dataset_example_validates(kind: str) -> None:
@@ -80,6 +88,63 @@ def check_dataset_example_validates(kind: str) -> None:
         assert str(err) == "<hypothesis>: design.datasets[0].bogus: unknown key (not part of the schema)", err
     else:
         raise AssertionError(f"{kind}: an unknown key was accepted")
+
+
+def check_dataset_split(kind: str, spec: dict, images: Any, labels: Any) -> None:
+    """One split as a loader must return it: ``images`` uint8 ``(N, S, S, 3)`` (channels last, ``S`` the
+    spec's ``image_size``) and ``labels`` int64 ``(N,)`` in ``0 .. num_classes(spec) - 1``."""
+    import numpy as np
+
+    size = spec["image_size"]
+    n_classes = DATASETS[kind].num_classes(spec)  # type: ignore[misc]
+    shape = getattr(images, "shape", None)
+    assert isinstance(images, np.ndarray) and images.ndim == 4 and shape[1:] == (size, size, 3), (  # type: ignore[index]
+        f"{kind}: the loader's images have shape {shape}; expected (N, {size}, {size}, 3) (channels last, "
+        f"image_size {size})"
+    )
+    assert images.dtype == np.uint8, (
+        f"{kind}: the loader's images are {images.dtype}; expected uint8 (0..255)"
+    )
+    assert isinstance(labels, np.ndarray) and labels.shape == (len(images),), (
+        f"{kind}: labels of shape {getattr(labels, 'shape', None)}; expected ({len(images)},)"
+    )
+    assert labels.dtype == np.int64, f"{kind}: labels are {labels.dtype}; expected int64"
+    if len(labels):
+        low, high = int(labels.min()), int(labels.max())
+        assert 0 <= low and high < n_classes, (
+            f"{kind}: labels span {low}..{high}; expected 0..{n_classes - 1} (num_classes {n_classes})"
+        )
+
+
+def check_dataset_reads(kind: str, spec: dict, cache_dir: str | Path) -> None:
+    """The kind's loader on ``spec`` (a validated entry's ``model_dump()``; an on-disk kind: pointing at
+    a fixture folder its package writes): every split passes :func:`check_dataset_split`, and the probe is
+    the same when read again and when drawn afresh in another cache (seeded)."""
+    import numpy as np
+
+    from runners.datasets import load_split
+
+    for split in ("train", "test"):
+        check_dataset_split(kind, spec, *load_split(spec, split, cache_dir))
+    probe, labels = load_split(spec, "probe", cache_dir, 8, 5)
+    check_dataset_split(kind, spec, probe, labels)
+    assert len(probe) == 8, f"{kind}: asked for 8 probe images, got {len(probe)}"
+    again = load_split(spec, "probe", Path(cache_dir) / "fresh", 8, 5)[0]
+    assert np.array_equal(again, probe), f"{kind}: the probe differs when drawn again with the same seed"
+
+
+def check_dataset_loads(kind: str) -> None:
+    """A generated kind (``DatasetKind.generated``) loads its example (:func:`check_dataset_reads`); a
+    kind without images has nothing to load. An on-disk kind needs a fixture folder: its package calls
+    :func:`check_dataset_reads` on one (skipped here)."""
+    entry = DATASETS[kind]
+    if entry.load is None:
+        return
+    if not entry.generated:
+        raise unittest.SkipTest(f"{kind}: reads a folder; test it with check_dataset_reads on a fixture")
+    spec = entry.model.model_validate(entry.example).model_dump()
+    with tempfile.TemporaryDirectory() as tmp:
+        check_dataset_reads(kind, spec, tmp)
 
 
 def check_source_entry(name: str) -> None:
@@ -114,6 +179,49 @@ def check_source_example_validates(name: str) -> None:
     given = entry.example.get("checkpoints")
     expected = sorted(set(given)) if given else entry.default_epochs(DESIGN["training"]["epochs"])
     assert design.checkpoint_epochs == expected
+
+
+def check_source_fills(name: str, run: dict, run_dir: str | Path, data_dir: str | Path) -> dict:
+    """Fill ``run`` (a planned run's ``model_dump()`` naming this source; a package gives it the files
+    its fixture wrote) into ``run_dir`` as a worker does (``check``, ``prepare``, ``fill``): the folder is
+    a finished run folder whose ``result.json`` is what ``fill`` returned, holding spectra at the run's
+    checkpoint epochs or, for a source without spectra, metric rows in the tidy table's columns.
+
+    Returns:
+        the result ``fill`` returned.
+    """
+    import json
+
+    from analysis.table import COLUMNS
+    from vitstudy_core.runfolder import RunFolder, parse_spectrum_key
+
+    entry = SOURCES.get(name)
+    entry.check(run)
+    entry.prepare(run, Path(data_dir))
+    result = entry.fill(run, Path(run_dir), Path(data_dir))
+    assert isinstance(result, dict), (
+        f"{name}: fill returned {type(result).__name__}; expected the result dict"
+    )
+    folder = RunFolder(run_dir)
+    assert result.get("status") == "finished", (
+        f"{name}: fill returned status {result.get('status')!r}: {result}"
+    )
+    assert folder.is_finished(), (
+        f"{name}: fill returned finished but {run_dir} is not a finished run folder (expected result.json "
+        "saying finished and spectra.npz or rows.parquet)"
+    )
+    assert folder.read_result() == json.loads(json.dumps(result)), (
+        f"{name}: result.json is not what fill returned"
+    )
+    if entry.measures_spectra:
+        epochs = {parse_spectrum_key(k)[0] for k in folder.read_spectra()}
+        assert epochs == set(run["checkpoints"]), (
+            f"{name}: spectra at epochs {sorted(epochs)}; expected {run['checkpoints']}"
+        )
+    else:
+        rows = folder.read_rows()
+        assert list(rows.columns) == list(COLUMNS) and len(rows), f"{name}: rows.parquet holds no tidy rows"
+    return result
 
 
 def check_executor_entry(name: str) -> None:
@@ -151,7 +259,7 @@ def check_executor_maps_jobs(name: str) -> None:
 
 
 CHECKS = {
-    "datasets": [check_dataset_model, check_dataset_example_validates],
+    "datasets": [check_dataset_model, check_dataset_example_validates, check_dataset_loads],
     "sources": [check_source_entry, check_source_example_validates],
     "executors": [check_executor_entry, check_executor_maps_jobs],
 }

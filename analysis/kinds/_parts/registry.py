@@ -75,6 +75,11 @@ class ClaimKind:
             (default 1).
         effect_unit: ``claim -> str``: the unit suffix of the claim's effect as the report prints it
             (`` pp per unit of clutter`` for a slope over a knob; default the metric's, :func:`metric_unit`).
+        images: ``claim -> phrase or None``: why a claim of this kind cannot take ``unit: images`` (None:
+            it can); None (the default): the kind does not allow ``unit: images`` (it has no calibration
+            rows for it, ``analysis.unit_calibration``).
+        images_calibrated: the metrics on which this kind's ``unit: images`` calibration rows hold
+            (``bench/calibration.py --unit-images``); others are refused until theirs do.
         example: a valid claim of this kind as a hypothesis file writes it (without ``name``), over a
             design of datasets ``objects``, ``mixed``, ``textures`` and a 12-block ViT: the contract test
             (tests/test_kind_contract.py) evaluates it and draws its figures.
@@ -92,10 +97,17 @@ class ClaimKind:
     planning_effect: Callable[[Any], float | None] = _declared_sesoi
     holm_contrasts: Callable[[Any], int] = _one_test
     effect_unit: Callable[[Any], str] = metric_unit
+    images: Callable[[Any], str | None] | None = None
+    images_calibrated: frozenset[str] = frozenset()
     example: dict[str, Any] = field(default_factory=dict)
 
 
 def _new_labels(name: str, kind: ClaimKind) -> None:
+    """Registry check: registered under its own name and ``kind`` literal, with calibration labels no
+    other kind has."""
+    field_ = kind.model.model_fields.get("kind")
+    if kind.name != name or field_ is None or getattr(field_.annotation, "__args__", None) != (name,):
+        raise ValueError(f"claim kind {name!r}: its model needs kind: Literal[{name!r}] and name={name!r}")
     labels = {label for k in KINDS.values() for label in k.calibration}
     if labels & set(kind.calibration):
         raise ValueError(f"calibration labels {sorted(labels & set(kind.calibration))} are taken")

@@ -1,0 +1,139 @@
+"""The shipped contract suite tests behaviour: each broken part the plug-in issue met is caught by a check
+(or refused at registration) with a line saying what the part did and what was expected."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Literal
+
+import numpy as np
+import pytest
+
+import vitstudy_core.plugins as plugins
+from runners.datasets import DATASETS
+from runners.objectives.supervised import SupervisedTrainer
+from runners.sources import SOURCES
+from vitstudy.testing import checks
+from vitstudy.testing.objectives import check_objective_learns
+from vitstudy.testing.runs import (
+    CLAIM,
+    DESIGN,
+    check_dataset_loads,
+    check_dataset_model,
+    check_dataset_split,
+    check_source_fills,
+)
+from vitstudy_core.plugins import Broken
+from vitstudy_core.settings import Strict
+
+
+class FrozenTrainer(SupervisedTrainer):
+    """The supervised trainer with its learning rate forced to 0 at every step."""
+
+    def __init__(self, setup, device):
+        import torch
+
+        super().__init__(setup, device)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda step: 0.0)
+
+
+@pytest.mark.slow  # two tiny trainings (~10 s each on 2 busy cores)
+def test_an_objective_that_never_steps_is_caught(monkeypatch):
+    from runners.objectives import OBJECTIVES
+
+    check_objective_learns("supervised")  # the built-in learns ...
+    monkeypatch.setattr(OBJECTIVES["supervised"], "trainer", f"{__name__}:FrozenTrainer")
+    with pytest.raises(AssertionError, match="supervised: training left every weight of the measured model"):
+        check_objective_learns("supervised")  # ... the same with a learning rate of 0 does not
+
+
+SPEC = {"image_size": 8, "n_classes": 4}
+
+
+@pytest.mark.parametrize(
+    ("images", "labels", "expected"),
+    [
+        (
+            np.zeros((5, 3, 8, 8), np.uint8),
+            np.zeros(5, np.int64),
+            r"shape \(5, 3, 8, 8\); expected \(N, 8, 8, 3\)",
+        ),
+        (np.zeros((5, 8, 8, 3), np.float32), np.zeros(5, np.int64), "images are float32; expected uint8"),
+        (np.zeros((5, 8, 8, 3), np.uint8), np.arange(5, dtype=np.int64), r"labels span 0..4; expected 0..3"),
+        (np.zeros((5, 8, 8, 3), np.uint8), np.zeros(5, np.int32), "labels are int32; expected int64"),
+        (np.zeros((5, 16, 16, 3), np.uint8), np.zeros(5, np.int64), r"expected \(N, 8, 8, 3\)"),
+    ],
+)
+def test_a_loaders_bad_split_is_caught(images, labels, expected):
+    check_dataset_split("procedural", SPEC, np.zeros((5, 8, 8, 3), np.uint8), np.zeros(5, np.int64))
+    with pytest.raises(AssertionError, match=expected):
+        check_dataset_split("procedural", SPEC, images, labels)
+
+
+def test_the_dataset_check_calls_the_loader(monkeypatch):
+    import runners.datasets as datasets
+
+    check_dataset_loads("procedural")
+    real = datasets.load_split
+
+    def channel_first(spec, split, cache_dir, *probe):
+        x, y = real(spec, split, cache_dir, *probe)
+        return np.ascontiguousarray(x.transpose(0, 3, 1, 2)), y
+
+    monkeypatch.setattr(datasets, "load_split", channel_first)
+    with pytest.raises(AssertionError, match=r"procedural: the loader's images have shape \(\d+, 3, 8, 8\)"):
+        check_dataset_loads("procedural")
+
+
+def test_a_dataset_model_without_image_size_is_caught():
+    class NoSize(Strict):
+        name: str
+        kind: Literal["no_size"] = "no_size"
+
+    entry = dataclasses.replace(
+        DATASETS["procedural"], name="no_size", model=NoSize, example={"name": "x", "kind": "no_size"}
+    )
+    DATASETS.register("no_size", entry)
+    try:
+        with pytest.raises(AssertionError, match="no_size: its settings model has no image_size field"):
+            check_dataset_model("no_size")
+    finally:
+        DATASETS.discard(["no_size"])
+
+
+def test_a_source_whose_fill_writes_nothing_is_caught(tmp_path, monkeypatch):
+    from study.runspecs import plan_runs
+    from study.schema import parse_hypothesis
+
+    doc = {"name": "c", "design": {**copy.deepcopy(DESIGN), "checkpoints": [0, 1]}, "claims": [CLAIM]}
+    (run,) = [r.model_dump() for r in plan_runs(parse_hypothesis(doc))]
+    monkeypatch.setattr(type(SOURCES["train"]), "fill", lambda self, *a, **k: {"status": "finished"})
+    with pytest.raises(
+        AssertionError, match="train: fill returned finished but .* is not a finished run folder"
+    ):
+        check_source_fills("train", run, tmp_path / "run", tmp_path / "data")
+
+
+def test_a_kind_with_a_wrong_kind_literal_is_refused_at_registration():
+    from analysis.kinds import KINDS, register_kind
+
+    entry = dataclasses.replace(KINDS["compare"], name="higher", calibration={})
+    with pytest.raises(ValueError, match=r"^claim kind 'higher': its model needs kind: Literal\['higher'\]"):
+        register_kind(entry)
+    assert "higher" not in KINDS
+
+
+def test_a_part_that_failed_to_load_says_so_not_key_error(monkeypatch):
+    line = "ModuleNotFoundError: No module named 'gone_pkg'"
+    monkeypatch.setattr(plugins, "BROKEN", [Broken("vitstudy.metrics", "gone", "gone-dist 0.1", line)])
+    first = checks("metrics")[0]
+    with pytest.raises(AssertionError) as err:
+        first("gone")
+    assert str(err.value) == (
+        "metrics 'gone' is not registered: vitstudy: plug-in 'gone' (vitstudy.metrics) of distribution "
+        f"gone-dist 0.1 not loaded: {line}"
+    )
+    monkeypatch.setattr(plugins, "BROKEN", [])
+    with pytest.raises(AssertionError, match=r"^metrics 'gone' is not registered; registered: \["):
+        first("gone")
