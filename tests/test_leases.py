@@ -117,8 +117,11 @@ def test_fill_once_waits_for_a_live_holder_then_reuses_its_run(tmp_path):
         _finish(run_dir)
         store.release("r", "other", "finished")
 
-    threading.Thread(target=other_worker).start()
+    holder = threading.Thread(target=other_worker)
+    holder.start()
     out = fill_once(store, {"key": "r"}, run_dir, lambda: pytest.fail("filled twice"), ttl=30, poll_s=0.1)
+    # the waiter may see the finished folder before the holder's release lands: read the lease after it
+    holder.join(timeout=10)
     lease = by_key(store)["r"]
     assert out["claim"]["filled"] is False and lease.state == "finished"
     # 1 claim, or 2 where the holder finished and released between the waiter's look at the folder and
