@@ -70,7 +70,9 @@ def finished_measure_seconds(spec: RunSpec, runs_dir: Path) -> float | None:
         except (OSError, ValueError):
             continue
         seconds = result.get("measure_s")
-        seconds = [v for v in seconds.values() if isinstance(v, int | float)] if isinstance(seconds, dict) else []
+        seconds = (
+            [v for v in seconds.values() if isinstance(v, int | float)] if isinstance(seconds, dict) else []
+        )
         if result.get("status") == "finished" and seconds and _design_of(result.get("run") or {}) == want:
             times.append(float(np.mean(seconds)))
     return float(np.mean(times)) if times else None
