@@ -25,10 +25,10 @@ import base64
 import html
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from analysis.figures import Figure, covariance_figures
 from analysis.report_sections import ReportInput, Section, build_sections, conditions_preface, effect_unit
 from analysis.verdicts import ClaimResult
 from vitstudy_core.errors import StudyError
@@ -37,6 +37,9 @@ from vitstudy_core.fmt import fmt_num, fmt_p
 from vitstudy_core.io import atomic_write_bytes, atomic_write_text
 from vitstudy_core.provenance import package_versions
 from vitstudy_core.runfolder import RunFolder
+
+if TYPE_CHECKING:
+    from analysis.figures import Figure
 
 
 def read_study(
@@ -313,6 +316,8 @@ def write_report(study_dir: str | Path, inp: ReportInput) -> tuple[Path, Path]:
     study_dir = Path(study_dir)
     sections = build_sections(inp)
     missing = list(inp.missing)
+    from analysis.figures import covariance_figures  # matplotlib: only when a report is drawn
+
     covs = covariance_figures(inp.runs_dir, inp.runs, inp.labels, missing)
     for sec in sections:
         missing += [f"{sec.title}: {f.caption}: {f.missing}" for f in sec.figures if f.missing]
