@@ -51,7 +51,7 @@ def finished(tmp_path_factory):
         result.update(run=spec.model_dump(), history=[{"epoch": 1, "epoch_s": 1.0}], measure_s={"0": 0.5})
         path.write_text(json.dumps(result))
     np.save(root / "spectrum.npy", np.linspace(2.0, 0.1, 16))
-    assert main(["run", str(hyp), "--out", str(out), "--workers", "1"]) == 0
+    assert main(["run", str(hyp), "--out", str(out)]) == 0  # the command the rerun below repeats
     return hyp, out, root / "spectrum.npy"
 
 
