@@ -209,8 +209,8 @@ def _run_study(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sequential
         same = _unchanged_rerun(hyp, hyp_path, out_dir, study_dir, asked, log)
         if same is not None:
             return same
-    (study_dir / rerun.STAMP).unlink(missing_ok=True)  # stamped again only when this run finishes
     check_hypothesis(hyp, str(hyp_path), out_dir)  # what would stop the study later stops it now
+    (study_dir / rerun.STAMP).unlink(missing_ok=True)  # stamped again only when this run finishes
     # bad data paths or imports stop the study before anything is written or recorded; on-disk
     # fingerprints are recorded for hosts without the data
     planned = run_triage.plan(hyp, data_dir, record=True, log=log)
@@ -250,16 +250,16 @@ def _unchanged_rerun(
 ) -> StudyOutcome | None:
     """The outcome of a rerun that nothing new would change (``study.rerun``), read from the study
     folder; None when anything changed (then the full path runs, its checks first)."""
-    if not (study_dir / rerun.STAMP).is_file():
-        return None
     from vitstudy_core.errors import StudyError
 
-    try:  # a plan that fails is the full path's to report, after the checks that come before it
-        specs = run_triage.plan(hyp, out_dir / "data", record=True)
-    except StudyError:
+    try:  # an output folder or a plan that fails is the full path's to report, in its checks' order
+        if not (study_dir / rerun.STAMP).is_file():
+            return None
+        keys = [s.key for s in run_triage.plan(hyp, out_dir / "data", record=True)]
+        now = rerun.digest(hyp, hyp_path, keys, out_dir, study_dir, asked)
+    except (StudyError, OSError):
         return None
-    keys = [s.key for s in specs]
-    if not rerun.unchanged(study_dir, rerun.digest(hyp, hyp_path, keys, out_dir, study_dir, asked), asked):
+    if not rerun.unchanged(study_dir, now, asked):
         return None
     registration.check_binding(study_dir, hyp, None)
     log(f"study {hyp.name}: {len(keys)} runs planned, {len(keys)} reused, 0 to train")
