@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
-import statsmodels.formula.api as smf
 from scipy import optimize, stats
 
 from analysis.inference import Alternative, TTest, per_seed_slopes, t_p, t_test
@@ -218,6 +217,8 @@ def _exactly_linear(long: pd.DataFrame) -> bool:
 def _statsmodels_start(unit: pd.DataFrame) -> tuple[np.ndarray, bool, list[str]] | str:
     """statsmodels' REML fit on the standardised rows: (theta (3,), converged, the warnings it raised), or
     the reason it failed."""
+    import statsmodels.formula.api as smf  # its formula machinery (patsy): only when a model is fitted
+
     model = smf.mixedlm("y ~ x", unit, groups=unit.seed, re_formula="~x")
     # statsmodels' bfgs at gtol 1e-7 reaches lme4's optimum to ~1e-7 relative on interior fits; where it
     # stops short (a boundary, or a failure) the same REML criterion is refined by a bounded optimiser
@@ -268,6 +269,8 @@ def fit_random_slopes(x: np.ndarray, y: np.ndarray, alternative: Alternative = "
     long = _long(x, y)
     if n_seeds < 2 or not long.y.std() > 0 or not long.x.std() > 0:
         return MixedFit(warnings=["mixed model not fitted: needs >= 2 seeds and varying values"])
+    import statsmodels.formula.api as smf  # its formula machinery (patsy): only when a model is fitted
+
     ols_slope = float(smf.ols("y ~ x", long).fit().params["x"])
     if _exactly_linear(long):
         # REML's deviance has (n - 2) log(rss): unbounded below as rss -> 0, so an optimiser never stops

@@ -35,7 +35,6 @@ from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
-from statsmodels.stats.multitest import multipletests
 
 from analysis.claim_outcome import _probe_outcome
 from analysis.inference import bootstrap_ci, power_and_seeds_needed
@@ -165,6 +164,8 @@ def adjust(pvalues: list[float], method: str) -> list[float]:
     finite = [i for i, p in enumerate(pvalues) if not math.isnan(p)]
     out = [float("nan")] * len(pvalues)
     if finite and method != "none":
+        from statsmodels.stats.multitest import multipletests  # statsmodels: only when p-values are adjusted
+
         adj = multipletests([pvalues[i] for i in finite], method={"holm": "holm", "bh": "fdr_bh"}[method])[1]
         for i, a in zip(finite, adj, strict=True):
             out[i] = float(a)

@@ -155,6 +155,8 @@ class _Done:
         n_tokens: tokens per ``"{layer}/{token_set}"``.
         epoch: the last complete epoch (0: none).
         started_at: when training began (unix seconds; kept across resumes; None: not begun).
+        measure_s: seconds each checkpoint's measurement took, by epoch (``result.json``'s ``measure_s``:
+            ``plan`` reads the extraction time from finished runs instead of timing one).
     """
 
     history: list[dict] = field(default_factory=list)
@@ -162,6 +164,7 @@ class _Done:
     n_tokens: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
     started_at: float | None = None
+    measure_s: dict[str, float] = field(default_factory=dict)
 
 
 def _load_resume(
@@ -193,7 +196,9 @@ def _load_resume(
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     spectra = {k: v.numpy() for k, v in state["spectra"].items()}
     # a resume.pt from before started_at was kept has none: the run's start is then this attempt's
-    return _Done(state["history"], spectra, state["n_tokens"], state["epoch"], state.get("started_at"))
+    done = _Done(state["history"], spectra, state["n_tokens"], state["epoch"], state.get("started_at"))
+    done.measure_s = dict(state.get("measure_s") or {})  # none in a resume.pt from before it was kept
+    return done
 
 
 def _save_resume(
@@ -206,7 +211,7 @@ def _save_resume(
     state.update(torch_rng=torch.get_rng_state(), cuda_rng=cuda_rng)
     spectra = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in done.spectra.items()}
     state.update(history=done.history, spectra=spectra, n_tokens=done.n_tokens, epoch=done.epoch)
-    state.update(started_at=done.started_at)
+    state.update(started_at=done.started_at, measure_s=done.measure_s)
     _atomic_torch_save(state, path)
 
 
@@ -275,7 +280,8 @@ class _Run:
         save_probe(self.folder.path, epoch, sp)
         if snap:
             save_covariances(self.folder.path, epoch, sp)
-        self._say(f"spectra at epoch {epoch} ({time.perf_counter() - t0:.1f}s)")
+        self.done.measure_s[str(epoch)] = time.perf_counter() - t0
+        self._say(f"spectra at epoch {epoch} ({self.done.measure_s[str(epoch)]:.1f}s)")
 
     def checkpoint(self, epoch: int) -> None:
         """Measure, then save the measured network's weights and the run spec (atomic write)."""
@@ -329,6 +335,7 @@ class _Run:
             "environment": environment(),
             "started_at": self.done.started_at,  # seconds since the epoch: when training began
             "finished_at": time.time(),  # seconds since the epoch: when the data existed (pre-registration)
+            "measure_s": self.done.measure_s,  # seconds per checkpoint's measurement (``plan``'s run-hours)
         }
         if self.run.get("labels", "true") == "shuffled":
             result["labels"] = {"kind": "shuffled", "seed": self.run["seed"] + LABEL_SEED_OFFSET}

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import shutil
 import stat
 import warnings
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -99,28 +97,18 @@ def _is_folder(part: Path, out_dir: Path, option: str, path: Path) -> bool:
 def patch_size(hyp: Hypothesis) -> int | None:
     """The model's patch size: the preset's or the file's, else the one timm builds the named model with.
 
-    timm is asked (the model built on the meta device: no memory, no weights) because a name need not
-    carry its patch size (``flexivit_small`` is patch 16); should timm fail to build it, the size in a
-    name like ``..._patch16_...`` is used (the failure itself is the model check's business).
+    timm is asked (the model built on the meta device: no memory, no weights; the answer kept in
+    ``runners.model_table``'s cache) because a name need not carry its patch size (``flexivit_small`` is
+    patch 16); should timm fail to build it, the size in a name like ``..._patch16_...`` is used (the
+    failure itself is the model check's business).
     """
     model = hyp.design.model.resolved()
     if model.get("patch_size"):
         return int(model["patch_size"])
-    try:
-        import timm
-        import torch
+    from runners.model_table import built_shape, patch_in_name  # a table: no timm, no torch
 
-        from runners.models import TimmModel
-
-        spec = TimmModel.model_validate(model)
-        with torch.device("meta"):
-            built = timm.create_model(spec.name, pretrained=False, **spec.timm_kwargs())
-        embed: Any = built.patch_embed  # timm's PatchEmbed (torch types a submodule Tensor | Module)
-        side = embed.patch_size  # an int or (h, w)
-        return int(side[0] if isinstance(side, tuple | list) else side)
-    except Exception:  # noqa: BLE001 - any failure to build falls back to the name
-        found = re.search(r"patch(\d+)", model["name"])
-        return int(found.group(1)) if found else None
+    shape = built_shape(model)
+    return shape["patch_size"] if shape is not None else patch_in_name(model["name"])
 
 
 def _check_patch(hyp: Hypothesis, file: str) -> None:
@@ -155,11 +143,10 @@ def _check_patch(hyp: Hypothesis, file: str) -> None:
 
 
 def _check_model(hyp: Hypothesis, file: str) -> None:
-    import timm
-    import timm.models
+    from runners.model_table import is_vit  # timm's registry as a cached table: no timm, no torch
 
     name = hyp.design.model.resolved()["name"]
-    if not timm.is_model(name) or not timm.models.is_model_in_modules(name, ["vision_transformer"]):
+    if not is_vit(name):
         vits = "vit_tiny_patch16_224, vit_small_patch16_224, ..."
         raise StudyError(
             f"expected a timm Vision Transformer ({vits}), got {name!r}", file, "design.model.name"

@@ -336,6 +336,8 @@ def read_result(folder: Path, outcome: StudyOutcome | None = None) -> StudyResul
     order = hyp.design.condition_names() if hyp else None  # the conditions grid in the file's order
     inp = read_study(folder, title, description, claims, conditions=order)
     payload = json.loads((folder / "verdicts.json").read_text())
+    if outcome is not None and outcome.unchanged:  # an unchanged rerun (study.rerun): the folder's own
+        outcome.results, outcome.table = inp.results, inp.table if inp.table is not None else outcome.table
     results = outcome.results if outcome is not None else inp.results
     report = outcome.report if outcome is not None else None
     return StudyResult(folder, hyp, results, inp, payload, trials, outcome, report)

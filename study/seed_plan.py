@@ -60,6 +60,24 @@ def finished_run_seconds(spec: RunSpec, runs_dir: Path) -> float | None:
     return float(np.mean(times)) if times else None
 
 
+def finished_measure_seconds(spec: RunSpec, runs_dir: Path) -> float | None:
+    """Mean seconds of one checkpoint's measurement in finished runs of ``spec``'s design (any seed), from
+    their ``measure_s``; None when none recorded it (runs from before it was recorded, imported runs)."""
+    want, times = _design_of(spec.model_dump()), []
+    for path in sorted(Path(runs_dir).glob("*/result.json")) if Path(runs_dir).is_dir() else []:
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        seconds = result.get("measure_s")
+        seconds = (
+            [v for v in seconds.values() if isinstance(v, int | float)] if isinstance(seconds, dict) else []
+        )
+        if result.get("status") == "finished" and seconds and _design_of(result.get("run") or {}) == want:
+            times.append(float(np.mean(seconds)))
+    return float(np.mean(times)) if times else None
+
+
 def steps_per_epoch(spec: RunSpec) -> int | None:
     """Optimiser steps per epoch of a run (None when the training set's size is not in the spec)."""
     n_train, tr = spec.dataset.get("n_train"), spec.training
@@ -77,8 +95,8 @@ def run_hours(
 ) -> dict:
     """:func:`run_group` -> {"hours": one run's hours (None: unknown), "source": where they came from}.
 
-    ``time_extract``: seconds of one checkpoint's extraction (added once per checkpoint); None: left out,
-    and the source says so.
+    ``time_extract``: seconds of one checkpoint's extraction (added once per checkpoint), asked only when
+    no finished run recorded it (``measure_s``); None: left out, and the source says so.
     """
     out = _training_hours(specs, runs_dir, time_step)
     by_name = {run_group(s): s for s in specs}
@@ -89,10 +107,13 @@ def run_hours(
             h["source"] += "; extraction not included"
             continue
         spec = by_name[name]
-        per = time_extract(spec.model_dump())
+        per = finished_measure_seconds(spec, runs_dir)
+        where = "from finished runs"
+        if per is None:
+            per, where = time_extract(spec.model_dump()), "timed here"
         n = len(spec.checkpoints)
         h["hours"] += per * n / 3600
-        h["source"] += f" + extraction timed here ({per:.2f} s x {n} checkpoints)"
+        h["source"] += f" + extraction {where} ({per:.2f} s x {n} checkpoints)"
         h["extract_hours"] = per * n / 3600
     return out
 

@@ -102,6 +102,16 @@ claims:
 """
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _user_cache(tmp_path_factory):
+    """The user cache folder (``runners.model_table``'s table of timm's models) is one of the session's,
+    never the real ``~/.cache``; subprocesses inherit it. A test that needs an empty one sets its own."""
+    folder = tmp_path_factory.mktemp("xdg_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(folder))
+        yield folder
+
+
 @pytest.fixture
 def tiny_yaml(tmp_path):
     path = tmp_path / "tiny.yaml"

@@ -388,7 +388,7 @@ RULES: list[Rule] = [
         Bench(("tests/test_gpu_check.py::test_cpu_smoke_runs_every_step_and_writes_json_and_table",)),
     ),
     Rule(
-        r"^(?:nice )?PYTHONPATH=\. python bench/(calibration|extract|train|data|scale|faults|executor|probe_coverage|step_profile|slurm_overhead|pretrained_study)\.py",
+        r"^(?:nice )?PYTHONPATH=\. python bench/(calibration|cli|extract|train|data|scale|faults|executor|probe_coverage|step_profile|slurm_overhead|pretrained_study)\.py",
         Bench(),
     ),
     # ---- other tools' set-up commands

@@ -43,6 +43,10 @@ def test_outputs_written(finished_study):
     for spec in plan_runs(load_hypothesis(hyp)):
         result = json.loads((out / "runs" / spec.key / "result.json").read_text())
         assert result["status"] == "finished" and len(result["history"]) == 2
+        assert set(result["measure_s"]) == {
+            "0",
+            "2",
+        }  # each checkpoint's measurement seconds (plan reads them)
 
 
 def test_mlflow_records(finished_study):

@@ -173,6 +173,26 @@ def test_plan_verb_table_and_json(tmp_path, capsys, monkeypatch):
     assert plan["per_run"]["textures"]["hours"] == pytest.approx(4 / 3600)
     assert plan["run_hours_per_seed"] == pytest.approx((72 + 8) / 3600)
     assert dip["run_hours_80"] == pytest.approx(dip["seeds_80"] * plan["run_hours_per_seed"])
+    # a finished run that recorded its measurements' seconds gives the extraction time: nothing is timed
+    RunFolder(out / "runs" / "other").write_result(
+        {
+            "status": "finished",
+            "run": spec.model_dump(),
+            "history": [{"epoch": 1, "epoch_s": 36.0}] * 2,
+            "measure_s": {"0": 2.0, "2": 4.0},
+        }
+    )
+
+    def untimed(run: dict) -> float:  # the other datasets have no finished run: timed (here 0 s)
+        assert run["dataset"]["name"] != "objects", "extraction of objects timed"
+        return 0.0
+
+    recorded = plan_study(hyp, out, pilot, lambda run: 1.0, untimed)
+    assert recorded["per_run"]["objects"]["hours"] == pytest.approx((72 + 3 * n_ckpt) / 3600)
+    assert (
+        f"extraction from finished runs (3.00 s x {n_ckpt} checkpoints)"
+        in (recorded["per_run"]["objects"]["source"])
+    )
     assert main(["plan", str(path), "--pilot", str(pilot), "--out", str(out), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert [c["claim"] for c in got["claims"]] == ["dip", "kendall"]

@@ -6,7 +6,8 @@ report, tracking, reuse). Files:
 
 * ``result.json``: ``{"status": "finished" | "failed", "run": <run spec>, "n_tokens": {"{layer}/{token_set}":
   n}, "history": [...], "environment": {...}, "started_at": <unix seconds>, "finished_at": <unix seconds>, ...}`` (a failed run:
-  ``"started_at"``, ``"failed_at"``; a trained run's times, for its MLflow child run); an imported run adds
+  ``"started_at"``, ``"failed_at"``; a trained run's times, for its MLflow child run; a trained run's
+  ``"measure_s"``: seconds each checkpoint's measurement took, by epoch, which ``plan`` reads); an imported run adds
   ``"source"`` (kind, path, fingerprint, format, the state-dict key or the name mapping used). Written last: a folder whose ``result.json`` says
   ``finished`` is a finished run, and nothing else is.
 * ``spectra.npz``: covariance eigenvalues ``(D,)`` float64, keyed :func:`spectrum_key`

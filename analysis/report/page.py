@@ -25,10 +25,10 @@ import base64
 import html
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from analysis.report.figures import Figure, covariance_figures
 from analysis.report.sections import (
     ReportInput,
     Section,
@@ -44,6 +44,9 @@ from vitstudy_core.fmt import fmt_interval, fmt_p
 from vitstudy_core.io import atomic_write_bytes, atomic_write_text
 from vitstudy_core.provenance import package_versions
 from vitstudy_core.runfolder import RunFolder
+
+if TYPE_CHECKING:
+    from analysis.report.figures import Figure
 
 
 def read_study(
@@ -342,6 +345,8 @@ def write_report(study_dir: str | Path, inp: ReportInput) -> tuple[Path, Path]:
     study_dir = Path(study_dir)
     sections = build_sections(inp)
     missing = list(inp.missing)
+    from analysis.report.figures import covariance_figures  # matplotlib: only when a report is drawn
+
     covs = covariance_figures(inp.runs_dir, inp.runs, inp.labels, missing)
     for sec in sections:
         missing += [f"{sec.title}: {f.caption}: {f.missing}" for f in sec.figures if f.missing]

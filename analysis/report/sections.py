@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from analysis.kinds import FigureContext, controls_figures, explain_controls, get_kind
 from analysis.kinds.base import replicates
-from analysis.report.figures import Figure, effect_figure
 from analysis.verdicts import INCONCLUSIVE, ClaimResult
 from vitstudy_core.fmt import fmt_interval, fmt_num, fmt_p, unit_of
+
+if TYPE_CHECKING:
+    from analysis.report.figures import Figure
 
 
 @dataclass
@@ -182,6 +185,8 @@ def findings(claim, result: ClaimResult) -> list[str]:
 
 def build_sections(inp: ReportInput) -> list[Section]:
     """One :class:`Section` per claim: findings, the kind's figures and the effect plot."""
+    from analysis.report.figures import Figure, effect_figure  # matplotlib: only when a report is drawn
+
     sections = []
     colours = study_colours(inp.table)  # one colour per condition in every figure of the report
     for i, (claim, result) in enumerate(zip(inp.claims, inp.results, strict=True)):

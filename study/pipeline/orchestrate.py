@@ -27,7 +27,7 @@ import pandas as pd
 from analysis.sequential import Spending
 from analysis.sequential_verdicts import decide_sequential, looks_spent
 from analysis.verdicts import INCONCLUSIVE, ClaimResult, families, format_verdicts
-from study import registration
+from study import registration, rerun
 from study.pipeline import evaluation, outputs, stages
 from study.pipeline import tables as run_tables
 from study.pipeline import triage as run_triage
@@ -52,6 +52,7 @@ class StudyOutcome:
     reused_from: dict[str, str] | None = None  # key -> "local" or "mlflow:<run id>"
     report: Path | None = None
     sequential: dict | None = None  # the looks of --until-decided (verdicts.json "sequential")
+    unchanged: bool = False  # nothing recomputed (study.rerun): results and table are read from the folder
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,13 @@ def _run_study(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sequential
     """:func:`run_study` inside :func:`study.pipeline.stopping.stopping_cleanly`."""
     runs_dir, data_dir, study_dir = out_dir / "runs", out_dir / "data", out_dir / "studies" / hyp.name
     seed_schedule(hyp.design.seeds, sequential)  # a bad plan stops the study before anything is written
+    asked = rerun.Asked(opts.track, opts.report, opts.log_model, opts.command)
+    if sequential is None and not opts.force and opts.new_registration is None:
+        same = _unchanged_rerun(hyp, hyp_path, out_dir, study_dir, asked, log)
+        if same is not None:
+            return same
     check_hypothesis(hyp, str(hyp_path), out_dir)  # what would stop the study later stops it now
+    (study_dir / rerun.STAMP).unlink(missing_ok=True)  # stamped again only when this run finishes
     # bad data paths or imports stop the study before anything is written or recorded; on-disk
     # fingerprints are recorded for hosts without the data
     planned = run_triage.plan(hyp, data_dir, record=True, log=log)
@@ -234,7 +241,47 @@ def _run_study(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sequential
                 f"{len(seq['looks'])} looks, stopped at {seq['stopped_at']} seeds: {seq['stopped_because']}",
             )
         out = outputs.Outcome(hyp_path, looked.runs, looked.collected.table, looked.results, opts.command)
-        return _finish(final_hyp, study_dir, runs_dir, out, seq, tracker, opts.report, log)
+        done = _finish(final_hyp, study_dir, runs_dir, out, seq, tracker, opts.report, log)
+    if sequential is None and not done.failed:  # every run finished: an unchanged rerun reads this back
+        keys = [s.key for s in looked.runs.specs]
+        rerun.stamp(study_dir, rerun.digest(hyp, hyp_path, keys, out_dir, study_dir, asked), asked)
+    return done
+
+
+def _unchanged_rerun(
+    hyp: Hypothesis, hyp_path: Path, out_dir: Path, study_dir: Path, asked: rerun.Asked, log
+) -> StudyOutcome | None:
+    """The outcome of a rerun that nothing new would change (``study.rerun``), read from the study
+    folder; None when anything changed (then the full path runs, its checks first)."""
+    from vitstudy_core.errors import StudyError
+
+    try:  # an output folder or a plan that fails is the full path's to report, in its checks' order
+        if not (study_dir / rerun.STAMP).is_file():
+            return None
+        keys = [s.key for s in run_triage.plan(hyp, out_dir / "data", record=True)]
+        now = rerun.digest(hyp, hyp_path, keys, out_dir, study_dir, asked)
+    except (StudyError, OSError):
+        return None
+    if not rerun.unchanged(study_dir, now, asked):
+        return None
+    registration.check_binding(study_dir, hyp, None)
+    log(f"study {hyp.name}: {len(keys)} runs planned, {len(keys)} reused, 0 to train")
+    log(
+        "unchanged since the last run (claims, runs, code and outputs): verdicts read from "
+        f"{study_dir / 'verdicts.json'}; nothing recomputed, nothing new for MLflow"
+    )
+    report = study_dir / "report.html"
+    return StudyOutcome(
+        [],
+        pd.DataFrame(),
+        study_dir,
+        [],
+        keys,
+        {},
+        dict.fromkeys(keys, "local"),
+        report if asked.report and report.is_file() else None,
+        unchanged=True,
+    )
 
 
 def _finish(

@@ -1,0 +1,190 @@
+"""What the verbs that train nothing need to know about timm's models, without importing timm or torch.
+
+    from runners.model_table import model_module, built_shape
+    model_module("vit_small_patch16_224.augreg_in21k")   # "vision_transformer" (None: timm has no such model)
+    built_shape({"name": "flexivit_small"})               # {"patch_size": 16, "depth": 12, ...}
+
+``import timm`` takes seconds (it imports torch, torchvision and ``torch._dynamo``), so ``validate`` and
+``plan`` read a small table instead: every architecture timm registers, with the module that registers
+it (timm's own ``list_modules``, ``list_models(module=...)`` and ``get_deprecated_models``), filled once per installed timm version and
+kept in ``$XDG_CACHE_HOME/vitstudy/timm_models.json`` (default ``~/.cache/vitstudy/``). The installed
+version is read from the package metadata, not by importing timm; another version refills the table.
+
+What a model looks like once built (patch size, depth, width, heads: timm builds it on the meta device,
+no memory, no weights) is asked of timm the first time a model and its overrides are met and then kept
+in the same file. A name the table does not know (a model registered after the table was filled, e.g. by
+a plug-in) is asked of timm and added when timm knows it. A cache folder that cannot be written only
+costs the time: the answers are the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+FILE = "timm_models.json"
+VIT_MODULE = "vision_transformer"  # the timm module whose models the extraction reads (ViT blocks)
+_table: dict[str, Any] | None = None  # this process's copy of the file (read once per file and version)
+_table_path: Path | None = None
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/vitstudy``, or ``~/.cache/vitstudy`` when the variable is unset, empty or relative
+    (as the XDG base directory specification says)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    root = Path(base) if base and os.path.isabs(base) else Path.home() / ".cache"
+    return root / "vitstudy"
+
+
+def timm_version() -> str:
+    """The installed timm's version, from its package metadata ("" when timm is not installed)."""
+    try:
+        return metadata.version("timm")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def _arch(name: str) -> str:
+    """The architecture of a model name: its pretrained tag dropped (``vit_small_patch16_224.augreg``),
+    as timm's ``get_arch_name`` does."""
+    return name.split(".", 1)[0]
+
+
+def _read(path: Path, version: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(data, dict) and data.get("timm") == version
+    return (
+        data if ok and isinstance(data.get("models"), dict) and isinstance(data.get("built"), dict) else None
+    )
+
+
+def _save(table: dict[str, Any]) -> None:
+    """Write the table atomically; a folder that cannot be written is left as it is (the next process
+    asks timm again)."""
+    from vitstudy_core.io import atomic_write_text
+
+    try:
+        atomic_write_text(cache_dir() / FILE, json.dumps(table, sort_keys=True))
+    except Exception:  # noqa: BLE001 - a read-only or full cache folder costs only time
+        pass
+
+
+def _fill(version: str) -> dict[str, Any]:
+    """The table from timm's registry: architecture -> the module that registers it."""
+    import timm
+    from timm.models import get_deprecated_models
+
+    models = {
+        arch: module
+        for module in timm.list_modules()
+        # timm's listings leave its deprecated names out, but it still builds them (and is_model knows them)
+        for arch in [*timm.list_models(module=module), *get_deprecated_models(module)]
+    }
+    return {"timm": version, "models": models, "built": {}}
+
+
+def table() -> dict[str, Any]:
+    """``{"timm": version, "models": {architecture: module}, "built": {model key: shape or None}}``: read
+    from the cache (once per process), filled from timm when missing, unreadable or of another version."""
+    global _table, _table_path
+    version, path = timm_version(), cache_dir() / FILE
+    if _table is not None and _table["timm"] == version and _table_path == path:
+        return _table
+    found = _read(path, version)
+    if found is None:
+        found = _fill(version)
+        _save(found)
+    _table, _table_path = found, path
+    return found
+
+
+def _ask_timm(arch: str) -> str | None:
+    """The module that registers ``arch`` in timm now (None: timm has no such model)."""
+    import timm
+    import timm.models
+
+    if not timm.is_model(arch):
+        return None
+    if timm.models.is_model_in_modules(arch, [VIT_MODULE]):
+        return VIT_MODULE
+    return next((m for m in timm.list_modules() if timm.models.is_model_in_modules(arch, [m])), "")
+
+
+def model_module(name: str) -> str | None:
+    """The timm module that registers the model ``name`` (a pretrained tag after a dot is ignored, as
+    timm ignores it), or None when timm has no such model.
+
+    A name the table lacks is asked of timm; the answer is added to the table when timm knows the name.
+    """
+    found = table()
+    arch = _arch(name)
+    if arch in found["models"]:
+        return found["models"][arch]
+    module = _ask_timm(arch)
+    if module is not None:
+        found["models"][arch] = module
+        _save(found)
+    return module
+
+
+def is_vit(name: str) -> bool:
+    """Whether ``name`` is a timm Vision Transformer: registered by timm's ``vision_transformer`` module
+    (``timm.is_model(name) and timm.models.is_model_in_modules(name, ["vision_transformer"])``)."""
+    return model_module(name) == VIT_MODULE
+
+
+def _key(model: dict) -> str:
+    return json.dumps(model, sort_keys=True, default=str)
+
+
+def _build(model: dict) -> dict[str, int] | None:
+    """The shape of the model timm builds on the meta device (None: timm cannot build it)."""
+    try:
+        import timm
+        import torch
+
+        from runners.models import TimmModel
+
+        spec = TimmModel.model_validate(model)
+        with torch.device("meta"):
+            built: Any = timm.create_model(spec.name, pretrained=False, **spec.timm_kwargs())
+        side = built.patch_embed.patch_size  # an int or (h, w)
+        shape = {"patch_size": int(side[0] if isinstance(side, tuple | list) else side)}
+        for field, value in (
+            ("depth", lambda: len(built.blocks)),
+            ("embed_dim", lambda: built.embed_dim),
+            ("num_heads", lambda: built.blocks[0].attn.num_heads),
+        ):
+            try:
+                shape[field] = int(value())
+            except Exception:  # noqa: BLE001 - a ViT variant without the attribute: the field is left out
+                pass
+        return shape
+    except Exception:  # noqa: BLE001 - any failure to build is an answer: "timm cannot build it"
+        return None
+
+
+def built_shape(model: dict) -> dict[str, int] | None:
+    """``{"patch_size", "depth", "embed_dim", "num_heads"}`` of the model timm builds from a resolved model
+    (``ModelSpec.resolved()``: the name and its overrides), or None when timm cannot build it. Asked of
+    timm once per model and overrides, then read from the table."""
+    found = table()
+    key = _key(model)
+    if key not in found["built"]:
+        found["built"][key] = _build(model)
+        _save(found)
+    shape = found["built"][key]
+    return dict(shape) if shape is not None else None
+
+
+def patch_in_name(name: str) -> int | None:
+    """The patch size a name like ``..._patch16_...`` carries (None: none)."""
+    found = re.search(r"patch(\d+)", name)
+    return int(found.group(1)) if found else None

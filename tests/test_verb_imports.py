@@ -1,0 +1,87 @@
+"""The verbs that train nothing import no torch, timm or torchvision, and no MLflow or matplotlib where
+they do not need them: each verb runs in a fresh ``python -m study`` process that prints, as it exits,
+every top-level module it imported (issue 49)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import env_for, write_runs
+
+TRAINING = {"torch", "timm", "torchvision"}
+HEAVY = TRAINING | {"mlflow", "matplotlib"}
+# at exit, the top-level names of every module this process imported, on one line of stderr
+PROBE = """\
+import atexit, runpy, sys
+atexit.register(lambda: print("MODULES", *sorted({m.split(".")[0] for m in sys.modules}), file=sys.__stderr__))
+sys.argv = ["study", *sys.argv[1:]]
+runpy.run_module("study", run_name="__main__", alter_sys=True)
+"""
+
+
+def _imported(*args: str) -> tuple[set[str], subprocess.CompletedProcess]:
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], env=env_for(), capture_output=True, text=True, timeout=600
+    )
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("MODULES ")]
+    assert lines, proc.stderr
+    return set(lines[-1].split()[1:]), proc
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """The tiny hypothesis with every run finished (with training and measurement times, as ``plan``
+    reads them), its study run once (so the next ``run`` is a rerun), and the model table filled."""
+    from runners.model_table import table
+    from study.cli import main
+    from study.runspecs import plan_runs
+    from study.schema import load_hypothesis
+
+    table()  # what a first validate after installing timm does, once
+    root = tmp_path_factory.mktemp("verbs")
+    hyp, out = write_runs(root)
+    for spec in plan_runs(load_hypothesis(hyp)):
+        path = out / "runs" / spec.key / "result.json"
+        result = json.loads(path.read_text())
+        result.update(run=spec.model_dump(), history=[{"epoch": 1, "epoch_s": 1.0}], measure_s={"0": 0.5})
+        path.write_text(json.dumps(result))
+    np.save(root / "spectrum.npy", np.linspace(2.0, 0.1, 16))
+    assert main(["run", str(hyp), "--out", str(out)]) == 0  # the command the rerun below repeats
+    return hyp, out, root / "spectrum.npy"
+
+
+VERBS = {
+    # verb: (its arguments, the heavy modules it may import)
+    "validate": (lambda h, o, s: ["validate", str(h)], set()),
+    "plan": (lambda h, o, s: ["plan", str(h), "--out", str(o)], set()),
+    "plugins": (lambda h, o, s: ["plugins"], set()),
+    "status": (lambda h, o, s: ["status", "--out", str(o)], set()),
+    "table": (lambda h, o, s: ["table", str(h), "--out", str(o), "--to", str(o / "t.parquet")], set()),
+    "metrics": (lambda h, o, s: ["metrics", str(s)], set()),
+    "doctor": (lambda h, o, s: ["doctor", "--out", str(o)], {"mlflow"}),  # it checks the MLflow store
+    "run (all runs finished, nothing changed)": (lambda h, o, s: ["run", str(h), "--out", str(o)], set()),
+}
+
+
+@pytest.mark.parametrize("verb", list(VERBS))
+def test_a_verb_that_trains_nothing_imports_no_training_stack(finished, verb):
+    args, allowed = VERBS[verb]
+    loaded, proc = _imported(*args(*finished))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert loaded & HEAVY <= allowed, f"{verb} imported {sorted(loaded & HEAVY - allowed)}"
+    if verb.startswith("run"):
+        assert "unchanged since the last run" in proc.stdout
+
+
+def test_the_probe_sees_what_a_verb_imports(finished):
+    """The check above can fail: a verb that builds a model (``plan`` with no finished run to time) shows
+    torch and timm."""
+    hyp, out, _ = finished
+    loaded, proc = _imported("plan", str(hyp), "--out", str(out / "elsewhere"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert TRAINING <= loaded
