@@ -1,6 +1,6 @@
 """The prepared GPU check: one command that shows whether the paper-scale path holds on a GPU.
 
-    python bench/gpu_check.py --out gpu_check                  # full, on one CUDA GPU: planned 715 s
+    python bench/gpu_check.py --out gpu_check                  # full, on one CUDA GPU: planned 805 s
     PYTHONPATH=. python bench/gpu_check.py --out /tmp/gc --cpu-smoke   # every step, tiny, on the CPU
     python bench/gpu_check.py --out gc --steps throughput,resume --limit throughput=60
 
@@ -13,7 +13,7 @@ figures, notes, error) and ``OUT/gpu_check.txt`` a short table; each step's outp
 ``OUT/logs/STEP.log``. The exit status is 0 when every step passed, else 1 (2: bad arguments, or the
 full check without a CUDA device).
 
-Steps and their limits in the full run (seconds; the sum, 715 s, is the planned worst case):
+Steps and their limits in the full run (seconds; the sum, 805 s, is the planned worst case):
 
 1. ``environment`` (15): device, CUDA / torch / timm versions, bf16 support, free device memory, the
    device's peak dense bf16 rate from ``PEAK_BF16_TFLOPS``.
@@ -64,6 +64,15 @@ Steps and their limits in the full run (seconds; the sum, 715 s, is the planned 
    two (0 on the CPU; bf16 rounding on a GPU). Passes when every run of both finished. Not sized on a GPU yet
    (an estimate: ~5-10 s per run on an H200, dominated by per-step overheads that K=2 overlaps).
 
+8. ``pretrained`` (90): ``bench/pretrained_study.py`` (the shipped zoo study: two timm ViT-S/16 built from
+   files it writes, 512 probe images at 224 px, ``study run --no-mlflow``): each run's stage times (load,
+   preprocessing, forward + extraction) and device, and the study's wall time to its last run and after
+   it. Passes when the study ran and every run was on CUDA. ``--cpu-smoke`` leaves it out unless
+   ``--steps`` names it (even at 256 images it is minutes on 2 cores).
+
+``gpu_tests`` collects only the test files that mark tests ``gpu`` (``gpu_test_files``): a GPU machine
+need not have what the CPU-only tests import, and a collection error would fail the step unseen.
+
 **Why this size for ``dino_learns``** (an estimate from step 3, not a trial on the GPU): ViT-Ti width
 (D = 192, 12 blocks, 3 heads) with patch 4 on 32 px images has 65 tokens per global crop and 17 per 16 px
 local crop. One DINO image (2 global + 6 local crops through the student, forward and backward; 2 global
@@ -97,7 +106,19 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-STEPS = ("environment", "gpu_tests", "throughput", "extraction", "dino_learns", "resume", "runs_per_gpu")
+STEPS = (
+    "environment",
+    "gpu_tests",
+    "throughput",
+    "extraction",
+    "dino_learns",
+    "resume",
+    "runs_per_gpu",
+    "pretrained",
+)
+# what --cpu-smoke runs unless --steps names more: the published-model step runs two ViT-S/16 over 256 images at
+# 224 px even at its smallest (``unit: images`` is calibrated from 256 probe images up), minutes on 2 cores
+SMOKE_STEPS = tuple(s for s in STEPS if s != "pretrained")
 LIMITS_FULL = {
     "environment": 15,
     "gpu_tests": 100,
@@ -106,6 +127,7 @@ LIMITS_FULL = {
     "dino_learns": 170,
     "resume": 100,
     "runs_per_gpu": 120,
+    "pretrained": 90,
 }
 LIMITS_SMOKE = {  # a shared 2-core CI machine: generous against the ~5-20 s each step takes there
     "environment": 60,
@@ -115,6 +137,7 @@ LIMITS_SMOKE = {  # a shared 2-core CI machine: generous against the ~5-20 s eac
     "dino_learns": 120,
     "resume": 180,
     "runs_per_gpu": 120,
+    "pretrained": 600,
 }
 
 # Peak dense (no sparsity) bf16 tensor rates, TFLOP/s, from the vendors' datasheets; first match of the
@@ -246,13 +269,26 @@ def step_environment(rep: Report, work: Path) -> bool:
 
 
 # ---- 2. gpu-marked tests -------------------------------------------------------------------------------
+def gpu_test_files() -> list[str]:
+    """The test files that mark tests ``gpu`` (relative to the repository), found in their source.
+
+    Only these are collected: collecting the whole suite imports every test module, and a GPU machine need
+    not have what the CPU-only tests import (MLflow, Ray, optuna, ...); a collection error there would fail
+    the step without running a GPU test."""
+    return sorted(
+        str(path.relative_to(REPO))
+        for path in (REPO / "tests").rglob("test_*.py")
+        if "pytest.mark.gpu" in path.read_text()
+    )
+
+
 def step_gpu_tests(rep: Report, work: Path) -> bool:
     import xml.etree.ElementTree as ET
 
     junit = work / "gpu_tests.xml"
-    where = "tests/test_gpu.py" if rep.smoke else "tests"  # smoke: skip collecting the whole suite
+    where = gpu_test_files()
     # -n 0: one test at a time on the GPU, not pytest-xdist's worker per core (pyproject's addopts)
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", where, "-q", "-n", "0", "-p", "no:cacheprovider"]
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", *where, "-q", "-n", "0", "-p", "no:cacheprovider"]
     cmd += [f"--junitxml={junit}"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
@@ -262,7 +298,7 @@ def step_gpu_tests(rep: Report, work: Path) -> bool:
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
     rep.put(command=" ".join(cmd[2:-1]), returncode=out.returncode, **counts)
     if rep.smoke:
-        rep.note("smoke: pytest -m gpu on tests/test_gpu.py only; without CUDA its tests skip")
+        rep.note("smoke: without CUDA the gpu-marked tests skip")
         return out.returncode == 0 and counts["failures"] == counts["errors"] == 0
     return out.returncode == 0 and counts["tests"] > 0 and counts["skipped"] == 0
 
@@ -745,6 +781,39 @@ def step_runs_per_gpu(rep: Report, work: Path) -> bool:
     return ok
 
 
+# ---- 8. the published-model source -------------------------------------------------------------------------
+def step_pretrained(rep: Report, work: Path) -> bool:
+    """``bench/pretrained_study.py``: the shipped zoo study (two timm ViT-S/16 built from files it writes,
+    512 probe images at 224 px, three ``unit: images`` claims) through ``study run --no-mlflow``; its
+    stage times (load, preprocessing, forward + extraction, summed over the runs), the wall time to the
+    last run's end and after it (verdicts, outputs, report), and each run's device. Passes when the study
+    ran and every run was on the step's device (CUDA where there is one)."""
+    import torch
+
+    cmd = [sys.executable, str(REPO / "bench" / "pretrained_study.py"), "--keep", str(work / "zoo")]
+    if rep.smoke:  # 256 images (unit: images is calibrated from 256 up), 64 px files: less CPU time
+        cmd += ["--images", "256", "--probe", "256", "--classes", "4", "--image-px", "64"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    rep.put(command=" ".join(cmd[1:]))
+    lines: list[str] = []
+    with subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as p:
+        assert p.stdout is not None
+        for line in p.stdout:  # into the step's log as it comes: a step killed at its limit keeps it
+            print(line, end="", flush=True)
+            lines.append(line.rstrip("\n"))
+    rep.put(returncode=p.returncode)
+    figures = dict(item.split("=", 1) for item in (lines[-1] if lines else "").split() if "=" in item)
+    if p.returncode != 0 or "wall_s" not in figures:
+        return False
+    rep.put(**{key: float(value) for key, value in figures.items()})
+    runs = [line for line in lines if line.startswith("run ")]
+    rep.put(runs_lines=runs)
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    return len(runs) == int(figures["runs"]) > 0 and all(f", {want})" in line for line in runs)
+
+
 STEP_FUNCS = {
     "environment": step_environment,
     "gpu_tests": step_gpu_tests,
@@ -753,6 +822,7 @@ STEP_FUNCS = {
     "dino_learns": step_dino_learns,
     "resume": step_resume,
     "runs_per_gpu": step_runs_per_gpu,
+    "pretrained": step_pretrained,
 }
 
 
@@ -870,6 +940,12 @@ def _summary(name: str, entry: dict) -> str:
             f"bitwise {f.get('bitwise')}; loss {num(f.get('loss_rel_max'), '.1e')} knn {num(f.get('knn_abs_max'), '.3f')} "
             f"spectra {num(f.get('spectrum_rel_max'), '.1e')} weights {num(f.get('weights_rel_max'), '.1e')}"
         )
+    if name == "pretrained":
+        return (
+            f"{num(f.get('runs'), '.0f')} runs: load {num(f.get('load_s'), '.1f')} s, preprocessing "
+            f"{num(f.get('preprocessing_s'), '.1f')} s, forward + extraction {num(f.get('extraction_s'), '.1f')} s; "
+            f"study {num(f.get('wall_s'), '.1f')} s ({num(f.get('after_runs_s'), '.1f')} s after the runs)"
+        )
     return ""
 
 
@@ -891,7 +967,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="folder for gpu_check.json, gpu_check.txt and logs/")
     ap.add_argument("--cpu-smoke", action="store_true", help="every step at tiny sizes (runs on the CPU)")
-    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    ap.add_argument(
+        "--steps",
+        default=None,
+        help=f"comma-separated subset of {','.join(STEPS)} (default: all; with --cpu-smoke all but "
+        f"{','.join(s for s in STEPS if s not in SMOKE_STEPS)})",
+    )
     ap.add_argument("--limit", action="append", default=[], metavar="STEP=SECONDS", help="override a limit")
     ap.add_argument(
         "--profile",
@@ -908,7 +989,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         print("gpu_check: --out: expected a folder for the results", file=sys.stderr)
         return 2
-    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    named = args.steps if args.steps is not None else ",".join(SMOKE_STEPS if args.cpu_smoke else STEPS)
+    steps = [s.strip() for s in named.split(",") if s.strip()]
     unknown = [s for s in steps if s not in STEPS]
     if unknown or not steps:
         print(

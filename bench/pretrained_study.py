@@ -175,7 +175,8 @@ def run_study(
 ) -> tuple[float, list[tuple[float, str]]]:
     """``python -m study run`` in a subprocess (its lines passed through); (wall seconds, its lines with
     the second each arrived at, from the start)."""
-    env = dict(os.environ, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    path = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])  # keep what the caller put there
+    env = dict(os.environ, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", PYTHONPATH=path)
     env.pop("HF_HUB_CACHE", None)
     cmd = [sys.executable, "-m", "study", "run", str(hyp), "--data-root", f"imagenet={data}"]
     cmd += ["--out", str(out), "--no-mlflow", "--workers", workers]

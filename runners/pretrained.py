@@ -135,10 +135,12 @@ def build(record: dict):
     if weights is None:
         raise _missing(record)
     if path.startswith(HUB):
+        # A hub file is a timm state dict (.safetensors / .bin). Configs whose original weights were JAX
+        # .npz files (the augreg ViTs) say custom_load=True, and timm then hands any local file to
+        # model.load_pretrained, which in timm 1.0.29 reads only .npz: read it as a state dict.
+        overlay = {"file": str(weights), "custom_load": weights.suffix == ".npz"}
         try:
-            model = timm.create_model(
-                path.removeprefix(HUB), pretrained=True, pretrained_cfg_overlay={"file": str(weights)}
-            )
+            model = timm.create_model(path.removeprefix(HUB), pretrained=True, pretrained_cfg_overlay=overlay)
         except Exception as exc:  # noqa: BLE001 - any timm failure is the user's model or file
             why = " ".join(str(exc).split())[:300]
             raise StudyError(

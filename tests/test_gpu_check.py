@@ -41,7 +41,7 @@ def test_cpu_smoke_runs_every_step_and_writes_json_and_table(smoke):
     gc = _module()
     proc, out, summary = smoke
     steps = summary["steps"]
-    assert list(steps) == list(gc.STEPS)
+    assert list(steps) == list(gc.SMOKE_STEPS)
     for name, entry in steps.items():
         assert entry["status"] == "passed", (name, entry.get("error"), proc.stdout[-2000:])
         assert entry["limit_s"] == gc.LIMITS_SMOKE[name] and 0 < entry["seconds"] < entry["limit_s"]
@@ -80,7 +80,7 @@ def test_cpu_smoke_runs_every_step_and_writes_json_and_table(smoke):
     assert per_gpu["k2"]["per_gpu"][0].startswith("GPU 0 (CUDA_VISIBLE_DEVICES=0): 2 runs, busy ")
     assert per_gpu["final_loss_rel_max"] == 0  # on the CPU the same runs end bitwise alike, whatever K
     table = (out / "gpu_check.txt").read_text()
-    assert all(f"{name} " in table for name in gc.STEPS) and "passed" in table
+    assert all(f"{name} " in table for name in gc.SMOKE_STEPS) and "passed" in table
 
 
 def test_step_past_its_limit_is_recorded_as_timed_out(tmp_path):

@@ -204,8 +204,8 @@ def test_plan_prints_the_gpu_estimate_of_the_paper_files(tmp_path, capsys):
     from study.cli import main
 
     readme = (Path(__file__).parent.parent / "bench" / "README.md").read_text()
-    assert "4,514 compiled" in readme and "868 compiled" in readme
-    sup, dino = 4514.0, 868.0
+    assert "1,527 compiled" in readme and "868 compiled" in readme
+    sup, dino = 1527.0, 868.0
     ib_train = 50_000 + 100_000 + 21 * 80  # CIFAR-100, Tiny ImageNet, UC Merced less its 20% test split
     ib = 5 * 100 * ib_train * (1 / dino + 1 / sup) + 30 * 6 * 1000 / sup  # 5 seeds, 2 trained objectives
     tgo = 5 * 100 * 126_689 / sup + 5 * 12 * 1000 / sup
@@ -222,6 +222,6 @@ def test_plan_prints_the_gpu_estimate_of_the_paper_files(tmp_path, capsys):
             == 0
         )
         line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("estimated GPU time"))
-        assert "on one H200" in line and "4,514 img/s" in line
+        assert "on one H200" in line and "1,527 img/s" in line
         assert f": {seconds / 3600:.1f} h for" in line, (line, seconds / 3600)
-    assert round(ib / 3600, 1) == 28.9 and round(tgo / 3600, 1) == 3.9
+    assert round(ib / 3600, 1) == 38.1 and round(tgo / 3600, 1) == 11.5

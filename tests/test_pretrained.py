@@ -332,3 +332,56 @@ def test_each_covariance_s_pseudo_values_are_computed_once_per_study(monkeypatch
     assert computed == [2, 1]  # the first claim's two rows, then only the wider claim's new one
     pd.testing.assert_frame_equal(a, b)
     pd.testing.assert_frame_equal(c, fresh)
+
+
+_NPZ_ONLY = """
+import json
+import timm, torch
+from safetensors.torch import save_file
+
+NAME = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # timm's registry: custom_load=True (JAX .npz origin)
+assert timm.models.get_pretrained_cfg(NAME).custom_load
+torch.manual_seed(0)
+want = timm.create_model(NAME, pretrained=False).state_dict()
+snap = HF / "hub" / f"models--timm--{NAME}" / "snapshots" / ("0" * 40)
+snap.mkdir(parents=True)
+(snap.parent.parent / "refs").mkdir()
+(snap.parent.parent / "refs" / "main").write_text("0" * 40)
+save_file({k: v.contiguous() for k, v in want.items()}, str(snap / "model.safetensors"))
+
+
+overlays = []
+create = timm.create_model
+
+
+def spy(name, *args, **kwargs):  # what build asks of timm: the overlay decides how timm reads the file
+    overlays.append(kwargs.get("pretrained_cfg_overlay"))
+    return create(name, *args, **kwargs)
+
+
+timm.create_model = spy
+from runners.pretrained import build
+
+model, key = build({"path": "timm:" + NAME, "model": "a"})
+same = all(torch.equal(v, want[k]) for k, v in model.state_dict().items())
+print(json.dumps({"key": key, "same": same, "custom_load": [o.get("custom_load") for o in overlays]}))
+"""
+
+
+def test_a_hub_model_whose_config_says_custom_load_is_read_as_a_state_dict(tmp_path):
+    """timm's augreg ViTs declare ``custom_load`` (their original weights were JAX .npz files); their hub
+    files are state dicts. timm 1.0.29 (seen on a GPU machine) kept ``custom_load`` for a file overlay and
+    handed the cached .safetensors to ``load_pretrained``, which reads .npz only (timm 1.0.31 drops it
+    itself): the source says ``custom_load: False`` for a state-dict file, and the weights are the file's."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = str(Path(__file__).parents[1])
+    script = f"from pathlib import Path\nHF = Path({str(tmp_path / 'hf')!r})\n" + _NPZ_ONLY
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {
+        "key": "(timm)",
+        "same": True,
+        "custom_load": [False],
+    }

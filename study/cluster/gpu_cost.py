@@ -12,8 +12,9 @@ Training images: the spec's ``n_train`` when it subsamples, else the dataset's k
 (what its dataset kind declares, ``runners.datasets.DatasetKind.train_images``; UC Merced after its
 per-class test split). An extraction image is counted as one
 supervised training image (forward + backward, about 3 forwards): the streaming extraction was measured
-at 3.05x a bf16 forward at 224 px on the same GPU, so this is about right, and at 6-12 checkpoints of
-1,000 images it is seconds per run against hours of training. Not included: evaluation (k-NN per DINO
+at 3.05x a bf16 forward at 224 px on the same GPU on 2026-11-30 and 11.5x on 2026-12-04 (with the
+probe-size extras, host-bound: bench/README.md), so an extraction image may cost ~4 training images; at
+6-12 checkpoints of 1,000 images that is still minutes per run against hours of training. Not included: evaluation (k-NN per DINO
 epoch), data loading before the first step, compilation (~1 minute per run), checkpoint writes.
 Only runs of the measured configuration get an estimate: the ViT-S/16 model (timm
 ``vit_small_patch16_224``, patch 16) at 224 px, with an objective whose ``throughput_key()`` names a
@@ -37,13 +38,17 @@ class _Measured(TypedDict):
     batch_size: int
 
 
-# Measured once on one NVIDIA H200 (torch 2.11.0+cu130, 2026-11-30) by `bench/gpu_check.py --steps
-# throughput`: a training step of ViT-S/16 at 224 px, batch 128, bf16 autocast, torch.compile, through the
-# project's own trainers (bench/README.md, "GPU check, measured once").
+# Measured on one NVIDIA H200 (torch 2.11.0+cu130) by `bench/gpu_check.py --steps throughput`: a training
+# step of ViT-S/16 at 224 px, batch 128, bf16 autocast, torch.compile, through the project's own trainers
+# (bench/README.md, "GPU check, measured"). supervised: 2026-12-04 (1,527 img/s; 4,514 on 2026-11-30, before
+# the steps stopped waiting for the device, timed then with a sync after every step); dino_paper:
+# 2026-11-30 (its compiled rate was not reached within the step's limit on 2026-12-04, where its eager rate
+# was 510 img/s against 620 on 2026-11-30, so 868 is likely high).
 MEASURED: _Measured = {
     "device": "one H200",
-    "source": "measured 2026-11-30 by bench/gpu_check.py: ViT-S/16, 224 px, batch 128, bf16, compiled",
-    "images_per_s": {"supervised": 4514.0, "dino_paper": 868.0},
+    "source": "measured by bench/gpu_check.py (supervised 2026-12-04, dino_paper 2026-11-30): ViT-S/16, "
+    "224 px, batch 128, bf16, compiled",
+    "images_per_s": {"supervised": 1527.0, "dino_paper": 868.0},
     "batch_size": 128,
 }
 
