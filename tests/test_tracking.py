@@ -378,7 +378,7 @@ def test_a_copied_store_is_refused_from_its_marker_before_the_store_opens(tmp_pa
     marker file beside ``mlflow.db`` names the folder the store was made in. Its own folder skips the scan."""
     import shutil
 
-    import study.tracking
+    import study.tracking.tracker
     from study.tracking.store import HOME_MARKER, check_home
     from study.tracking.tracker import Tracker
 
@@ -390,7 +390,7 @@ def test_a_copied_store_is_refused_from_its_marker_before_the_store_opens(tmp_pa
     def never(*args, **kwargs):
         raise AssertionError("the store was opened or scanned")
 
-    monkeypatch.setattr(study.tracking, "refuse_foreign_artifacts", never)
+    monkeypatch.setattr(study.tracking.tracker, "refuse_foreign_artifacts", never)
     Tracker(a, "tiny")  # its own folder: the marker says so, no scan
     monkeypatch.setattr("mlflow.tracking.MlflowClient", never)
     for experiment in ("tiny", "tiny_other"):  # a study new to the copy is refused the same way
