@@ -108,7 +108,9 @@ def test_a_source_whose_fill_writes_nothing_is_caught(tmp_path, monkeypatch):
 
     doc = {"name": "c", "design": {**copy.deepcopy(DESIGN), "checkpoints": [0, 1]}, "claims": [CLAIM]}
     (run,) = [r.model_dump() for r in plan_runs(parse_hypothesis(doc))]
-    monkeypatch.setattr(type(SOURCES["train"]), "fill", lambda self, *a, **k: {"status": "finished"})
+    # on the registered instance: tests that plant a source (tests/planted.py) leave an instance attribute
+    # behind once monkeypatch restores it, which a patch of the class would not reach
+    monkeypatch.setattr(SOURCES["train"], "fill", lambda *a, **k: {"status": "finished"})
     with pytest.raises(
         AssertionError, match="train: fill returned finished but .* is not a finished run folder"
     ):
