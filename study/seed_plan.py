@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -45,17 +45,25 @@ def _design_of(run: dict) -> dict:
     return {k: v for k, v in run.items() if k not in _NOT_IN_KEY}
 
 
-def finished_run_seconds(spec: RunSpec, runs_dir: Path) -> float | None:
-    """Mean training seconds of a run of ``spec``'s design (any seed) from finished runs' epoch times."""
-    want, times = _design_of(spec.model_dump()), []
+def _finished_results(spec: RunSpec, runs_dir: Path) -> Iterator[dict]:
+    """``result.json`` of every finished run of ``spec``'s design (any seed) under ``runs_dir``."""
+    want = _design_of(spec.model_dump())
     for path in sorted(Path(runs_dir).glob("*/result.json")) if Path(runs_dir).is_dir() else []:
         try:
             result = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        if result.get("status") == "finished" and _design_of(result.get("run") or {}) == want:
+            yield result
+
+
+def finished_run_seconds(spec: RunSpec, runs_dir: Path) -> float | None:
+    """Mean training seconds of a run of ``spec``'s design (any seed) from finished runs' epoch times."""
+    times = []
+    for result in _finished_results(spec, runs_dir):
         history = result.get("history") or []
         epoch_s = [h["epoch_s"] for h in history if isinstance(h.get("epoch_s"), int | float)]
-        if result.get("status") == "finished" and epoch_s and _design_of(result.get("run") or {}) == want:
+        if epoch_s:
             times.append(float(np.mean(epoch_s)) * spec.training["epochs"])
     return float(np.mean(times)) if times else None
 
@@ -63,17 +71,13 @@ def finished_run_seconds(spec: RunSpec, runs_dir: Path) -> float | None:
 def finished_measure_seconds(spec: RunSpec, runs_dir: Path) -> float | None:
     """Mean seconds of one checkpoint's measurement in finished runs of ``spec``'s design (any seed), from
     their ``measure_s``; None when none recorded it (runs from before it was recorded, imported runs)."""
-    want, times = _design_of(spec.model_dump()), []
-    for path in sorted(Path(runs_dir).glob("*/result.json")) if Path(runs_dir).is_dir() else []:
-        try:
-            result = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+    times = []
+    for result in _finished_results(spec, runs_dir):
         seconds = result.get("measure_s")
         seconds = (
             [v for v in seconds.values() if isinstance(v, int | float)] if isinstance(seconds, dict) else []
         )
-        if result.get("status") == "finished" and seconds and _design_of(result.get("run") or {}) == want:
+        if seconds:
             times.append(float(np.mean(seconds)))
     return float(np.mean(times)) if times else None
 
