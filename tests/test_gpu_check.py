@@ -192,3 +192,13 @@ def test_metric_errors_compare_flatness_absolutely():
     far[:48] = 1.0  # a different spectrum: flatness and the others fail
     table, _ = bx.metric_errors({("p", "all"): far}, {("p", "all"): ref})
     assert table["effective_rank"]["err"] > 1e-6
+
+
+def test_gpu_tests_collect_only_the_files_that_mark_tests_gpu():
+    """The GPU machine has no MLflow, Ray or optuna: collecting every test module there fails the step
+    before any GPU test runs (seen on the H200, 2026-12-04), so only gpu-marked files are collected."""
+    gc = _module()
+    files = gc.gpu_test_files()
+    assert "tests/test_gpu.py" in files
+    assert all("pytest.mark.gpu" in (REPO / f).read_text() for f in files)
+    assert "tests/test_tracking.py" not in files and len(files) < 5
