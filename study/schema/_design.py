@@ -26,8 +26,7 @@ from runners.objectives import (
 )
 from runners.sources import DEFAULT_SOURCE, SOURCES, DesignFacts, RunSource
 from runners.sources.base import declares
-from study.schema import _conditions as cond
-from study.schema._conditions import DEFAULT_MAX_RUNS, Cell, ConditionSpec, Labels
+from study.schema._conditions import DEFAULT_MAX_RUNS, Cell, ConditionSpec, Labels, check_size, expand
 from study.schema._conditions import FieldError as _FieldError
 from study.schema._errors import _error_of
 from study.schema._unions import DatasetSpec, ObjectiveSpec, SourceSpec
@@ -129,7 +128,7 @@ class Design(Strict):
                     raise _FieldError(
                         f"design.conditions[{i}].name", f"condition name {name!r} is used twice"
                     )
-        cells = cond.expand(
+        cells = expand(
             data if isinstance(data, dict) else design.model_dump(),
             design.conditions,
             design.factors,
@@ -142,7 +141,7 @@ class Design(Strict):
         return design
 
     def _check_size(self, cells: list[Cell], where: str) -> None:
-        cond.check_size(cells, len(self.datasets), len(self.seeds), self.max_runs, where)
+        check_size(cells, len(self.datasets), len(self.seeds), self.max_runs, where)
 
     def cells(self) -> list[Cell]:
         """The design's cells (``study.schema._conditions.Cell``): one unnamed cell (itself) without conditions."""
