@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from analysis.kinds import apply_controls, get_kind
 from analysis.kinds.base import NotTestable, Outcome, TableView
@@ -17,6 +15,9 @@ from analysis.probe import ProbeData, claim_rows, matched_table, multibootstrap,
 from vitstudy_core.errors import StudyError
 from vitstudy_core.fmt import fmt_num, fmt_p
 from vitstudy_core.runfolder import BLOCKS
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _evaluate_one(view: TableView, claim: Any, where: str, excluded: dict[int, str]) -> Outcome:

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy import stats
-from statsmodels.stats.power import TTestPower
 
 CI_LEVEL = 0.95  # every reported CI is a two-sided t interval at this level
 BOOTSTRAP_REPS = 400  # secondary display only; small so `analyze` stays fast
@@ -53,11 +51,13 @@ class TTest:
 
 def t_p(t: float, df: float, alternative: Alternative) -> float:
     """The p-value of a t statistic with ``df`` degrees of freedom for ``alternative``."""
+    from scipy.special import stdtr  # the t CDF that scipy.stats.t calls, without scipy.stats' import
+
     if alternative == "greater":
-        return float(stats.t.sf(t, df))
+        return float(stdtr(df, -t))
     if alternative == "less":
-        return float(stats.t.cdf(t, df))
-    return float(2 * stats.t.sf(abs(t), df))
+        return float(stdtr(df, t))
+    return float(2 * stdtr(df, -abs(t)))
 
 
 def t_test(x: np.ndarray, alternative: Alternative = "greater", null: float = 0.0) -> TTest:
@@ -71,6 +71,8 @@ def t_test(x: np.ndarray, alternative: Alternative = "greater", null: float = 0.
     Returns:
         A :class:`TTest`; its ``p`` is NaN when S < 2 or the seeds do not vary (no test possible).
     """
+    from scipy.special import stdtrit  # the t quantile that scipy.stats.t.ppf calls
+
     x = np.asarray(x, dtype=np.float64)
     n = x.size
     mean = float(x.mean()) if n else NAN
@@ -82,7 +84,7 @@ def t_test(x: np.ndarray, alternative: Alternative = "greater", null: float = 0.
     if not se > 1e-12 * max(1.0, abs(mean)):
         return TTest(mean, sd, n, NAN, NAN, (mean, mean))
     t = (mean - null) / se
-    q = stats.t.ppf(0.5 + CI_LEVEL / 2, n - 1)
+    q = stdtrit(n - 1, 0.5 + CI_LEVEL / 2)
     return TTest(mean, sd, n, float(t), t_p(t, n - 1, alternative), (mean - q * se, mean + q * se))
 
 
@@ -223,6 +225,8 @@ def bootstrap_ci(x: np.ndarray, reps: int = BOOTSTRAP_REPS, seed: int = 0) -> tu
     Returns:
         (low, high); NaN for S < 2; the point (mean, mean) for constant data (never NaN there).
     """
+    from scipy import stats
+
     x = np.asarray(x, dtype=np.float64)
     if x.size < 2:
         return (float("nan"), float("nan"))
@@ -251,6 +255,8 @@ def power_and_seeds_needed(d: float, n: int, alpha: float, target: float = 0.8) 
         (power, seeds needed for ``target`` power at this d, or None when d <= 0 or d is not finite:
         no number of seeds reaches it).
     """
+    from statsmodels.stats.power import TTestPower
+
     if not math.isfinite(d) or n < 2:
         return (float("nan"), None)
     analysis = TTestPower()
@@ -302,6 +308,8 @@ def per_seed_kendall(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
     A seed whose values are all tied gets tau = 0 (no ordering), not NaN.
     """
+    from scipy import stats
+
     out = np.empty(len(y))
     for s, row in enumerate(np.asarray(y, dtype=np.float64)):
         tau = stats.kendalltau(x, row).statistic

@@ -20,12 +20,14 @@ import math
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-from scipy import optimize, stats
 
 from analysis.inference import Alternative, TTest, per_seed_slopes, t_p, t_test
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 OLS_TOLERANCE = 0.01  # gap between MixedLM and OLS slopes, in slope SEs, that triggers a warning
 # A sound REML slope SE on balanced data equals the per-seed slopes' SE (interior fit) or departs from it
@@ -93,6 +95,8 @@ def _refine(theta: np.ndarray, parts: Parts) -> tuple[np.ndarray, bool, float]:
     point (3,), whether it meets the first-order conditions (numerical gradient), and the deviance/2
     (log-likelihood) gained over ``theta``."""
 
+    from scipy import optimize
+
     def dev(th: np.ndarray) -> float:
         try:
             value = parts(th).deviance
@@ -121,6 +125,8 @@ def _minimise(
     dev: Callable[[np.ndarray], float], start: np.ndarray, bounds: list[tuple[float | None, float | None]]
 ) -> tuple[np.ndarray, np.ndarray]:
     """The optimiser chain of :func:`_refine`: the best point (3,) and which diagonal entries ended near 0."""
+    from scipy import optimize
+
     lbfgs = {"ftol": 1e-15, "gtol": 1e-10, "maxiter": 2000}
     minimize: Callable[..., optimize.OptimizeResult] = (
         optimize.minimize
@@ -192,6 +198,8 @@ class MixedFit:
 
 def _long(x: np.ndarray, y: np.ndarray) -> pd.DataFrame:
     """(seed, x - mean(x), y) rows of a (S, T) array, NaN rows dropped."""
+    import pandas as pd
+
     n_seeds = y.shape[0]
     return pd.DataFrame(
         {
@@ -263,6 +271,8 @@ def fit_random_slopes(x: np.ndarray, y: np.ndarray, alternative: Alternative = "
         A :class:`MixedFit`. Never raises on degenerate data: a failed fit has NaN numbers and says why in
         ``warnings``.
     """
+    import pandas as pd
+
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     n_seeds = y.shape[0]
@@ -319,6 +329,8 @@ def _in_units(
     alternative: Alternative,
 ) -> MixedFit:
     """The standardised REML estimates back in the units of the data, the slope tested with t(S-1)."""
+    from scipy import stats
+
     fe, cov_fe = est.fe, est.cov_fe
     scale_fe = np.array([sy, slope_unit])  # back to units: intercept in y, slope in y per x
     slope = float(fe[1]) * slope_unit

@@ -18,8 +18,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import stats
-from statsmodels.stats.power import TTestPower
 
 MAX_SEEDS = 1000  # beyond this many seeds a plan says "more than the budget" instead of a number
 TARGETS = (0.8, 0.9)
@@ -27,6 +25,8 @@ TARGETS = (0.8, 0.9)
 
 def sd_upper_bound(sd: float, n: int, level: float = 0.8) -> float:
     """One-sided upper ``level`` confidence bound of a normal SD estimated from ``n`` values (chi-square)."""
+    from scipy import stats
+
     if n < 2 or not math.isfinite(sd):
         return float("nan")
     return float(sd * math.sqrt((n - 1) / stats.chi2.ppf(1 - level, n - 1)))
@@ -45,6 +45,8 @@ def seed_floor(labellings: int, alpha: float, contrasts: int = 1) -> int:
 
 def power(d: float, n: int, alpha: float, two_sided: bool = False, floor: int = 0) -> float:
     """Power of the one-sample t test with ``n`` seeds at standardised effect ``d`` (0 below ``floor``)."""
+    from statsmodels.stats.power import TTestPower
+
     if not math.isfinite(d) or n < 2:
         return float("nan")
     if n < floor:
@@ -58,6 +60,8 @@ def seeds_needed(
 ) -> int | None:
     """Smallest number of seeds (>= 2, >= ``floor``) whose power at ``d`` reaches ``target``; None when
     ``d <= 0`` or more than :data:`MAX_SEEDS` would be needed."""
+    from statsmodels.stats.power import TTestPower
+
     if not math.isfinite(d) or d <= 0:
         return None
     n = np.arange(max(2, floor), MAX_SEEDS + 1)

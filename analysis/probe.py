@@ -27,16 +27,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from analysis.observables import OBSERVABLES
 from analysis.spectral import METRICS, TOKEN_METRICS
 from vitstudy_core.errors import StudyError
 from vitstudy_core.runfolder import BLOCKS, PROBE, RunFolder
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 LABELS = {"images_1_4": "N/4", "images_1_2": "N/2"}  # probe.npz labels of the sensitivity table, in order
 MATCHED = "tokens_matched"
@@ -199,7 +201,7 @@ def matched_table(table: pd.DataFrame, claim: Any, probe: ProbeData, where: str)
     return out, target
 
 
-Evaluate = Callable[[pd.DataFrame], Any]  # a table -> the kind's Outcome (effect, ci, p_value)
+Evaluate = Callable[["pd.DataFrame"], Any]  # a table -> the kind's Outcome (effect, ci, p_value)
 
 
 def sensitivity(
@@ -344,6 +346,8 @@ def _effect(evaluate: Evaluate, rows: pd.DataFrame) -> float:
 
 def _relabel(rows: pd.DataFrame, draw: np.ndarray) -> pd.DataFrame:
     """A table of seeds ``draw`` (with repeats): draw j's rows become seed j."""
+    import pandas as pd
+
     by_seed = dict(tuple(rows.groupby("seed")))
     return pd.concat([by_seed[int(s)].assign(seed=j) for j, s in enumerate(draw)], ignore_index=True)
 

@@ -49,7 +49,6 @@ from functools import lru_cache
 from typing import Literal
 
 import numpy as np
-from scipy import integrate, optimize, stats
 
 Spending = Literal["obf", "pocock"]
 SPENDING_FUNCTIONS = ("obf", "pocock")
@@ -68,6 +67,8 @@ def alpha_spent(t: np.ndarray | float, alpha: float, spending: Spending = "obf")
     Returns:
         alpha(t), same shape as ``t``.
     """
+    from scipy import stats
+
     t = np.minimum(np.asarray(t, dtype=np.float64), 1.0)
     if spending == "obf":
         with np.errstate(divide="ignore"):
@@ -80,11 +81,15 @@ def alpha_spent(t: np.ndarray | float, alpha: float, spending: Spending = "obf")
 def _crossing(c: float, sqrt_t: float, sd: float, grid: np.ndarray, dens: np.ndarray) -> float:
     """P(no crossing before this look, Z >= c here): the sub-density ``dens`` of the previous score
     statistic on ``grid`` moved by an independent N(0, sd^2) increment."""
+    from scipy import integrate, stats
+
     return float(integrate.simpson(dens * stats.norm.sf((c * sqrt_t - grid) / sd), x=grid))
 
 
 @lru_cache(maxsize=4096)
 def _boundaries(fractions: tuple[float, ...], alpha: float, spending: Spending) -> tuple[float, ...]:
+    from scipy import integrate, optimize, stats
+
     t = np.minimum(np.asarray(fractions, dtype=np.float64), 1.0)
     if t.size == 0 or np.any(t <= 0) or np.any(np.diff(t) <= 0):
         raise ValueError(f"information fractions must increase within (0, 1], got {list(fractions)}")
@@ -142,6 +147,8 @@ def nominal_levels(fractions, alpha: float, spending: Spending = "obf", seeds=No
         seeds: (K,) seeds at each look. Without it: the z reference ``1 - Phi(c_k)``; with it: the
             t-calibrated levels ``P(t(S_k - 1) >= b_k)`` of :func:`t_boundaries` (0 where S_k < 2).
     """
+    from scipy import stats
+
     if seeds is None:
         return stats.norm.sf(z_boundaries(fractions, alpha, spending))
     seeds = np.atleast_1d(np.asarray(seeds, dtype=np.int64))
@@ -219,6 +226,8 @@ def t_boundaries(fractions, seeds, alpha: float, spending: Spending = "obf") -> 
 
 def t_critical(nominal: float, df: int) -> float:
     """The t(df) critical value of a one-sided nominal level (the stage boundary for a t statistic)."""
+    from scipy import stats
+
     return float(stats.t.isf(nominal, df)) if df >= 1 else math.inf
 
 

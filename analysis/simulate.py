@@ -6,10 +6,14 @@ so layers within a seed are correlated, as in real runs. Used by tests and ``ben
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from vitstudy_core.layers import layer_names
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PAPER_EPOCHS = np.array([0.0, 1.0, *range(10, 101, 10)])  # the papers' checkpoint epochs
 KNOB_LEVELS = np.linspace(0.0, 1.0, 5)  # a complexity knob's levels
@@ -84,6 +88,8 @@ def simulate_layer_table(
     **kw: float,
 ) -> pd.DataFrame:
     """A tidy table (analysis.table columns) of ``n_seeds`` simulated block profiles (see simulate_profiles)."""
+    import pandas as pd
+
     prof = simulate_profiles(shape, n_seeds, effect, rng, n_blocks, **kw)
     layers = layer_names(n_blocks)[2 : 2 + n_blocks]
     seeds = np.repeat(np.arange(n_seeds), n_blocks)
@@ -156,6 +162,8 @@ def simulate_study_table(
     offsets and noise. Sized by default like a full CPU study (5 x 3 x 15 x 11 x 8, two token sets); used
     by ``bench/analyze.py`` and the end-to-end claim tests.
     """
+    import pandas as pd
+
     rng = np.random.default_rng(seed)
     layers = layer_names(n_blocks)
     n_l, n_e = len(layers), len(epochs)

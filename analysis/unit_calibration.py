@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import brentq
 
 from analysis.kinds import get_kind
 from analysis.kinds.base import TableView
@@ -58,6 +57,8 @@ def step(h: float) -> np.ndarray:
 
 def tuned(shape: str, metric: str, target: float) -> np.ndarray:
     """A ``power`` or ``step`` spectrum whose population ``metric`` is ``target``."""
+    from scipy.optimize import brentq
+
     fn = METRICS[metric]
     if shape == "power":
         a = brentq(lambda x: fn(power_law(x)) - target, 1e-6, 10.0)

@@ -28,12 +28,14 @@ docs/statistics.md). The jackknife needs a metric recomputable from covariance s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from analysis.probe import ProbeData, _block_sums, claim_rows, resampled_values
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 UNITS = ("seeds", "images", "models")
 DEFAULT_UNIT = "seeds"
@@ -143,6 +145,8 @@ def pseudo_table(rows: pd.DataFrame, pseudo: np.ndarray, names: list[str] | None
     """The claim's rows with each (model, layer, ...) row replaced by its K pseudo-values as K "seeds"
     (seed = block index); with ``names`` (a pretrained source's models in seed order) the model's name
     goes in the ``condition`` column, so claims across models pair their blocks."""
+    import pandas as pd
+
     k = pseudo.shape[1]
     parts = []
     for j in range(k):

@@ -262,6 +262,29 @@ def evaluate_claims(
             sensitivity (``details.probe_sizes``), a matched-count note on an unequal-count warning,
             ``match_tokens`` and ``uncertainty: seeds+probe``; None (a table alone): none of these.
     """
+    outcomes = claim_outcomes(hyp, table, source, failed, probe)
+    adjusted: dict[int, float] = {}
+    method_of: dict[int, str] = {}
+    for fam, idx in families(hyp, post_hoc).items():
+        method = "holm" if fam == "confirmatory" else fam.split("/")[1]
+        for i, a in zip(idx, adjust([outcomes[i].p_value for i in idx], method), strict=True):
+            adjusted[i], method_of[i] = a, method
+    return [
+        _result(claim, o, adjusted[i], method_of[i])
+        for i, (claim, o) in enumerate(zip(hyp.claims, outcomes, strict=True))
+    ]
+
+
+def claim_outcomes(
+    hyp: Claims,
+    table: pd.DataFrame,
+    source: str = "hypothesis",
+    failed: dict[str, dict[int, str]] | None = None,
+    probe: ProbeData | None = None,
+) -> list[Outcome]:
+    """Every claim's outcome on ``table`` before multiplicity and the verdict rule (the part of
+    :func:`evaluate_claims` that reads the table, and so the part that can find a claim wrong for it:
+    ``validate`` runs just this on a synthetic table). Arguments as :func:`evaluate_claims`'s."""
     from analysis.units import model_names, population
 
     view = TableView.of(table)
@@ -281,16 +304,7 @@ def evaluate_claims(
         o.details["population"] = population(claim, names, list(o.seeds_used), n_images, blocks)
         if o.details.get("bottleneck_location"):  # verdicts.json holds the words every output prints
             o.details["bottleneck_location"]["text"] = bottleneck_text(o.details)
-    adjusted: dict[int, float] = {}
-    method_of: dict[int, str] = {}
-    for fam, idx in families(hyp, post_hoc).items():
-        method = "holm" if fam == "confirmatory" else fam.split("/")[1]
-        for i, a in zip(idx, adjust([outcomes[i].p_value for i in idx], method), strict=True):
-            adjusted[i], method_of[i] = a, method
-    return [
-        _result(claim, o, adjusted[i], method_of[i])
-        for i, (claim, o) in enumerate(zip(hyp.claims, outcomes, strict=True))
-    ]
+    return outcomes
 
 
 def _failed_seeds(claim: Any, failed: dict[str, dict[int, str]] | None) -> dict[int, str]:

@@ -302,20 +302,21 @@ def _with_scalars(table: pd.DataFrame, hyp: Hypothesis, seed: int = 0) -> pd.Dat
 
 def _check_claims(hyp: Hypothesis, file: str) -> None:
     """Each claim on the synthetic table it will meet (a sweep's, for a claim over a knob), in file order;
-    an error names the claim by its index in the file."""
-    from analysis.verdicts import evaluate_claims
+    an error names the claim by its index in the file. Only the outcomes are computed (the multiplicity
+    adjustment and power read no table and cannot fail on one)."""
+    from analysis.verdicts import claim_outcomes
 
     plain = _with_scalars(synthetic_table(hyp), hyp)
     swept = _with_scalars(synthetic_sweep_table(hyp), hyp) if hyp.sweep is not None else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fits on noise warn (singular covariances, ...): nothing to tell
         if swept is None:
-            evaluate_claims(hyp, plain, source=file)
+            claim_outcomes(hyp, plain, source=file)
             return
         for i, claim in enumerate(hyp.claims):
             one = hyp.model_copy(update={"claims": [claim]})
             try:
-                evaluate_claims(one, plain if claim.knob() is None else swept, source=file)
+                claim_outcomes(one, plain if claim.knob() is None else swept, source=file)
             except StudyError as exc:  # evaluated alone it is claims[0]: name it by its place in the file
                 where = (exc.file or "").replace(f"{file}: claims[0]", f"{file}: claims[{i}]")
                 raise StudyError(exc.message, where, exc.field) from None

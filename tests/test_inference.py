@@ -19,7 +19,7 @@ def test_bootstrap_ci_is_scipys_percentile_bootstrap(monkeypatch):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(inference.stats, "bootstrap", spy)
+    monkeypatch.setattr(stats, "bootstrap", spy)  # scipy.stats itself: inference imports it where it is used
     x = np.array([0.3, 1.2, -0.4, 2.2, 0.9])
     lo, hi = inference.bootstrap_ci(x)
     assert [c["method"] for c in calls] == ["percentile"] and calls[0][

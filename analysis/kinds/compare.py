@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import Field
 
 from analysis.inference import Alternative, opposite, t_test
@@ -18,6 +17,9 @@ from analysis.kinds._parts.rejection import contradiction
 from analysis.kinds._parts.scenario import Scenario, Trial
 from analysis.kinds._parts.selection import claim_view, paired
 from analysis.kinds._parts.table import TableView
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class CompareClaim(ClaimBase):

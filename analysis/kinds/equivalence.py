@@ -7,10 +7,9 @@ margin declared in the file, p = the larger of the two.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import Field
 
 from analysis.inference import t_p, tost
@@ -22,6 +21,9 @@ from analysis.kinds._parts.scenario import Scenario, Trial
 from analysis.kinds._parts.selection import claim_view, paired
 from analysis.kinds._parts.table import TableView
 from vitstudy_core.fmt import fmt_num, unit_of
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class EquivalenceClaim(ClaimBase):

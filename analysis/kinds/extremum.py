@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import Field
 
 from analysis.inference import TTest, t_test
@@ -24,6 +23,9 @@ from analysis.kinds._parts.scenario import Scenario, Trial
 from analysis.kinds._parts.selection import claim_view, paired
 from analysis.kinds._parts.table import TableView
 from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class ExtremumClaim(ClaimBase):

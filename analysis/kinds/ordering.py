@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import Field, model_validator
 
 from analysis.inference import JTTest, identical_rows, jonckheere_terpstra
@@ -37,6 +36,8 @@ from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.knobs import Knob
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from analysis.report.figures import Figure
 
 
@@ -167,6 +168,8 @@ def evaluate(
     metric units (layer-index units for ``argmin``) per step. Seeds are matched by seed id across datasets;
     a seed missing in any dataset is excluded.
     """
+    import pandas as pd
+
     view = claim_view(table, claim, where)
     excluded = dict(excluded or {})
     groups: list[str]
@@ -251,6 +254,8 @@ def _knob_groups(
 ) -> tuple[list[str], list[float], dict[str, pd.Series], dict[str, list[int]]]:
     """Over a knob: group labels ``knob=value`` (ascending), the values, and per group the per-seed summary
     (the mean over trials sharing the value, when a sweep varies other knobs too) and token counts."""
+    import pandas as pd
+
     knob = claim.over
     assert knob is not None
     df, _ = knob_rows(view, claim, knob, where)

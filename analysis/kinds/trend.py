@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import Field, model_validator
 
 from analysis.inference import (
@@ -48,6 +47,8 @@ from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.knobs import Knob
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from analysis.report.figures import Figure
 
 
@@ -149,6 +150,8 @@ def _series(
 ) -> tuple[np.ndarray, dict[str, pd.DataFrame], dict[str, pd.DataFrame]]:
     """x, the (seed x point) frame per series and per layer, the points being the values of ``col``
     (epoch or a knob); one row per seed of ``seeds`` (NaN where it has no rows)."""
+    import pandas as pd
+
     cube = df.pivot_table(index="seed", columns=["layer", col], values="value", aggfunc="mean")
     cube = cube.reindex(index=seeds)
     x = np.asarray(points, dtype=np.float64)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import Field, field_validator
 
 from analysis.inference import t_test
@@ -40,6 +39,8 @@ from vitstudy_core.fmt import fmt_interval, fmt_num, fmt_p, unit_of
 from vitstudy_core.settings import Strict
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from analysis.report.figures import Figure
 
 

@@ -26,7 +26,6 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from analysis.inference import Alternative
@@ -51,6 +50,8 @@ from vitstudy_core.fmt import fmt_num, fmt_p, unit_of
 from vitstudy_core.settings import Strict
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from analysis.report.figures import Figure
 
 ACROSS_KINDS = ("differs", "exceeds", "holds_in_all")

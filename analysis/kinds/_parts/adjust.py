@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from analysis.inference import Alternative, opposite, t_test
 from analysis.kinds._parts.outcome import Outcome, Statistic, few_seeds_warning, std_effect
@@ -27,6 +26,9 @@ from analysis.kinds._parts.rejection import Estimate, contradiction
 from analysis.kinds._parts.scenario import Trial
 from analysis.kinds._parts.selection import complete_seeds
 from vitstudy_core.errors import StudyError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLLINEAR_R2 = 0.9  # a seed whose covariate explains this share of the knob's variation warns
 
@@ -98,6 +100,8 @@ def adjusted_statistics(x: np.ndarray, y: np.ndarray, z: np.ndarray, direction: 
 
 def covariate_column(df: pd.DataFrame, name: str, where: str) -> None:
     """One-line error when the table has no column ``name``, or no value of it in these rows."""
+    import pandas as pd
+
     if name not in df.columns:
         raise StudyError(
             f"the table has no column {name!r}: the runs record no such per-run scalar here (run and sweep "
@@ -156,6 +160,8 @@ def adjusted_outcome(
 def group_covariate(rows: dict[Any, pd.DataFrame], name: str, where: str) -> pd.DataFrame:
     """(seed x group) the covariate's mean over each group's rows (a dataset's, or a knob value's across
     the trials that share it), groups in the given order; one-line error when the table lacks it."""
+    import pandas as pd
+
     for df in rows.values():
         covariate_column(df, name, where)
     cols = {g: pd.to_numeric(df[name], errors="coerce").groupby(df["seed"]).mean() for g, df in rows.items()}

@@ -11,7 +11,6 @@ import re
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import Field, field_validator, model_validator
 
 from analysis.observables import ALL_METRICS
@@ -20,6 +19,8 @@ from vitstudy_core.layers import TokenSet
 from vitstudy_core.settings import Strict
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from analysis.kinds._parts.outcome import Outcome
 
 
@@ -166,6 +167,8 @@ class ClaimBase(Strict):
     def seed_effect(self, outcome: Outcome) -> pd.Series:
         """Per seed (index: seed id) the claim's effect signed so that positive is the claimed direction,
         from its :class:`Outcome` (what ``differs``, ``exceeds`` and ``controls`` compare)."""
+        import pandas as pd
+
         if not outcome.seed_effects:
             raise StudyError(self.cross_problem() or "no per-seed effect to compare", "claim")
         return pd.Series(outcome.seed_effects, dtype=np.float64).sort_index()

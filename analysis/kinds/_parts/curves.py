@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def crossing(x: np.ndarray, y: np.ndarray, level: float) -> dict[str, Any]:
@@ -135,6 +137,8 @@ def no_interior_minimum(location: dict[str, Any]) -> str | None:
 def summarise_layers(wide: pd.DataFrame, summary: str, order: dict[str, int]) -> pd.Series:
     """Per seed, one number from a (seed x layer) frame: ``mean``, ``min``, ``range`` (max - min) or
     ``argmin`` (the depth index ``order[layer]`` of the minimum); NaN where a seed misses a layer."""
+    import pandas as pd
+
     if summary == "mean":
         return wide.mean(axis=1, skipna=False)
     if summary == "min":

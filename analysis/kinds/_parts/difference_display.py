@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from vitstudy_core.fmt import fmt_num, fmt_p
 
 if TYPE_CHECKING:
@@ -42,6 +40,7 @@ def effects_figure(
     """Two (or more) conditions' per-seed effects side by side: one dot per seed (joined across conditions
     by seed id), the mean with its 95% t CI per condition, each in its colour of the study's palette
     (``colours``; default: the palette of these conditions alone)."""
+    import pandas as pd
 
     from analysis.report.figures import Figure, _png, new_figure, t_band
     from analysis.report.palette import condition_colours

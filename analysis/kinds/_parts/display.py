@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-import pandas as pd
-
 if TYPE_CHECKING:
+    import pandas as pd
+
     from analysis.report.figures import Figure
 
 

@@ -5,14 +5,16 @@ condition (:func:`condition_values`), the seeds complete in every slice and the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from analysis.kinds._parts.claim import Condition
 from analysis.kinds._parts.table import OneLevel, TableView
 from vitstudy_core.errors import StudyError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def knob_levels_of(df: pd.DataFrame, knob: str, where: str) -> list[float]:
@@ -92,6 +94,8 @@ def condition_values(
 
 def token_counts(rows: pd.DataFrame) -> list[int]:
     """The distinct token counts behind a slice's covariances (``n_tokens`` column; -1 = unknown)."""
+    import pandas as pd
+
     if "n_tokens" not in rows:
         return []
     return sorted({int(n) for n in rows.n_tokens.unique() if pd.notna(n) and n >= 0})

@@ -4,9 +4,12 @@ errors of a table that cannot test a claim (:class:`NotTestable`, :class:`OneLev
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from vitstudy_core.errors import StudyError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class NotTestable(StudyError):
