@@ -10,6 +10,10 @@ it (timm's own ``list_modules``, ``list_models(module=...)`` and ``get_deprecate
 kept in ``$XDG_CACHE_HOME/vitstudy/timm_models.json`` (default ``~/.cache/vitstudy/``). The installed
 version is read from the package metadata, not by importing timm; another version refills the table.
 
+A pretrained model's config and the eval preprocessing timm derives from it (``pretrained_cfg``,
+``data_config``: what ``validate`` and ``plan`` put in a pretrained run's key) are kept the same way, asked
+of timm the first time a name or a config is met.
+
 What a model looks like once built (patch size, depth, width, heads: timm builds it on the meta device,
 no memory, no weights) is asked of timm the first time a model and its overrides are met and then kept
 in the same file. A name the table does not know (a model registered after the table was filled, e.g. by
@@ -182,6 +186,44 @@ def built_shape(model: dict) -> dict[str, int] | None:
         _save(found)
     shape = found["built"][key]
     return dict(shape) if shape is not None else None
+
+
+def _remembered(part: str, key: str, ask: Any) -> Any:
+    """``table()[part][key]``, asked of timm (``ask()``, a JSON value) and kept the first time."""
+    found = table().setdefault(part, {})
+    if key not in found:
+        found[key] = json.loads(json.dumps(ask()))  # as the file will hold it: tuples read back as lists
+        _save(table())
+    return found[key]
+
+
+def _ask_pretrained_cfg(name: str) -> dict | None:
+    import timm.models
+
+    try:
+        cfg = timm.models.get_pretrained_cfg(name, allow_unregistered=False)
+    except Exception:  # noqa: BLE001 - timm raises RuntimeError / KeyError for an unknown name or tag
+        return None
+    return cfg.to_dict() if cfg is not None else None
+
+
+def pretrained_cfg(name: str) -> dict | None:
+    """timm's pretrained config of a model name with its tag (``get_pretrained_cfg(name).to_dict()``, its
+    tuples as lists), or None when timm registers none under that name: asked of timm once per name."""
+    return _remembered("pretrained", name, lambda: _ask_pretrained_cfg(name))
+
+
+def _ask_data_config(cfg: dict) -> dict:
+    from timm.data import resolve_data_config
+
+    out = resolve_data_config(pretrained_cfg=cfg)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+
+
+def data_config(cfg: dict) -> dict:
+    """timm's eval data config (``resolve_data_config(pretrained_cfg=cfg)``, tuples as lists) of a
+    pretrained config: asked of timm once per config."""
+    return _remembered("data_config", _key(cfg), lambda: _ask_data_config(cfg))
 
 
 def patch_in_name(name: str) -> int | None:

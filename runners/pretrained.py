@@ -44,17 +44,14 @@ def _hub_repo(name: str) -> tuple[str, str | None, dict | None]:
         repo = name.removeprefix("hf-hub:").split("@")[0]
         cfg = _cached_json(repo, "config.json")
         return repo, None, (cfg or {}).get("pretrained_cfg")
-    import timm
+    from runners.model_table import pretrained_cfg
 
-    try:
-        known = timm.models.get_pretrained_cfg(name, allow_unregistered=False)
-    except Exception:  # noqa: BLE001 - timm raises RuntimeError / KeyError for an unknown name
-        known = None
-    if known is None or not known.hf_hub_id:
+    known = pretrained_cfg(name)
+    if known is None or not known.get("hf_hub_id"):
         raise StudyError(
             f"timm knows no pretrained weights on the Hugging Face hub named {name!r}", None, _FIELD
         )
-    return known.hf_hub_id.split("@")[0], known.hf_hub_filename, known.to_dict()
+    return known["hf_hub_id"].split("@")[0], known.get("hf_hub_filename"), known
 
 
 def _cached(repo: str, filename: str) -> Path | None:
@@ -85,27 +82,22 @@ def weights_file(record: dict) -> Path | None:
 def data_config(pretrained_cfg: dict | None, model_args: dict) -> dict:
     """timm's eval data config (``resolve_data_config``) of a pretrained config, as plain JSON values; an
     ``img_size`` in ``model_args`` sets the input size (timm keeps the config's otherwise)."""
-    from timm.data import resolve_data_config
+    from runners import model_table
 
     cfg = dict(pretrained_cfg or {})
     size = model_args.get("img_size")
     if size is not None:
         cfg["input_size"] = (3, int(size), int(size))
-    out = resolve_data_config(pretrained_cfg=cfg)
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+    return model_table.data_config(cfg)
 
 
 def _pretrained_cfg(record: dict) -> dict | None:
     path = str(record["path"])
     if path.startswith(HUB):
         return _hub_repo(path.removeprefix(HUB))[2]
-    import timm
+    from runners.model_table import pretrained_cfg
 
-    try:
-        cfg = timm.models.get_pretrained_cfg(record["timm"])
-    except Exception:  # noqa: BLE001
-        cfg = None
-    return cfg.to_dict() if cfg is not None else None
+    return pretrained_cfg(record["timm"])
 
 
 def preprocessing_of(record: dict) -> dict:

@@ -1,6 +1,6 @@
 """The verbs that train nothing import no torch, timm or torchvision, and no MLflow or matplotlib where
 they do not need them: each verb runs in a fresh ``python -m study`` process that prints, as it exits,
-every top-level module it imported (issue 49)."""
+every module it imported (issue 49)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,27 @@ HEAVY = TRAINING | {"mlflow", "matplotlib"}
 # at exit, the top-level names of every module this process imported, on one line of stderr
 PROBE = """\
 import atexit, runpy, sys
-atexit.register(lambda: print("MODULES", *sorted({m.split(".")[0] for m in sys.modules}), file=sys.__stderr__))
+atexit.register(lambda: print("MODULES", *sorted(sys.modules), file=sys.__stderr__))
 sys.argv = ["study", *sys.argv[1:]]
 runpy.run_module("study", run_name="__main__", alter_sys=True)
 """
 
 
-def _imported(*args: str) -> tuple[set[str], subprocess.CompletedProcess]:
+def _imported(
+    *args: str, env: dict | None = None, full: bool = False
+) -> tuple[set[str], subprocess.CompletedProcess]:
+    """The modules ``python -m study ARGS`` imported (top-level names; every dotted name with ``full``)."""
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE, *args], env=env_for(), capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", PROBE, *args],
+        env=env or env_for(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("MODULES ")]
     assert lines, proc.stderr
-    return set(lines[-1].split()[1:]), proc
+    names = set(lines[-1].split()[1:])
+    return (names if full else {m.split(".")[0] for m in names}), proc
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +93,64 @@ def test_the_probe_sees_what_a_verb_imports(finished):
     loaded, proc = _imported("plan", str(hyp), "--out", str(out / "elsewhere"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert TRAINING <= loaded
+
+
+# the statistics stack: validate's dry run of a claim tests on a synthetic table, and plugins lists parts
+STATS = {"scipy.stats", "statsmodels", "pandas"}
+STATS_ALLOWED = {
+    "validate": {"pandas"},  # the synthetic table; a t-test claim needs scipy.special only
+    "plugins": set(),
+}
+
+
+@pytest.mark.parametrize("verb", list(STATS_ALLOWED))
+def test_validate_and_plugins_import_no_statistics_stack_they_do_not_use(finished, verb):
+    args, _ = VERBS[verb]
+    loaded, proc = _imported(*args(*finished), full=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert loaded & STATS <= STATS_ALLOWED[verb], (
+        f"{verb} imported {sorted(loaded & STATS - STATS_ALLOWED[verb])}"
+    )
+
+
+def test_validate_of_published_models_asks_timm_once(tmp_path):
+    """A pretrained source's run keys hold timm's preprocessing of each model: the first validate asks
+    timm (and imports it), the next reads the answer from the model table and imports neither timm nor
+    torch; both give the same message."""
+    from tests.zoo_cache import DESIGN_MODEL, hub_cache
+
+    hub = hub_cache(tmp_path / "hf", {"tiny_a": 0, "tiny_b": 1})
+    hyp = tmp_path / "zoo.yaml"
+    hyp.write_text(
+        json.dumps(
+            {
+                "name": "zoo",
+                "design": {
+                    "datasets": [{"name": "objects", "n_train": 32, "n_test": 256, "image_size": 16}],
+                    "model": DESIGN_MODEL,
+                    "probe": {"size": 256, "blocks": 8},
+                    "source": {
+                        "kind": "pretrained",
+                        "models": {"a": "hf-hub:timm/tiny_a", "b": "hf-hub:timm/tiny_b"},
+                    },
+                },
+                "claims": [
+                    {
+                        "name": "c",
+                        "kind": "u_shape",
+                        "unit": "models",
+                        "metric": "eed_pct",
+                        "subset": {"dataset": "objects"},
+                        "regions": {"early": ["pos_embed"], "bottleneck": ["block_01"], "late": ["norm"]},
+                    }
+                ],
+            }
+        )
+    )
+    env = {**env_for(), "HF_HOME": str(hub), "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first, proc1 = _imported("validate", str(hyp), env=env)
+    second, proc2 = _imported("validate", str(hyp), env=env)
+    assert proc1.returncode == proc2.returncode == 0, proc1.stderr[-2000:] + proc2.stderr[-2000:]
+    assert proc1.stdout == proc2.stdout
+    assert "timm" in first  # asked once: the check can see timm
+    assert not second & TRAINING, f"the second validate imported {sorted(second & TRAINING)}"
