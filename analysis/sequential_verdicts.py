@@ -14,8 +14,7 @@ from analysis.verdicts import (
     REJECTED,
     ClaimResult,
     Claims,
-    families,
-    first_step_levels,
+    Families,
 )
 from vitstudy_core.fmt import fmt_p
 
@@ -28,12 +27,12 @@ def decide_sequential(
     looks: list[list[ClaimResult]],
     seeds_at: list[int],
     max_seeds: int,
+    fams: Families,
     spending: Spending = "obf",
-    post_hoc: set[str] | None = None,
 ) -> list[ClaimResult]:
     """Verdicts of a study that added seeds between looks (group-sequential, ``analysis.sequential``).
 
-    Each family (:func:`families`) is tested with group-sequential Holm (``none``: each claim at its own
+    Each family (``fams``, :func:`analysis.verdicts.families`, the looks' own) is tested with group-sequential Holm (``none``: each claim at its own
     alpha; ``bh``: Holm, which also bounds the false discovery rate) over the looks' one-sided stage
     p-values, with boundaries from ``spending`` at information fractions ``seeds_at / max_seeds``, as
     t-calibrated nominal levels at each look's planned seeds (``analysis.sequential.nominal_levels``). A claim
@@ -55,8 +54,8 @@ def decide_sequential(
     fractions = [n / max_seeds for n in seeds_at]
     p = np.array([[look[i].p_value for look in looks] for i in range(len(hyp.claims))], dtype=np.float64)
     crossed: dict[int, tuple[int | None, float]] = {}  # (look crossed or None, the level last tested at)
-    for fam, idx in families(hyp, post_hoc).items():
-        alphas = [hyp.claims[i].alpha for i in idx]
+    for fam, idx in fams.items():
+        alphas = [fams.alphas[i] for i in idx]
         weighted = not fam.endswith("/none")
         got = sequential_holm_levels(p[idx], alphas, fractions, spending, weighted, seeds_at)
         crossed.update(zip(idx, got, strict=True))
@@ -102,15 +101,15 @@ def looks_spent(
     results: list[ClaimResult],
     seeds_at: list[int],
     max_seeds: int,
+    fams: Families,
     spending: Spending = "obf",
-    post_hoc: set[str] | None = None,
 ) -> list[dict]:
     """The study's looks as :func:`decide_sequential` decided them (verdicts.json ``sequential.looks``).
 
     The deciding family is the confirmatory one (every claim, if none is confirmatory: the claims
     ``run --until-decided`` waits for). At each look, ``alpha_spent`` is what that family has spent by
     then: the sum over its claims of ``spending`` at each claim's first-step level (its alpha over its
-    family's size, :func:`analysis.verdicts.first_step_levels`; the sum bounds the family's error), and
+    family's size, :attr:`analysis.verdicts.Families.first_step_levels`; the sum bounds the family's error), and
     ``by_claim`` is each claim's own spending at the level it was tested at (its ``sequential.looks``).
 
     Args:
@@ -123,8 +122,7 @@ def looks_spent(
     from analysis.sequential import alpha_spent
 
     fractions = np.asarray([n / max_seeds for n in seeds_at], dtype=np.float64)
-    deciding = families(hyp, post_hoc).get("confirmatory") or range(len(hyp.claims))
-    first = first_step_levels(hyp, post_hoc)
+    deciding, first = fams.deciding, fams.first_step_levels
     family = np.sum([alpha_spent(fractions, first[i], spending) for i in deciding], axis=0)
     return [
         {

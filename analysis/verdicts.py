@@ -29,7 +29,7 @@ outcome, probe-size checks included, is computed in ``analysis.claim_outcome``.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import ItemsView, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -212,31 +212,59 @@ def _seeds_probe_rule(claim: Any, o: Outcome, verdict: str, reason: str) -> tupl
     )
 
 
-def families(hyp: Claims, post_hoc: set[str] | None = None) -> dict[str, list[int]]:
-    """Claim indices per multiplicity family: ``confirmatory`` and ``exploratory/<adjust>``.
+@dataclass(frozen=True)
+class Families:
+    """A hypothesis's claims in their multiplicity families, with each claim's alpha and level: resolved
+    once (:func:`families`) and handed to everything that adjusts, decides or plans by family (the
+    fixed-sample verdicts, the group-sequential rule, its looks' spending, the stopping check and seed
+    planning), so no reader recomputes it.
 
-    A confirmatory claim named in ``post_hoc`` (registered after its data existed) joins ``exploratory/holm``.
+    ``groups``: family -> claim indices, ``confirmatory`` and ``exploratory/<adjust>`` in the claims'
+    order of first appearance; ``alphas``: each claim's own alpha, by index.
+    """
+
+    groups: dict[str, list[int]]
+    alphas: tuple[float, ...]
+
+    def items(self) -> ItemsView[str, list[int]]:
+        return self.groups.items()
+
+    @staticmethod
+    def method(family: str) -> str:
+        """The family's adjustment: ``holm`` for the confirmatory family, else its ``adjust``."""
+        return "holm" if family == "confirmatory" else family.split("/")[1]
+
+    @property
+    def deciding(self) -> Sequence[int]:
+        """The claims a study waits for: the confirmatory ones (every claim, if none is confirmatory)."""
+        return self.groups.get("confirmatory") or range(len(self.alphas))
+
+    @property
+    def first_step_levels(self) -> dict[int, float]:
+        """Each claim's level at the first step of its family's multiplicity rule: ``alpha / m`` in a
+        family of m claims (Holm, and BH's first step), ``alpha`` in an ``exploratory/none`` family. The
+        one place a claim's alpha is divided: seed planning and the sequential summary read it.
+
+        Returns:
+            claim index -> level.
+        """
+        level: dict[int, float] = {}
+        for fam, idx in self.groups.items():
+            m = 1 if fam.endswith("/none") else len(idx)
+            level.update({i: self.alphas[i] / m for i in idx})
+        return level
+
+
+def families(hyp: Claims, post_hoc: set[str] | None = None) -> Families:
+    """The claims' multiplicity families (:class:`Families`): confirmatory claims form one Holm family,
+    exploratory ones one family per ``adjust``. A confirmatory claim named in ``post_hoc`` (registered after
+    its data existed) joins ``exploratory/holm``.
     """
     out: dict[str, list[int]] = {}
     for i, c in enumerate(hyp.claims):
         confirmatory = c.confirmatory and c.name not in (post_hoc or set())
         out.setdefault("confirmatory" if confirmatory else f"exploratory/{c.adjust}", []).append(i)
-    return out
-
-
-def first_step_levels(hyp: Claims, post_hoc: set[str] | None = None) -> dict[int, float]:
-    """Each claim's level at the first step of its family's multiplicity rule (:func:`families`):
-    ``alpha / m`` in a family of m claims (Holm, and BH's first step), ``alpha`` in an ``exploratory/none``
-    family. The one place a claim's alpha is divided: seed planning and the sequential summary read it.
-
-    Returns:
-        claim index -> level.
-    """
-    level: dict[int, float] = {}
-    for fam, idx in families(hyp, post_hoc).items():
-        m = 1 if fam.endswith("/none") else len(idx)
-        level.update({i: hyp.claims[i].alpha / m for i in idx})
-    return level
+    return Families(out, tuple(float(c.alpha) for c in hyp.claims))
 
 
 def evaluate_claims(
@@ -246,6 +274,7 @@ def evaluate_claims(
     failed: dict[str, dict[int, str]] | None = None,
     post_hoc: set[str] | None = None,
     probe: ProbeData | None = None,
+    fams: Families | None = None,
 ) -> list[ClaimResult]:
     """Test every claim of a hypothesis on a tidy table, adjust for multiplicity, apply the verdict rule.
 
@@ -261,12 +290,14 @@ def evaluate_claims(
         probe: the runs' probe files (``analysis.probe``): each claim then also gets its probe-size
             sensitivity (``details.probe_sizes``), a matched-count note on an unequal-count warning,
             ``match_tokens`` and ``uncertainty: seeds+probe``; None (a table alone): none of these.
+        fams: the claims' families as the caller resolved them (:func:`families`, with ``post_hoc``
+            already applied: then ``post_hoc`` is not read); None: resolved here from ``post_hoc``.
     """
     outcomes = claim_outcomes(hyp, table, source, failed, probe)
     adjusted: dict[int, float] = {}
     method_of: dict[int, str] = {}
-    for fam, idx in families(hyp, post_hoc).items():
-        method = "holm" if fam == "confirmatory" else fam.split("/")[1]
+    for fam, idx in (fams or families(hyp, post_hoc)).items():
+        method = Families.method(fam)
         for i, a in zip(idx, adjust([outcomes[i].p_value for i in idx], method), strict=True):
             adjusted[i], method_of[i] = a, method
     return [

@@ -31,7 +31,7 @@ import numpy as np
 from analysis.kinds import get_kind
 from analysis.kinds.base import TableView
 from analysis.power import MAX_SEEDS, plan_claim
-from analysis.verdicts import first_step_levels
+from analysis.verdicts import families
 from study.cluster.gpu_cost import format_estimate, gpu_estimate
 from study.pipeline.triage import plan as plan_runs
 from study.runspecs import RunSpec
@@ -163,7 +163,7 @@ def _pilot_table(hyp: Hypothesis, out_dir: Path, pilot: Path | None):
 def plan_claims(hyp: Hypothesis, table, source: str = "pilot") -> list[dict]:
     """One plan row per claim (``analysis.power.plan_claim`` plus the claim's name, kind and level)."""
     view = TableView.of(table) if table is not None else None
-    level = first_step_levels(hyp)
+    level = families(hyp).first_step_levels
     rows = []
     for i, claim in enumerate(hyp.claims):
         kind = get_kind(claim.kind)

@@ -124,3 +124,22 @@ def test_the_code_digest_sees_any_change_to_an_analysis_source(tmp_path, monkeyp
     source = copy / "verdicts.py"
     source.write_text(source.read_text() + "\n# a comment is a change\n")
     assert rerun.code_digest() != first
+
+
+def test_a_rerun_that_recomputes_plans_once_and_resolves_the_families_once(copied, capsys, monkeypatch):
+    """One plan per study (the rerun check's is the first look's) and one families() per look, handed
+    to the verdicts (the values' single place: study.pipeline.orchestrate)."""
+    import analysis.verdicts as verdicts
+    import study.pipeline.orchestrate as orchestrate
+    import study.pipeline.triage as triage
+
+    path, out, argv = copied
+    planned, resolved = [], []
+    plan_runs, families = triage.plan_runs, verdicts.families
+    monkeypatch.setattr(triage, "plan_runs", lambda *a, **k: planned.append(1) or plan_runs(*a, **k))
+    monkeypatch.setattr(orchestrate, "families", lambda *a, **k: resolved.append(1) or families(*a, **k))
+    monkeypatch.setattr(verdicts, "families", lambda *a, **k: pytest.fail("families resolved again"))
+    path.write_text(TINY_HYPOTHESIS.replace("  - name: u\n", "  - name: u once\n"))
+    assert main(argv) == 0
+    assert UNCHANGED not in capsys.readouterr().out
+    assert (len(planned), len(resolved)) == (1, 1)

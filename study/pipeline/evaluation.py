@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.verdicts import ClaimResult, evaluate_claims
+from analysis.verdicts import ClaimResult, Families, evaluate_claims
 from study.schema import Hypothesis
 from vitstudy_core.errors import StudyError
 
@@ -20,15 +20,19 @@ def evaluate(
     failed_seeds=None,
     post_hoc: set[str] | None = None,
     runs_dir: Path | None = None,
+    fams: Families | None = None,
 ) -> list[ClaimResult]:
     """Stage 6: every claim tested, adjusted and decided (``analysis.verdicts``); ``post_hoc`` claims
     (registered after their data existed) are adjusted as exploratory. With ``runs_dir`` the runs' probe
-    files give each claim its probe-size sensitivity, ``match_tokens`` and ``uncertainty: seeds+probe``."""
+    files give each claim its probe-size sensitivity, ``match_tokens`` and ``uncertainty: seeds+probe``.
+    ``fams``: the claims' families as the caller resolved them (``analysis.verdicts.families``)."""
     from analysis.probe import ProbeData
 
     check_token_metrics(hyp, table, source)
     probe = ProbeData.of_table(table, runs_dir) if runs_dir is not None else None
-    return evaluate_claims(hyp, table, source=source, failed=failed_seeds, post_hoc=post_hoc, probe=probe)
+    return evaluate_claims(
+        hyp, table, source=source, failed=failed_seeds, post_hoc=post_hoc, probe=probe, fams=fams
+    )
 
 
 def check_token_metrics(hyp: Hypothesis, table: pd.DataFrame, source: str) -> None:

@@ -26,7 +26,7 @@ import pandas as pd
 
 from analysis.sequential import Spending
 from analysis.sequential_verdicts import decide_sequential, looks_spent
-from analysis.verdicts import INCONCLUSIVE, ClaimResult, families, format_verdicts
+from analysis.verdicts import INCONCLUSIVE, ClaimResult, Families, families, format_verdicts
 from study import registration, rerun
 from study.pipeline import evaluation, outputs, stages
 from study.pipeline import tables as run_tables
@@ -107,13 +107,15 @@ def _train_look(
     opts: stages.RunOptions,
     log,
     on_triaged=None,
+    specs: list | None = None,
 ) -> tuple[stages.Filled, run_tables.Collected]:
     """Fill (``stages.fill_runs``) and collect the runs of one look.
 
     ``done``: keys handled by earlier looks (never retrained, not counted as reused); updated here.
-    ``on_triaged(specs, tri)``: called before training.
+    ``on_triaged(specs, tri)``: called before training. ``specs``: the look's runs when the caller has
+    planned them (the first look's are the study's plan); None: planned here.
     """
-    specs = run_triage.plan(hyp, out_dir / "data")
+    specs = specs if specs is not None else run_triage.plan(hyp, out_dir / "data")
     new = [s for s in specs if s.key not in done]
     filled = stages.fill_runs(new, out_dir, hyp, tracker, opts, log, on_triaged=on_triaged)
     collected = run_tables.collect_table(specs, out_dir / "runs", hyp.design.layers, filled.failed)
@@ -123,10 +125,9 @@ def _train_look(
     return stages.Filled(specs, filled.tri, filled.failed, filled.data), collected
 
 
-def _decided(hyp: Hypothesis, results: list[ClaimResult], post_hoc: set[str]) -> bool:
+def _decided(results: list[ClaimResult], fams: Families) -> bool:
     """Every confirmatory claim (every claim, if none is confirmatory) is ACCEPTED or REJECTED."""
-    idx = families(hyp, post_hoc).get("confirmatory") or range(len(hyp.claims))
-    return all(results[i].verdict != INCONCLUSIVE for i in idx)
+    return all(results[i].verdict != INCONCLUSIVE for i in fams.deciding)
 
 
 def _run_looks(
@@ -135,14 +136,16 @@ def _run_looks(
     out_dir: Path,
     tracker: TrackerProtocol,
     plan: SequentialPlan | None,
+    schedule: list[list[int]],
+    planned: list,
     opts: stages.RunOptions,
     log,
     reg: dict,
 ) -> _Looked:
-    """Every look of the study."""
+    """Every look of the study: ``schedule``, the seeds of each (:func:`seed_schedule`); ``planned``, the
+    study's plan, which is the first look's."""
     done: set[str] = set()
     merged, looks, seeds_at = stages.Filled(), [], []
-    schedule = seed_schedule(hyp.design.seeds, plan)
 
     def on_first(specs, tri):
         tracker.log_study(hyp, hyp_path, specs, tri, opts.command)
@@ -150,22 +153,29 @@ def _run_looks(
     for k, seeds in enumerate(schedule):
         hyp_k = with_seeds(hyp, seeds) if plan else hyp
         filled, collected = _train_look(
-            hyp_k, out_dir, tracker, done, opts, log, on_first if k == 0 else None
+            hyp_k, out_dir, tracker, done, opts, log, *((on_first, planned) if k == 0 else (None, None))
         )
         merged.merge(filled)
         merged.specs = filled.specs  # the outputs list the last look's plan
         status = registration.claim_status(reg, hyp_k, filled.specs, out_dir / "runs")
         post_hoc = {n for n, st in status.items() if st["status"] == registration.POST_HOC}
+        fams = families(hyp_k, post_hoc)  # this look's families: every reader below is handed them
         looks.append(
             evaluation.evaluate(
-                hyp_k, collected.table, str(hyp_path), collected.failed_seeds, post_hoc, out_dir / "runs"
+                hyp_k,
+                collected.table,
+                str(hyp_path),
+                collected.failed_seeds,
+                post_hoc,
+                out_dir / "runs",
+                fams,
             )
         )
         seeds_at.append(len(seeds))
         if plan is None:
             return _Looked(merged, collected, looks[-1], status, None)
-        results = decide_sequential(hyp_k, looks, seeds_at, plan.max_seeds, plan.spending, post_hoc)
-        stop = _decided(hyp_k, results, post_hoc)
+        results = decide_sequential(hyp_k, looks, seeds_at, plan.max_seeds, fams, plan.spending)
+        stop = _decided(results, fams)
         log(
             f"look {k + 1}: {len(seeds)} seeds, {'every confirmatory claim decided' if stop else 'undecided'}"
         )
@@ -174,7 +184,7 @@ def _run_looks(
     assert plan is not None  # without a plan the loop returns at its first look
     summary = {
         **plan.as_dict(),
-        "looks": looks_spent(hyp_k, results, seeds_at, plan.max_seeds, plan.spending, post_hoc),
+        "looks": looks_spent(hyp_k, results, seeds_at, plan.max_seeds, fams, plan.spending),
         "stopped_at": seeds_at[-1],
         "stopped_because": "every confirmatory claim decided" if stop else "the maximum number of seeds",
     }
@@ -206,17 +216,21 @@ def run_study(
 def _run_study(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sequential, log) -> StudyOutcome:
     """:func:`run_study` inside :func:`study.pipeline.stopping.stopping_cleanly`."""
     runs_dir, data_dir, study_dir = out_dir / "runs", out_dir / "data", out_dir / "studies" / hyp.name
-    seed_schedule(hyp.design.seeds, sequential)  # a bad plan stops the study before anything is written
+    # each look's seeds, resolved once; a bad plan stops the study before anything is written
+    schedule = seed_schedule(hyp.design.seeds, sequential)
     asked = rerun.Asked(opts.track, opts.report, opts.log_model, opts.command)
+    planned = None
     if sequential is None and not opts.force and opts.new_registration is None:
-        same = _unchanged_rerun(hyp, hyp_path, out_dir, study_dir, asked, log)
+        same, planned = _unchanged_rerun(hyp, hyp_path, out_dir, study_dir, asked, log)
         if same is not None:
             return same
     check_hypothesis(hyp, str(hyp_path), out_dir)  # what would stop the study later stops it now
     (study_dir / rerun.STAMP).unlink(missing_ok=True)  # stamped again only when this run finishes
     # bad data paths or imports stop the study before anything is written or recorded; on-disk
-    # fingerprints are recorded for hosts without the data
-    planned = run_triage.plan(hyp, data_dir, record=True, log=log)
+    # fingerprints are recorded for hosts without the data. The plan is made once: the rerun check's
+    # (when it planned) is this one, and it is the first look's
+    if planned is None:
+        planned = run_triage.plan(hyp, data_dir, record=True, log=log)
     run_triage.check_inputs(planned, runs_dir, opts.force)
     plan = sequential.as_dict() if sequential else None
     if opts.new_registration is not None:  # only now: every input check above has passed
@@ -226,7 +240,7 @@ def _run_study(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sequential
     with open_tracker(opts.track, out_dir, hyp.name, opts.log_model) as tracker:
         # what the study declares is recorded before anything is trained (post hoc is decided here)
         reg = registration.register(study_dir, hyp, plan, runs=(planned, runs_dir), force=opts.force)
-        looked = _run_looks(hyp, hyp_path, out_dir, tracker, sequential, opts, log, reg)
+        looked = _run_looks(hyp, hyp_path, out_dir, tracker, sequential, schedule, planned, opts, log, reg)
         status, seq = looked.status, looked.sequential
         for r in looked.results:
             r.registration = status[r.name]
@@ -250,20 +264,23 @@ def _run_study(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sequential
 
 def _unchanged_rerun(
     hyp: Hypothesis, hyp_path: Path, out_dir: Path, study_dir: Path, asked: rerun.Asked, log
-) -> StudyOutcome | None:
+) -> tuple[StudyOutcome | None, list | None]:
     """The outcome of a rerun that nothing new would change (``study.rerun``), read from the study
-    folder; None when anything changed (then the full path runs, its checks first)."""
+    folder, or None when anything changed (then the full path runs, its checks first); and the study's
+    plan when it was made here (None: not made, or it failed, for the full path to report)."""
     from vitstudy_core.errors import StudyError
 
+    specs = None
     try:  # an output folder or a plan that fails is the full path's to report, in its checks' order
         if not (study_dir / rerun.STAMP).is_file():
-            return None
-        keys = [s.key for s in run_triage.plan(hyp, out_dir / "data", record=True)]
+            return None, None
+        specs = run_triage.plan(hyp, out_dir / "data", record=True, log=log)
+        keys = [s.key for s in specs]
         now = rerun.digest(hyp, hyp_path, keys, out_dir, study_dir, asked)
     except (StudyError, OSError):
-        return None
+        return None, specs
     if not rerun.unchanged(study_dir, now, asked):
-        return None
+        return None, specs
     registration.check_binding(study_dir, hyp, None)
     log(f"study {hyp.name}: {len(keys)} runs planned, {len(keys)} reused, 0 to train")
     log(
@@ -271,7 +288,7 @@ def _unchanged_rerun(
         f"{study_dir / 'verdicts.json'}; nothing recomputed, nothing new for MLflow"
     )
     report = study_dir / "report.html"
-    return StudyOutcome(
+    outcome = StudyOutcome(
         [],
         pd.DataFrame(),
         study_dir,
@@ -282,6 +299,7 @@ def _unchanged_rerun(
         report if asked.report and report.is_file() else None,
         unchanged=True,
     )
+    return outcome, specs
 
 
 def _finish(
