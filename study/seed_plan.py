@@ -313,12 +313,59 @@ def _no_seeds_reason(row: dict) -> str | None:
 
 
 def _timed_step(run: dict) -> float:
-    from runners.timing import time_training_step  # torch only when no finished run gives the time
+    def measure() -> float:
+        from runners.timing import time_training_step  # torch only when neither runs nor the cache have it
 
-    return time_training_step(run)
+        return time_training_step(run)
+
+    return _timed_here("step", run, measure)
 
 
 def _timed_extract(run: dict) -> float:
-    from runners.timing import time_extraction
+    def measure() -> float:
+        from runners.timing import time_extraction
 
-    return time_extraction(run)
+        return time_extraction(run)
+
+    return _timed_here("extract", run, measure)
+
+
+TIMINGS = "timings.json"  # in runners.model_table.cache_dir(), beside timm's model table
+
+
+def _timed_here(what: str, run: dict, measure: Callable[[], float]) -> float:
+    """``measure()``'s seconds for this run on this machine, timed once and kept in the user cache
+    (``$XDG_CACHE_HOME/vitstudy/timings.json``): keyed by the run without its seed (seeds time alike) and
+    by the host, its CPU count and the installed torch and timm, so another machine or another torch
+    times again. A cache that cannot be read or written is timed around, never an error."""
+    import os
+    import platform
+    from importlib import metadata
+
+    from runners.model_table import cache_dir, timm_version
+    from vitstudy_core.hashing import digest
+    from vitstudy_core.io import atomic_write_json
+
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = ""
+    here = [platform.node(), os.cpu_count(), torch_version, timm_version()]
+    key = digest({"what": what, "run": {k: v for k, v in run.items() if k != "seed"}, "here": here}, 16)
+    path = cache_dir() / TIMINGS
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if not isinstance(cached, dict):
+        cached = {}
+    seconds = cached.get(key)
+    if isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0:
+        return float(seconds)
+    seconds = float(measure())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {**cached, key: seconds})
+    except OSError:
+        pass
+    return seconds

@@ -87,12 +87,19 @@ def test_a_verb_that_trains_nothing_imports_no_training_stack(finished, verb):
 
 
 def test_the_probe_sees_what_a_verb_imports(finished):
-    """The check above can fail: a verb that builds a model (``plan`` with no finished run to time) shows
-    torch and timm."""
+    """The check above can fail: a verb that builds a model (``plan`` with no finished run to time, and
+    nothing timed in the user cache) shows torch and timm."""
     hyp, out, _ = finished
-    loaded, proc = _imported("plan", str(hyp), "--out", str(out / "elsewhere"))
+    env = env_for(XDG_CACHE_HOME=str(out / "a fresh cache"))  # nothing timed for this design yet
+    loaded, proc = _imported("plan", str(hyp), "--out", str(out / "elsewhere"), env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert TRAINING <= loaded
+    # the step and extraction timed once on this machine are read back from the user cache next time
+    loaded, again = _imported("plan", str(hyp), "--out", str(out / "elsewhere"), env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert not loaded & TRAINING, loaded & TRAINING
+    timed = [line for line in proc.stdout.splitlines() if line.startswith("run time ")]
+    assert timed and timed == [line for line in again.stdout.splitlines() if line.startswith("run time ")]
 
 
 # the statistics stack: validate's dry run of a claim tests on a synthetic table, and plugins lists parts
