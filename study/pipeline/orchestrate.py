@@ -152,8 +152,16 @@ def _run_looks(
 
     for k, seeds in enumerate(schedule):
         hyp_k = with_seeds(hyp, seeds) if plan else hyp
+        first = k == 0  # the first look logs the study and trains the study's plan
         filled, collected = _train_look(
-            hyp_k, out_dir, tracker, done, opts, log, *((on_first, planned) if k == 0 else (None, None))
+            hyp_k,
+            out_dir,
+            tracker,
+            done,
+            opts,
+            log,
+            on_triaged=on_first if first else None,
+            specs=planned if first else None,
         )
         merged.merge(filled)
         merged.specs = filled.specs  # the outputs list the last look's plan
@@ -166,9 +174,8 @@ def _run_looks(
                 collected.table,
                 str(hyp_path),
                 collected.failed_seeds,
-                post_hoc,
-                out_dir / "runs",
-                fams,
+                runs_dir=out_dir / "runs",
+                fams=fams,
             )
         )
         seeds_at.append(len(seeds))
