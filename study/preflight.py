@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from runners.datasets.base import ImageDatasetSettings
 from study.schema import Hypothesis, sweep_of
 from vitstudy_core.errors import StudyError
 from vitstudy_core.layers import TOKEN_SETS
@@ -117,7 +118,7 @@ def _check_patch(hyp: Hypothesis, file: str) -> None:
     if patch is None:
         return
     for i, ds in enumerate(hyp.design.datasets):
-        size = getattr(ds, "image_size", None)
+        size = ds.image_size if isinstance(ds, ImageDatasetSettings) else None
         if size is not None and size % patch:
             raise StudyError(
                 f"expected an image_size divisible by the model's patch size {patch} (timm would drop the "
@@ -177,15 +178,17 @@ def _check_sizes(hyp: Hypothesis, i: int, ds, file: str, out_dir: Path | None) -
     from runners.datasets import DATASETS
 
     where = f"design.datasets[{i}]"
+    if not isinstance(ds, ImageDatasetSettings):  # no images (an imported table's dataset): nothing to hold
+        return
     probe = hyp.design.probe.size
-    n_test = getattr(ds, "n_test", None)
+    n_test = ds.n_test
     if n_test is not None and probe > n_test:
         raise StudyError(
             f"expected probe.size <= the held-out split of {ds.name!r} ({n_test} images), got {probe}",
             file,
             "design.probe.size",
         )
-    n_train = getattr(ds, "n_train", None)
+    n_train = ds.n_train
     if n_train is None or n_test is None:  # an on-disk dataset read whole: its folder sets the size
         return
     need = (n_train + n_test + probe) * ds.image_size**2 * 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from typing import Literal
 
 import numpy as np
@@ -86,20 +87,54 @@ def test_the_dataset_check_calls_the_loader(monkeypatch):
         check_dataset_loads("procedural")
 
 
-def test_a_dataset_model_without_image_size_is_caught():
-    class NoSize(Strict):
-        name: str
+def test_a_dataset_model_without_image_size_is_refused_at_registration():
+    from runners.datasets.base import DatasetSettings
+
+    class NoSize(DatasetSettings):  # the base of a kind without images: no image_size, n_train, n_test
         kind: Literal["no_size"] = "no_size"
 
     entry = dataclasses.replace(
         DATASETS["procedural"], name="no_size", model=NoSize, example={"name": "x", "kind": "no_size"}
     )
-    DATASETS.register("no_size", entry)
-    try:
-        with pytest.raises(AssertionError, match="no_size: its settings model has no image_size field"):
-            check_dataset_model("no_size")
-    finally:
-        DATASETS.discard(["no_size"])
+    line = (
+        "dataset kind 'no_size': a kind with images (a loader) needs a model subclassing "
+        "runners.datasets.base.ImageDatasetSettings (it declares image_size, n_train and n_test)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(line)}$"):
+        DATASETS.register("no_size", entry)
+    assert "no_size" not in DATASETS
+
+
+def test_a_dataset_model_outside_the_documented_base_is_refused_at_registration():
+    class Loose(Strict):  # every field the core reads, but not the documented base
+        name: str
+        kind: Literal["loose"] = "loose"
+        image_size: int = 8
+
+    entry = dataclasses.replace(
+        DATASETS["procedural"], name="loose", model=Loose, example={"name": "x", "kind": "loose"}
+    )
+    with pytest.raises(ValueError, match=r"^dataset kind 'loose': its model must subclass runners\.datasets"):
+        DATASETS.register("loose", entry)
+    assert "loose" not in DATASETS
+
+
+def test_the_dataset_contract_names_the_base_class_a_model_lacks(monkeypatch):
+    from runners.datasets.base import DatasetSettings
+
+    class NoSize(DatasetSettings):
+        kind: Literal["procedural"] = "procedural"
+
+    # past the registry's check (as a part registered before it existed would be): the contract says it too
+    monkeypatch.setitem(
+        DATASETS._entries, "procedural", dataclasses.replace(DATASETS["procedural"], model=NoSize)
+    )
+    with pytest.raises(
+        AssertionError,
+        match="procedural: its settings model NoSize does not subclass "
+        "runners.datasets.base.ImageDatasetSettings",
+    ):
+        check_dataset_model("procedural")
 
 
 def test_a_source_whose_fill_writes_nothing_is_caught(tmp_path, monkeypatch):

@@ -1,9 +1,9 @@
 """What every dataset kind shares: its registry entry (:class:`DatasetKind`) and the registry.
 
 A dataset kind is one module in this package (``procedural.py``, ``cifar100.py``, ...). It defines its
-settings model (a :class:`~vitstudy_core.settings.Strict` subclass with ``name`` and
-``kind: Literal["<kind>"]``; the hypothesis schema builds ``design.datasets`` from these models) and
-registers one :class:`DatasetKind` saying how its images are read. An on-disk layout registers through
+settings model (a subclass of :class:`ImageDatasetSettings` adding ``kind: Literal["<kind>"]``, or of
+:class:`DatasetSettings` for a kind without images; the hypothesis schema builds ``design.datasets`` from
+these models) and registers one :class:`DatasetKind` saying how its images are read. An on-disk layout registers through
 :func:`runners.datasets.disk.on_disk_kind`, which supplies the shared loader (the decoded cache) and the
 folder check; the module itself only says how the publisher's folder is laid out and read.
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import Field
 
 from vitstudy_core.registry import Registry
 from vitstudy_core.settings import Strict
@@ -25,6 +26,41 @@ from vitstudy_core.settings import Strict
 DEFAULT_KIND = "procedural"  # a dataset entry without ``kind`` (files written before real datasets existed)
 
 Arrays = tuple[np.ndarray, np.ndarray]
+
+NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"  # a dataset's name: a folder name, an MLflow tag, a table value
+
+
+class DatasetSettings(Strict):
+    """The base of every dataset kind's settings model: one ``design.datasets`` entry.
+
+    A subclass adds ``kind: Literal["<kind>"]`` (its registered name) and its own fields. ``name`` is how
+    claims, tables and figures call the dataset (it is not part of the run key).
+    """
+
+    name: str = Field(pattern=NAME_PATTERN)
+    kind: str  # a subclass narrows it to Literal["<kind>"] (the registry refuses any other)
+
+
+class ImageDatasetSettings(DatasetSettings):
+    """The base of the settings of a dataset kind with images (its :class:`DatasetKind` has ``load``):
+    the fields the core reads besides ``name`` and ``kind``.
+
+    Attributes:
+        image_size: the side ``S`` of the ``(N, S, S, 3)`` images its loader returns; the model is built
+            for it, ``validate`` checks it against the patch size and the memory the images need.
+        n_train, n_test: how many training and held-out images a run reads (None: the folder's all;
+            then ``validate`` checks no memory, as the size is known only once the folder is read).
+            The probe is drawn from the held-out split: ``validate`` refuses a probe larger than
+            ``n_test``.
+
+    A subclass gives ``image_size`` its default and bounds (``image_size: int = Field(32, ge=8, le=512)``).
+    """
+
+    image_size: int = Field(ge=8)
+    n_train: int | None = Field(None, ge=16)
+    n_test: int | None = Field(None, ge=16)
+
+
 # (spec, split, cache_dir, probe_size, probe_seed) -> images uint8 (N, S, S, 3), labels int64 (N,)
 Loader = Callable[[dict, str, Path, int | None, int | None], Arrays]
 # (spec, folder) -> ({"train": (paths or uint8 arrays, int64 labels), "test": ...}, class names)
@@ -53,7 +89,7 @@ class DatasetKind:
     """
 
     name: str
-    model: type[Strict]
+    model: type[DatasetSettings]
     example: dict
     load: Loader | None
     num_classes: Callable[[dict], int] | None
@@ -74,6 +110,15 @@ def _check(name: str, entry: DatasetKind) -> None:
         raise ValueError(f"dataset kind {name!r}: its model needs a name field")
     if (entry.load is None) != (entry.num_classes is None):
         raise ValueError(f"dataset kind {name!r}: give both load and num_classes, or neither")
+    if not issubclass(entry.model, DatasetSettings):
+        raise ValueError(
+            f"dataset kind {name!r}: its model must subclass runners.datasets.base.DatasetSettings"
+        )
+    if entry.load is not None and not issubclass(entry.model, ImageDatasetSettings):
+        raise ValueError(
+            f"dataset kind {name!r}: a kind with images (a loader) needs a model subclassing "
+            "runners.datasets.base.ImageDatasetSettings (it declares image_size, n_train and n_test)"
+        )
 
 
 DATASETS: Registry[DatasetKind] = Registry("dataset kind", check=_check, group="vitstudy.datasets")

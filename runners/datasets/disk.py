@@ -24,18 +24,17 @@ import numpy as np
 from pydantic import Field
 
 import runners.datasets.cache as cache
-from runners.datasets.base import DATASETS, DatasetKind, Reader
+from runners.datasets.base import DATASETS, DatasetKind, ImageDatasetSettings, Reader
 from runners.datasets.fingerprints import dataset_fingerprint
 from runners.datasets.folders import resolve_path
 from vitstudy_core.errors import StudyError
 from vitstudy_core.hashing import digest
-from vitstudy_core.settings import Strict
 
 # Bump when the pixels or file lists a spec produces change (it enters the run keys of on-disk datasets).
 LOADER_VERSION = 2  # 2: links followed, hidden entries skipped, nested folders read; .npy memory maps
 
 
-class DiskDataset(Strict):
+class DiskDataset(ImageDatasetSettings):
     """A dataset already on disk. Nothing is downloaded.
 
     ``path`` may be ``${ENV_VAR}`` (or contain it) and may be replaced with ``--data-root NAME=PATH``.
@@ -44,10 +43,8 @@ class DiskDataset(Strict):
     in ``<out>/data/fingerprints.json``, so a host without the data plans the same keys.
     """
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     path: str = Field(min_length=1)
-    n_train: int | None = Field(None, ge=16)  # a seeded subset of the training split (None: all)
-    n_test: int | None = Field(None, ge=16)  # a seeded subset of the held-out split (None: all)
+    # n_train, n_test (ImageDatasetSettings): a seeded subset of the training / held-out split (None: all)
     subset_seed: int = 0
 
 

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
-
-from runners.datasets.base import DATASETS, DatasetKind
-from vitstudy_core.settings import Strict
+from runners.datasets.base import DATASETS, DatasetKind, DatasetSettings
 
 
-class ExternalDataset(Strict):
+class ExternalDataset(DatasetSettings):
     """A dataset known by name only, for a metric log imported with ``design.source: {kind: table}``:
     its images are never read, so it has no path and nothing is generated."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     kind: Literal["external"]
 
 

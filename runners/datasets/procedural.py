@@ -23,10 +23,9 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from runners.datasets.base import DATASETS, DatasetKind
+from runners.datasets.base import DATASETS, DatasetKind, ImageDatasetSettings
 from vitstudy_core.hashing import digest
 from vitstudy_core.io import cached_arrays
-from vitstudy_core.settings import Strict
 
 SHAPES = (
     "disk",
@@ -50,7 +49,7 @@ KNOBS = ("texture_reliance", "object_scale", "clutter", "noise")
 GENERATOR_VERSION = 1  # bump when the pixels a spec produces change (invalidates caches and run keys)
 
 
-class ProceduralDataset(Strict):
+class ProceduralDataset(ImageDatasetSettings):
     """A dataset generated from a seed (no download): shapes on textured backgrounds, or textures.
 
     ``variant`` picks the generator family; the knobs below set data complexity and are left out of
@@ -65,7 +64,6 @@ class ProceduralDataset(Strict):
     * ``noise``: standard deviation of additive Gaussian pixel noise (intensity units, image in [0, 1]).
     """
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     kind: Literal["procedural"] = "procedural"
     variant: Literal["objects", "textures"] = "objects"
     n_classes: int = Field(10, ge=2, le=10)

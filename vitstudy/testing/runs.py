@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runners.datasets import DATASETS, DEFAULT_KIND
+from runners.datasets.base import DatasetSettings, ImageDatasetSettings
 from runners.executors.local import EXECUTORS, ExecutorOptions
 from runners.sources import DEFAULT_SOURCE, SOURCES, ImportedSettings
 from vitstudy_core.settings import Strict
@@ -55,21 +56,27 @@ def _dataset_doc(entry: dict) -> dict:
 
 
 def check_dataset_model(kind: str) -> None:
-    """Registered under its ``kind`` literal, a ``Strict`` model with ``name``, an example of its kind,
-    a loader with a class count (or neither), and an on-disk kind's layout, reader and check together."""
+    """Registered under its ``kind`` literal, a ``DatasetSettings`` model (``ImageDatasetSettings`` for a
+    kind with images, with an int ``image_size``), an example of its kind, a loader with a class count (or
+    neither), and an on-disk kind's layout, reader and check together."""
     entry = DATASETS[kind]
-    assert entry.name == kind and issubclass(entry.model, Strict)
+    assert entry.name == kind and issubclass(entry.model, DatasetSettings), (
+        f"{kind}: its settings model {entry.model.__name__} does not subclass "
+        "runners.datasets.base.DatasetSettings"
+    )
     assert _literal(entry.model) == (kind,), f"{kind}: kind literal"
     assert "name" in entry.model.model_fields
     assert entry.example and entry.example.get("kind", DEFAULT_KIND) == kind
     assert (entry.load is None) == (entry.num_classes is None), f"{kind}: load and num_classes go together"
     assert (entry.layout is None) == (entry.read is None) == (entry.check is None), f"{kind}: on-disk parts"
-    if entry.load is not None:  # the core reads these fields of a dataset with images (preflight, plan)
-        for field in ("image_size",):
-            assert field in entry.model.model_fields, (
-                f"{kind}: its settings model has no {field} field (the side S of its (N, S, S, 3) images: "
-                "the model, memory and probe checks read it)"
-            )
+    if entry.load is not None:  # the core reads image_size, n_train and n_test (the model, validate, plan)
+        assert issubclass(entry.model, ImageDatasetSettings), (
+            f"{kind}: its settings model {entry.model.__name__} does not subclass "
+            "runners.datasets.base.ImageDatasetSettings (a kind with images declares image_size, n_train "
+            "and n_test there: the model, memory and probe checks read them)"
+        )
+        size = entry.model.model_fields["image_size"]
+        assert size.annotation is int, f"{kind}: image_size is {size.annotation}; expected int"
 
 
 def check_dataset_example_validates(kind: str) -> None:
