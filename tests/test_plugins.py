@@ -121,3 +121,85 @@ def test_built_in_names_only_this_distribution_s_entries():
         assert "local" in built_in("executors")
     finally:
         reg.discard(["elsewhere"])
+
+
+KIND_IMPORTING_STUDY = """from analysis.kinds.compare import CompareClaim  # allowed: the analysis layer
+from study.schema import Hypothesis  # the application layer, whose schema the kinds build
+"""
+HELPER_IMPORTING_STUDY = "import study_helper_of_plugin\n"
+LAZY_AND_TYPING_ONLY = """from typing import TYPE_CHECKING
+
+from analysis.spectral import register_metric
+
+if TYPE_CHECKING:
+    from study.schema import Hypothesis
+
+
+def later():
+    from study.schema import Hypothesis  # runs when called, after loading: harmless
+
+    return Hypothesis
+
+
+register_metric("a_lazy_plugins_metric")(lambda lam: 0.0)
+"""
+LAYER_LINES = [
+    "vitstudy: plug-in 'direct' (vitstudy.kinds) of distribution layered-plugin 0.1 not loaded: ImportError: "
+    'imports study ("from study.schema import Hypothesis" (kind_importing_study.py, line 2)); a plug-in module '
+    "imports from vitstudy_core, analysis and runners, never study",
+    "vitstudy: plug-in 'through' (vitstudy.kinds) of distribution layered-plugin 0.1 not loaded: ImportError: "
+    "imports study (through another module: study.schema); a plug-in module imports from vitstudy_core, "
+    "analysis and runners, never study",
+]
+
+
+def _layered(root: Path) -> Path:
+    _distribution(
+        root,
+        "layered-plugin",
+        "[vitstudy.kinds]\ndirect = kind_importing_study\nthrough = kind_through_helper\n"
+        "[vitstudy.metrics]\nlazy = lazy_and_typing_only\n",
+        {
+            "kind_importing_study": KIND_IMPORTING_STUDY,
+            "kind_through_helper": HELPER_IMPORTING_STUDY,
+            "study_helper_of_plugin": "from study.schema import load_hypothesis\n",
+            "lazy_and_typing_only": LAZY_AND_TYPING_ONLY,
+        },
+    )
+    return root
+
+
+@pytest.mark.parametrize("verb", ["validate", "plugins"])
+def test_a_plugin_importing_study_is_one_line_in_every_verb(tmp_path, verb):
+    """Refused alike whether the schema is imported first (``validate``: the import would meet a half-
+    imported module) or last (``plugins``: it would look healthy); a lazy or typing-only import loads."""
+    root = _layered(tmp_path)
+    args = [verb, str(ROOT / "hypotheses" / "u_shape.yaml")] if verb == "validate" else [verb]
+    code = "import sys; from study.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**__import__("os").environ, "PYTHONPATH": f"{ROOT}:{root}"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[:2] == LAYER_LINES
+    if verb == "plugins":  # listed as not loaded, the lazy one loaded
+        assert done.stdout.strip().splitlines()[-2:] == LAYER_LINES
+        assert "a_lazy_plugins_metric" in done.stdout
+
+
+def test_the_layer_check_reads_only_what_runs_at_import(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(_layered(tmp_path)))
+    assert plugins._imports_application("lazy_and_typing_only") is None
+    assert plugins._imports_application("kind_through_helper") is None  # the import is seen as it happens
+    assert plugins._imports_application("kind_importing_study") == (
+        '"from study.schema import Hypothesis" (kind_importing_study.py, line 2)'
+    )
+    pkg = tmp_path / "layered_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "try:\n    import study.cli as cli\nexcept ImportError:\n    cli = None\n"
+    )
+    (pkg / "kind.py").write_text("x = 1\n")
+    assert (
+        plugins._imports_application("layered_pkg.kind") == '"import study.cli as cli" (__init__.py, line 2)'
+    )

@@ -20,8 +20,11 @@ import, or whose registration is refused, is one line on stderr naming it and it
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -104,6 +107,82 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+# what a plug-in module may not import while it loads: the application layer, whose hypothesis schema is
+# built from the registries the plug-in is filling (in a process whose first import is the schema, e.g.
+# `validate`, such an import meets a half-imported module; in `study plugins` it would look healthy)
+APPLICATION = "study"
+LAYER_RULE = f"a plug-in module imports from vitstudy_core, analysis and runners, never {APPLICATION}"
+
+
+def _runs_at_import(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements of ``body`` that run when the module is imported: blocks of ``if``, ``try``,
+    ``with`` and class bodies, not function bodies nor ``if TYPE_CHECKING:`` blocks."""
+    for stmt in body:
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        yield stmt
+        if isinstance(stmt, ast.If):
+            if "TYPE_CHECKING" not in ast.unparse(stmt.test):
+                yield from _runs_at_import(stmt.body)
+            yield from _runs_at_import(stmt.orelse)
+        elif isinstance(stmt, ast.Try):
+            for block in (stmt.body, *(h.body for h in stmt.handlers), stmt.orelse, stmt.finalbody):
+                yield from _runs_at_import(block)
+        elif isinstance(stmt, ast.With | ast.ClassDef):
+            yield from _runs_at_import(stmt.body)
+
+
+def _imports_application(module: str) -> str | None:
+    """Where ``module`` (or a package above it) imports ``study`` when imported, as
+    ``'"from study.schema import X" (kind.py, line 3)'``; None when none of them does or its source cannot
+    be read (a compiled module: :func:`load_plugins` then sees the import happen)."""
+    parts = module.split(".")
+    for depth in range(1, len(parts) + 1):
+        try:
+            spec = importlib.util.find_spec(".".join(parts[:depth]))
+        except Exception:  # noqa: BLE001 - not findable: importing it reports why
+            return None
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            return None
+        try:
+            with open(spec.origin, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), spec.origin)
+        except (OSError, SyntaxError, ValueError):
+            return None  # importing it reports a syntax error itself
+        for stmt in _runs_at_import(tree.body):
+            if isinstance(stmt, ast.Import):
+                names = [a.name for a in stmt.names]
+            elif isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module:
+                names = [stmt.module]
+            else:
+                continue
+            if any(n.partition(".")[0] == APPLICATION for n in names):
+                return f'"{ast.unparse(stmt)}" ({spec.origin.rpartition("/")[2]}, line {stmt.lineno})'
+    return None
+
+
+def _application_modules() -> set[str]:
+    return {m for m in sys.modules if m.partition(".")[0] == APPLICATION}
+
+
+def _load(ep: metadata.EntryPoint) -> str | None:
+    """Import ``ep``'s module; the one-line reason it is not loaded, or None when it is."""
+    found_at = _imports_application(ep.module)
+    if found_at is not None:  # refused before it runs, so that every process refuses it alike
+        return f"ImportError: imports {APPLICATION} ({found_at}); {LAYER_RULE}"
+    before = _application_modules()
+    try:
+        ep.load()
+    except Exception as err:  # any failure of a third party's import: name it, keep going
+        error: str | None = _one_line(err)
+    else:
+        error = None
+    new = sorted(_application_modules() - before)
+    if new:  # through another module of its own (the direct import is caught above)
+        return f"ImportError: imports {APPLICATION} (through another module: {new[0]}); {LAYER_RULE}"
+    return error
+
+
 def load_plugins() -> bool:
     """Register the built-ins, then every installed plug-in (once per process).
 
@@ -127,12 +206,11 @@ def load_plugins() -> bool:
             points = sorted(found[group], key=lambda e: (_distribution(e), e.name))
             for ep in points:
                 before = {g: set(r.names()) for g, r in regs.items()}
-                try:
-                    ep.load()
-                except Exception as err:  # any failure of a third party's import: name it, keep going
+                error = _load(ep)
+                if error is not None:
                     for g, reg in regs.items():
                         reg.discard([n for n in reg.names() if n not in before[g]])
-                    broken = Broken(group, ep.name, _distribution(ep), _one_line(err))
+                    broken = Broken(group, ep.name, _distribution(ep), error)
                     BROKEN.append(broken)
                     print(broken.line(), file=sys.stderr)
                     continue
