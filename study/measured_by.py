@@ -23,12 +23,12 @@ from collections.abc import Collection, Iterable
 from typing import Any
 
 from runners.sources import DEFAULT_SOURCE
-from vitstudy_core.plugins import distribution_of, registry_of
+from vitstudy_core.plugins import ROLE_GROUPS, distribution_of, registry_of
 
 # payload field -> entry-point group of the registry naming what that field selects
-_SELECTED = {"dataset": "vitstudy.datasets", "objective": "vitstudy.objectives", "source": "vitstudy.sources"}
+_SELECTED = {field: ROLE_GROUPS[field] for field in ("dataset", "objective", "source")}
 # what a claim's metric may name besides an eigenvalue metric (measured at extraction, in scalars.json)
-_MEASURED = {"observables": "vitstudy.observables", "token_metrics": "vitstudy.token_metrics"}
+_MEASURED = {role: ROLE_GROUPS[role] for role in ("observables", "token_metrics")}
 
 
 def _part(group: str, name: str) -> dict[str, Any] | None:

@@ -55,6 +55,10 @@ class RunSpec(BaseModel):
     condition: str | None = Field(None, exclude=True)
     levels: dict[str, str] = Field(default_factory=dict, exclude=True)
     epoch0_conditions: tuple[str, ...] = Field((), exclude=True)
+    # the plug-in parts that shape the run, as its key holds them (study.measured_by.plugin_parts): the
+    # worker that fills it refuses to when it lacks one (runners.executors.jobs.execute_run); a run of
+    # built-ins only has none and dumps as runs did before plug-ins
+    plugins: dict = Field(default_factory=dict)
 
     @model_serializer(mode="wrap")
     def _dump(self, handler) -> dict:
@@ -63,6 +67,8 @@ class RunSpec(BaseModel):
         out = handler(self)
         if out.get("labels") == "true":
             del out["labels"]
+        if not out.get("plugins", True):
+            del out["plugins"]
         return out
 
     @property
@@ -72,9 +78,10 @@ class RunSpec(BaseModel):
         return f"{lead}{self.dataset['name']}/seed{self.seed}"
 
 
-def run_key(payload: dict, metrics: Collection[str] = ()) -> str:
+def run_key(payload: dict, metrics: Collection[str] = (), parts: dict | None = None) -> str:
     """sha256 (first 16 hex digits) of the canonical JSON of a run's determining fields; ``metrics``: what
-    the study's claims name (a plug-in's observable or token-count metric among them enters the key)."""
+    the study's claims name (a plug-in's observable or token-count metric among them enters the key);
+    ``parts``: ``plugin_parts(payload, metrics)`` when the caller has it."""
     payload = {**payload, "protocol_version": PROTOCOL_VERSION, "generator_version": GENERATOR_VERSION}
     if "path" in payload["dataset"]:  # on disk; procedural keys stay as they were
         payload["loader_version"] = LOADER_VERSION
@@ -94,10 +101,16 @@ def run_key(payload: dict, metrics: Collection[str] = ()) -> str:
         payload.pop("imported", None)
     else:  # an imported run is its files' content: where they lie does not change it
         payload["imported"] = {k: v for k, v in payload["imported"].items() if k not in ("path", "paths")}
-    parts = plugin_parts(payload, metrics)
+    parts = plugin_parts(payload, metrics) if parts is None else parts
     if parts:  # a plug-in's part shapes this run (study.measured_by); built-ins only keep their keys
         payload["plugins"] = parts
     return digest(payload, 16)
+
+
+def _spec(payload: dict, metrics: Collection[str], **view) -> RunSpec:
+    """The run of ``payload``: its key, and the plug-in parts the key holds (for the worker's check)."""
+    parts = plugin_parts(payload, metrics)
+    return RunSpec(key=run_key(payload, metrics, parts), plugins=parts, **payload, **view)
 
 
 def plan_runs(hyp: Hypothesis, data_dir: str | Path | None = None, record: bool = False) -> list[RunSpec]:
@@ -144,7 +157,7 @@ def plan_runs(hyp: Hypothesis, data_dir: str | Path | None = None, record: bool 
                 }
                 if design.labels != "true":  # true labels stay out of the payload: today's keys
                     payload["labels"] = design.labels
-                runs.append(RunSpec(key=run_key(payload, metrics), **payload, **view))
+                runs.append(_spec(payload, metrics, **view))
     return runs
 
 
@@ -188,5 +201,5 @@ def _plan_imports(hyp: Hypothesis) -> list[RunSpec]:
                     source, dataset["name"], seed, design.checkpoint_epochs, len(design.seeds)
                 ),
             }
-            runs.append(RunSpec(key=run_key(payload, claimed_metrics(hyp.claims)), **payload))
+            runs.append(_spec(payload, claimed_metrics(hyp.claims)))
     return runs

@@ -27,6 +27,7 @@ CLUSTER_FILES = frozenset(
         "test_cluster_cli.py",
         "test_executors.py",
         "test_leases.py",
+        "test_plugins_on_clusters.py",
         "test_scale.py",
         "test_slurm.py",
         "test_slurm_timeout.py",

@@ -284,3 +284,45 @@ def test_claimed_metrics_reads_inner_claims_too():
     nested = {"metric": "eed_pct", "claim": {"metric": "norm_spread"}, "all": [{"metric": "trace_per_dim"}]}
     claim = SimpleNamespace(model_dump=lambda: nested)
     assert claimed_metrics([claim]) == {"eed_pct", "norm_spread", "trace_per_dim"}
+
+
+def test_a_worker_lacking_a_part_the_run_key_names_refuses_before_writing(tmp_path):
+    from analysis.observables import OBSERVABLES, Observable
+    from runners.executors.jobs import execute_run
+    from study.runspecs import plan_runs
+    from study.schema import parse_hypothesis
+    from vitstudy_core.errors import MachineError
+
+    load_plugins()
+    doc = {**TINY, "claims": [{**TINY["claims"][0], "metric": "a_tests_norms"}]}
+    OBSERVABLES.register("a_tests_norms", Observable("sample", lambda x: 0.0), version="3")
+    try:
+        run = plan_runs(parse_hypothesis(doc))[0]
+        dumped = run.model_dump()
+        want = {"observables": {"a_tests_norms": {"distribution": f"module {__name__}", "version": "3"}}}
+        assert run.plugins == want and dumped["plugins"] == want  # the parts its key holds, for the worker
+        OBSERVABLES.discard(["a_tests_norms"])
+        OBSERVABLES.register("a_tests_norms", Observable("sample", lambda x: 0.0), version="4")
+        with pytest.raises(MachineError, match=r"is module .* \(version 4\) here") as other:
+            execute_run(dumped, str(tmp_path / "runs" / run.key), str(tmp_path / "data"))
+        OBSERVABLES.discard(["a_tests_norms"])
+        with pytest.raises(MachineError) as err:  # the worker's registries lack it altogether
+            execute_run(dumped, str(tmp_path / "runs" / run.key), str(tmp_path / "data"))
+    finally:
+        OBSERVABLES.discard(["a_tests_norms"])
+    assert "\n" not in str(err.value) and "\n" not in str(other.value)
+    assert (
+        f"lacks a plug-in part the run's key names: observable 'a_tests_norms' of module {__name__} (version 3) "
+        "is not installed: install the plug-in where the runs execute, then rerun the same command to resume"
+        in str(err.value)
+    )
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "data").exists()  # nothing written
+
+
+def test_a_run_of_built_ins_dumps_without_plugins():
+    from study.runspecs import plan_runs
+    from study.schema import parse_hypothesis
+
+    built_in = {**TINY, "claims": [{**TINY["claims"][0], "metric": "eed_pct"}]}
+    run = plan_runs(parse_hypothesis(built_in))[0]
+    assert run.plugins == {} and "plugins" not in run.model_dump()

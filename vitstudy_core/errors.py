@@ -52,6 +52,11 @@ STORE_LOST = (
 )
 
 
+# how a stopped study goes on, ending every MachineError that stops one (once: a message holding it
+# already says how)
+RESUME = "rerun the same command to resume"
+
+
 class MachineError(StudyError):
     """The machine refused a write (disk full, quota, read-only, no permission) or lost the tracking store.
 

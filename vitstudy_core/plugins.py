@@ -236,6 +236,35 @@ def distribution_of(reg: Registry, name: str) -> tuple[str, str] | None:
     return f"module {module}", ""
 
 
+# a role in a run's plug-in parts (study.measured_by.plugin_parts, the run key's "plugins") -> its group
+ROLE_GROUPS: dict[str, str] = {
+    "dataset": "vitstudy.datasets",
+    "objective": "vitstudy.objectives",
+    "source": "vitstudy.sources",
+    "observables": "vitstudy.observables",
+    "token_metrics": "vitstudy.token_metrics",
+}
+
+
+def missing_parts(parts: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """What of a run's plug-in parts (``{role: {name: {"distribution": ..., "version": ...}}}``, as its key
+    holds them) this process lacks or has in another distribution or version, one phrase each
+    (``"observable 'norm_spread' of measure-plugins (version 1) is not installed"``); [] when it has all."""
+    out = []
+    for role, named in sorted(parts.items()):
+        reg = registry_of(ROLE_GROUPS[role])
+        for name, want in sorted(named.items()):
+            wanted = f"{reg.what} {name!r} of {want['distribution']} (version {want['version']})"
+            if name not in reg:
+                out.append(f"{wanted} is not installed")
+                continue
+            dist, version = distribution_of(reg, name), reg.version_of(name)
+            have = "built-in" if dist is None else dist[0]
+            if have != want["distribution"] or version != want["version"]:
+                out.append(f"{wanted} is {have} (version {version}) here")
+    return out
+
+
 def origin(reg: Registry, name: str) -> str:
     """Where ``reg``'s entry ``name`` comes from: ``'built-in'``, a distribution's ``'name version'``, or
     ``'module M'`` for one registered by code outside any installed distribution (a test, a script)."""

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from runners.shared_out import check_token, lease_key
 from runners.sources import get_source
-from vitstudy_core.errors import machine_fault
+from vitstudy_core.errors import RESUME, MachineError, machine_fault
 from vitstudy_core.io import remove_temporaries
 from vitstudy_core.locks import file_lock, run_lock_path
+from vitstudy_core.plugins import missing_parts
 from vitstudy_core.runfolder import RunFolder
 
 
@@ -38,7 +39,18 @@ def execute_run(run: dict, run_dir: str, data_dir: str, label: str = "") -> dict
     then returns that run's result if it finished instead of training it again. Temporary files a killed
     writer left in the folder are removed first (only the lock holder writes there). ``label``: the run's
     name in the study (``RunSpec.label``), which leads its progress lines.
+
+    A worker that lacks a plug-in part the run's key names (``run["plugins"]``: installed where the study
+    was planned, not here, or in another version) refuses before it writes anything: a
+    :class:`~vitstudy_core.errors.MachineError`, which stops the study (its runs would lack the part's
+    values, or hold another version's) until the plug-in is installed where runs execute.
     """
+    lacking = missing_parts(run.get("plugins") or {})
+    if lacking:
+        raise MachineError(
+            f"this worker (host {socket.gethostname()}) lacks a plug-in part the run's key names: "
+            f"{'; '.join(lacking)}: install the plug-in where the runs execute, then {RESUME}"
+        )
     folder = RunFolder(run_dir)
     with file_lock(run_lock_path(Path(run_dir).parent, Path(run_dir).name)):
         if folder.is_finished():

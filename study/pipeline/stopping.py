@@ -18,10 +18,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from vitstudy_core.errors import Interrupted, MachineError, StudyError, machine_fault
-
-RESUME = "rerun the same command to resume"
-
+from vitstudy_core.errors import RESUME, Interrupted, MachineError, StudyError, machine_fault
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
