@@ -54,18 +54,10 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Completed
     return done
 
 
-@pytest.fixture(scope="module")
-def plugin_venv(tmp_path_factory):
-    """(venv python, package folder, env): the example wheel installed in a fresh venv whose ``.pth``
-    puts this tree and the running interpreter's site-packages on its path (no download, no
-    ``--system-site-packages``)."""
-    root = tmp_path_factory.mktemp("plugin")
-    pkg = root / "vitstudy-example"
-    for rel, text in example_files().items():
-        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
-        (pkg / rel).write_text(text)
+def make_venv(env_dir: Path) -> tuple[Path, dict[str, str]]:
+    """(its python, the environment to run it in): a fresh venv whose ``.pth`` puts this tree and the
+    running interpreter's site-packages on its path (no download, no ``--system-site-packages``)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env_dir = root / "venv"
     venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     purelib = subprocess.run(
@@ -76,6 +68,18 @@ def plugin_venv(tmp_path_factory):
     ).stdout.strip()
     ours = [str(ROOT), *site.getsitepackages(), sysconfig.get_paths()["purelib"]]
     (Path(purelib) / "_vitstudy_outer.pth").write_text("\n".join(dict.fromkeys(ours)) + "\n")
+    return py, env
+
+
+@pytest.fixture(scope="module")
+def plugin_venv(tmp_path_factory):
+    """(venv python, package folder, env): the example wheel installed in a fresh venv (:func:`make_venv`)."""
+    root = tmp_path_factory.mktemp("plugin")
+    pkg = root / "vitstudy-example"
+    for rel, text in example_files().items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    py, env = make_venv(root / "venv")
     # the doc's build and install lines as written, in the venv (offline here: --no-index, so pip takes
     # setuptools from what the venv sees instead of downloading it)
     commands = build_commands()
