@@ -67,6 +67,7 @@ def test_ray_workers_without_the_plugin_refuse_its_runs_with_one_line(tmp_path, 
     assert "lacks a plug-in part the run's key names: observable 'norm_spread' of measure-plugins" in line
     assert "(version 1) is not installed: install the plug-in where the runs execute, then rerun" in line
     assert not list(out.glob("runs/*/scalars.json"))  # nothing measured without the part
+    assert "Unhandled error" not in done.stderr  # the other run's refusal is read, not printed by Ray
 
 
 def test_slurm_tasks_measure_the_plugins_parts_in_every_run(tmp_path, slurm_cluster):

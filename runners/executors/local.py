@@ -228,6 +228,32 @@ class ProcessExecutor:
                     yield i, None, exc
 
 
+def _drop(index: dict) -> None:
+    """Cancel the tasks of ``index`` (object ref -> job) whose results the study no longer reads, and read
+    what they ended with: Ray prints the traceback of every failed task whose result is never read
+    ("Unhandled error ...") after the study's own one-line error."""
+    if not index:
+        return
+    import ray
+
+    refs = list(index)
+    for ref in refs:
+        try:
+            ray.cancel(ref)
+        except Exception:  # noqa: BLE001 - finished already, or Ray is gone: nothing to cancel
+            pass
+    try:
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=10)
+    except Exception:  # noqa: BLE001 - Ray is gone
+        return
+    for ref in done:
+        try:
+            ray.get(ref, timeout=0)
+        except Exception:  # noqa: BLE001 - a failed or cancelled task: read, so never printed
+            pass
+    index.clear()
+
+
 def _ray_call(fn: Callable, *job) -> object:
     """Runs on a Ray worker: Ray sets OMP_NUM_THREADS to the task's CPUs; torch follows it."""
     import torch
@@ -298,6 +324,14 @@ class RayExecutor:
             retry_exceptions=False,
         )(_ray_call)
         index = {task.remote(fn, *job): i for i, job in enumerate(jobs)}
+        try:
+            yield from self._results(index, task, fn, jobs, requeue)
+        finally:  # stopped early (a machine fault, Ctrl-C): no task is left behind, no error unread
+            _drop(index)
+
+    def _results(self, index: dict, task, fn, jobs, requeue):
+        import ray
+
         back = _SentBack(requeue)
         while index or back:
             if index:  # a job sent back is a new task when due: it holds no CPU or GPU meanwhile
