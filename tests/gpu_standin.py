@@ -1,4 +1,4 @@
-"""Stand-in jobs for the GPU workers' tests (``tests/test_gpu_workers.py``): no torch, no training.
+"""Stand-in jobs for the GPU workers' tests (``tests/scale_out/test_gpu_workers.py``): no torch, no training.
 
 Imported in a worker process when its first job arrives, so ``SEEN_AT_IMPORT`` is the
 ``CUDA_VISIBLE_DEVICES`` the worker had when a job's code (torch, in a real run) was first imported.
@@ -43,7 +43,7 @@ def oom_on(i: int, device: str, pause: float = 0.0) -> dict:
 
 
 def cuda_probe(i: int) -> dict:
-    """What a real GPU worker sees: how many devices, and the one it trains on (``tests/test_gpu.py``)."""
+    """What a real GPU worker sees: how many devices, and the one it trains on (``tests/scale_out/test_gpu.py``)."""
     import torch
 
     x = torch.ones(1024, device="cuda")

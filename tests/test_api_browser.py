@@ -23,7 +23,7 @@ import pytest
 import study
 from tests.conftest import env_for
 from tests.planted import DIFF, U, plant, write_planted
-from tests.test_report_browser import ARTIFACTS, _chromium, chromium  # noqa: F401 - the fixture
+from tests.report.test_report_browser import ARTIFACTS, _chromium, chromium  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
 

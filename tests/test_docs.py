@@ -225,8 +225,10 @@ E2E = (
     "tests/test_end_to_end.py::test_outputs_written",
     "tests/test_end_to_end.py::test_rerun_reuses_and_analyze_agrees",
 )
-CLUSTER = "tests/test_executors.py::test_executor_contract"  # the Ray executor on a loopback cluster
-PLUGIN = "tests/test_third_party_plugin.py::"
+CLUSTER = (
+    "tests/scale_out/test_executors.py::test_executor_contract"  # the Ray executor on a loopback cluster
+)
+PLUGIN = "tests/plugins/test_third_party_plugin.py::"
 RULES: list[Rule] = [
     # ---- run here
     Rule(r"^python -m study validate hypotheses/[\w/]+\.yaml$", Run()),
@@ -322,31 +324,37 @@ RULES: list[Rule] = [
         r"|python -m study run FILE --gpus [\d,]+|python -m study run hypotheses/paper/\w+\.yaml --out \S+)$",
         Mapped(
             (
-                "tests/test_gpu_workers.py::test_auto_runs_one_pinned_worker_per_gpu",
-                "tests/test_gpu_workers.py::test_runs_per_gpu_and_a_chosen_subset",
+                "tests/scale_out/test_gpu_workers.py::test_auto_runs_one_pinned_worker_per_gpu",
+                "tests/scale_out/test_gpu_workers.py::test_runs_per_gpu_and_a_chosen_subset",
             )
         ),
     ),
     Rule(
         r"^python -m study (run hypotheses/u_shape\.yaml|sweep FILE) --executor slurm ",
-        Mapped(("tests/test_slurm.py::test_a_study_on_slurm_gives_the_local_executor_s_tables_bit_for_bit",)),
+        Mapped(
+            (
+                "tests/scale_out/test_slurm.py::test_a_study_on_slurm_gives_the_local_executor_s_tables_bit_for_bit",
+            )
+        ),
     ),
     Rule(
         r"^python -m study validate FILE$",
         Mapped(("tests/test_schema.py::test_malformed_file_one_line_exit_2",)),
     ),
     Rule(r"^python -m study plan FILE", Mapped(("tests/test_planning.py::test_plan_verb_table_and_json",))),
-    Rule(r"^python -m study report ", Mapped(("tests/test_report.py::test_cli_report_and_ui",))),
+    Rule(r"^python -m study report ", Mapped(("tests/report/test_report.py::test_cli_report_and_ui",))),
     Rule(
         r"^python -m study ui",
         Mapped(
             (
-                "tests/test_report.py::test_cli_report_and_ui",
+                "tests/report/test_report.py::test_cli_report_and_ui",
                 "tests/test_hardening.py::test_ui_sigterm_stops_the_server_group",
             )
         ),
     ),
-    Rule(r"^mlflow ui --backend-store-uri ", Mapped(("tests/test_report.py::test_cli_report_and_ui",))),
+    Rule(
+        r"^mlflow ui --backend-store-uri ", Mapped(("tests/report/test_report.py::test_cli_report_and_ui",))
+    ),
     Rule(
         r"^(?:/usr/bin/time -v )?python -m study sweep hypotheses/complexity_sweep\.yaml",
         Mapped(
@@ -360,8 +368,8 @@ RULES: list[Rule] = [
         r"^python -m study submit ",
         Mapped(
             (
-                "tests/test_cluster_cases.py::test_case3_submit_forwards_every_option_the_interpreter_and_the_file_s_variables",
-                "tests/test_cluster_cli.py::test_submit_command_runs_a_sweep_file_as_a_sweep_with_absolute_paths",
+                "tests/scale_out/test_cluster_cases.py::test_case3_submit_forwards_every_option_the_interpreter_and_the_file_s_variables",
+                "tests/scale_out/test_cluster_cli.py::test_submit_command_runs_a_sweep_file_as_a_sweep_with_absolute_paths",
             )
         ),
     ),
@@ -369,8 +377,8 @@ RULES: list[Rule] = [
         r"^python -m study status",
         Mapped(
             (
-                "tests/test_cluster_cli.py::test_status_reads_a_postgresql_lease_store",
-                "tests/test_cluster_cli.py::test_status_counts_each_study_s_runs_by_state_from_a_lease_folder",
+                "tests/scale_out/test_cluster_cli.py::test_status_reads_a_postgresql_lease_store",
+                "tests/scale_out/test_cluster_cli.py::test_status_counts_each_study_s_runs_by_state_from_a_lease_folder",
             )
         ),
     ),
@@ -385,7 +393,9 @@ RULES: list[Rule] = [
     # ---- benchmarks
     Rule(
         r"^(?:PYTHONPATH=\. )?python3? bench/gpu_check\.py",
-        Bench(("tests/test_gpu_check.py::test_cpu_smoke_runs_every_step_and_writes_json_and_table",)),
+        Bench(
+            ("tests/scale_out/test_gpu_check.py::test_cpu_smoke_runs_every_step_and_writes_json_and_table",)
+        ),
     ),
     Rule(
         r"^(?:nice )?PYTHONPATH=\. python bench/(calibration|cli|extract|train|data|scale|faults|executor|probe_coverage|step_profile|slurm_overhead|pretrained_study)\.py",

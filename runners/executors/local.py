@@ -5,7 +5,7 @@
 
 ``--executor NAME`` (``study.cli.verbs``) and ``study.pipeline.stages.Placement`` accept every name in :data:`EXECUTORS`;
 adding an executor is one class and one ``EXECUTORS.register(NAME, ExecutorKind(...))`` here plus its test
-(``tests/test_executors.py`` runs its shared contract over every entry).
+(``tests/scale_out/test_executors.py`` runs its shared contract over every entry).
 
 An executor takes a picklable job function and a list of job argument tuples and yields
 ``(index, result, error)`` as jobs finish. ``InlineExecutor`` runs in this process (tests, one GPU);

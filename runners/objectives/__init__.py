@@ -10,7 +10,7 @@ hypothesis file's ``design.objective`` sets), its presets and the path of its tr
 imports torch, so the hypothesis schema builds its ``objective`` union from :data:`OBJECTIVES` without it.
 The trainer (``supervised.py``, ``dino.py``: torch) is imported by :func:`make_objective` when a run
 trains. Adding an objective is adding ``NAME_settings.py`` and ``NAME.py`` here plus its test
-(``runners.objectives.base`` shows the shape; ``tests/test_objective_contract.py`` checks every entry).
+(``runners.objectives.base`` shows the shape; ``tests/plugins/test_objective_contract.py`` checks every entry).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ An objective is one settings model, registered under its name, next to its train
 
 ``runners.objectives`` imports every ``*_settings`` module of its folder, so the schema, the run specs
 and ``make_objective`` find the new objective; the hypothesis file names it (``objective: byol``,
-``objective: byol_paper`` or ``objective: {kind: byol, tau: 0.98}``). ``tests/test_objective_contract.py``
+``objective: byol_paper`` or ``objective: {kind: byol, tau: 0.98}``). ``tests/plugins/test_objective_contract.py``
 checks every registered objective.
 """
 

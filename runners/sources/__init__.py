@@ -13,7 +13,7 @@ file, each through its own preprocessing).
 Adding a source is adding one module here (plus its test): a class deriving from
 :class:`~runners.sources.base.SourceBase` (or ``ImportedSourceBase`` for files on disk), registered with
 ``SOURCES.register("<kind>", TheSource())``. It owns everything about itself; the hypothesis schema, run planning and
-tracking find it through this registry (``tests/test_source_contract.py`` checks every entry):
+tracking find it through this registry (``tests/plugins/test_source_contract.py`` checks every entry):
 
 * ``settings``: the pydantic model of its ``design.source`` section (a ``vitstudy_core.settings.Strict``
   subclass of ``ImportedSettings`` with ``kind: Literal["<kind>"]``); None for ``train``. ``example``: the

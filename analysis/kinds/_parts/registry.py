@@ -82,7 +82,7 @@ class ClaimKind:
             (``bench/calibration.py --unit-images``); others are refused until theirs do.
         example: a valid claim of this kind as a hypothesis file writes it (without ``name``), over a
             design of datasets ``objects``, ``mixed``, ``textures`` and a 12-block ViT: the contract test
-            (tests/test_kind_contract.py) evaluates it and draws its figures.
+            (tests/plugins/test_kind_contract.py) evaluates it and draws its figures.
     """
 
     name: str

@@ -21,8 +21,8 @@ from study.schema import load_hypothesis
 from tests.conftest import make_study, report
 from vitstudy_core.errors import StudyError
 
-ROOT = Path(__file__).parents[1]
-BEHAVIOUR = Path(__file__).parent / "fixtures" / "behaviour"
+ROOT = Path(__file__).parents[2]
+BEHAVIOUR = Path(__file__).parents[1] / "fixtures" / "behaviour"
 
 
 def _images(text: str) -> list[bytes]:

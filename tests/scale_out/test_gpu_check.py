@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "gpu_check.py"
 
 
@@ -199,6 +199,6 @@ def test_gpu_tests_collect_only_the_files_that_mark_tests_gpu():
     before any GPU test runs (seen on the H200, 2026-12-04), so only gpu-marked files are collected."""
     gc = _module()
     files = gc.gpu_test_files()
-    assert "tests/test_gpu.py" in files
+    assert "tests/scale_out/test_gpu.py" in files
     assert all("pytest.mark.gpu" in (REPO / f).read_text() for f in files)
     assert "tests/test_tracking.py" not in files and len(files) < 5

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import make_study, report
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).parent / "artifacts"
+ARTIFACTS = Path(__file__).parents[1] / "artifacts"
 # Reads every <img> after the load event, as decoded by the browser, into a <pre> that --dump-dom shows.
 _PROBE = (
     '<script>window.addEventListener("load",function(){var r=[];'

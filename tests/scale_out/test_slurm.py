@@ -21,7 +21,7 @@ import pytest
 from runners.leases.store import open_lease_store
 from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TWO_RUNS = TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0, 1]")
 ONE_RUN = TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0]")  # the default suite's: one task
 # a run long enough to be caught mid-epoch on a loaded host: 2048 images an epoch, 6 epochs

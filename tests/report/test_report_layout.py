@@ -22,7 +22,7 @@ from analysis.report.sections import ReportInput, conditions_preface
 from analysis.verdicts import evaluate_claims
 from study.schema import load_hypothesis, parse_hypothesis
 from tests.conftest import BEHAVIOUR, REPO, TINY_SWEEP
-from tests.test_report_figures import _sweep_table
+from tests.report.test_report_figures import _sweep_table
 from vitstudy_core.io import atomic_save_npz
 
 REASON = (

@@ -17,7 +17,7 @@ from vitstudy_core.plugins import GROUPS, load_plugins, origin, registry_of
 from vitstudy_core.registry import OWN_PACKAGES as OWN
 from vitstudy_core.registry import Registry
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 
 def test_every_registry_is_listed_with_its_names(capsys):

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from runners.leases.store import open_lease_store
-from tests.test_slurm import LONG_RUNS, TABLE_COLS, _running_past_first_epoch, _study, _task_logs
+from tests.scale_out.test_slurm import LONG_RUNS, TABLE_COLS, _running_past_first_epoch, _study, _task_logs
 
 # one run of about 60 s undisturbed (8192 images an epoch, 40 epochs): past its first signal at least once
 EPOCHS = 40

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from vitstudy_core.plugins import load_plugins, registries
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TREES = ("vitstudy_core", "analysis", "study", "runners")
 
 # (module, name) -> why the word there is not a branch on that registered part

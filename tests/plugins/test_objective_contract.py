@@ -25,7 +25,7 @@ from tests.conftest import TINY_HYPOTHESIS
 from vitstudy.testing import parametrize_with_checks
 from vitstudy_core.errors import StudyError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BASE = yaml.safe_load(TINY_HYPOTHESIS)
 PRESETS = [(kind, name) for kind, cls in OBJECTIVES.items() for name in cls.presets]
 

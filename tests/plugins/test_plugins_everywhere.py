@@ -15,7 +15,7 @@ import pytest
 import vitstudy_core.plugins as plugins
 from vitstudy_core.plugins import load_plugins
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 MEASURES = '''"""Test plug-in: an observable and a token-count metric.
 

@@ -1,4 +1,4 @@
-"""One contract over every registered run source (as ``tests/test_kind_contract.py`` has one over every
+"""One contract over every registered run source (as ``tests/plugins/test_kind_contract.py`` has one over every
 claim kind).
 
 A source passes when it is registered under its own name with a settings model whose ``kind`` is that name

@@ -15,7 +15,7 @@ from runners.leases._file import FileLeaseStore
 from study.cluster.jobs import submit_command
 from tests.conftest import TINY_HYPOTHESIS, TINY_SWEEP, env_for, fresh_database
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def study_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -26,7 +26,7 @@ from study.schema import load_hypothesis, parse_hypothesis
 from study.sweep._tables import accuracy_warnings, learning_lines, with_task_size
 from tests.conftest import TINY_SWEEP
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 LAYERS = ["block_01", "block_02", "block_03"]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "plugins.md"
 FENCE = re.compile(r"```[a-z]*\n# file: (?P<path>\S+)\n(?P<body>.*?)```", re.S)
 

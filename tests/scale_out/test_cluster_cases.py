@@ -30,7 +30,7 @@ from tests.studyproc import study_cmd
 from vitstudy_core.redact import redact
 from vitstudy_core.runfolder import RunFolder
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ONE_SEED = TINY_HYPOTHESIS.replace("seeds: [0, 1, 2]", "seeds: [0]")
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_plugins_everywhere import TINY, install
+from tests.plugins.test_plugins_everywhere import TINY, install
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow  # a cluster's start and two tiny trainings each (~1 min on 2 cores)
 
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.test_plugins_everywhere import MEASURES
-from tests.test_third_party_plugin import _run, build_commands, example_files, make_venv
+from tests.plugins.test_plugins_everywhere import MEASURES
+from tests.plugins.test_third_party_plugin import _run, build_commands, example_files, make_venv
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 DIST = "vitstudy-allparts"
 GROUPS = {
@@ -165,7 +165,7 @@ def _write_package(pkg: Path, version: str, observable_version: str) -> None:
             (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
             (pkg / rel).write_text(text)
     mod = pkg / "vitstudy_example"
-    # tests/test_plugins_everywhere.py's parts under names of their own (that file's plug-in takes its
+    # tests/plugins/test_plugins_everywhere.py's parts under names of their own (that file's plug-in takes its
     # names: installing this package must change no test result of ours)
     measures = MEASURES.replace("norm_spread", "norm_cv").replace("trace_per_dim", "trace_mean")
     (mod / "measures.py").write_text(measures.replace("VERSION", repr(observable_version)))
@@ -280,15 +280,15 @@ def test_a_study_of_every_part_at_two_workers_then_an_upgraded_observable(allpar
 # our test files that read every registry (contracts over every registered part, listings, the schema's
 # unions, the CLI's choices, name scans): with the package installed each must give the same result
 REGISTRY_READERS = [
-    "tests/test_source_contract.py",
-    "tests/test_kind_contract.py",
-    "tests/test_objective_contract.py",
+    "tests/plugins/test_source_contract.py",
+    "tests/plugins/test_kind_contract.py",
+    "tests/plugins/test_objective_contract.py",
     "tests/datasets/test_contract.py",
-    "tests/test_plugins.py",
-    "tests/test_plugins_everywhere.py",
-    "tests/test_contract_catches.py",
-    "tests/test_registered_names.py",
-    "tests/test_registry.py",
+    "tests/plugins/test_plugins.py",
+    "tests/plugins/test_plugins_everywhere.py",
+    "tests/plugins/test_contract_catches.py",
+    "tests/plugins/test_registered_names.py",
+    "tests/plugins/test_registry.py",
     "tests/test_schema.py",
     "tests/test_observables.py",
     "tests/test_spectral.py",
@@ -296,7 +296,7 @@ REGISTRY_READERS = [
     "tests/test_verb_imports.py",
     "tests/test_messages.py",
     "tests/test_bad_input.py",
-    "tests/test_gpu_check.py",
+    "tests/scale_out/test_gpu_check.py",
 ]
 
 

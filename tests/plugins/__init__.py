@@ -1,0 +1,1 @@
+"""Plug-ins: the registries, loading, the contract suites and third-party packages."""

@@ -1,0 +1,1 @@
+"""The report: its page, sections, figures and browser rendering."""

@@ -1,0 +1,1 @@
+"""Executors and clusters: leases, Ray, Slurm, GPU workers and the GPU check."""
