@@ -6,7 +6,7 @@ they are computed on: ``"covariance"`` (the centred ``(D, D)`` covariance of a p
 registered observable at extraction time and stores the values with the run (``scalars.json``, key
 ``"{epoch}/{layer}/{token_set}/{name}"``) so the tidy table carries them next to the eigenvalue metrics
 and claims can name them. Adding one is one ``@register_observable(NAME, on=...)`` function here (plus
-its test; ``tests/test_observables.py`` checks every entry).
+its test; ``tests/spectra/test_observables.py`` checks every entry).
 
 ================  ===================================================================  ===============
 name              formula (computed on)                                                range

@@ -43,7 +43,7 @@ Steps and their limits in the full run (seconds; the sum, 805 s, is the planned 
    (chance + 3 sqrt(p (1 - p) / n_test), p = 1 / classes).
 6. ``resume`` (100): a compiled bf16 DINO run (``RESUME``) killed with SIGKILL in the middle of epoch 2 (a
    real subprocess), run again with the same command, compared with an uninterrupted run. On the CPU the
-   result must be bitwise identical (as ``tests/test_train.py``). On CUDA, bf16 rounding and kernel
+   result must be bitwise identical (as ``tests/training/test_train.py``). On CUDA, bf16 rounding and kernel
    choices (autotuning, atomics in attention backward) are not bitwise reproducible even between two
    uninterrupted runs, so the tolerance is: every epoch's loss within 1e-2 relative, every epoch's
    k-NN accuracy within 0.05, the total variance of every spectrum within 5e-2 relative, and the

@@ -4,7 +4,7 @@
     PAUSE=2:1 python -m runners.train_driver SPEC.json RUN_DIR DATA_DIR
 
 With ``PAUSE=EPOCH:STEP`` it prints ``MIDEPOCH`` after that step's optimiser update and sleeps, so a
-test (``tests/test_train.py``) or the GPU check (``bench/gpu_check.py``, step ``resume``) can SIGKILL it
+test (``tests/training/test_train.py``) or the GPU check (``bench/gpu_check.py``, step ``resume``) can SIGKILL it
 at a known point in the middle of an epoch, then run the same command again and compare the resumed run
 with an uninterrupted one. :func:`start` launches it.
 """

@@ -293,19 +293,21 @@ RULES: list[Rule] = [
     Rule(
         r"^python -m study run hypotheses/controls\.yaml$",
         Mapped(
-            ("tests/test_conditions.py::test_a_cell_shared_with_a_single_condition_file_is_not_retrained",)
+            (
+                "tests/schema/test_conditions.py::test_a_cell_shared_with_a_single_condition_file_is_not_retrained",
+            )
         ),
     ),
     Rule(
         r"^python -m study run hypotheses/paper/tgo_i_import\.yaml --data-root source=\S+$",
-        Mapped(("tests/test_imported.py::test_tgo_i_import_file_on_a_tgo_layout_log",)),
+        Mapped(("tests/sources/test_imported.py::test_tgo_i_import_file_on_a_tgo_layout_log",)),
     ),
     Rule(
         r"^python -m study run FILE --data-root NAME=PATH$",
         Mapped(
             (
-                "tests/test_imported.py::test_tgo_i_import_file_on_a_tgo_layout_log",
-                "tests/test_design.py::test_cli_data_root_flag_errors",
+                "tests/sources/test_imported.py::test_tgo_i_import_file_on_a_tgo_layout_log",
+                "tests/schema/test_design.py::test_cli_data_root_flag_errors",
             )
         ),
     ),
@@ -339,16 +341,19 @@ RULES: list[Rule] = [
     ),
     Rule(
         r"^python -m study validate FILE$",
-        Mapped(("tests/test_schema.py::test_malformed_file_one_line_exit_2",)),
+        Mapped(("tests/schema/test_schema.py::test_malformed_file_one_line_exit_2",)),
     ),
-    Rule(r"^python -m study plan FILE", Mapped(("tests/test_planning.py::test_plan_verb_table_and_json",))),
+    Rule(
+        r"^python -m study plan FILE",
+        Mapped(("tests/stats/test_planning.py::test_plan_verb_table_and_json",)),
+    ),
     Rule(r"^python -m study report ", Mapped(("tests/report/test_report.py::test_cli_report_and_ui",))),
     Rule(
         r"^python -m study ui",
         Mapped(
             (
                 "tests/report/test_report.py::test_cli_report_and_ui",
-                "tests/test_hardening.py::test_ui_sigterm_stops_the_server_group",
+                "tests/faults/test_hardening.py::test_ui_sigterm_stops_the_server_group",
             )
         ),
     ),
@@ -359,8 +364,8 @@ RULES: list[Rule] = [
         r"^(?:/usr/bin/time -v )?python -m study sweep hypotheses/complexity_sweep\.yaml",
         Mapped(
             (
-                "tests/test_sweep.py::test_tiny_sweep_end_to_end",
-                "tests/test_sweep.py::test_shipped_sweep_validates_and_its_claims_run_on_a_sweep_table",
+                "tests/sweep/test_sweep.py::test_tiny_sweep_end_to_end",
+                "tests/sweep/test_sweep.py::test_shipped_sweep_validates_and_its_claims_run_on_a_sweep_table",
             )
         ),
     ),
@@ -382,11 +387,13 @@ RULES: list[Rule] = [
             )
         ),
     ),
-    Rule(r"^python -m study doctor", Mapped(("tests/test_hardening.py::test_doctor_finds_and_repairs",))),
+    Rule(
+        r"^python -m study doctor", Mapped(("tests/faults/test_hardening.py::test_doctor_finds_and_repairs",))
+    ),
     # "two `python -m study run` of one file against one store ... train each run once"
     Rule(
         r"^python -m study run$",
-        Mapped(("tests/test_concurrency.py::test_two_invocations_train_each_run_once",)),
+        Mapped(("tests/tracking/test_concurrency.py::test_two_invocations_train_each_run_once",)),
     ),
     # tests/clusters.py starts the test cluster's nodes with `ray start`, as the docs do
     Rule(r"^ray start ", Mapped((CLUSTER,))),
@@ -416,7 +423,7 @@ RULES: list[Rule] = [
         r"^python -c \"import timm; \[timm\.create_model\(n, pretrained=True\) for n in ",
         External(
             "timm fetching published weights into the Hugging Face cache (the network); "
-            "tests/test_pretrained.py builds that cache from tiny models and runs the study offline"
+            "tests/sources/test_pretrained.py builds that cache from tiny models and runs the study offline"
         ),
     ),
     Rule(

@@ -141,7 +141,7 @@ def test_interrupted_run_resumes_to_identical_result(tmp_path):
 def test_ui_prints_the_runs_table_address_and_starts_a_lean_server(finished_study, capsys, monkeypatch):
     """``study ui`` (issue 27): the address of each study's runs table (MLflow 3.17 opens an experiment
     on its GenAI overview otherwise), the study logged last first; one worker, no job consumers, no
-    telemetry (tests/test_ui.py has the rest)."""
+    telemetry (tests/tracking/test_ui.py has the rest)."""
     from mlflow.tracking import MlflowClient
 
     from study.tracking.tracker import open_tracker

@@ -140,3 +140,11 @@ def test_no_folder_is_a_flat_list_of_families():
         if crowded:
             bad.append(f"{folder}: modules sharing a prefix {crowded} (a subpackage?)")
     assert not bad, "\n".join(bad)
+
+
+def test_every_test_folder_is_named_in_architecture_md():
+    # the tests' folders, as the docs' `tests/` paragraph lists them (`tests/<folder>/`), and the disk's
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    docs = set(re.findall(r"`tests/(\w+)/`", text))
+    disk = {p.parent.name for p in (ROOT / "tests").glob("*/__init__.py")}
+    assert docs == disk, f"only in the docs: {sorted(docs - disk)}; only on disk: {sorted(disk - docs)}"

@@ -15,7 +15,7 @@ import pytest
 from study.sweep import _heartbeat as sweep_heartbeat
 from study.sweep import storage as sweep_storage
 from study.sweep import trials as sweep_trials
-from tests.test_sweep_trials import _asked_on, _hyp, _sqlite_sweep
+from tests.sweep.test_sweep_trials import _asked_on, _hyp, _sqlite_sweep
 
 
 # ---- 1. study/sweep/trials.py restamp_start: optuna 5's RDB column is naive *UTC*, restamp writes naive *local* ----

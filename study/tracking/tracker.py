@@ -286,7 +286,7 @@ class Tracker(RunWriter):
 @runtime_checkable
 class TrackerProtocol(Protocol):
     """What orchestration asks of a tracker: :class:`Tracker` (MLflow) and :class:`NullTracker`
-    (``--no-mlflow``) both provide it (``tests/test_tracking.py`` checks their public methods match)."""
+    (``--no-mlflow``) both provide it (``tests/tracking/test_tracking.py`` checks their public methods match)."""
 
     parent_id: str | None
 

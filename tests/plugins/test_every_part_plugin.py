@@ -289,13 +289,13 @@ REGISTRY_READERS = [
     "tests/plugins/test_contract_catches.py",
     "tests/plugins/test_registered_names.py",
     "tests/plugins/test_registry.py",
-    "tests/test_schema.py",
-    "tests/test_observables.py",
-    "tests/test_spectral.py",
+    "tests/schema/test_schema.py",
+    "tests/spectra/test_observables.py",
+    "tests/spectra/test_spectral.py",
     "tests/test_cli.py",
     "tests/test_verb_imports.py",
-    "tests/test_messages.py",
-    "tests/test_bad_input.py",
+    "tests/schema/test_messages.py",
+    "tests/schema/test_bad_input.py",
     "tests/scale_out/test_gpu_check.py",
 ]
 

@@ -119,7 +119,7 @@ def test_ordering_subset_names_its_datasets_in_declared_order():
 def _shipped():
     for path in sorted((ROOT / "hypotheses").rglob("*.yaml")):
         hyp = load_hypothesis(path)
-        if hyp.sweep is not None:  # its claims run over a knob: tests/test_sweep.py draws them
+        if hyp.sweep is not None:  # its claims run over a knob: tests/sweep/test_sweep.py draws them
             continue
         yield pytest.param(hyp, pd.read_parquet(BEHAVIOUR / f"table_{hyp.name}.parquet"), id=hyp.name)
 
@@ -141,7 +141,7 @@ def test_each_claim_figure_plots_what_its_claim_tests(hyp, table, monkeypatch, t
     )
     for claim, sec in zip(hyp.claims, sections, strict=True):
         if getattr(claim, "unit", "seeds") == "images":  # needs the runs' probe blocks, not a table alone:
-            continue  # (the offline study in tests/test_pretrained.py runs such claims on real runs)
+            continue  # (the offline study in tests/sources/test_pretrained.py runs such claims on real runs)
         fig = sec.figures[0]
         cell = getattr(claim.subset, "condition", None)  # a design with conditions: the claim's cell's rows
         # (a published model named as a condition is a seed of the table: its rows carry no condition)

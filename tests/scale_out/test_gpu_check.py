@@ -201,4 +201,4 @@ def test_gpu_tests_collect_only_the_files_that_mark_tests_gpu():
     files = gc.gpu_test_files()
     assert "tests/scale_out/test_gpu.py" in files
     assert all("pytest.mark.gpu" in (REPO / f).read_text() for f in files)
-    assert "tests/test_tracking.py" not in files and len(files) < 5
+    assert "tests/tracking/test_tracking.py" not in files and len(files) < 5

@@ -90,7 +90,7 @@ def table():
     )
 
 
-# kinds across conditions need a table with a condition column: tested in tests/test_across.py
+# kinds across conditions need a table with a condition column: tested in tests/stats/test_across.py
 ACROSS = {"differs", "exceeds", "holds_in_all"}
 
 

@@ -3,7 +3,7 @@ disk or a lost store stops the study instead of costing a seed, a run's thread c
 what else is pending, and a partial child run in the store is retired once the run is FINISHED.
 
 Everything here is in-process or spawns a few sleeping workers (seconds); the same behaviour through the
-CLI, with real training, is in tests/test_faults.py.
+CLI, with real training, is in tests/faults/test_faults.py.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ import sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
 from runners.executors.local import ProcessExecutor
-from tests.test_stopping import start_then_sleep
+from tests.faults.test_stopping import start_then_sleep
 
 if __name__ == "__main__":
     list(ProcessExecutor(2, threads=1).map_jobs(start_then_sleep, [({tmp!r}, i) for i in range(2)]))
@@ -122,7 +122,7 @@ if __name__ == "__main__":
 
 def test_workers_exit_when_their_caller_is_killed(tmp_path):
     script = tmp_path / "caller.py"
-    script.write_text(textwrap.dedent(WATCHED.format(root=str(Path(__file__).parents[1]), tmp=str(tmp_path))))
+    script.write_text(textwrap.dedent(WATCHED.format(root=str(Path(__file__).parents[2]), tmp=str(tmp_path))))
     proc = subprocess.Popen([sys.executable, str(script)])
     try:
         _wait_for(lambda: len(list(tmp_path.glob("started*"))) == 2)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "pretrained_study.py"
 
 

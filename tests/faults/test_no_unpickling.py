@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("vitstudy_core", "study", "runners", "analysis", "bench")
 
 # (path relative to the repository root, the enclosing function or class) -> why it is safe

@@ -13,7 +13,7 @@ from study.schema import load_hypothesis
 from tests.conftest import TINY_HYPOTHESIS
 from vitstudy_core.errors import StudyError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "hypotheses").glob("**/*.yaml")), ids=lambda p: p.name)

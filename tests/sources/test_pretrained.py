@@ -22,7 +22,7 @@ from study.schema import load_hypothesis, parse_hypothesis
 from tests.zoo_cache import DESIGN_MODEL, MODEL_ARGS, OTHER_NORM, checkpoint_file, hub_cache
 from vitstudy_core.errors import StudyError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REGIONS = {"early": ["pos_embed"], "bottleneck": ["block_01"], "late": ["norm"]}
 DESIGN = {
     "datasets": [{"name": "objects", "n_train": 32, "n_test": 256, "image_size": 16}],
@@ -374,7 +374,7 @@ def test_a_hub_model_whose_config_says_custom_load_is_read_as_a_state_dict(tmp_p
     handed the cached .safetensors to ``load_pretrained``, which reads .npz only (timm 1.0.31 drops it
     itself): the source says ``custom_load: False`` for a state-dict file, and the weights are the file's."""
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    env["PYTHONPATH"] = str(Path(__file__).parents[1])
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
     script = f"from pathlib import Path\nHF = Path({str(tmp_path / 'hf')!r})\n" + _NPZ_ONLY
     proc = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300

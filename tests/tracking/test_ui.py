@@ -55,7 +55,7 @@ def test_ui_opens_the_runs_table_once_the_server_answers(monkeypatch):
 
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).parent / "artifacts"
+ARTIFACTS = Path(__file__).parents[1] / "artifacts"
 
 
 def _chromium(url: str, profile: Path, *extra: str) -> str:

@@ -2,7 +2,7 @@
 metric page plots the seed aggregates (``seed_mean/...``, ``seed_ci_low/...``, ``seed_ci_high/...``) against
 step, the layer index: the study-level curve with its 95% CI. The screenshot is kept as ``tests/artifacts/mlflow_parent_run.png``.
 
-Slow (an MLflow server starts: ~30 s): ``python -m pytest -m slow tests/test_api_browser.py``.
+Slow (an MLflow server starts: ~30 s): ``python -m pytest -m slow tests/tracking/test_api_browser.py``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from study.schema import parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS
 from vitstudy_core.errors import StudyError
 
-FIX = Path(__file__).parent / "fixtures" / "dimensionality" / "package_numbers.json"
+FIX = Path(__file__).parents[1] / "fixtures" / "dimensionality" / "package_numbers.json"
 
 
 def test_participation_ratio_bc_matches_the_package():

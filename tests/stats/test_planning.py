@@ -223,7 +223,7 @@ def test_plan_prints_the_gpu_estimate_of_the_paper_files(tmp_path, capsys):
     the designs' own numbers and bench/README.md's measured figures."""
     from study.cli import main
 
-    readme = (Path(__file__).parent.parent / "bench" / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "bench" / "README.md").read_text()
     assert "1,527 compiled" in readme and "868 compiled" in readme
     sup, dino = 1527.0, 868.0
     ib_train = 50_000 + 100_000 + 21 * 80  # CIFAR-100, Tiny ImageNet, UC Merced less its 20% test split
@@ -234,7 +234,7 @@ def test_plan_prints_the_gpu_estimate_of_the_paper_files(tmp_path, capsys):
             main(
                 [
                     "plan",
-                    str(Path(__file__).parent.parent / "hypotheses" / "paper" / f"{name}.yaml"),
+                    str(Path(__file__).parents[2] / "hypotheses" / "paper" / f"{name}.yaml"),
                     "--out",
                     str(tmp_path),
                 ]

@@ -19,7 +19,7 @@ from scipy import stats
 from analysis.inference import per_seed_slopes, t_test
 from analysis.mixed import fit_random_slopes, mixed_slope_test
 
-FIX = Path(__file__).parent / "fixtures" / "lme4"
+FIX = Path(__file__).parents[1] / "fixtures" / "lme4"
 DESIGNS = pd.read_csv(FIX / "data_designs.csv")
 LME4 = pd.read_csv(FIX / "lme4_designs.csv").set_index("design")
 

@@ -49,7 +49,7 @@ TGO_METRICS = (
     "spectral_flatness",
     "spectral_anisotropy",
 )
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 
 
 def _write(path: Path, doc: dict) -> Path:

@@ -21,7 +21,7 @@ from study.cli import main
 from study.schema import parse_hypothesis
 from tests.conftest import TINY_SWEEP
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 
 def _doc(**sweep) -> dict:

@@ -199,7 +199,7 @@ def _bench_extract():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "bench" / "extract.py"
+    path = Path(__file__).resolve().parents[2] / "bench" / "extract.py"
     spec = importlib.util.spec_from_file_location("bench_extract", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -316,7 +316,7 @@ def test_shipped_files_over_one_design_share_run_keys():
     import yaml
 
     groups: dict[str, list[Path]] = {}
-    for path in sorted((Path(__file__).parent.parent / "hypotheses").glob("*.yaml")):
+    for path in sorted((Path(__file__).parents[2] / "hypotheses").glob("*.yaml")):
         design = yaml.safe_load(path.read_text())["design"]
         groups.setdefault(json.dumps(design, sort_keys=True), []).append(path)
     shared = [paths for paths in groups.values() if len(paths) > 1]
@@ -360,7 +360,7 @@ def test_only_the_tracking_modules_import_mlflow():
     import ast
     from pathlib import Path
 
-    root = Path(__file__).parents[1]
+    root = Path(__file__).parents[2]
     found = set()
     for path in root.glob("*/**/*.py"):
         if path.parts[len(root.parts)] in ("tests", "bench") or ".venv" in path.parts:

@@ -21,7 +21,7 @@ from analysis.table import make_table, save_table
 from analysis.verdicts import ACCEPTED, INCONCLUSIVE, REJECTED, evaluate_claims, format_verdicts
 from study.schema import parse_hypothesis
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 BLOCKS = [f"block_{i:02d}" for i in range(1, 13)]
 EPOCHS = [0, 1, 2, 4, 6, 8]
 

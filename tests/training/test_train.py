@@ -17,7 +17,7 @@ from study.runspecs import plan_runs
 from study.schema import parse_hypothesis
 from tests.conftest import TINY_HYPOTHESIS
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 DINO = {
     "kind": "dino",

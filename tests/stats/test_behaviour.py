@@ -19,8 +19,8 @@ import yaml
 
 from study.cli import main
 
-ROOT = Path(__file__).parents[1]
-FIX = Path(__file__).parent / "fixtures" / "behaviour"
+ROOT = Path(__file__).parents[2]
+FIX = Path(__file__).parents[1] / "fixtures" / "behaviour"
 CASES = sorted(p.name.removeprefix("verdicts_").removesuffix(".json") for p in FIX.glob("verdicts_*.json"))
 
 
@@ -57,7 +57,7 @@ def _same(a, b, where: str = "") -> None:
 
 
 def test_every_shipped_file_has_a_snapshot():
-    # sweep files are tested on sweep tables (tests/test_sweep.py); every other shipped file has a snapshot
+    # sweep files are tested on sweep tables (tests/sweep/test_sweep.py); every other shipped file has a snapshot
     files = [p for p in (ROOT / "hypotheses").rglob("*.yaml") if "\nsweep:" not in p.read_text()]
     names = {yaml.safe_load(p.read_text())["name"] for p in files}
     assert {c.removesuffix("_weak") for c in CASES} == names

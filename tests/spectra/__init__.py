@@ -1,0 +1,1 @@
+"""Measurement: streamed covariance spectra through hooks, spectral metrics, activation observables."""
