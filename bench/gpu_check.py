@@ -119,6 +119,8 @@ STEPS = (
 # what --cpu-smoke runs unless --steps names more: the published-model step runs two ViT-S/16 over 256 images at
 # 224 px even at its smallest (``unit: images`` is calibrated from 256 probe images up), minutes on 2 cores
 SMOKE_STEPS = tuple(s for s in STEPS if s != "pretrained")
+# the objectives the throughput step times (our two trainers; the design of each is _trainer_config's)
+THROUGHPUT_OBJECTIVES = ("supervised", "dino")
 LIMITS_FULL = {
     "environment": 15,
     "gpu_tests": 100,
@@ -388,7 +390,7 @@ def step_throughput(rep: Report, work: Path) -> bool:
     rep.put(warmup_steps=warmup, timed_steps=timed, peak_bf16_tflops=peak, flops="FlopCounterMode, measured")
     ok, flops = True, {}
     for compile_ in (False, True):
-        for objective in ("supervised", "dino"):
+        for objective in THROUGHPUT_OBJECTIVES:
             name = f"{objective}{'_compiled' if compile_ else '_eager'}"
             if compile_ and device.type != "cuda":
                 rep.put(**{name: "skipped: our trainers compile only on CUDA"})

@@ -53,7 +53,7 @@ def test_cpu_smoke_runs_every_step_and_writes_json_and_table(smoke):
     f = {name: entry["figures"] for name, entry in steps.items()}
     assert f["environment"]["device"] == "cpu" and f["environment"]["torch"] == torch.__version__
     assert f["gpu_tests"]["tests"] >= 1 and f["gpu_tests"]["skipped"] == f["gpu_tests"]["tests"]
-    for objective in ("supervised", "dino"):
+    for objective in gc.THROUGHPUT_OBJECTIVES:
         res = f["throughput"][f"{objective}_eager"]
         assert res["images_per_s"] > 0 and res["flops_per_step"] > 0
         assert "skipped" in f["throughput"][f"{objective}_compiled"]  # compile is CUDA-only in our trainers
