@@ -74,7 +74,7 @@ def _package_dir(name: str) -> Path | None:
 
 def code_digest() -> str:
     """sha256 of the source of our packages, the libraries' versions and the installed plug-ins."""
-    from vitstudy_core.plugins import GROUPS
+    from vitstudy_core.plugins import installed_entry_points
 
     h = hashlib.sha256()
     for pkg in CODE_PACKAGES:
@@ -89,8 +89,8 @@ def code_digest() -> str:
             h.update(f"{lib}={metadata.version(lib)}\0".encode())
         except metadata.PackageNotFoundError:
             h.update(f"{lib}=-\0".encode())
-    for group in GROUPS:
-        for ep in sorted(metadata.entry_points(group=group), key=lambda e: (e.name, e.value)):
+    for group, points in installed_entry_points().items():
+        for ep in sorted(points, key=lambda e: (e.name, e.value)):
             dist = ep.dist
             who = f"{dist.name} {dist.version}" if dist is not None else "?"
             h.update(f"{group}:{ep.name}={ep.value} ({who})\0".encode())

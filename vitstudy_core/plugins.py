@@ -21,10 +21,12 @@ import, or whose registration is refused, is one line on stderr naming it and it
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import importlib.util
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -165,22 +167,55 @@ def _application_modules() -> set[str]:
     return {m for m in sys.modules if m.partition(".")[0] == APPLICATION}
 
 
+@contextmanager
+def _application_imports() -> Iterator[list[str]]:
+    """The application modules named by ``import`` statements that run inside the block, in order.
+
+    Seen at the statement, not in ``sys.modules``: in a process that was importing the schema when the
+    plug-ins loaded (``study.api.validate``), the module a plug-in imports is there already, half made.
+    """
+    seen: list[str] = []
+    original = builtins.__import__
+
+    def watching(
+        name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+    ) -> Any:
+        if level == 0 and name.partition(".")[0] == APPLICATION:
+            seen.append(name)
+        return original(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = watching
+    try:
+        yield seen
+    finally:
+        builtins.__import__ = original
+
+
 def _load(ep: metadata.EntryPoint) -> str | None:
     """Import ``ep``'s module; the one-line reason it is not loaded, or None when it is."""
     found_at = _imports_application(ep.module)
     if found_at is not None:  # refused before it runs, so that every process refuses it alike
         return f"ImportError: imports {APPLICATION} ({found_at}); {LAYER_RULE}"
     before = _application_modules()
-    try:
-        ep.load()
-    except Exception as err:  # any failure of a third party's import: name it, keep going
-        error: str | None = _one_line(err)
-    else:
-        error = None
-    new = sorted(_application_modules() - before)
+    with _application_imports() as seen:
+        try:
+            ep.load()
+        except Exception as err:  # any failure of a third party's import: name it, keep going
+            error: str | None = _one_line(err)
+        else:
+            error = None
+    new = [*seen, *sorted(_application_modules() - before)]  # importlib.import_module: the second
     if new:  # through another module of its own (the direct import is caught above)
         return f"ImportError: imports {APPLICATION} (through another module: {new[0]}); {LAYER_RULE}"
     return error
+
+
+def installed_entry_points() -> dict[str, list[metadata.EntryPoint]]:
+    """Each registry group's installed entry points (:data:`GROUPS` order), read in one pass over the
+    installed distributions (``entry_points(group=...)`` reads every distribution's metadata again for
+    each group)."""
+    every = metadata.entry_points()
+    return {group: list(every.select(group=group)) for group in GROUPS}
 
 
 def load_plugins() -> bool:
@@ -195,7 +230,7 @@ def load_plugins() -> bool:
         return False
     _state = "loading"
     try:
-        found = {group: list(metadata.entry_points(group=group)) for group in GROUPS}
+        found = installed_entry_points()
         if not any(found.values()):
             # no plug-in installed: nothing to register, and no reason to import every registry's module
             # here (a verb that reads one registry, e.g. the CLI's --executor choices, would otherwise
