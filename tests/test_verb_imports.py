@@ -102,16 +102,17 @@ def test_the_probe_sees_what_a_verb_imports(finished):
     assert timed and timed == [line for line in again.stdout.splitlines() if line.startswith("run time ")]
 
 
-# the statistics stack: validate's dry run of a claim tests on a synthetic table, and plugins lists parts
+# the statistics stack: validate's dry run of a claim tests on a synthetic table, plan sizes seeds, plugins lists parts
 STATS = {"scipy.stats", "statsmodels", "pandas"}
 STATS_ALLOWED = {
     "validate": {"pandas"},  # the synthetic table; a t-test claim needs scipy.special only
+    "plan": {"pandas"},  # the pilot table; the power is statsmodels' computed from scipy.special
     "plugins": set(),
 }
 
 
 @pytest.mark.parametrize("verb", list(STATS_ALLOWED))
-def test_validate_and_plugins_import_no_statistics_stack_they_do_not_use(finished, verb):
+def test_validate_plan_and_plugins_import_no_statistics_stack_they_do_not_use(finished, verb):
     args, _ = VERBS[verb]
     loaded, proc = _imported(*args(*finished), full=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -161,3 +162,69 @@ def test_validate_of_published_models_asks_timm_once(tmp_path):
     assert proc1.stdout == proc2.stdout
     assert "timm" in first  # asked once: the check can see timm
     assert not second & TRAINING, f"the second validate imported {sorted(second & TRAINING)}"
+
+
+# one argument list per verb, with options set away from their defaults where it has them
+ARGV = {
+    "validate": ["validate", "h.yaml", "--out", "o"],
+    "run": ["run", "h.yaml", "--workers", "2", "--executor", "ray", "--until-decided", "--batch", "3"],
+    "plan": ["plan", "h.yaml", "--pilot", "t.parquet", "--json"],
+    "sweep": ["sweep", "h.yaml", "--n-trials", "4", "--executor", "slurm", "--storage", "s"],
+    "analyze": ["analyze", "h.yaml", "--table", "t.csv", "--json"],
+    "metrics": ["metrics", "s.npy"],
+    "table": ["table", "h.yaml", "--to", "t.parquet"],
+    "report": ["report", "h.yaml", "--out", "o"],
+    "ui": ["ui", "--port", "5001", "--no-browser"],
+    "plugins": ["plugins", "--json"],
+    "doctor": ["doctor", "--repair"],
+    "submit": ["submit", "h.yaml", "--address", "http://head:8265", "--ship-code"],
+    "status": ["status", "--address", "http://head:8265"],
+}
+
+
+def _verbs(parser) -> dict:
+    import argparse
+
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_every_verb_has_an_argument_list_here():
+    from study.cli._parser import VERBS as PARSED
+
+    assert list(ARGV) == list(PARSED) == list(_verbs(_full_parser()))
+
+
+def _full_parser():
+    from study.cli._parser import _parser
+
+    return _parser()
+
+
+@pytest.mark.parametrize("verb", list(ARGV))
+def test_the_parser_built_for_one_verb_reads_it_as_the_full_parser_does(verb):
+    """``main`` builds only the named verb's options (``run``'s read the executor registry): the help,
+    the verb's own help and what its arguments parse to are those of the parser with every verb built."""
+    from study.cli._parser import _parser, verb_of
+
+    full, one = _full_parser(), _parser(verb_of(ARGV[verb]))
+    assert one.format_help() == full.format_help()
+    assert _verbs(one)[verb].format_help() == _verbs(full)[verb].format_help()
+    assert vars(one.parse_args(ARGV[verb])) == vars(full.parse_args(ARGV[verb]))
+    others = [v for v in ARGV if v != verb]
+    assert all(not _verbs(one)[v]._actions[1:] for v in others)  # the others: only their -h
+    assert all(_verbs(full)[v]._actions[1:] for v in ARGV)
+
+
+def test_only_a_first_word_that_is_a_verb_picks_the_parser():
+    from study.cli._parser import verb_of
+
+    assert verb_of(["run", "plan"]) == "run"
+    assert verb_of(["-h", "run"]) is None and verb_of(["rnu"]) is None and verb_of([]) is None
+
+
+@pytest.mark.parametrize("verb", ["validate", "status", "metrics"])
+def test_a_verb_without_executor_options_imports_no_executor_registry(finished, verb):
+    args, _ = VERBS[verb]
+    loaded, proc = _imported(*args(*finished), full=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "runners.executors.local" not in loaded

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -36,15 +37,34 @@ EPILOG = (
 )
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """Every verb with its options; given ``verb``, only that verb's options are built.
+
+    The other verbs are still listed, by name and help, so ``-h`` and a wrong verb read as with every
+    option built; what is skipped is the option building itself, which for ``run``, ``sweep`` and
+    ``submit`` reads the executor registry (and so imports the executors and looks for plug-ins), work
+    that ``validate`` or ``status`` would do for nothing.
+    """
     p = _Parser(prog="python -m study", description=DESCRIPTION, epilog=EPILOG)
     sub = p.add_subparsers(dest="verb", required=True)
+    for name, (text, build) in VERBS.items():
+        options = sub.add_parser(name, help=text)
+        if verb is None or verb == name:
+            build(options)
+    return p
 
-    v = sub.add_parser("validate", help="check a hypothesis file without running anything")
+
+def verb_of(argv: list[str]) -> str | None:
+    """The verb ``argv`` names (its first word, when that is a verb), else None (``-h``, a typo)."""
+    return argv[0] if argv and argv[0] in VERBS else None
+
+
+def _validate(v: argparse.ArgumentParser) -> None:
     v.add_argument("hypothesis", type=Path)
     v.add_argument("--out", type=Path, default=Path("study_results"), help="where `run` would write")
 
-    r = sub.add_parser("run", help="train the runs a hypothesis needs and test its claims")
+
+def _run(r: argparse.ArgumentParser) -> None:
     r.add_argument("hypothesis", type=Path)
     r.add_argument(
         "--out", type=Path, default=Path("study_results"), help="output folder (default: study_results)"
@@ -75,9 +95,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_sequential_options(r)
     _add_placement(r)
-    pl = sub.add_parser(
-        "plan", help="seeds and run-hours each claim needs for 80%%/90%% power (trains nothing)"
-    )
+
+
+def _plan(pl: argparse.ArgumentParser) -> None:
     pl.add_argument("hypothesis", type=Path)
     pl.add_argument(
         "--pilot", type=Path, default=None, help="tidy table of a pilot (default: the study's own)"
@@ -85,29 +105,27 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    _add_sweep(sub)
 
-    a = sub.add_parser("analyze", help="re-test a hypothesis's claims on a saved tidy table (no training)")
+def _analyze(a: argparse.ArgumentParser) -> None:
     a.add_argument("hypothesis", type=Path)
     a.add_argument("--table", type=Path, required=True, help="tidy table (.parquet or .csv)")
     a.add_argument("--json", action="store_true", help="print the verdicts as JSON")
 
-    # ---- observatory verbs: score spectra / rebuild tables from saved runs (no model needed) -----------
-    mt = sub.add_parser("metrics", help="eigenvalue metrics of spectra (.npy/.npz) as JSON (null: undefined)")
+
+# ---- observatory verbs: score spectra / rebuild tables from saved runs (no model needed) ---------------
+def _metrics(mt: argparse.ArgumentParser) -> None:
     mt.add_argument("spectrum", type=Path, help="a .npy 1-D vector of eigenvalues, or a run's spectra.npz")
-    tb = sub.add_parser("table", help="rebuild the tidy table from the saved spectra of a hypothesis's runs")
+
+
+def _table(tb: argparse.ArgumentParser) -> None:
     tb.add_argument("hypothesis", type=Path)
     tb.add_argument("--out", type=Path, default=Path("study_results"), help="the folder `run` wrote to")
     tb.add_argument(
         "--to", type=Path, default=None, help="table path (default: OUT/studies/NAME/table.parquet)"
     )
-    _add_results_verbs(sub)
-    _add_scale_verbs(sub)
-    return p
 
 
-def _add_sweep(sub) -> None:
-    sw = sub.add_parser("sweep", help="run optuna trials over a dataset's knobs and test claims over them")
+def _sweep(sw: argparse.ArgumentParser) -> None:
     sw.add_argument("hypothesis", type=Path)
     sw.add_argument(
         "--out", type=Path, default=Path("study_results"), help="output folder (default: study_results)"
@@ -174,11 +192,10 @@ def _add_placement(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_scale_verbs(sub) -> None:
+def _submit(sb: argparse.ArgumentParser) -> None:
     from runners.executors.local import EXECUTORS
     from study.cluster.executor_flags import submit_targets
 
-    sb = sub.add_parser("submit", help="start a study or sweep as a Ray or Slurm job on a running cluster")
     sb.add_argument("hypothesis", type=Path, help="the file, on a filesystem every node reaches")
     targets = submit_targets()
     sb.add_argument(
@@ -216,7 +233,9 @@ def _add_scale_verbs(sub) -> None:
     from study.cluster.executor_flags import add_executor_flags
 
     add_executor_flags(sb, submit=True)
-    st = sub.add_parser("status", help="studies with their runs done, running and to do")
+
+
+def _status(st: argparse.ArgumentParser) -> None:
     st.add_argument("--out", type=Path, default=Path("study_results"), help="output folder (file leases)")
     st.add_argument(
         "--leases", default=None, help="run lease store URL (default: $STUDY_LEASES, else OUT/leases)"
@@ -225,18 +244,41 @@ def _add_scale_verbs(sub) -> None:
 
 
 # ---- results people can look at: report and ui ---------------------------------------------------------
-def _add_results_verbs(sub) -> None:
-    rp = sub.add_parser("report", help="write report.html and report.md for a finished study")
+def _report(rp: argparse.ArgumentParser) -> None:
     rp.add_argument("study", type=Path, help="a study folder (<out>/studies/<name>) or its hypothesis file")
     rp.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
-    u = sub.add_parser("ui", help="start the MLflow UI on the study store (127.0.0.1)")
+
+
+def _ui(u: argparse.ArgumentParser) -> None:
     u.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
     u.add_argument("--port", type=int, default=5000)
     u.add_argument("--study", help="open this study's runs (default: the study logged last)")
     u.add_argument("--no-browser", action="store_true", help="print the address only, open no browser")
-    pg = sub.add_parser("plugins", help="list every plug-in registry and what is registered in it")
+
+
+def _plugins(pg: argparse.ArgumentParser) -> None:
     pg.add_argument("--json", action="store_true", help="print a JSON mapping instead of a list")
-    d = sub.add_parser("doctor", help="check an output folder and its MLflow store (and repair)")
+
+
+def _doctor(d: argparse.ArgumentParser) -> None:
     d.add_argument("--out", type=Path, default=Path("study_results"), help="output folder of `run`")
     d.add_argument("--repair", action="store_true", help="repair what can be repaired")
     d.add_argument("--verbose", action="store_true", help="let MLflow's and alembic's log lines through")
+
+
+# verb -> (its line in `python -m study -h`, what adds its options), in the order `-h` lists them
+VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "validate": ("check a hypothesis file without running anything", _validate),
+    "run": ("train the runs a hypothesis needs and test its claims", _run),
+    "plan": ("seeds and run-hours each claim needs for 80%%/90%% power (trains nothing)", _plan),
+    "sweep": ("run optuna trials over a dataset's knobs and test claims over them", _sweep),
+    "analyze": ("re-test a hypothesis's claims on a saved tidy table (no training)", _analyze),
+    "metrics": ("eigenvalue metrics of spectra (.npy/.npz) as JSON (null: undefined)", _metrics),
+    "table": ("rebuild the tidy table from the saved spectra of a hypothesis's runs", _table),
+    "report": ("write report.html and report.md for a finished study", _report),
+    "ui": ("start the MLflow UI on the study store (127.0.0.1)", _ui),
+    "plugins": ("list every plug-in registry and what is registered in it", _plugins),
+    "doctor": ("check an output folder and its MLflow store (and repair)", _doctor),
+    "submit": ("start a study or sweep as a Ray or Slurm job on a running cluster", _submit),
+    "status": ("studies with their runs done, running and to do", _status),
+}

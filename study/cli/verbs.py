@@ -34,7 +34,7 @@ import json
 import sys
 from pathlib import Path
 
-from study.cli._parser import _parser
+from study.cli._parser import _parser, verb_of
 from vitstudy_core.errors import Interrupted, StudyError
 from vitstudy_core.io import WRITE_ERRNOS
 from vitstudy_core.redact import redact
@@ -349,7 +349,8 @@ def _failed_exit(failed: dict[str, str], allowed: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    # only the named verb's options are built (the others' would import the executors for nothing)
+    args = _parser(verb_of(sys.argv[1:] if argv is None else argv)).parse_args(argv)
     try:
         from vitstudy_core.faults import check_env
 
