@@ -1,8 +1,12 @@
 """Seeds a claim needs, before training: power of its test at the smallest effect of interest.
 
-Every number comes from statsmodels' :class:`~statsmodels.stats.power.TTestPower` (the one-sample t test
-on per-seed values that every kind's binding test is, or approximates): the power of ``S`` seeds at a
-standardised effect ``d = effect / sd``, and the smallest ``S`` reaching a target power. The per-seed SD
+Every number is the power of statsmodels' :class:`~statsmodels.stats.power.TTestPower` (the one-sample
+t test on per-seed values that every kind's binding test is, or approximates): the power of ``S`` seeds at
+a standardised effect ``d = effect / sd``, and the smallest ``S`` reaching a target power. It is computed
+as statsmodels' ``ttest_power`` computes it, from the scipy.special functions that one calls (the t
+quantile ``stdtrit`` and the noncentral t CDF ``nctdtr``), because importing ``statsmodels.stats.power``
+imports ``scipy.stats``: about 0.8 s of every ``plan`` on 2 cores. tests/stats/test_planning.py holds the
+two equal over the seeds, effects, levels and sides a plan uses. The per-seed SD
 comes from a pilot (the kind's own ``evaluate`` on a pilot table: ``Outcome.effect_values``), so it is an
 estimate from few seeds; the seeds are also given at its upper 80% confidence bound,
 ``sd * sqrt((n - 1) / chi2_{0.2}(n - 1))`` (n pilot seeds), so the plan survives an unlucky pilot.
@@ -25,11 +29,11 @@ TARGETS = (0.8, 0.9)
 
 def sd_upper_bound(sd: float, n: int, level: float = 0.8) -> float:
     """One-sided upper ``level`` confidence bound of a normal SD estimated from ``n`` values (chi-square)."""
-    from scipy import stats
+    from scipy.special import chdtri  # chdtri(df, q) = scipy.stats.chi2.isf(q, df) = chi2.ppf(1 - q, df)
 
     if n < 2 or not math.isfinite(sd):
         return float("nan")
-    return float(sd * math.sqrt((n - 1) / stats.chi2.ppf(1 - level, n - 1)))
+    return float(sd * math.sqrt((n - 1) / chdtri(n - 1, level)))
 
 
 def seed_floor(labellings: int, alpha: float, contrasts: int = 1) -> int:
@@ -43,16 +47,52 @@ def seed_floor(labellings: int, alpha: float, contrasts: int = 1) -> int:
     return int(math.floor(math.log(max(1, contrasts) / alpha) / math.log(labellings))) + 1
 
 
+def nct_cdf(df: np.ndarray, nc: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """P(T <= x) for the noncentral t with ``df`` degrees of freedom and noncentrality ``nc``.
+
+    scipy.special's ``nctdtr`` (what statsmodels and ``scipy.stats.nct`` call), except where it returns NaN:
+    scipy 1.17 does so where the probability is within rounding of 0 or 1 (scipy issue 25470; seen at
+    seed counts and effects a plan counts, e.g. the lower tail of a two-sided test at d = 1.7 with 11 seeds,
+    which made statsmodels' power NaN and the plan skip that seed count). There the mirrored distribution
+    gives it, ``1 - P(T(-nc) <= -x)``; where that is NaN too, the probability is 0 or 1 by the side of the
+    distribution's centre ``nc`` that ``x`` lies on. tests/stats/test_planning.py checks the mended values
+    against the CDF integrated at 30 digits.
+    """
+    from scipy.special import nctdtr
+
+    df, nc, x = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (df, nc, x)))
+    p = np.array(nctdtr(df, nc, x), dtype=np.float64)
+    bad = np.isnan(p) & np.isfinite(df) & np.isfinite(nc) & ~np.isnan(x)
+    if bad.any():
+        mirrored = 1 - nctdtr(df[bad], -nc[bad], -x[bad])
+        side = (x[bad] > nc[bad]).astype(np.float64)
+        p[bad] = np.where(np.isnan(mirrored), side, mirrored)
+    return p
+
+
+def t_power(d: float, n: np.ndarray, alpha: float, two_sided: bool = False) -> np.ndarray:
+    """statsmodels' ``ttest_power(d, n, alpha, alternative="larger" | "two-sided")`` for ``n >= 2`` seeds:
+    the chance that the noncentral t (df ``n - 1``, noncentrality ``d * sqrt(n)``) passes the critical t
+    (its NaN mended: :func:`nct_cdf`)."""
+    from scipy.special import stdtrit
+
+    n = np.asarray(n, dtype=np.float64)
+    df, nc = n - 1, d * np.sqrt(n)
+    level = alpha / 2 if two_sided else alpha
+    upper = -stdtrit(df, level)  # scipy.stats.t.isf(level, df)
+    pw = 1 - nct_cdf(df, nc, upper)
+    if two_sided:
+        pw = pw + nct_cdf(df, nc, stdtrit(df, level))  # below scipy.stats.t.ppf(level, df)
+    return pw
+
+
 def power(d: float, n: int, alpha: float, two_sided: bool = False, floor: int = 0) -> float:
     """Power of the one-sample t test with ``n`` seeds at standardised effect ``d`` (0 below ``floor``)."""
-    from statsmodels.stats.power import TTestPower
-
     if not math.isfinite(d) or n < 2:
         return float("nan")
     if n < floor:
         return 0.0
-    alt = "two-sided" if two_sided else "larger"
-    return float(TTestPower().power(effect_size=d, nobs=n, alpha=alpha, alternative=alt))
+    return float(t_power(d, np.asarray(n), alpha, two_sided))
 
 
 def seeds_needed(
@@ -60,13 +100,10 @@ def seeds_needed(
 ) -> int | None:
     """Smallest number of seeds (>= 2, >= ``floor``) whose power at ``d`` reaches ``target``; None when
     ``d <= 0`` or more than :data:`MAX_SEEDS` would be needed."""
-    from statsmodels.stats.power import TTestPower
-
     if not math.isfinite(d) or d <= 0:
         return None
     n = np.arange(max(2, floor), MAX_SEEDS + 1)
-    alt = "two-sided" if two_sided else "larger"
-    pw = TTestPower().power(effect_size=d, nobs=n, alpha=alpha, alternative=alt)
+    pw = t_power(d, n, alpha, two_sided)
     hit = np.flatnonzero(pw >= target)
     return int(n[hit[0]]) if hit.size else None
 

@@ -34,6 +34,72 @@ def test_seeds_and_power_agree_with_statsmodels(d, alpha, two_sided):
     assert seeds_needed(-d, alpha, 0.8) is None and seeds_needed(1e-4, alpha, 0.8) is None
 
 
+@pytest.mark.parametrize("two_sided", [False, True])
+@pytest.mark.parametrize("alpha", [0.05, 0.01, 0.05 / 3, 0.001])
+def test_power_is_statsmodels_ttest_power_at_every_seed_count(alpha, two_sided):
+    """``analysis.power`` computes statsmodels' power from the scipy.special functions statsmodels calls
+    (without its import): equal to TTestPower's at every seed count a plan counts, effects of both signs,
+    wherever statsmodels' is a number; where it is NaN (scipy's noncentral t CDF in a far tail), ours is a
+    probability."""
+    from analysis.power import MAX_SEEDS, t_power
+
+    alt = "two-sided" if two_sided else "larger"
+    n = np.arange(2, MAX_SEEDS + 1)
+    for d in (-0.5, 1e-4, 0.05, 0.3, 0.8, 1.7, 4.0):
+        ours = t_power(d, n, alpha, two_sided)
+        theirs = TTestPower().power(effect_size=d, nobs=n, alpha=alpha, alternative=alt)
+        known = np.isfinite(theirs)
+        np.testing.assert_allclose(ours[known], theirs[known], rtol=1e-12, atol=1e-15)
+        assert np.all((ours >= 0) & (ours <= 1 + 1e-12))
+        assert power(d, 5, alpha, two_sided) == float(t_power(d, np.asarray(5), alpha, two_sided))
+
+
+def _nct_cdf_30_digits(df: float, nc: float, x: float) -> float:
+    """P(T <= x) of the noncentral t by its definition, T = (Z + nc) / sqrt(U / df) with U ~ chi2(df):
+    the normal CDF of x * sqrt(u / df) - nc integrated over U's density, by mpmath at 30 digits."""
+    import mpmath as mp
+
+    mp.mp.dps = 30
+    k = mp.mpf(df) / 2
+
+    def density(u):
+        return mp.exp((k - 1) * mp.log(u) - u / 2 - k * mp.log(2) - mp.loggamma(k))
+
+    spread = 12 * mp.sqrt(2 * df)
+    cuts = [0, max(df - spread, df / 8), df, df + spread, mp.inf]
+    return float(mp.quad(lambda u: mp.ncdf(x * mp.sqrt(u / df) - nc) * density(u), cuts))
+
+
+def test_power_where_scipy_gives_nan_is_the_noncentral_t_integrated():
+    """scipy's nctdtr is NaN at these points of a plan's grid (both tails, both its fallbacks): the mended
+    CDF is the one integrated from the definition, and the plan counts the seed that statsmodels' NaN
+    skipped (two-sided, alpha 0.001, d = 1.7: power 0.871 at 12 seeds, statsmodels NaN there)."""
+    from scipy.special import nctdtr, stdtrit
+
+    from analysis.power import nct_cdf, t_power
+
+    points = [  # (df, nc, x)
+        (10.0, 1.7 * math.sqrt(11), float(stdtrit(10, 0.0005))),  # lower tail of the two-sided test
+        (489.0, 1.7 * math.sqrt(490), float(-stdtrit(489, 0.05))),  # one-sided, power about 1
+        (960.0, -0.1373823795883263 * math.sqrt(961), 3.907002523676615),  # mirrored NaN too: about 1
+        (3.0, 4.0 * 2.0, float(stdtrit(3, 0.025))),
+    ]
+    for df, nc, x in points:
+        assert math.isnan(float(nctdtr(df, nc, x)))
+        assert float(nct_cdf(df, nc, x)) == pytest.approx(_nct_cdf_30_digits(df, nc, x), abs=1e-12)
+    assert float(t_power(1.7, np.asarray(12), 0.001, True)) == pytest.approx(0.8707255454858897, abs=1e-12)
+    assert seeds_needed(1.7, 0.001, 0.8, two_sided=True) == 12
+    theirs = TTestPower().power(effect_size=1.7, nobs=np.arange(2, 14), alpha=0.001, alternative="two-sided")
+    assert math.isnan(theirs[10]) and np.flatnonzero(theirs >= 0.8)[0] + 2 == 13
+
+
+def test_sd_upper_bound_is_scipy_s_chi_square_quantile():
+    n = np.arange(2, 200)
+    for level in (0.8, 0.9, 0.5):
+        ours = [sd_upper_bound(1.0, int(k), level) for k in n]
+        np.testing.assert_allclose(ours, np.sqrt((n - 1) / stats.chi2.ppf(1 - level, n - 1)), rtol=1e-12)
+
+
 def test_sd_upper_bound_is_the_chi_square_bound():
     """P(sd_hat * sqrt((n-1)/chi2_0.2) >= sigma) = 0.8 for normal data."""
     assert sd_upper_bound(2.0, 4) == pytest.approx(2.0 * math.sqrt(3 / stats.chi2.ppf(0.2, 3)))
