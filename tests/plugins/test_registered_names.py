@@ -29,6 +29,7 @@ ALLOWED = {
     ("analysis.unit_calibration", "differs"): "calibration scenarios of the built-in kinds (bench data)",
     ("analysis.unit_calibration", "eed_pct"): "calibration scenarios of the built-in kinds (bench data)",
     ("study.cli.verbs", "table"): "the verb `table`, not the table source",
+    ("study.cli._parser", "table"): "the verb `table` in the table of verbs, not the table source",
     ("study.pipeline.outputs", "table"): "the study's table.parquet, not the table source",
     (
         "study.cluster.gpu_cost",
