@@ -25,6 +25,7 @@ import builtins
 import importlib
 import importlib.util
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -176,11 +177,12 @@ def _application_imports() -> Iterator[list[str]]:
     """
     seen: list[str] = []
     original = builtins.__import__
+    loading = threading.get_ident()  # another thread's imports meanwhile are not the plug-in's
 
     def watching(
         name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
     ) -> Any:
-        if level == 0 and name.partition(".")[0] == APPLICATION:
+        if level == 0 and name.partition(".")[0] == APPLICATION and threading.get_ident() == loading:
             seen.append(name)
         return original(name, globals, locals, fromlist, level)
 

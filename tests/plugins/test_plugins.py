@@ -209,3 +209,18 @@ def test_the_layer_check_reads_only_what_runs_at_import(tmp_path, monkeypatch):
     assert (
         plugins._imports_application("layered_pkg.kind") == '"import study.cli as cli" (__init__.py, line 2)'
     )
+
+
+def test_only_the_loading_thread_s_imports_count_against_a_plugin():
+    """A plug-in is refused for the imports of ``study`` it makes as it loads, not for another thread's."""
+    import threading
+
+    with plugins._application_imports() as seen:
+        other = threading.Thread(target=lambda: __import__("study.rerun"))
+        other.start()
+        other.join()
+        __import__("json")
+    assert seen == []
+    with plugins._application_imports() as seen:
+        __import__("study.rerun")
+    assert seen == ["study.rerun"]
