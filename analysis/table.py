@@ -24,6 +24,9 @@ from vitstudy_core.io import atomic_path
 from vitstudy_core.layers import layer_order
 
 CONDITION = "condition"  # a design with conditions: the cell's name on every row (study.schema._conditions)
+# why a run did not learn (runners.objectives.learning_status), on each of its rows; "" for one that did.
+# Present only where some run of the table did not learn, so tables of runs that learned keep their columns.
+NOT_LEARNED = "not_learned"
 COLUMNS = [
     "run_key",
     "dataset",
@@ -94,16 +97,19 @@ def rows_from_spectra(
 def make_table(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
     """The tidy table from row dicts or from a frame of rows (e.g. concatenated runs), sorted.
 
-    Rows of a design with conditions carry the column ``condition`` (the cell's name): it is kept, last,
-    and leads the sort; without it the table has exactly :data:`COLUMNS`.
+    Rows of a design with conditions carry the column ``condition`` (the cell's name): it is kept, after
+    :data:`COLUMNS`, and leads the sort; rows of runs that did not learn carry :data:`NOT_LEARNED` (kept
+    last, "" on the other runs' rows); without either the table has exactly :data:`COLUMNS`.
     """
     given = rows.columns if isinstance(rows, pd.DataFrame) else {k for r in rows for k in r}
-    columns = [*COLUMNS, CONDITION] if CONDITION in given else COLUMNS
+    columns = [*COLUMNS, *(c for c in (CONDITION, NOT_LEARNED) if c in given)]
     df = (
         rows.reindex(columns=columns)
         if isinstance(rows, pd.DataFrame)
         else pd.DataFrame(rows, columns=columns)
     )
+    if NOT_LEARNED in columns:
+        df[NOT_LEARNED] = df[NOT_LEARNED].fillna("").astype(str)
     order = ["dataset", "seed", "epoch", "token_set", "metric", "layer_index"]
     return df.sort_values([CONDITION, *order] if CONDITION in columns else order, ignore_index=True)
 

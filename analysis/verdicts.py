@@ -42,6 +42,7 @@ from analysis.kinds import get_kind
 from analysis.kinds.base import Outcome, TableView, bottleneck_text, depth_text
 from analysis.power import seed_floor
 from analysis.probe import ProbeData, excludes_zero
+from analysis.table import NOT_LEARNED
 from vitstudy_core.fmt import fmt_interval, fmt_num, fmt_p, unit_of
 
 ACCEPTED, REJECTED, INCONCLUSIVE = "ACCEPTED", "REJECTED", "INCONCLUSIVE"
@@ -91,18 +92,30 @@ class ClaimResult:
     # the effect's unit suffix as its kind states it (" pp per unit of clutter"); for the text table only,
     # so not in ``to_dict`` (verdicts.json keeps its keys); empty: the metric's own unit
     unit: str = field(default="", compare=False)
+    # "<dataset> seed <s>" -> why that run did not learn (runners.objectives.learning_status), for the runs
+    # this claim read; empty when every run learned (then verdicts.json has no such key)
+    not_learned: dict[str, str] = field(default_factory=dict)
 
     @property
     def post_hoc(self) -> bool:
         """The claim was registered after some of its runs had finished."""
         return self.registration.get("status") == "post hoc"
 
+    @property
+    def label(self) -> str:
+        """The verdict as every table shows it: ``ACCEPTED``, ``ACCEPTED (post hoc)``, ``INCONCLUSIVE (runs
+        did not learn)``, ..."""
+        marks = [
+            m for m, on in (("post hoc", self.post_hoc), ("runs did not learn", bool(self.not_learned))) if on
+        ]
+        return f"{self.verdict} ({', '.join(marks)})" if marks else self.verdict
+
     def to_dict(self) -> dict[str, Any]:
         """The result as JSON-safe data (NaN -> null, seed keys as strings)."""
         d = asdict(self)
         del d["unit"]
         d["seeds_excluded"] = {str(k): v for k, v in self.seeds_excluded.items()}
-        for key in ("registration", "sequential"):  # only where a study recorded them
+        for key in ("registration", "sequential", "not_learned"):  # only where a study recorded them
             if not d[key]:
                 del d[key]
         return _json_safe(d)
@@ -142,6 +155,7 @@ class ClaimResult:
             seeds_needed=d.get("seeds_needed"),
             registration=d.get("registration") or {},
             sequential=d.get("sequential") or {},
+            not_learned=dict(d.get("not_learned") or {}),
         )
 
 
@@ -300,10 +314,32 @@ def evaluate_claims(
         method = Families.method(fam)
         for i, a in zip(idx, adjust([outcomes[i].p_value for i in idx], method), strict=True):
             adjusted[i], method_of[i] = a, method
-    return [
+    results = [
         _result(claim, o, adjusted[i], method_of[i])
         for i, (claim, o) in enumerate(zip(hyp.claims, outcomes, strict=True))
     ]
+    for claim, r in zip(hyp.claims, results, strict=True):
+        mark_not_learned(r, claim, table)
+    return results
+
+
+def mark_not_learned(result: ClaimResult, claim: Any, table: pd.DataFrame) -> None:
+    """Name, in ``result.not_learned`` and its warnings, every run the claim read that did not learn (the
+    table's :data:`analysis.table.NOT_LEARNED` column: absent when every run learned)."""
+    if NOT_LEARNED not in table.columns:
+        return
+    flagged = table[(table[NOT_LEARNED] != "") & table.seed.isin(result.seeds_used)]
+    named = claim.datasets_named()
+    if named:
+        flagged = flagged[flagged.dataset.isin(named)]
+    runs = flagged[["dataset", "seed", NOT_LEARNED]].drop_duplicates(["dataset", "seed"])
+    for ds, seed, why in runs.itertuples(index=False):
+        result.not_learned[f"{ds} seed {int(seed)}"] = str(why)
+    if result.not_learned:
+        result.warnings.append(
+            f"{len(result.not_learned)} of the runs it reads did not learn, so this verdict may be about "
+            "networks that never learned: " + "; ".join(f"{k}: {v}" for k, v in result.not_learned.items())
+        )
 
 
 def claim_outcomes(
@@ -414,7 +450,7 @@ def format_verdicts(results: list[ClaimResult]) -> str:
         rows.append(
             (
                 r.name,
-                f"{r.verdict} (post hoc)" if r.post_hoc else r.verdict,
+                r.label,
                 fmt_interval(r.effect, (r.ci_low, r.ci_high), unit, label=False),
                 fmt_p(r.p_adjusted),
                 str(r.n_seeds),

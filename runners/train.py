@@ -52,6 +52,8 @@ from vitstudy_core.provenance import git_state, package_versions
 from vitstudy_core.runfolder import RunFolder, spectrum_key
 
 DATA_ORDER_SEED_OFFSET = 7919
+# the per-epoch line's quality figures, where an objective records them
+_QUALITY = ("train_acc", "test_acc", "knn_acc", "teacher_entropy")
 BAR_LOSS_EVERY_S = 0.5  # the progress bar reads the loss (a host sync on a device) at most this often
 
 
@@ -157,6 +159,9 @@ class _Done:
         started_at: when training began (unix seconds; kept across resumes; None: not begun).
         measure_s: seconds each checkpoint's measurement took, by epoch (``result.json``'s ``measure_s``:
             ``plan`` reads the extraction time from finished runs instead of timing one).
+        initial: the objective's ``evaluate`` at initialisation, before the first step (``result.json``'s
+            ``initial``: the epoch-0 k-NN or test accuracy and, for DINO, its collapse diagnostics; None
+            for a run resumed from a ``resume.pt`` written before it was recorded).
     """
 
     history: list[dict] = field(default_factory=list)
@@ -165,6 +170,7 @@ class _Done:
     epoch: int = 0
     started_at: float | None = None
     measure_s: dict[str, float] = field(default_factory=dict)
+    initial: dict | None = None
 
 
 def _load_resume(
@@ -198,6 +204,7 @@ def _load_resume(
     # a resume.pt from before started_at was kept has none: the run's start is then this attempt's
     done = _Done(state["history"], spectra, state["n_tokens"], state["epoch"], state.get("started_at"))
     done.measure_s = dict(state.get("measure_s") or {})  # none in a resume.pt from before it was kept
+    done.initial = state.get("initial")  # none in a resume.pt from before it was recorded
     return done
 
 
@@ -211,7 +218,7 @@ def _save_resume(
     state.update(torch_rng=torch.get_rng_state(), cuda_rng=cuda_rng)
     spectra = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in done.spectra.items()}
     state.update(history=done.history, spectra=spectra, n_tokens=done.n_tokens, epoch=done.epoch)
-    state.update(started_at=done.started_at, measure_s=done.measure_s)
+    state.update(started_at=done.started_at, measure_s=done.measure_s, initial=done.initial)
     _atomic_torch_save(state, path)
 
 
@@ -283,6 +290,16 @@ class _Run:
         self.done.measure_s[str(epoch)] = time.perf_counter() - t0
         self._say(f"spectra at epoch {epoch} ({self.done.measure_s[str(epoch)]:.1f}s)")
 
+    def evaluate_initial(self) -> None:
+        """The objective's held-out evaluation at initialisation (epoch 0): what a run's learning is judged
+        against. It draws no random numbers, so training goes on exactly as without it."""
+        self.done.initial = {
+            "epoch": 0,
+            **self.objective.evaluate(self.xtr, self.ytr, self.xte, self.yte),
+        }
+        quality = " ".join(f"{k} {v:.3f}" for k, v in self.done.initial.items() if k in _QUALITY)
+        self._say(f"epoch 0 (initialisation) {quality}")
+
     def checkpoint(self, epoch: int) -> None:
         """Measure, then save the measured network's weights and the run spec (atomic write)."""
         self.measure(epoch)
@@ -306,7 +323,7 @@ class _Run:
         entry["threads"] = threads if threads is not None else torch.get_num_threads()
         self.done.history.append(entry)
         fault_point("train.epoch")
-        quality = " ".join(f"{k} {entry[k]:.3f}" for k in ("train_acc", "test_acc", "knn_acc") if k in entry)
+        quality = " ".join(f"{k} {entry[k]:.3f}" for k in _QUALITY if k in entry)
         self._say(
             f"epoch {epoch}/{tr.epochs} loss {entry['loss']:.3f} {quality} {entry['images_per_s']:.0f} img/s"
         )
@@ -336,6 +353,8 @@ class _Run:
             "started_at": self.done.started_at,  # seconds since the epoch: when training began
             "finished_at": time.time(),  # seconds since the epoch: when the data existed (pre-registration)
             "measure_s": self.done.measure_s,  # seconds per checkpoint's measurement (``plan``'s run-hours)
+            "initial": self.done.initial,  # the objective's evaluation before the first step
+            "n_classes": self.setup.n_classes,  # the chance level of its accuracies (learning_status)
         }
         if self.run.get("labels", "true") == "shuffled":
             result["labels"] = {"kind": "shuffled", "seed": self.run["seed"] + LABEL_SEED_OFFSET}
@@ -367,6 +386,8 @@ def train_run(
     run_dir.mkdir(parents=True, exist_ok=True)
     r = _Run(run, run_dir, data_dir, progress, bar)
     try:
+        if r.done.epoch == 0 and r.done.initial is None:
+            r.evaluate_initial()
         if r.done.epoch == 0 and 0 in run["checkpoints"] and "0/norm/all" not in r.done.spectra:
             r.checkpoint(0)
         for epoch in range(r.done.epoch + 1, r.setup.training.epochs + 1):

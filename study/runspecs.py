@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from runners.datasets import GENERATOR_VERSION, LOADER_VERSION, resolve_fingerprint, resolve_path
-from runners.objectives import objective_payload
+from runners.objectives import DEFAULT_OBJECTIVE, objective_payload, trainer_version
 from runners.sources import DEFAULT_SOURCE
 from study.measured_by import claimed_metrics, plugin_parts
 from study.schema import Hypothesis
@@ -95,6 +95,10 @@ def run_key(payload: dict, metrics: Collection[str] = (), parts: dict | None = N
         payload["probe"] = {k: v for k, v in payload["probe"].items() if not (k == "blocks" and not v)}
     # torch.compile changes speed, not the result (beyond float rounding on GPU)
     payload["training"] = {k: v for k, v in payload["training"].items() if k != "compile"}
+    # an objective whose trainer changed what the same settings train (DINO's warmup, version 2) keys on it
+    version = trainer_version(payload.get("objective", DEFAULT_OBJECTIVE))
+    if version > 1:
+        payload["trainer_version"] = version
     if payload.get("source", DEFAULT_SOURCE) == DEFAULT_SOURCE:
         payload.pop("source", None)
     if payload.get("imported") is None:

@@ -301,7 +301,7 @@ def effect_figure(result, unit: str | None = None) -> Figure:
         ax.plot([effect], [0], "o", color=colour)
     ax.axvline(0, color="black", lw=0.8, ls="--")
     ax.set_yticks([0], [label], fontsize=8)
-    verdict = f"{result.verdict} (post hoc)" if getattr(result, "post_hoc", False) else str(result.verdict)
+    verdict = str(getattr(result, "label", result.verdict))
     ax.set_title(verdict, fontsize=8, loc="right", fontweight="bold")
     ax.set_xlabel(f"{result.metric} effect{unit}")
     ax.grid(axis="x", alpha=0.3)

@@ -175,7 +175,7 @@ def _registration_why(reg: dict) -> str:
 
 
 def _verdict_cell(r: ClaimResult) -> str:
-    return f"{r.verdict} (post hoc)" if r.post_hoc else r.verdict
+    return r.label
 
 
 def _verdict_rows(sections: list[Section]) -> list[list[str]]:

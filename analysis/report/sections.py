@@ -114,7 +114,7 @@ def verdict_sentence(result: ClaimResult, unit: str) -> str:
     """``ACCEPTED (post hoc): <the verdict's reason>; effect 1.23 pp (95% CI 0.80, 1.66), p (holm) 0.004,
     5 seeds``: what a claim's report section leads with (its label as the verdict table shows it)."""
     one, many = replicates(result.details)
-    label = f"{result.verdict} (post hoc)" if result.post_hoc else result.verdict
+    label = result.label
     return (
         f"{label}: {result.reason}; effect {fmt_interval(result.effect, (result.ci_low, result.ci_high), unit)}, "
         f"p ({result.adjustment}) {fmt_p(result.p_adjusted)}, {result.n_seeds} {one if result.n_seeds == 1 else many}"

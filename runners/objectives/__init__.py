@@ -28,11 +28,13 @@ from runners.objectives.base import (
     TrainerSetup,
     TrainingSpec,
     find_preset,
+    learning_status,
     objective_names,
     objective_payload,
     objective_settings,
     preset_names,
     trainer_class,
+    trainer_version,
 )
 
 if TYPE_CHECKING:
@@ -48,12 +50,14 @@ __all__ = [
     "TrainingSpec",
     "build_trainer",
     "find_preset",
+    "learning_status",
     "make_objective",
     "objective_names",
     "objective_payload",
     "objective_settings",
     "preset_names",
     "trainer_class",
+    "trainer_version",
 ]
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):

@@ -22,7 +22,8 @@ checks every registered objective.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -84,6 +85,12 @@ class ObjectiveSettings(Strict):
     # False for a loss that may first rise (self-distillation while its teacher warms up): the check then
     # asks only that training moves the weights and the loss
     loss_falls_at_once: ClassVar[bool] = True
+    # fields added after runs were trained: left out of the run spec (and so the run key) while None, the
+    # value that trains as before, so those runs keep their keys
+    added_later: ClassVar[frozenset[str]] = frozenset()
+    # raised when the trainer's code changes what the same settings train: from 2 on it enters the run
+    # key (``study.runspecs.run_key``), so runs trained by the old code are not taken for new ones
+    trainer_version: ClassVar[int] = 1
 
     @model_validator(mode="before")
     @classmethod
@@ -104,6 +111,21 @@ class ObjectiveSettings(Strict):
             raise ValueError(f"Input should be {expected}" if names else "this objective has no presets")
         return v
 
+    def learning_check(self, history: Sequence[Mapping[str, Any]], n_classes: int) -> str | None:
+        """Why a finished run did not learn, or None: it did, or its history cannot tell.
+
+        The default reads the last epoch's held-out quality, ``test_acc`` (or ``knn_acc``), and calls a
+        run untrained when it is not above chance (1 / ``n_classes``) by 3 binomial standard errors of
+        the ``eval_images`` it was measured on, ``sqrt(p0 (1 - p0) / n)``; without ``eval_images``
+        (runs trained before it was recorded) nothing is said. An objective with other signals of
+        collapse overrides this (DINO: its teacher's entropy against ln K).
+
+        Args:
+            history: ``result.json``'s per-epoch entries, in order.
+            n_classes: classes of the dataset the quality was measured on.
+        """
+        return _not_above_chance(history, n_classes, ("test_acc", "knn_acc"))
+
     def throughput_key(self) -> str | None:
         """The rate of ``study.cluster.gpu_cost.MEASURED["images_per_s"]`` measured with these settings (the GPU
         estimate of ``study plan``); None: not measured, no estimate."""
@@ -112,6 +134,37 @@ class ObjectiveSettings(Strict):
     def check_model(self, model: TimmModel) -> tuple[str, str] | None:
         """A conflict of these settings with the resolved model: ``(field, expectation)``, or None."""
         return None
+
+    def check_data(self, model: TimmModel, image_size: int) -> tuple[str, str] | None:
+        """A conflict of these settings with a dataset's images (side ``image_size`` pixels) that would keep
+        the model from learning on them: ``(field, expectation)``, or None."""
+        return None
+
+
+# a run is untrained when its held-out quality is within this many binomial standard errors of chance
+CHANCE_SES = 3.0
+
+
+def _not_above_chance(
+    history: Sequence[Mapping[str, Any]], n_classes: int, keys: Sequence[str]
+) -> str | None:
+    """The default learning check (:meth:`ObjectiveSettings.learning_check`) on the first of ``keys`` that
+    the last epoch recorded."""
+    if not history or n_classes < 2:
+        return None
+    last = history[-1]
+    key = next((k for k in keys if isinstance(last.get(k), int | float)), None)
+    n = last.get("eval_images")
+    if key is None or not isinstance(n, int) or n < 1:
+        return None
+    chance = 1.0 / n_classes
+    bar = chance + CHANCE_SES * math.sqrt(chance * (1 - chance) / n)
+    if float(last[key]) > bar:
+        return None
+    return (
+        f"{key} {float(last[key]):.3f} at epoch {last.get('epoch')} is not above chance {chance:.3f} by "
+        f"{CHANCE_SES:g} binomial SEs of {n} images ({bar:.3f})"
+    )
 
 
 def _check_entry(name: str, cls: type[ObjectiveSettings]) -> None:
@@ -156,7 +209,13 @@ def objective_payload(settings: ObjectiveSettings) -> str | dict:
     """
     if settings == OBJECTIVES[DEFAULT_OBJECTIVE].model_validate({}):  # its defaults (= calling it bare)
         return DEFAULT_OBJECTIVE
-    return settings.model_dump()
+    return settings.model_dump(exclude={k for k in settings.added_later if getattr(settings, k) is None})
+
+
+def trainer_version(payload: str | Mapping[str, Any]) -> int:
+    """The ``trainer_version`` of the objective a run spec's ``objective`` names (1 if not installed)."""
+    kind = payload if isinstance(payload, str) else payload.get("kind", DEFAULT_OBJECTIVE)
+    return int(getattr(OBJECTIVES.get(kind, None), "trainer_version", 1))
 
 
 def objective_settings(payload: str | Mapping[str, Any]) -> ObjectiveSettings:
@@ -164,6 +223,28 @@ def objective_settings(payload: str | Mapping[str, Any]) -> ObjectiveSettings:
     if isinstance(payload, str):
         return OBJECTIVES.get(payload).model_validate({})  # its defaults (= calling it bare)
     return OBJECTIVES.get(payload.get("kind", DEFAULT_OBJECTIVE)).model_validate(dict(payload))
+
+
+def learning_status(result: Mapping[str, Any]) -> str | None:
+    """Why a finished run (its ``result.json``) did not learn, or None: it learned, or nothing tells.
+
+    Its objective's :meth:`ObjectiveSettings.learning_check` on its history (built-in and plug-in
+    objectives alike). Not asked of a ``labels: shuffled`` control (chance-level test accuracy is what it
+    is for) nor of a run without a trained objective (an imported metric log, a published model).
+    """
+    run = result.get("run") or {}
+    if run.get("labels", "true") == "shuffled" or "objective" not in run or "dataset" not in run:
+        return None
+    from runners.datasets import num_classes
+    from vitstudy_core.errors import StudyError
+
+    try:
+        settings = objective_settings(run["objective"])
+        # recorded by the run; a run from before it was: its dataset's (an on-disk folder must be here)
+        n_classes = result.get("n_classes") or num_classes(run["dataset"])
+    except (KeyError, ValueError, TypeError, AssertionError, StudyError):  # not installed, data not here
+        return None
+    return settings.learning_check(list(result.get("history") or []), n_classes)
 
 
 S = TypeVar("S", bound=ObjectiveSettings)

@@ -61,14 +61,15 @@ def cosine_schedule(
 ) -> np.ndarray:
     """Per-step values (epochs * steps_per_epoch,): linear warmup start -> base, then cosine base -> final.
 
-    ``v[t] = final + (base - final) * (1 + cos(pi * t' / T')) / 2`` after warmup, with t' the step
-    after warmup and T' the number of post-warmup steps (DINO's ``utils.cosine_scheduler``).
+    DINO's ``utils.cosine_scheduler``: the W warmup steps are ``linspace(start, base, W)`` (the last
+    warmup step is at ``base``), then ``v[t] = final + (base - final) * (1 + cos(pi * t' / T')) / 2``
+    with t' the step after warmup and T' the number of post-warmup steps.
     """
     warm = min(round(warmup_epochs * steps_per_epoch), epochs * steps_per_epoch)
     total = epochs * steps_per_epoch
     t = np.arange(total - warm)
     cos = final + 0.5 * (base - final) * (1 + np.cos(np.pi * t / max(1, len(t))))
-    return np.concatenate([np.linspace(start, base, warm, endpoint=False) if warm else np.zeros(0), cos])
+    return np.concatenate([np.linspace(start, base, warm) if warm else np.zeros(0), cos])
 
 
 def teacher_temp_schedule(warmup_temp: float, temp: float, warmup_epochs: int, epochs: int) -> np.ndarray:
@@ -117,7 +118,8 @@ class DINOHead(nn.Module):
         """
         h = self.mlp(x)
         with torch.autocast(h.device.type, enabled=False):
-            return self.last_layer(F.normalize(h.float(), dim=-1, p=2))
+            wide = torch.promote_types(h.dtype, torch.float32)  # float32 (or float64 if the head is)
+            return self.last_layer(F.normalize(h.to(wide), dim=-1, p=2))
 
 
 class DINOLoss(nn.Module):
@@ -217,6 +219,40 @@ def knn_accuracy(
     return (votes.argmax(1) == test_labels).float().mean().item()
 
 
+@torch.no_grad()
+def collapse_monitor(
+    logits: torch.Tensor, center: torch.Tensor, teacher_temp: float, feats: torch.Tensor
+) -> dict[str, float]:
+    """DINO's collapse diagnostics of the teacher on a fixed set of images (float64).
+
+    Args:
+        logits: the teacher head's outputs (N, K) for N images (uncentred).
+        center: the loss's centre (1, K).
+        teacher_temp: the teacher temperature now.
+        feats: the teacher backbone's pooled features (N, D) of the same images.
+
+    Returns:
+        ``teacher_entropy``: mean over images of H(q_n) in nats, q_n = softmax((t_n - c) / tau_t); ln K
+        when the targets are uniform (collapse to uniform, what centring alone drives towards).
+        ``teacher_kl_mean``: mean over images of KL(q_n || q_bar), q_bar the mean of q_n over the images
+        (the distribution the centre tracks): 0 when every image gets the same target, collapse of either
+        kind (uniform, or one dominant prototype); it is the mutual information between image and
+        prototype, at most ln K.
+        ``feature_spread``: sqrt(mean_n ||f_n - f_bar||^2) of the L2-normalised features f_n: 0 when
+        every image has the same representation, at most 1.
+    """
+    z = (logits.double() - center.double()) / teacher_temp
+    logq = F.log_softmax(z, dim=-1)
+    q = logq.exp()
+    log_mean = q.mean(0).clamp_min(torch.finfo(torch.float64).tiny).log()
+    f = F.normalize(feats.double(), dim=1)
+    return {
+        "teacher_entropy": float(-(q * logq).sum(1).mean()),
+        "teacher_kl_mean": float((q * (logq - log_mean)).sum(1).mean()),
+        "feature_spread": float((f - f.mean(0)).square().sum(1).mean().sqrt()),
+    }
+
+
 def knn_subset(n: int, cap: int, seed: int = KNN_SUBSET_SEED) -> torch.Tensor:
     """Indices (min(n, cap),) of the images the k-NN monitor uses from a split of ``n`` images.
 
@@ -292,6 +328,7 @@ class DinoTrainer:
         self.teacher_temp = teacher_temp_schedule(
             o.warmup_teacher_temp, o.teacher_temp, o.warmup_teacher_temp_epochs, e
         )
+        self.temp_now = float(self.teacher_temp[0])  # of the last epoch trained (the first before any)
         self.aug_gen = torch.Generator().manual_seed(setup.seed + AUG_SEED_OFFSET)
         self.crops = MultiCrop(
             setup.image_size,
@@ -300,6 +337,8 @@ class DinoTrainer:
             o.global_crop_scale,
             o.local_crop_scale,
             self.aug_gen,
+            jitter=o.jitter(),
+            gray_p=o.gray_p(),
         )
 
     def student_forward(self, crops: list[torch.Tensor]) -> torch.Tensor:
@@ -320,7 +359,7 @@ class DinoTrainer:
         """One epoch of DINO over ``order`` (labels unused). Returns loss and the schedules' last values."""
         tr, o, device = self.tr, self.o, self.device
         self.student.train()
-        temp = float(self.teacher_temp[epoch - 1])
+        temp = self.temp_now = float(self.teacher_temp[epoch - 1])
         meter = EpochMeter(device, epoch)  # sums on the device: no host sync per step (meter module)
         for step in range(self.steps_per_epoch):
             it = (epoch - 1) * self.steps_per_epoch + step
@@ -357,11 +396,21 @@ class DinoTrainer:
         }
 
     def evaluate(self, xtr: torch.Tensor, ytr: torch.Tensor, xte: torch.Tensor, yte: torch.Tensor) -> dict:
-        """Weighted k-NN (k=20) accuracy of the teacher's features on ``knn_subset`` of each split."""
+        """Weighted k-NN (k=20) accuracy of the teacher's features on ``knn_subset`` of each split, the
+        test images it used (``eval_images``), and the teacher's collapse diagnostics
+        (:func:`collapse_monitor`) on the k-NN training images at the current teacher temperature."""
         tr, te = knn_subset(len(xtr), self.knn_train), knn_subset(len(xte), self.knn_test)
         ftr = features(self.measured, xtr[tr], self.device)
         fte = features(self.measured, xte[te], self.device)
-        return {"knn_acc": knn_accuracy(ftr, ytr[tr], fte, yte[te])}
+        out = {"knn_acc": knn_accuracy(ftr, ytr[tr], fte, yte[te]), "eval_images": len(te)}
+        if self.measured is self.teacher["backbone"]:  # (a test may stand another network in for it)
+            with torch.no_grad():
+                head = self.teacher["head"]
+                logits = torch.cat(
+                    [head(ftr[i : i + 1024].to(self.device)).cpu() for i in range(0, len(ftr), 1024)]
+                )
+            out.update(collapse_monitor(logits, self.loss_fn.center.cpu(), self.temp_now, ftr))
+        return out
 
     def state_dict(self) -> dict:
         return {

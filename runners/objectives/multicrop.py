@@ -87,9 +87,10 @@ class MultiCrop:
     10 tries of area fraction U(scale) and aspect ratio log-uniform in [3/4, 4/3], sides rounded to
     pixels, the first that fits inside the image is taken, else the whole image (a square image has no
     aspect-ratio clamp). Then, as DINO's ``DataAugmentationDINO``: horizontal flip (p 0.5); colour
-    jitter (p 0.8) as torchvision's ``ColorJitter(0.4, 0.4, 0.2, 0.1)``: brightness, contrast,
-    saturation and hue factors U(0.6, 1.4), U(0.6, 1.4), U(0.8, 1.2), U(-0.1, 0.1), applied in a random
-    order per image, each clamped to [0, 1]; grayscale (p 0.2); Gaussian blur (p 1.0 / 0.1 / 0.5 for
+    jitter (p 0.8) as torchvision's ``ColorJitter(*jitter)``, by default DINO's (0.4, 0.4, 0.2, 0.1):
+    brightness, contrast, saturation and hue factors U(1 - b, 1 + b), U(1 - c, 1 + c), U(1 - s, 1 + s),
+    U(-h, h), applied in a random order per image, each clamped to [0, 1]; grayscale (p ``gray_p``, by
+    default DINO's 0.2); Gaussian blur (p 1.0 / 0.1 / 0.5 for
     global 1 / global 2 / local); solarisation (p 0.2, global 2 only).
 
     Differences from the reference, kept on purpose: the crop is resampled by ``roi_align`` (bilinear,
@@ -112,9 +113,12 @@ class MultiCrop:
         global_scale: tuple[float, float],
         local_scale: tuple[float, float],
         generator: torch.Generator,
+        jitter: tuple[float, float, float, float] = (0.4, 0.4, 0.2, 0.1),
+        gray_p: float = 0.2,
     ):
         self.image_size, self.local_size, self.n_local = image_size, local_size, n_local
         self.global_scale, self.local_scale, self.gen = global_scale, local_scale, generator
+        self.jitter, self.gray_p = jitter, gray_p
 
     def _u(self, n: int | tuple[int, ...], lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:
         return lo + (hi - lo) * torch.rand(n, generator=self.gen)
@@ -151,13 +155,15 @@ class MultiCrop:
             )
         }
         d["flip"], d["jitter"] = self._u(b) < 0.5, self._u(b) < 0.8
-        factors = [self._u(b, 0.6, 1.4), self._u(b, 0.6, 1.4), self._u(b, 0.8, 1.2), self._u(b, -0.1, 0.1)]
+        jb, jc, js, jh = self.jitter  # ColorJitter(brightness, contrast, saturation, hue)
+        factors = [self._u(b, 1 - jb, 1 + jb), self._u(b, 1 - jc, 1 + jc), self._u(b, 1 - js, 1 + js)]
+        factors.append(self._u(b, -jh, jh))
         d["factors"] = torch.stack(factors, 1)
         d["order"] = order = torch.rand((b, 4), generator=self.gen).argsort(1)  # an order of the 4 ops
         # the images whose step-th op is k, for step = 0..3, k = 0..3: (4b,) indices, 16 group sizes
         groups = [torch.nonzero(order[:, step] == k).squeeze(1) for step in range(4) for k in range(4)]
         d["jitter_idx"], d["jitter_sizes"] = torch.cat(groups), [len(g) for g in groups]
-        d["gray"], d["blur"] = self._u(b) < 0.2, self._u(b) < blur_p
+        d["gray"], d["blur"] = self._u(b) < self.gray_p, self._u(b) < blur_p
         d["sigma"] = sigma = self._u(b, 0.1, 2.0) * self.image_size / 224
         radius = max(1, math.ceil(3 * float(sigma.max())))  # a CPU tensor: no device sync
         t = torch.arange(-radius, radius + 1, dtype=torch.float32)

@@ -92,7 +92,7 @@ class SupervisedTrainer:
         return {"loss": meter.mean_loss(), "train_acc": meter.accuracy(), "lr": self.sched.get_last_lr()[0]}
 
     def evaluate(self, xtr: torch.Tensor, ytr: torch.Tensor, xte: torch.Tensor, yte: torch.Tensor) -> dict:
-        return {"test_acc": accuracy(self.model, xte, yte, self.device)}
+        return {"test_acc": accuracy(self.model, xte, yte, self.device), "eval_images": int(xte.shape[0])}
 
     def state_dict(self) -> dict:
         return {

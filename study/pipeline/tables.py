@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.table import make_table, rows_from_spectra
+from analysis.table import NOT_LEARNED, make_table, rows_from_spectra
+from runners.objectives import learning_status
 from study.runspecs import RunSpec
 from vitstudy_core.errors import StudyError
 from vitstudy_core.runfolder import ROWS, SCALARS, SPECTRA, RunFolder
@@ -97,6 +98,9 @@ def collect_table(
             missing.append(spec)
             continue
         rows[spec.key] = run_rows(spec, folder.path, layers)
+        why = learning_status(folder.read_result() or {})
+        if why:  # every claim that reads this run says so (analysis.verdicts)
+            rows[spec.key] = rows[spec.key].assign(**{NOT_LEARNED: why})
     frames = [f for s in specs if s.key in rows for f in condition_rows(s, rows[s.key])]
     table = make_table(pd.concat(frames, ignore_index=True) if frames else [])
     return Collected(table, rows, failed_seeds, missing)

@@ -223,6 +223,11 @@ class Design(Strict):
                         "design.probe.covariance_epochs",
                         f"expected checkpoint epochs {self.checkpoint_epochs}, got {ep}",
                     )
+        for d in self.datasets:
+            size = getattr(d, "image_size", None)
+            problem = self.objective.check_data(TimmModel.model_validate(m), size) if size else None
+            if problem is not None:
+                raise _FieldError(f"design.objective.{problem[0]}", f"dataset {d.name}: {problem[1]}")
         return self
 
     def _check_source(self) -> None:

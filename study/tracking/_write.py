@@ -352,9 +352,11 @@ class RunWriter:
 
         now = int(time.time() * 1000)
         metrics = []
-        for h in result.get("history", []):
+        # the evaluation at initialisation is step 0 of the same curves (k-NN, test accuracy, collapse)
+        initial = [result["initial"]] if isinstance(result.get("initial"), dict) else []
+        for h in initial + list(result.get("history", [])):
             for k, v in h.items():
-                if k != "epoch" and v is not None:
+                if k != "epoch" and isinstance(v, int | float) and not isinstance(v, bool):
                     metrics.append(Metric(sanitize_metric_name(f"train/{k}"), float(v), now, int(h["epoch"])))
         r: Any  # a row of the run's spectra table (metric, layer, token_set: str; epoch: int; value: float)
         for r in rows.itertuples(index=False):
@@ -376,6 +378,12 @@ class RunWriter:
                 self.client.set_tag(rid, "model_weights", "logged" if weights else "none in run folder")
         if result.get("status") != "finished":
             self.client.set_tag(rid, "failed_epoch", str(result.get("failed_epoch")))
+        else:  # runners.objectives.learning_status: what every claim reading this run also says
+            from runners.objectives import learning_status
+
+            why = learning_status(result)
+            if why:
+                self.client.set_tag(rid, "not_learned", why)
 
     def _log_dataset(self, rid: str, spec, data) -> None:
         """Record the training data as an MLflow dataset input (context ``training``).

@@ -115,8 +115,10 @@ def test_tiny_training_on_each_kind(kind, objective, roots, tmp_path, monkeypatc
     data["design"]["datasets"] = [entry]
     data["claims"][0]["subset"]["dataset"] = "ds"
     if objective == "dino":
+        # at 8 px a crop holds a 4 px patch from a quarter of the area on (validate refuses smaller ones)
         data["design"]["objective"] = {"kind": "dino", "preset": "dino_small", "out_dim": 32, "hidden_dim": 16,
-                                       "bottleneck_dim": 8, "n_local_crops": 2}  # fmt: skip
+                                       "bottleneck_dim": 8, "n_local_crops": 2, "local_crop_scale": [0.25, 0.5],
+                                       "global_crop_scale": [0.5, 1.0]}  # fmt: skip
     spec = plan_runs(parse_hypothesis(data))[0].model_dump()
     result = train_run(spec, tmp_path / "run", tmp_path / "data")
     assert result["status"] == "finished", result.get("error")

@@ -23,6 +23,8 @@ from vitstudy_core.errors import StudyError
 
 BASE = yaml.safe_load(TINY_HYPOTHESIS)
 CLAIM = BASE["claims"][0]
+# DINO's crops need at least a 4 px patch of image: 32 px images (5% of 8 px is 1.8 px, refused)
+AT32 = {"datasets": [{**BASE["design"]["datasets"][0], "image_size": 32}]}
 
 
 def _data(claim_condition: str | None = None, **design) -> dict:
@@ -85,6 +87,7 @@ def test_factorial_cells_are_named_in_declared_order_and_keyed_as_single_files()
     data = _data(
         "objective=supervised,training.lr=0.001",
         factors={"objective": ["supervised", "dino"], "training.lr": [0.001, 0.002]},
+        **AT32,
     )
     names = parse_hypothesis(data).design.condition_names()
     assert names == [
@@ -93,15 +96,15 @@ def test_factorial_cells_are_named_in_declared_order_and_keyed_as_single_files()
         "objective=dino,training.lr=0.001",
         "objective=dino,training.lr=0.002",
     ]
-    single = _data(objective="dino", training={**BASE["design"]["training"], "lr": 0.002})
+    single = _data(objective="dino", training={**BASE["design"]["training"], "lr": 0.002}, **AT32)
     assert _keys(data, "objective=dino,training.lr=0.002") == _keys(single)
-    assert _keys(data, "objective=supervised,training.lr=0.001") == _keys(_data())
+    assert _keys(data, "objective=supervised,training.lr=0.001") == _keys(_data(**AT32))
     with pytest.raises(
         StudyError,
         match=r"design.factors.labels: cell 'objective=dino,labels=shuffled,training.lr=0.001': objective dino",
     ):
         parse_hypothesis(
-            _data("objective=supervised,labels=true,training.lr=0.001", factors=factors), "h.yaml"
+            _data("objective=supervised,labels=true,training.lr=0.001", factors=factors, **AT32), "h.yaml"
         )
 
 
@@ -110,15 +113,20 @@ def test_a_preset_cell_is_the_single_file_with_that_preset():
     other level gets none of it (as its own single-condition file would)."""
     tr = {"epochs": 2, "batch_size": 32}
     data = _data(
-        "objective=supervised", objective="dino", factors={"objective": ["tgo_supervised", "supervised"]}
+        "objective=supervised",
+        objective="dino",
+        factors={"objective": ["tgo_supervised", "supervised"]},
+        **AT32,
     )
     data["claims"][0]["subset"]["condition"] = "objective=supervised"
     hyp = parse_hypothesis(data)
     tgo = hyp.design.cells()[0].design
     assert tgo.training.label_smoothing == 0.1 and tgo.model.drop_path_rate == 0.1  # the preset's
     assert hyp.design.cells()[1].design.training.label_smoothing == 0.0
-    assert _keys(data, "objective=tgo_supervised") == _keys(_data(objective="tgo_supervised", training=tr))
-    assert _keys(data, "objective=supervised") == _keys(_data())
+    assert _keys(data, "objective=tgo_supervised") == _keys(
+        _data(objective="tgo_supervised", training=tr, **AT32)
+    )
+    assert _keys(data, "objective=supervised") == _keys(_data(**AT32))
 
 
 def test_shipped_files_with_conditions_validate_and_share_the_default_study_runs():

@@ -18,6 +18,8 @@ from tests.conftest import TINY_HYPOTHESIS
 from vitstudy_core.errors import StudyError
 
 BASE = yaml.safe_load(TINY_HYPOTHESIS)
+# DINO's recipes need crops of at least one patch: 32 px images (5% of 8 px is less than a 4 px patch)
+AT32 = {"datasets": [{**BASE["design"]["datasets"][0], "image_size": 32}]}
 
 
 def _hyp(**design):
@@ -54,13 +56,13 @@ def test_objective_names_presets_and_overrides():
     assert (tgo.training.label_smoothing, tgo.training.lr, tgo.model.drop_path_rate) == (0.1, 1e-3, 0.1)
     kept = _hyp(objective="tgo_supervised", training={"epochs": 2, "batch_size": 32, "label_smoothing": 0.2})
     assert kept.design.training.label_smoothing == 0.2  # the file's own value wins over the preset
-    dino = _hyp(objective={"kind": "dino", "preset": "dino_paper", "n_local_crops": 2}).design
+    dino = _hyp(objective={"kind": "dino", "preset": "dino_paper", "n_local_crops": 2}, **AT32).design
     assert isinstance(dino.objective, DinoObjective)
     assert dino.objective.out_dim == 65536 and dino.objective.n_local_crops == 2
     assert dino.training.weight_decay == 0.04 and dino.objective.weight_decay_end == 0.4
-    assert _hyp(objective="dino").design.objective.out_dim == 1024
+    assert _hyp(objective="dino", **AT32).design.objective.out_dim == 1024
     with pytest.raises(StudyError, match="local_crop_size: expected a multiple of the patch size 4"):
-        _hyp(objective={"kind": "dino", "local_crop_size": 6})
+        _hyp(objective={"kind": "dino", "local_crop_size": 6}, **AT32)
     names = ", ".join(map(repr, objective_names()))  # every registered objective ('supervised', 'dino', ...)
     with pytest.raises(StudyError, match=f"design.objective: expected {re.escape(names)} or a preset"):
         _hyp(objective="byol")
@@ -71,7 +73,7 @@ def test_objective_names_presets_and_overrides():
 
 
 def test_objective_and_compile_in_run_key():
-    sup, dino = plan_runs(_hyp())[0], plan_runs(_hyp(objective="dino_small"))[0]
+    sup, dino = plan_runs(_hyp())[0], plan_runs(_hyp(objective="dino_small", **AT32))[0]
     assert sup.objective == "supervised" and dino.objective["kind"] == "dino" and sup.key != dino.key
     compiled = plan_runs(_hyp(training={"epochs": 2, "batch_size": 32, "compile": True}))[0]
     assert compiled.key == sup.key  # compiling changes speed, not what is trained
@@ -91,10 +93,32 @@ def test_cli_data_root_flag_errors(tmp_path, capsys):
 def test_bare_dino_defaults_follow_the_reference_and_preset_keys_stay():
     """main_dino.py: warmup_teacher_temp 0.04, teacher_temp 0.04, warmup_teacher_temp_epochs 0,
     momentum_teacher 0.996, student_temp 0.1, center_momentum 0.9, wd 0.04 -> 0.4, clip 3, freeze 1."""
-    o = _hyp(objective="dino").design.objective
+    o = _hyp(objective="dino", **AT32).design.objective
     assert (o.warmup_teacher_temp, o.teacher_temp, o.warmup_teacher_temp_epochs) == (0.04, 0.04, 0)
     assert (o.momentum_teacher, o.student_temp, o.center_momentum) == (0.996, 0.1, 0.9)
     assert (o.weight_decay_end, o.clip_grad, o.freeze_last_layer_epochs) == (0.4, 3.0, 1)
-    # the presets set their temperatures themselves: their run keys did not move with the defaults
-    assert plan_runs(_hyp(objective="dino_small"))[0].key == "2642ce6e3e036817"
-    assert plan_runs(_hyp(objective="dino_paper"))[0].key == "3c5dfb39863b00e3"
+    # pinned on 32 px images (at 8 px the crops of every DINO recipe hold less than a 4 px patch: refused).
+    # DINO's keys moved once, with trainer_version 2 (the lr warmup ending at its peak, as main_dino.py):
+    # dino_paper 7120357f6a6c4165 -> 75664ff081c6930f; dino_small also with its new recipe
+    # (2add19fe11bf63b6 -> f3ef978d6579fd82); the default objective's keys never moved
+    assert plan_runs(_hyp(objective="dino_small", **AT32))[0].key == "f3ef978d6579fd82"
+    assert plan_runs(_hyp(objective="dino_paper", **AT32))[0].key == "75664ff081c6930f"
+
+
+def test_dino_crops_smaller_than_a_patch_are_refused_with_the_field():
+    """At 16 px with 4 px patches, a local crop of 5% of the area is 3.6 px: less than one patch."""
+    at16 = {"datasets": [{**BASE["design"]["datasets"][0], "image_size": 16}]}
+    with pytest.raises(StudyError) as err:
+        _hyp(objective={"kind": "dino", "local_crop_scale": [0.05, 0.4]}, **at16)
+    msg = str(err.value)
+    assert (
+        "design.objective.local_crop_scale: dataset objects: the smallest crop (0.05 of the area) is 3.6 px"
+        in msg
+    )
+    assert "expected a lower bound of at least 0.0625" in msg and "\n" not in msg
+    with pytest.raises(StudyError, match="design.objective.global_crop_scale"):
+        _hyp(
+            objective={"kind": "dino", "global_crop_scale": [0.05, 1.0], "local_crop_scale": [0.1, 0.4]},
+            **at16,
+        )
+    assert _hyp(objective="dino_small", **at16).design.objective.local_crop_scale == (0.1, 0.4)

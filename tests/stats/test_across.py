@@ -389,7 +389,8 @@ def test_the_paper_claims():
         cells[f"objective={objective},untrained=false"] = trained
         cells[f"objective={objective},untrained=true"] = _flat(trained, rng)
     table = pd.concat([t.assign(condition=c) for c, t in cells.items()], ignore_index=True)
-    design = {"datasets": [{"name": d} for d in datasets], "seeds": [0, 1, 2, 3, 4], "checkpoints": [0, 8],
+    # 32 px: dino_paper's 5% local crops hold a 4 px patch there (validate refuses them at 16 px)
+    design = {"datasets": [{"name": d, "image_size": 32} for d in datasets], "seeds": [0, 1, 2, 3, 4], "checkpoints": [0, 8],
               "factors": {"objective": ["dino_paper", "supervised"], "untrained": [False, True]}}  # fmt: skip
     hyp = parse_hypothesis(
         {"name": "ib", "design": design, "claims": _fixture_claims("claims_inductive_bottleneck.yaml")}
@@ -404,7 +405,10 @@ def test_adjust_for_a_scalar_the_objective_does_not_record_is_refused_before_tra
     import yaml
 
     doc = yaml.safe_load(open("hypotheses/complexity_sweep.yaml"))
-    doc["design"]["objective"] = "dino"
+    doc["design"]["objective"] = {
+        "kind": "dino",
+        "local_crop_scale": [0.1, 0.4],
+    }  # 16 px: crops of a patch or more
     doc["claims"] = [c for c in doc["claims"] if c.get("adjust_for")]
     with pytest.raises(StudyError) as err:
         parse_hypothesis(doc, "sweep.yaml")

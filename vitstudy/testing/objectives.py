@@ -25,11 +25,14 @@ from runners.objectives import (
 )
 from vitstudy_core.errors import StudyError
 
-# a seconds-long design: 8 px images, a 3-block ViT of width 16
+# a seconds-long design: 32 px images (the smallest at which every built-in preset's crops hold a 4 px
+# patch: DINO's 5% local crops are 7 px there), a 3-block ViT of width 16
 BASE: dict = {
     "name": "tiny",
     "design": {
-        "datasets": [{"name": "objects", "variant": "objects", "n_train": 64, "n_test": 32, "image_size": 8}],
+        "datasets": [
+            {"name": "objects", "variant": "objects", "n_train": 64, "n_test": 32, "image_size": 32}
+        ],
         "model": {"preset": "vit_cpu12", "embed_dim": 16, "depth": 3, "num_heads": 2},
         "seeds": [0, 1, 2],
         "checkpoints": [0, 2],
@@ -69,7 +72,7 @@ def check_objective_settings(name: str) -> None:
     assert type(design.objective) is cls and design.objective == cls(), f"{name}: a field without a default"
     assert hypothesis({"kind": name}).design.objective == cls()
     payload = plan_runs(hypothesis(name))[0].objective
-    assert payload == (DEFAULT_OBJECTIVE if name == DEFAULT_OBJECTIVE else cls().model_dump())
+    assert payload == (DEFAULT_OBJECTIVE if name == DEFAULT_OBJECTIVE else objective_payload(cls()))
     assert objective_settings(json.loads(json.dumps(payload))) == cls()  # the trainer sees what was planned
     try:
         hypothesis({"kind": name, "no_such_field": 1})
@@ -129,7 +132,16 @@ def check_objective_trains_and_resumes(name: str) -> None:
     assert [t[0] for t in ticks] == [0, 1] and all(t[2] == 8 for t in ticks), ticks
     assert math.isfinite(stats["loss"])
     quality = a.evaluate(x, y, x, y)
-    assert quality and all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in quality.values()), quality
+    accuracies = {k: v for k, v in quality.items() if k.endswith("_acc")}
+    assert accuracies and all(isinstance(v, float) and 0.0 <= v <= 1.0 for v in accuracies.values()), quality
+    assert all(isinstance(v, int | float) and math.isfinite(v) for v in quality.values()), quality
+    n = quality.get("eval_images")  # what the learning check's binomial SE is of
+    assert isinstance(n, int) and 1 <= n <= len(x), f"{name}: eval_images {n!r}, expected 1..{len(x)}"
+    history = [{"epoch": 1, **stats, **quality}]
+    why = objective_settings(run["objective"]).learning_check(history, n_classes)
+    assert why is None or (isinstance(why, str) and why and "\n" not in why), (
+        f"{name}: learning_check {why!r}"
+    )
 
     buf = io.BytesIO()
     torch.save(a.state_dict(), buf)
