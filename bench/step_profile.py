@@ -11,7 +11,10 @@ multi-crop; ``augment/draw``, inside it: drawing its random numbers on the host)
 ``student_fwd`` (supervised: ``forward``), ``loss``, ``backward``, ``clip+freeze`` (from the end of
 backward to the optimiser step: DINO's gradient clipping and frozen last layer), ``optimiser`` (AdamW
 and the lr scheduler), ``ema`` (DINO's teacher update) and ``other``
-(the rest: Python, schedules, zero_grad, loss bookkeeping). It also counts the host syncs per step:
+(the rest: Python, schedules, zero_grad, loss bookkeeping), the FLOPs of a step (``FlopCounterMode``) and
+the rate they ran at (GFLOP/s; with both objectives, DINO's rate over the supervised step's: how efficiently
+DINO's extra work runs), and the per-epoch evaluation's time (DINO: the teacher's k-NN and collapse
+diagnostics). It also counts the host syncs per step:
 ``aten::_local_scalar_dense`` (``.item()``, ``bool(tensor)``) and ``aten::nonzero``; on CUDA also
 ``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` and the host-to-device copies (``cudaMemcpyAsync``).
 
@@ -216,11 +219,34 @@ def profile_once(objective: str, gpu: bool, batch: int, compile_: bool, steps: i
         if name in avg:
             ms[f"{outer}/{name}"] = avg[name].cpu_time_total / 1e3 / steps
     out = {"step_ms": wall_ms, "ms": ms, "images_per_s": batch * steps / seconds}
+    out.update(flop_rate(objective, gpu, batch, wall_ms / 1e3))
+    out["eval_ms"], out["eval_images"] = eval_ms(trainer, x, y), len(x)
     out["syncs_per_step"] = syncs_by_range(prof.events(), steps)
     out["copies_per_step"] = {k: avg[k].count / steps for k in COPY_EVENTS if k in avg}
     if _device().type == "cuda":
         out["top_kernels"] = prof.key_averages().table(sort_by="self_device_time_total", row_limit=15)
     return out
+
+
+def flop_rate(objective: str, gpu: bool, batch: int, step_s: float) -> dict:
+    """FLOPs of one eager step (``FlopCounterMode``: matmuls and convolutions, forward and backward; DINO's
+    crops, EMA and loss count nearly nothing) and the rate they ran at, GFLOP/s = FLOPs / ``step_s``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    trainer, x, y = build(objective, gpu, batch, False, 1)
+    with FlopCounterMode(display=False) as fc:
+        timed_epoch(trainer, x[:batch], y[:batch], 1)
+    flops = float(fc.get_total_flops())
+    return {"flops_per_step": flops, "gflop_per_s": flops / step_s / 1e9}
+
+
+def eval_ms(trainer, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Milliseconds of the trainer's per-epoch evaluation (DINO: the teacher's k-NN and collapse
+    diagnostics; supervised: test accuracy) with the benchmark's images as both splits."""
+    t0 = time.perf_counter()
+    trainer.evaluate(x, y, x, y)
+    _sync(_device())
+    return (time.perf_counter() - t0) * 1e3
 
 
 def measure_once(objective: str, gpu: bool, batch: int, compile_: bool, steps: int) -> dict:
@@ -297,11 +323,14 @@ def compare(args: argparse.Namespace) -> dict:
 
 # ---- output ---------------------------------------------------------------------------------------------
 def print_profile(title: str, prof: dict) -> None:
-    print(f"{title}: {prof['step_ms']:.1f} ms/step, {prof['images_per_s']:.0f} img/s")
+    rate = f", {prof['gflop_per_s']:.1f} GFLOP/s" if "gflop_per_s" in prof else ""
+    print(f"{title}: {prof['step_ms']:.1f} ms/step, {prof['images_per_s']:.0f} img/s{rate}")
     for name, ms in prof["ms"].items():
         print(f"  {name:<12}{ms:>9.2f} ms  {100 * ms / prof['step_ms']:>5.1f} %")
     syncs = ", ".join(f"{k} {v:g}" for k, v in {**prof["syncs_per_step"], **prof["copies_per_step"]}.items())
     print(f"  per step: {syncs or 'no syncs'}")
+    if "eval_ms" in prof:
+        print(f"  evaluation (per epoch; {prof.get('eval_images')} images as both splits): {prof['eval_ms']:.0f} ms")
     if "top_kernels" in prof:
         print(prof["top_kernels"])
 
@@ -365,6 +394,9 @@ def main(argv: list[str] | None = None) -> dict:
         if args.job == "profile" and args.json != "-":
             for objective, prof in out.items():
                 print_profile(objective, prof)
+            if {"dino", "supervised"} <= set(out):
+                d, sup = out["dino"]["gflop_per_s"], out["supervised"]["gflop_per_s"]
+                print(f"FLOP rate, DINO / supervised (same model, batch and threads): {d / sup:.2f}")
         if len(args.objective) == 1:
             out = out[args.objective[0]]
     if args.json == "-":
