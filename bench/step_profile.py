@@ -330,7 +330,9 @@ def print_profile(title: str, prof: dict) -> None:
     syncs = ", ".join(f"{k} {v:g}" for k, v in {**prof["syncs_per_step"], **prof["copies_per_step"]}.items())
     print(f"  per step: {syncs or 'no syncs'}")
     if "eval_ms" in prof:
-        print(f"  evaluation (per epoch; {prof.get('eval_images')} images as both splits): {prof['eval_ms']:.0f} ms")
+        print(
+            f"  evaluation (per epoch; {prof.get('eval_images')} images as both splits): {prof['eval_ms']:.0f} ms"
+        )
     if "top_kernels" in prof:
         print(prof["top_kernels"])
 

@@ -147,3 +147,54 @@ def test_every_claim_reading_a_run_that_did_not_learn_says_so():
     assert ok.not_learned == {} and "not_learned" not in ok.to_dict()
     (bare,) = evaluate_claims(hyp, _table({}).drop(columns=NOT_LEARNED))
     assert bare.to_dict() == ok.to_dict()
+
+
+TINY_DINO = (
+    CLAIMS.replace("image_size: 8}]", "image_size: 32}]")
+    .replace(
+        "  seeds: [0, 1, 2, 3]",
+        "  objective: {kind: dino, out_dim: 32, hidden_dim: 16, bottleneck_dim: 8, n_local_crops: 2}\n"
+        "  training: {epochs: 1, batch_size: 32}\n  seeds: [0, 1]",
+    )
+    .replace("checkpoints: [0, 2]", "checkpoints: [0, 1]")
+)
+
+
+def test_a_study_of_runs_that_did_not_learn_says_so_everywhere(tmp_path, capsys):
+    """Two DINO steps learn nothing: the verdict line, verdicts.json, the report, the table and MLflow say
+    so, through the CLI as a user runs it; a rerun reuses the runs and says it again."""
+    import json
+
+    import mlflow
+
+    from study.cli import main
+
+    hyp = tmp_path / "dino.yaml"
+    hyp.write_text(TINY_DINO)
+    out = tmp_path / "out"
+    assert main(["run", str(hyp), "--out", str(out), "--workers", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "(runs did not learn)" in printed and "objects seed 0: knn_acc" in printed
+    study = out / "studies" / "flags"
+    verdicts = json.loads((study / "verdicts.json").read_text())
+    flagged = verdicts["claims"][0]["not_learned"]
+    assert (
+        set(flagged) == {"objects seed 0", "objects seed 1"}
+        and "not above chance" in flagged["objects seed 0"]
+    )
+    report = (study / "report.md").read_text()
+    assert "runs did not learn" in report and "objects seed 1: knn_acc" in report
+    table = pd.read_parquet(study / "table.parquet")
+    assert (table[NOT_LEARNED] != "").all()
+    for key in {p.name for p in (out / "runs").iterdir() if p.is_dir()}:
+        result = json.loads((out / "runs" / key / "result.json").read_text())
+        assert {"knn_acc", "teacher_entropy", "eval_images"} <= set(result["initial"]) and result[
+            "n_classes"
+        ] == 10
+    mlflow.set_tracking_uri(f"sqlite:///{out / 'mlflow.db'}")
+    runs = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`study.role` = 'training'")
+    assert len(runs) == 2 and runs["tags.not_learned"].str.contains("not above chance").all()
+    steps = mlflow.MlflowClient().get_metric_history(runs["run_id"].iloc[0], "train/knn_acc")
+    assert sorted(m.step for m in steps) == [0, 1]  # the evaluation at initialisation is step 0
+    assert main(["run", str(hyp), "--out", str(out), "--workers", "1"]) == 0  # reuses every run
+    assert "(runs did not learn)" in capsys.readouterr().out
