@@ -407,7 +407,10 @@ def _api_verbs(args: argparse.Namespace, argv: list[str] | None, names: dict[str
         print(plan.to_json() if args.json else str(plan))
         return 0
     if args.verb == "validate":
-        print(api.validate(args.hypothesis, args.out).message)
+        checked = api.validate(args.hypothesis, args.out)
+        print(checked.message)
+        for line in checked.warnings:
+            print(f"warning: {checked.file}: {line}", file=sys.stderr)
         return 0
     if args.verb == "analyze":
         return _analyze_verb(args)

@@ -207,6 +207,15 @@ class ClaimBase(Strict):
                 out += [(fld, what, v) for v in values]
         return out
 
+    def token_set_of(self, fld: str) -> str:
+        """The token set a field of :meth:`named` is read in: its operand's own ``token_set`` (``a.layers``
+        of a compare claim), else ``subset.token_set``."""
+        head = fld.split(".", 1)[0]
+        for name, i, cond in self.operands():
+            if head == (name if i is None else f"{name}[{i}]"):
+                return cond.token_set or self.subset.token_set
+        return self.subset.token_set
+
     def datasets_named(self) -> list[str]:
         """The datasets the claim reads, sorted."""
         return sorted({str(v) for _, what, v in self.named() if what == "dataset"})
