@@ -336,6 +336,16 @@ def _markdown(
     return "\n".join(out)
 
 
+def _drop_stale_claim_figures(folder: Path, written: set[str]) -> None:
+    """Remove the claim figures (``claim<i>_*.png``) this report did not write: a claim removed from the
+    file, or a report written before claims were numbered from 0 (its ``claim1_`` was the first claim)."""
+    import re
+
+    for path in folder.glob("claim*_*.png") if folder.is_dir() else []:
+        if re.match(r"^claim\d+_", path.name) and path.stem not in written:
+            path.unlink(missing_ok=True)
+
+
 def write_report(study_dir: str | Path, inp: ReportInput) -> tuple[Path, Path]:
     """Write ``report.html`` and ``report.md`` (figures under ``figures/``) into ``study_dir``.
 
@@ -362,6 +372,7 @@ def write_report(study_dir: str | Path, inp: ReportInput) -> tuple[Path, Path]:
         if f.png is not None:
             atomic_write_bytes(study_dir / "figures" / f"{f.name}.png", f.png)
             fig_paths[f.name] = f"figures/{f.name}.png"
+    _drop_stale_claim_figures(study_dir / "figures", set(fig_paths))
     html_path, md_path = study_dir / "report.html", study_dir / "report.md"
     atomic_write_text(html_path, _html(inp, sections, covs, missing, vers))
     fault_point("report.write")

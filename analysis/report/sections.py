@@ -205,10 +205,10 @@ def build_sections(inp: ReportInput) -> list[Section]:
         unit = effect_unit(claim, result)
         figures.append(effect_figure(result, unit))
         for f in figures:
-            f.name = f"claim{i + 1}_{f.name}"
+            f.name = f"claim{i}_{f.name}"  # numbered from 0, as claims[i] in messages and claim_i/ in MLflow
         sections.append(
             Section(
-                f"Claim {i + 1}: {result.name}",
+                f"Claim {i}: {result.name}",
                 result,
                 subset_text(claim, result),
                 findings(claim, result),

@@ -351,6 +351,10 @@ def load_hypothesis(path: str | os.PathLike[str], trains: bool = True) -> Hypoth
     deeper than :data:`MAX_DEPTH`, an alias bomb or a file over :data:`MAX_FILE_BYTES` is an error.
     """
     path = Path(path)
+    if path.is_dir():
+        raise StudyError(
+            "is a directory (expected a hypothesis YAML file, such as hypotheses/u_shape.yaml)", str(path)
+        )
     if not path.is_file():
         raise StudyError("file not found (expected a hypothesis YAML file)", str(path))
     return parse_hypothesis(_read_yaml(path), str(path), trains)

@@ -64,13 +64,13 @@ def test_a_claim_section_leads_with_its_verdict_sentence_and_figure(tmp_path):
     figures."""
     page, inp = _controls(tmp_path)
     r = inp.results[0]
-    section = page.split(f"<h2>Claim 1: {r.name}</h2>", 1)[1].split("<h2>", 1)[0]
+    section = page.split(f"<h2>Claim 0: {r.name}</h2>", 1)[1].split("<h2>", 1)[0]
     lead = re.search(r'<p class="verdict-line"><span class="badge (\w+)">([^<]+)</span> ([^<]+)</p>', section)
     assert lead is not None and section.startswith("\n" + lead.group(0)), section[:300]
     assert lead.group(2) == f"{r.verdict} (post hoc)" and lead.group(1) == r.verdict
     assert lead.group(3).startswith(r.reason) and "95% CI" in lead.group(3)
     assert section.index("<figure>") < section.index("<h3>Details</h3>") < section.index('class="findings"')
-    md = (tmp_path / "report.md").read_text().split(f"## Claim 1: {r.name}", 1)[1]
+    md = (tmp_path / "report.md").read_text().split(f"## Claim 0: {r.name}", 1)[1]
     assert md.lstrip().startswith(f"**{r.verdict} (post hoc)**: {r.reason}")
     assert md.index("![") < md.index("Details:")
 
@@ -169,3 +169,18 @@ def test_a_unit_images_claim_counts_probe_blocks_not_seeds(tmp_path):
     lines = "\n".join(findings(hyp.claims[0], r))
     assert "5 probe blocks (0, 1, 2, 3, 4)" in lines and "per probe block block 0:" in lines
     assert " seeds (" not in lines and "seed 0:" not in lines
+
+
+def test_claims_are_numbered_from_0_in_sections_and_figure_files_as_in_messages_and_mlflow(tmp_path):
+    """Before: ``Claim 1`` and ``claim1_*.png`` in the report for what messages call ``claims[0]`` and MLflow
+    ``claim_0/``; a report written again over such a folder drops the old numbering's files."""
+    stale = tmp_path / "figures" / "claim9_profile.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    (tmp_path / "figures" / "notes.png").write_bytes(b"mine")
+    page, inp = _controls(tmp_path)
+    titles = re.findall(r"<h2>(Claim \d+): ([^<]+)</h2>", page)
+    assert titles == [(f"Claim {i}", r.name) for i, r in enumerate(inp.results)]
+    names = sorted(p.name for p in (tmp_path / "figures").glob("claim*_*.png"))
+    assert names and {int(re.match(r"claim(\d+)_", n).group(1)) for n in names} == set(range(len(inp.results)))
+    assert not stale.exists() and (tmp_path / "figures" / "notes.png").exists()
