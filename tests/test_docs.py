@@ -288,6 +288,15 @@ RULES: list[Rule] = [
         Mapped(("tests/test_docs.py::test_extras_named_in_the_docs_exist",)),
     ),
     # ---- run at test size by other tests
+    Rule(  # writes the installed timm's registry into the package's data file (a test writes a copy)
+        r"^python -m runners\.model_table$",
+        Mapped(
+            (
+                "tests/test_model_table.py::test_ship_table_adds_the_installed_version_and_keeps_the_others",
+                "tests/test_model_table.py::test_the_shipped_table_is_the_installed_timm_s_registry",
+            )
+        ),
+    ),
     Rule(r"^python -m study run hypotheses/u_shape\.yaml$", Mapped(E2E)),
     Rule(r"^python -m study run FILE$", Mapped(E2E)),
     Rule(
