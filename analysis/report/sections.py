@@ -173,11 +173,11 @@ def findings(claim, result: ClaimResult) -> list[str]:
         ]
     if result.verdict == INCONCLUSIVE and result.n_seeds >= 2:
         need = (
-            f"{result.seeds_needed} seeds"
+            f"80% power needs {result.seeds_needed} seeds"
             if result.seeds_needed
-            else "no number of seeds (the effect points the other way)"
+            else "more seeds cannot give it power: the observed effect points the other way"
         )
-        lines.append(f"power {fmt_num(result.power)} at the observed effect; 80% power needs {need}")
+        lines.append(f"power {fmt_num(result.power)} at the observed effect; {need}")
     lines += [f"warning: {w}" for w in result.warnings]
     lines += [f"seed {s} excluded: {why}" for s, why in result.seeds_excluded.items()]
     return lines

@@ -162,6 +162,7 @@ def test_cached_rerun_trains_nothing_and_is_fast(study, capsys):
     elapsed = time.perf_counter() - t0
     text = capsys.readouterr().out
     assert "2 reused, 0 to train" in text and "reused objects/seed0" in text and "report:" in text
+    assert text.count("report:") == 1, text  # was printed twice: as the report was written, then at the end
     assert elapsed < 30, elapsed
     print(f"cached rerun: {elapsed:.1f}s")
 
