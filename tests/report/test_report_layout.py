@@ -182,5 +182,45 @@ def test_claims_are_numbered_from_0_in_sections_and_figure_files_as_in_messages_
     titles = re.findall(r"<h2>(Claim \d+): ([^<]+)</h2>", page)
     assert titles == [(f"Claim {i}", r.name) for i, r in enumerate(inp.results)]
     names = sorted(p.name for p in (tmp_path / "figures").glob("claim*_*.png"))
-    assert names and {int(re.match(r"claim(\d+)_", n).group(1)) for n in names} == set(range(len(inp.results)))
+    assert names and {int(re.match(r"claim(\d+)_", n).group(1)) for n in names} == set(
+        range(len(inp.results))
+    )
     assert not stale.exists() and (tmp_path / "figures" / "notes.png").exists()
+
+
+def _env(cpu: str, capability: str) -> dict:
+    return {"cpu_model": cpu, "cpu_flags": "avx2 fma", "torch_cpu_capability": capability, "blas": "mkl 2024.2",
+            "onednn": "v3.12.0", "torch_threads": 1, "torch": "2.14.1+cpu", "gpu": None}  # fmt: skip
+
+
+def test_the_reproduce_section_shows_the_runs_arithmetic_and_notes_when_it_differs(tmp_path):
+    """Before: the report named versions only (the first run's), never the CPU, torch's CPU capability or
+    the BLAS, so numbers that depend on them said nothing of it; a run written before they were recorded
+    reads "not recorded"."""
+    from analysis.report.page import _reproduce
+    from vitstudy_core.runfolder import RunFolder
+
+    runs = {
+        "a": _env("Intel Xeon Platinum 8480+", "AVX512"),
+        "b": _env("Intel Xeon Platinum 8480+", "AVX512"),
+    }
+    for key, env in runs.items():
+        RunFolder(tmp_path / key).write_result({"status": "finished", "environment": env})
+    inp = ReportInput("s", "", [], [], None, tmp_path, runs=list(runs))
+    _, text = _reproduce(inp, {})
+    assert text.splitlines()[0] == (
+        "arithmetic of every run (2): cpu_model Intel Xeon Platinum 8480+; cpu_flags avx2 fma; "
+        "torch_cpu_capability AVX512; blas mkl 2024.2; onednn v3.12.0; torch_threads 1; torch 2.14.1+cpu; gpu none"
+    )
+    assert not [ln for ln in header_lines(inp) if "arithmetic" in ln]
+    RunFolder(tmp_path / "c").write_result({"status": "finished", "environment": _env("AMD EPYC", "AVX2")})
+    RunFolder(tmp_path / "old").write_result({"status": "finished", "environment": {"torch": "2.2.0"}})
+    inp = ReportInput("s", "", [], [], None, tmp_path, runs=[*runs, "c", "old"])
+    _, text = _reproduce(inp, {})
+    lines = text.splitlines()
+    assert lines[0].startswith("arithmetic differs across the runs: they come from 3 machines or settings")
+    assert lines[1].startswith("arithmetic of 2 run(s) (a, b): cpu_model Intel Xeon Platinum 8480+;")
+    assert any(ln.startswith("arithmetic of 1 run(s) (c): cpu_model AMD EPYC;") for ln in lines)
+    old = next(ln for ln in lines if ln.startswith("arithmetic of 1 run(s) (old)"))
+    assert "cpu_model not recorded" in old and "torch 2.2.0" in old
+    assert [ln for ln in header_lines(inp) if ln.startswith("arithmetic differs")] == [lines[0]]
