@@ -87,7 +87,8 @@ def _cpuinfo() -> tuple[str | None, list[str]]:
     """The CPU's model name and flags from ``/proc/cpuinfo`` (Linux); elsewhere ``platform``'s processor."""
     import platform
 
-    model, flags = None, []
+    model: str | None = None
+    flags: list[str] = []
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:

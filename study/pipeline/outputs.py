@@ -51,7 +51,8 @@ def mean_profiles(claim: Any, table: pd.DataFrame) -> list[dict[str, Any]]:
     out = []
     for ds in datasets:
         for token_set in token_sets:
-            for cond in conditions_of(table) or [None]:
+            conditions: list[str | None] = [*conditions_of(table)] or [None]
+            for cond in conditions:
                 try:
                     prof = seed_profile(table, claim.metric, ds, epoch, token_set, condition=cond)
                 except StudyError:

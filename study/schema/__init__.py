@@ -233,10 +233,10 @@ class Hypothesis(Strict):
                     f"a {claim.kind} over epochs needs >= 2 epochs (its x values), got {points}"
                     + ("" if own else " (the design's checkpoint epochs: add some to design.checkpoints)"),
                 )
-        elif over == "layer" and len(set(getattr(claim, "layers", []))) < 2:
+        elif over == "layer" and len(set(layers := list(getattr(claim, "layers", [])))) < 2:
             raise _FieldError(
                 f"claims[{i}].layers",
-                f"a {claim.kind} over layers needs >= 2 layers (x values), got {list(claim.layers)}",
+                f"a {claim.kind} over layers needs >= 2 layers (x values), got {layers}",
             )
 
     def _check_adjust_for(self) -> None:
