@@ -467,13 +467,11 @@ def format_verdicts(results: list[ClaimResult]) -> str:
             lines.append(f"  ? {r.name}: power n/a: no test across seeds was possible (see the warnings)")
         elif r.verdict == INCONCLUSIVE and r.n_seeds >= 2:
             need = (
-                f"{r.seeds_needed} seeds"
+                f"80% power needs {r.seeds_needed} seeds"
                 if r.seeds_needed
-                else "no number of seeds (effect points the other way)"
+                else "more seeds cannot give it power: the observed effect points the other way"
             )
-            lines.append(
-                f"  ? {r.name}: power {fmt_num(r.power, 2)} at the observed effect; 80% power needs {need}"
-            )
+            lines.append(f"  ? {r.name}: power {fmt_num(r.power, 2)} at the observed effect; {need}")
         if r.post_hoc:
             why = r.registration.get("reason") or (
                 f"registered {r.registration.get('registered_at')}, after some of its runs had finished"

@@ -14,6 +14,12 @@ A pretrained model's config and the eval preprocessing timm derives from it (``p
 ``data_config``: what ``validate`` and ``plan`` put in a pretrained run's key) are kept the same way, asked
 of timm the first time a name or a config is met.
 
+The first process after installing need not import timm either: the registry of every timm version the
+package has been shipped with is a data file of the package (``runners/timm_models.json``: version ->
+module -> architectures, written by :func:`ship_table`, ``python -m runners.model_table``, and checked
+against the installed timm by ``tests/test_model_table.py``); a timm version it lacks is filled from timm
+as before.
+
 What a model looks like once built (patch size, depth, width, heads: timm builds it on the meta device,
 no memory, no weights) is asked of timm the first time a model and its overrides are met and then kept
 in the same file. A name the table does not know (a model registered after the table was filled, e.g. by
@@ -31,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 FILE = "timm_models.json"
+SHIPPED = Path(__file__).with_name("timm_models.json")  # timm version -> module -> its architectures
 VIT_MODULE = "vision_transformer"  # the timm module whose models the extraction reads (ViT blocks)
 _table: dict[str, Any] | None = None  # this process's copy of the file (read once per file and version)
 _table_path: Path | None = None
@@ -94,16 +101,57 @@ def _fill(version: str) -> dict[str, Any]:
     return {"timm": version, "models": models, "built": {}}
 
 
+def _registry(version: str) -> dict[str, str]:
+    """timm's registry (architecture -> module) as :func:`_fill` builds it, from timm itself."""
+    return _fill(version)["models"]
+
+
+def shipped(version: str) -> dict[str, str] | None:
+    """The shipped registry of timm ``version`` (architecture -> module; :data:`SHIPPED`), or None when
+    the package holds none for it. Reads a JSON file: no timm, no torch."""
+    try:
+        modules = json.loads(SHIPPED.read_text(encoding="utf-8")).get(version)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(modules, dict):
+        return None
+    return {arch: module for module, archs in modules.items() for arch in archs}
+
+
+def ship_table(path: Path = SHIPPED) -> str:
+    """Add the installed timm's registry to the shipped file (``python -m runners.model_table``); the
+    other versions it holds are kept. Returns the version added."""
+    version = timm_version()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    modules: dict[str, list[str]] = {}
+    for arch, module in _registry(version).items():
+        modules.setdefault(module, []).append(arch)
+    data[version] = {m: sorted(archs) for m, archs in sorted(modules.items())}
+    lines = ",\n".join(
+        f"{json.dumps(v)}: {{\n"
+        + ",\n".join(f"  {json.dumps(m)}: {json.dumps(a)}" for m, a in data[v].items())
+        + "\n}"
+        for v in sorted(data)
+    )
+    path.write_text("{\n" + lines + "\n}\n", encoding="utf-8")  # one line per module: readable diffs
+    return version
+
+
 def table() -> dict[str, Any]:
     """``{"timm": version, "models": {architecture: module}, "built": {model key: shape or None}}``: read
-    from the cache (once per process), filled from timm when missing, unreadable or of another version."""
+    from the cache (once per process); when it is missing, unreadable or of another version, from the
+    package's shipped registry of that timm version, else filled from timm."""
     global _table, _table_path
     version, path = timm_version(), cache_dir() / FILE
     if _table is not None and _table["timm"] == version and _table_path == path:
         return _table
     found = _read(path, version)
     if found is None:
-        found = _fill(version)
+        models = shipped(version)
+        found = {"timm": version, "models": models, "built": {}} if models is not None else _fill(version)
         _save(found)
     _table, _table_path = found, path
     return found
@@ -230,3 +278,7 @@ def patch_in_name(name: str) -> int | None:
     """The patch size a name like ``..._patch16_...`` carries (None: none)."""
     found = re.search(r"patch(\d+)", name)
     return int(found.group(1)) if found else None
+
+
+if __name__ == "__main__":
+    print(f"{SHIPPED}: added timm {ship_table()}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -79,8 +80,60 @@ def _atomic_torch_save(obj: dict, path: Path) -> None:
         fault_point("checkpoint.write", path)
 
 
+# the CPU flags that choose torch's and the BLAS's kernels (vector width, fused multiply-add, AMX tiles)
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+              "avx512_bf16", "amx_tile", "amx_bf16")  # fmt: skip
+
+
+def _cpuinfo() -> tuple[str | None, list[str]]:
+    """The CPU's model name and flags from ``/proc/cpuinfo`` (Linux); elsewhere ``platform``'s processor."""
+    import platform
+
+    model: str | None = None
+    flags: list[str] = []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model is None:
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = value.split()
+                if model is not None and flags:
+                    break
+    except OSError:
+        pass
+    return model or platform.processor() or None, flags
+
+
+def arithmetic() -> dict[str, object]:
+    """What decides a run's floating-point results on this machine (``vitstudy_core.provenance.ARITHMETIC``):
+    the CPU model and its SIMD flags, torch's CPU capability (the kernels ATen dispatches to, lowered by
+    ``ATEN_CPU_CAPABILITY``), the BLAS and oneDNN torch was built with (``torch.__config__.show()``) and the
+    thread count. ``torch`` and ``gpu`` are recorded beside them by :func:`environment`."""
+    model, flags = _cpuinfo()
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", config)
+    library = next((ln for ln in config.splitlines() if "Math Kernel Library" in ln or "OpenBLAS" in ln), "")
+    version = re.search(r"(?:Version|OpenBLAS)\s+v?([\d.]+)", library)
+    onednn = re.search(r"(?:MKL-DNN|oneDNN)\s+(v[\d.]+)", config)
+    try:
+        capability: str | None = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # noqa: BLE001 - a torch without the call: left unrecorded rather than guessed
+        capability = None
+    return {
+        "cpu_model": model,
+        "cpu_flags": " ".join(f for f in SIMD_FLAGS if f in flags) or None,
+        "torch_cpu_capability": capability,
+        "blas": (blas.group(1) if blas else "unknown") + (f" {version.group(1)}" if version else ""),
+        "onednn": onednn.group(1) if onednn else None,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
 def environment() -> dict:
-    """Versions, device and code state that matter for reproducing a run."""
+    """Versions, device, code state and what decides the arithmetic (:func:`arithmetic`): what matters
+    for reproducing a run."""
     versions = package_versions(("torchvision", "timm", "numpy", "pydantic", "pillow"))
     env: dict[str, object] = {
         "python": versions["python"],
@@ -89,7 +142,7 @@ def environment() -> dict:
         "platform": versions["platform"],
         "cuda": torch.version.cuda if torch.cuda.is_available() else None,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "torch_threads": torch.get_num_threads(),
+        **arithmetic(),
     }
     # the run seed s seeds init (s), data order (s + offset) and crops (s + offset): separable streams
     env["seed_offsets"] = {"init": 0, "data_order": DATA_ORDER_SEED_OFFSET, "augment": AUG_SEED_OFFSET}

@@ -80,6 +80,7 @@ class Validation:
         n_claims, n_seeds: its claims and seeds; n_runs: runs planned (a sweep: trials x seeds).
         n_trials: a sweep's trials (None for a study).
         n_cells, n_trained_cells: a design with conditions: its cells, and those that train (0: none).
+        warnings: what passes but cannot be tested (``field: why``; ``study.preflight.design_warnings``).
     """
 
     hypothesis: Hypothesis
@@ -90,6 +91,7 @@ class Validation:
     n_trials: int | None = None
     n_cells: int = 0
     n_trained_cells: int = 0
+    warnings: tuple[str, ...] = ()
 
     @property
     def message(self) -> str:
@@ -115,22 +117,24 @@ def validate(hypothesis: HypothesisLike, out: str | Path = "study_results") -> V
     Raises:
         StudyError: the first problem, in one line.
     """
-    from study.preflight import check_hypothesis
+    from study.preflight import check_hypothesis, design_warnings
     from study.runspecs import plan_runs
 
     hyp, _, file = _hypothesis(hypothesis)
     check_hypothesis(hyp, file, Path(out))
     seeds = len(hyp.design.seeds)
+    warned = tuple(design_warnings(hyp))
     if hyp.sweep is not None:
         from study.sweep.loop import trial_target
         from study.sweep.storage_check import check_storage
 
         check_storage(hyp.sweep.storage, file)  # as `sweep` checks it, naming the file's sweep.storage
         trials = trial_target(hyp, None, file)
-        return Validation(hyp, file, len(hyp.claims), seeds, trials * seeds, trials)
+        return Validation(hyp, file, len(hyp.claims), seeds, trials * seeds, trials, warnings=warned)
     cells = hyp.design.cells() if hyp.design.condition_names() else []
     trained = sum(1 for c in cells if not c.untrained)
-    return Validation(hyp, file, len(hyp.claims), seeds, len(plan_runs(hyp)), None, len(cells), trained)
+    runs = len(plan_runs(hyp))
+    return Validation(hyp, file, len(hyp.claims), seeds, runs, None, len(cells), trained, warned)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,44 @@ def check_hypothesis(hyp: Hypothesis, file: str, out_dir: Path | None = None) ->
     _check_environment()
 
 
+def design_warnings(hyp: Hypothesis) -> list[str]:
+    """What ``validate`` passes but ``run`` cannot test, each as ``field: why`` (none stops the study).
+
+    * fewer than 2 seeds where a claim generalises over seeds (``run`` then says "needs >= 2 seeds");
+    * two operands of a claim that read the same values (a layer compared with itself): the difference is 0
+      in every seed.
+    """
+    from runners.sources.base import declares
+
+    out = []
+    source = hyp.design.source
+    models_are_seeds = source is not None and declares(source.kind, "models_are_seeds")
+    over_seeds = [c.name for c in hyp.claims if (c.unit or "seeds") == "seeds"]
+    if len(hyp.design.seeds) < 2 and over_seeds and not models_are_seeds:
+        out.append(
+            f"design.seeds: {len(hyp.design.seeds)} seed: a claim over seeds ({over_seeds[0]!r}) needs >= 2 "
+            "to be tested (use >= 3, ideally 5+); run will report it INCONCLUSIVE (needs >= 2 seeds)"
+        )
+    for i, claim in enumerate(hyp.claims):
+        seen: dict[tuple, str] = {}
+        for fld, j, cond in claim.operands():
+            name = fld if j is None else f"{fld}[{j}]"
+            key = (
+                cond.dataset or claim.subset.dataset,
+                cond.token_set or claim.subset.token_set,
+                cond.epoch if cond.epoch is not None else claim.subset.epoch,
+                tuple(sorted(set(cond.layers))),
+                cond.condition or claim.subset.condition,
+            )
+            first = seen.setdefault(key, name)
+            if first != name:
+                out.append(
+                    f"claims[{i}].{name}: reads the same values as {first} (dataset, token set, epoch, layers "
+                    "and condition): their difference is 0 in every seed, so the claim tests nothing"
+                )
+    return out
+
+
 def _check_environment() -> None:
     """The periods read from the environment (lease lifetime, parent heartbeat) are numbers of seconds > 0:
     found here, before anything is written, rather than in a worker or a heartbeat thread."""

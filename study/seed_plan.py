@@ -36,7 +36,7 @@ from study.cluster.gpu_cost import format_estimate, gpu_estimate
 from study.pipeline.triage import plan as plan_runs
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
-from vitstudy_core.fmt import fmt_num
+from vitstudy_core.fmt import fmt_hours, fmt_num
 
 _NOT_IN_KEY = ("key", "seed", "source")
 
@@ -269,9 +269,7 @@ def format_plan(plan: dict) -> str:
             f"{total} run-hours at the file's {plan['file_seeds']} seeds"
         )
     for name, h in plan["per_run"].items():
-        lines.append(
-            f"run time {name}: {fmt_num(h['hours'], 3) if h['hours'] is not None else '?'} h ({h['source']})"
-        )
+        lines.append(f"run time {name}: {fmt_hours(h['hours'])} ({h['source']})")
     if plan.get("gpu_estimate"):
         lines.append(format_estimate(plan["gpu_estimate"]))
     for r in plan["claims"]:

@@ -112,8 +112,42 @@ def test_train_run_writes_scalars_and_covariances_then_table_rebuilds(tmp_path, 
 
 
 def test_table_verb_without_runs_exits_2(tmp_path, tiny_yaml, capsys):
+    (tmp_path / "nothing").mkdir()
     assert main(["table", str(tiny_yaml), "--out", str(tmp_path / "nothing")]) == 2
     assert "no finished run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "verb",
+    [["status"], ["doctor"], ["ui", "--no-browser"], ["table", "HYP"], ["report", "HYP"]],
+    ids=lambda v: v[0],
+)
+def test_a_missing_output_folder_is_an_error_for_every_verb_that_reads_one(tmp_path, tiny_yaml, capsys, verb):
+    """Before: ``status --out <typo>`` made the folder (and ``leases/`` in it), said "no runs" and exited 0;
+    ``doctor`` then found nothing wrong there. Now one line, exit 2, nothing created."""
+    out = tmp_path / "typo"
+    argv = [str(tiny_yaml) if a == "HYP" else a for a in verb] + ["--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"error: {out}: --out: no such folder: expected the output folder of `python -m study run`\n"
+    )
+    assert not out.exists()
+    out.write_text("")
+    assert main(argv) == 2
+    assert "--out: is a file" in capsys.readouterr().err
+
+
+def test_status_with_a_lease_url_or_the_cluster_address_needs_no_output_folder(tmp_path, capsys):
+    from unittest import mock
+
+    leases = tmp_path / "leases"
+    assert main(["status", "--leases", f"file://{leases}", "--out", str(tmp_path / "absent")]) == 0
+    assert capsys.readouterr().out.startswith("no runs in the lease store")
+    with mock.patch("study.cluster.jobs.ray_jobs", return_value="ray jobs: none"):
+        assert main(["status", "--address", "http://127.0.0.1:1", "--out", str(tmp_path / "absent")]) == 0
+    assert capsys.readouterr().out == "ray jobs: none\n"
+    assert not (tmp_path / "absent").exists()
 
 
 def test_covariance_epochs_validation(tmp_path, tiny_yaml):

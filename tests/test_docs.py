@@ -288,6 +288,15 @@ RULES: list[Rule] = [
         Mapped(("tests/test_docs.py::test_extras_named_in_the_docs_exist",)),
     ),
     # ---- run at test size by other tests
+    Rule(  # writes the installed timm's registry into the package's data file (a test writes a copy)
+        r"^python -m runners\.model_table$",
+        Mapped(
+            (
+                "tests/test_model_table.py::test_ship_table_adds_the_installed_version_and_keeps_the_others",
+                "tests/test_model_table.py::test_the_shipped_table_is_the_installed_timm_s_registry",
+            )
+        ),
+    ),
     Rule(r"^python -m study run hypotheses/u_shape\.yaml$", Mapped(E2E)),
     Rule(r"^python -m study run FILE$", Mapped(E2E)),
     Rule(
@@ -723,3 +732,53 @@ def test_readme_documents_metrics_on_a_run_s_spectra_and_the_controls_post_hoc()
     controls = " ".join(readme.split("## Conditions, controls", 1)[1].split("\n## ", 1)[0].split())
     assert 'every claim reading its trained runs shows "(post hoc)"' in controls
     assert "the shuffled-labels claim (new runs only) is pre-registered" in controls
+
+
+def _kind_examples() -> dict[str, dict]:
+    """docs/statistics.md's "One claim of each kind": kind -> its claim (each YAML block one claim)."""
+    import yaml
+
+    text = (REPO / "docs" / "statistics.md").read_text()
+    section = text.split("## One claim of each kind\n", 1)[1].split("\n## ", 1)[0]
+    found: dict[str, dict] = {}
+    for block in re.findall(r"```yaml\n(.*?)```", section, re.S):
+        (claim,) = yaml.safe_load(block)
+        assert claim["kind"] not in found, f"two examples of {claim['kind']}"
+        found[claim["kind"]] = claim
+    return found
+
+
+def test_every_claim_kind_has_a_whole_example_in_the_docs_that_validates(tmp_path):
+    """One full claim per built-in kind (the README shows a whole one for u_shape only), each validated in
+    the design the section describes, its claims across conditions in that design with conditions."""
+    import study
+    from analysis.kinds import KINDS
+    from analysis.kinds.versus import ACROSS_KINDS
+    from vitstudy_core.plugins import origin
+
+    examples = _kind_examples()
+    assert set(examples) == {k for k in KINDS if origin(KINDS, k) == "built-in"}
+    datasets = [
+        {"name": "objects", "variant": "objects", "n_train": 64, "n_test": 32, "image_size": 16},
+        {"name": "cue_mix", "variant": "objects", "texture_reliance": 0.5, "n_train": 64, "n_test": 32,
+         "image_size": 16},
+        {"name": "textures", "variant": "textures", "n_train": 64, "n_test": 32, "image_size": 16},
+    ]  # fmt: skip
+    design = {
+        "datasets": datasets,
+        "model": {"preset": "vit_cpu12"},
+        "seeds": [0, 1, 2],
+        "checkpoints": [0, 1, 2],
+        "training": {"epochs": 2},
+        "probe": {"size": 16},
+    }
+    conditions = [{"name": "trained"}, {"name": "untrained", "untrained": True}]
+    for kind, claim in examples.items():
+        across = kind in ACROSS_KINDS
+        data = {
+            "name": f"docs_{kind}",
+            "design": {**design, "conditions": conditions} if across else design,
+            "claims": [claim],
+        }
+        checked = study.validate(data, tmp_path / "out")
+        assert checked.n_claims == 1 and not checked.warnings, (kind, checked.warnings)

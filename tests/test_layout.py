@@ -148,3 +148,18 @@ def test_every_test_folder_is_named_in_architecture_md():
     docs = set(re.findall(r"`tests/(\w+)/`", text))
     disk = {p.parent.name for p in (ROOT / "tests").glob("*/__init__.py")}
     assert docs == disk, f"only in the docs: {sorted(docs - disk)}; only on disk: {sorted(disk - docs)}"
+
+
+def test_the_tree_tracks_no_third_party_build_and_a_test_s_dependency_is_in_the_test_extra():
+    """Before: a 554 KB mpmath wheel was tracked at the repository's root, for a test whose dependency the
+    test extra did not name."""
+    import subprocess
+
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.whl", "*.tar.gz", "*.egg", "*.zip"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert tracked.returncode == 0 and tracked.stdout.split() == []
+    extra = re.search(r"^test = \[\n(.*?)^\]", (ROOT / "pyproject.toml").read_text(), re.S | re.M)
+    assert extra and re.search(r'^ *"mpmath\b', extra.group(1), re.M)

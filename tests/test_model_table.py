@@ -109,3 +109,67 @@ def test_a_cache_folder_that_cannot_be_written_costs_only_time(tmp_path, monkeyp
     monkeypatch.setattr(mt, "_table", None)
     assert mt.is_vit("vit_tiny_patch16_224") and not mt.is_vit("resnet18")
     assert mt.built_shape({"name": "flexivit_small"})["patch_size"] == 16
+
+
+def test_the_shipped_table_is_the_installed_timm_s_registry():
+    """The package's data file (``runners/timm_models.json``) against the live timm build: what
+    ``python -m runners.model_table`` writes for the installed version is what timm registers."""
+    version = mt.timm_version()
+    shipped = mt.shipped(version)
+    if shipped is None:
+        pytest.skip(f"no shipped table for timm {version}: add it with python -m runners.model_table")
+    assert shipped == mt._registry(version)
+
+
+def test_ship_table_adds_the_installed_version_and_keeps_the_others(tmp_path, monkeypatch):
+    path = tmp_path / "shipped.json"
+    path.write_text(json.dumps({"0.9.0": {"vision_transformer": ["vit_old"]}}))
+    monkeypatch.setattr(mt, "_registry", lambda v: {"vit_b": "vision_transformer", "resnet": "resnet"})
+    assert mt.ship_table(path) == mt.timm_version()
+    monkeypatch.setattr(mt, "SHIPPED", path)
+    assert mt.shipped("0.9.0") == {"vit_old": "vision_transformer"}
+    assert mt.shipped(mt.timm_version()) == {"vit_b": "vision_transformer", "resnet": "resnet"}
+    assert mt.shipped("0.0.1-other") is None
+
+
+def test_a_shipped_version_fills_the_cache_without_timm_and_another_falls_back(cache, monkeypatch):
+    monkeypatch.setattr(mt, "shipped", lambda v: {"vit_tiny_patch16_224": "vision_transformer"})
+    monkeypatch.setattr(mt, "_fill", lambda version: pytest.fail("filled from timm"))
+    assert mt.is_vit("vit_tiny_patch16_224")
+    assert json.loads(cache.read_text())["models"] == {"vit_tiny_patch16_224": "vision_transformer"}
+    monkeypatch.setattr(mt, "_table", None)
+    cache.unlink()
+    monkeypatch.setattr(mt, "shipped", lambda v: None)  # a timm version without a shipped table: as before
+    filled = []
+    monkeypatch.setattr(mt, "_fill", lambda v: filled.append(v) or {"timm": v, "models": {}, "built": {}})
+    mt.table()
+    assert filled == [mt.timm_version()]
+
+
+def test_the_first_validate_after_installing_imports_neither_timm_nor_torch(tmp_path):
+    """Before: the first ``validate`` in an empty user cache built timm's table (5.4-6.2 s: it imported
+    torch and timm); every later one took about 1 s."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    if mt.shipped(mt.timm_version()) is None:
+        pytest.skip(f"no shipped table for timm {mt.timm_version()}")
+    code = (
+        "import sys; from study.cli import main; rc = main(['validate', sys.argv[1], '--out', sys.argv[2]]); "
+        "print(sorted(m for m in ('torch', 'timm') if m in sys.modules)); sys.exit(rc)"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "hypotheses" / "u_shape.yaml"), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
+    assert (tmp_path / "cache" / "vitstudy" / mt.FILE).is_file()

@@ -119,6 +119,8 @@ def test_the_wheel_holds_our_four_packages_and_no_generic_core(wheel):
     # every module of the checkout's packages is in the wheel (kinds and objectives sub-packages too)
     expected = {p.relative_to(REPO).as_posix() for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
     assert expected <= set(names)
+    # the data files the packages read: timm's registry per version (runners.model_table.SHIPPED)
+    assert "runners/timm_models.json" in names
     # nothing in the packages reads the hypotheses/ folder at run time, so the wheel needs none of it
     assert not [n for n in names if n.startswith("hypotheses/")]
 

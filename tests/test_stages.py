@@ -167,3 +167,35 @@ def test_evaluate_and_write_outputs(tiny, tmp_path):
     assert not list((tmp_path / "studies" / "tiny").glob(".*"))  # no temporary file left behind
     html, md = outputs.write_study_report(tmp_path / "studies" / "tiny", hyp, outcome, out / "runs")
     assert "<h3>Details</h3>" in html.read_text() and RunFolder(out / "runs" / specs[0].key).is_finished()
+
+
+@pytest.mark.parametrize(
+    "name", ["u_shape", "rank_grows", "texture_depth", "texture_flat", "cls_highest", "controls"]
+)
+def test_verdicts_json_holds_a_mean_profile_for_every_claim(tmp_path, name):
+    """Before: only a u_shape claim had a mean profile (``details.profile``), where the README promises
+    one per claim."""
+    from analysis.verdicts import evaluate_claims
+    from study.schema import load_hypothesis
+    from tests.conftest import BEHAVIOUR, REPO
+
+    hyp = load_hypothesis(REPO / "hypotheses" / f"{name}.yaml")
+    table = pd.read_parquet(BEHAVIOUR / f"table_{name}.parquet")
+    results = evaluate_claims(hyp, table)
+    out = outputs.Outcome(
+        REPO / "hypotheses" / f"{name}.yaml", stages.Filled(), table, results, None, list(hyp.claims)
+    )
+    outputs.write_outputs(tmp_path, out, {"hypothesis": name})
+    written = json.loads((tmp_path / "verdicts.json").read_text())["claims"]
+    assert len(written) == len(hyp.claims)
+    for entry, claim in zip(written, hyp.claims, strict=True):
+        profiles = entry["mean_profile"]
+        assert profiles, claim.kind
+        for prof in profiles:
+            assert prof["token_set"] == claim.subset.token_set or claim.operands()
+            assert [row["layer"] for row in prof["layers"]][:1] == ["patch_embed"] or prof[
+                "token_set"
+            ] == "cls"
+            assert all(row["mean"] is not None and row["n"] >= 2 for row in prof["layers"])
+        named = claim.datasets_named()
+        assert {p["dataset"] for p in profiles} == set(named or table.dataset.unique())

@@ -36,3 +36,24 @@ def fmt_p(p: Any) -> str:
 def unit_of(metric: str) -> str:
     """The unit suffix of a metric's effect: `` pp`` (percentage points) for ``*_pct`` metrics."""
     return " pp" if str(metric).endswith("_pct") else ""
+
+
+def fmt_hours(hours: Any) -> str:
+    """A duration given in hours, in the unit that shows it: ``2.50 h``, ``12.4 min`` under an hour,
+    ``3.2 s`` under a minute (a tiny design's runs printed as ``0.000 h`` said nothing); ``?`` for None."""
+    try:
+        h = float(hours)
+    except (TypeError, ValueError):
+        return "?"
+    if math.isnan(h):
+        return "?"
+    if h >= 1:
+        return f"{h:.2f} h"
+    if h * 60 >= 1:
+        return f"{h * 60:.1f} min"
+    return f"{h * 3600:.1f} s"
+
+
+def count(n: int, noun: str) -> str:
+    """``1 run``, ``2 runs``: a count with its noun in the number it takes."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

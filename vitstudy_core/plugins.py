@@ -16,6 +16,8 @@ every entry point of every group, sorted by distribution and name; the hypothesi
 it builds a union, so the order in which anything is imported never matters. A plug-in that fails to
 import, or whose registration is refused, is one line on stderr naming it and its distribution
 (:data:`BROKEN` keeps them); what it registered before failing is removed, and everything else works.
+Each entry point's registrations stand or fall alone: the packages above its module are imported first as
+their own units, so a package's parts stand when a module below it fails.
 """
 
 from __future__ import annotations
@@ -193,22 +195,52 @@ def _application_imports() -> Iterator[list[str]]:
         builtins.__import__ = original
 
 
-def _load(ep: metadata.EntryPoint) -> str | None:
-    """Import ``ep``'s module; the one-line reason it is not loaded, or None when it is."""
+def _load(ep: metadata.EntryPoint, regs: dict[str, Registry]) -> str | None:
+    """Import ``ep``'s module; the one-line reason it is not loaded, or None when it is.
+
+    The packages above the module are imported first, each on its own (:func:`_unit`): what a package
+    registers is its own entry point's (``norm_cv = "pkg"``) and stands whatever a module below it does
+    (``clash = "pkg.clash"`` failing to register)."""
     found_at = _imports_application(ep.module)
     if found_at is not None:  # refused before it runs, so that every process refuses it alike
         return f"ImportError: imports {APPLICATION} ({found_at}); {LAYER_RULE}"
+    parts = ep.module.split(".")
+    for depth in range(1, len(parts)):
+        package = ".".join(parts[:depth])
+        if package not in sys.modules:
+            error = _unit(lambda package=package: importlib.import_module(package), regs)
+            if error is not None:
+                return f"{error} (importing its package {package})"
+    return _unit(ep.load, regs)
+
+
+def _unit(load: Any, regs: dict[str, Registry]) -> str | None:
+    """Run ``load`` (an import) as one unit of registrations: they stand when it succeeds; when it fails
+    they are removed, and so are the modules it imported whose registrations were removed with it (from
+    ``sys.modules``: their own entry point, or the next import, runs them again, so their parts register
+    on their own instead of never, behind a no-op import). Returns the one-line reason, or None."""
+    names = {g: set(r.names()) for g, r in regs.items()}
+    modules = set(sys.modules)
     before = _application_modules()
     with _application_imports() as seen:
         try:
-            ep.load()
+            load()
         except Exception as err:  # any failure of a third party's import: name it, keep going
             error: str | None = _one_line(err)
         else:
             error = None
     new = [*seen, *sorted(_application_modules() - before)]  # importlib.import_module: the second
     if new:  # through another module of its own (the direct import is caught above)
-        return f"ImportError: imports {APPLICATION} (through another module: {new[0]}); {LAYER_RULE}"
+        error = f"ImportError: imports {APPLICATION} (through another module: {new[0]}); {LAYER_RULE}"
+    if error is not None:
+        dropped: set[str] = set()
+        for g, reg in regs.items():
+            gone = [n for n in reg.names() if n not in names[g]]
+            dropped |= {reg.module_of(n) for n in gone}
+            reg.discard(gone)
+        for module in set(sys.modules) - modules:
+            if module in dropped and module.partition(".")[0] not in OWN_PACKAGES:
+                del sys.modules[module]
     return error
 
 
@@ -242,11 +274,8 @@ def load_plugins() -> bool:
         for group in GROUPS:
             points = sorted(found[group], key=lambda e: (_distribution(e), e.name))
             for ep in points:
-                before = {g: set(r.names()) for g, r in regs.items()}
-                error = _load(ep)
+                error = _load(ep, regs)
                 if error is not None:
-                    for g, reg in regs.items():
-                        reg.discard([n for n in reg.names() if n not in before[g]])
                     broken = Broken(group, ep.name, _distribution(ep), error)
                     BROKEN.append(broken)
                     print(broken.line(), file=sys.stderr)

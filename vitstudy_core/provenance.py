@@ -38,3 +38,64 @@ def package_versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[pkg] = "not installed"
     return out
+
+
+# what decides a run's floating-point arithmetic on the CPU, as a run's ``environment`` records it
+# (``runners.train.arithmetic``): two runs that agree on all of these compute the same bits from the same
+# inputs; runs that differ in any (AVX-512 vs AVX2 kernels, another BLAS, another thread count) round
+# differently, so their numbers differ in the last digits (a verdict should not)
+ARITHMETIC = (
+    "cpu_model",
+    "cpu_flags",
+    "torch_cpu_capability",
+    "blas",
+    "onednn",
+    "torch_threads",
+    "torch",
+    "gpu",
+)
+NOT_RECORDED = "not recorded"  # a field a run's environment lacks (a run made before it was recorded)
+
+
+def arithmetic_of(env: dict | None) -> tuple[tuple[str, str], ...]:
+    """The :data:`ARITHMETIC` fields of a run's ``environment``, as ``(field, text)`` pairs in that order;
+    a field it lacks reads :data:`NOT_RECORDED` (``gpu`` None: ``none``)."""
+    env = env or {}
+    out = []
+    for field in ARITHMETIC:
+        if field not in env:
+            out.append((field, NOT_RECORDED))
+        else:
+            value = env[field]
+            out.append((field, "none" if value is None else str(value)))
+    return tuple(out)
+
+
+def arithmetic_lines(envs: dict[str, dict | None]) -> list[str]:
+    """What the runs' arithmetic was, for the report's reproduction section: one line when every run
+    agrees, else a note that the study pools machines whose arithmetic differs and a line per kind.
+
+    Args:
+        envs: run key -> its ``environment`` (None: not readable).
+    """
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for key, env in envs.items():
+        groups.setdefault(arithmetic_of(env), []).append(key)
+    if not groups:
+        return []
+
+    def text(fields: tuple[tuple[str, str], ...]) -> str:
+        return "; ".join(f"{k} {v}" for k, v in fields)
+
+    if len(groups) == 1:
+        (fields,) = groups
+        return [f"arithmetic of every run ({len(envs)}): {text(fields)}"]
+    lines = [
+        f"arithmetic differs across the runs: they come from {len(groups)} machines or settings whose "
+        "floating-point results differ (a pooled study is legitimate; its numbers are no one machine's)"
+    ]
+    for fields, keys in sorted(groups.items(), key=lambda g: -len(g[1])):
+        lines.append(
+            f"arithmetic of {len(keys)} run(s) ({', '.join(sorted(keys)[:3])}{', ...' if len(keys) > 3 else ''}): {text(fields)}"
+        )
+    return lines

@@ -28,7 +28,7 @@ from analysis.kinds._parts.outcome import Outcome
 from analysis.kinds._parts.registry import ClaimKind, register_kind
 from analysis.kinds._parts.scenario import Scenario
 from analysis.kinds._parts.selection import claim_view, complete_seeds, knob_levels_of, knob_rows
-from analysis.kinds._parts.table import TableView
+from analysis.kinds._parts.table import OneLevel, TableView
 from analysis.kinds._parts.trend_scenarios import (
     _SPACINGS,
     _draw,
@@ -106,13 +106,21 @@ class TrendClaim(ClaimBase):
 
 
 def _epochs(df: pd.DataFrame, claim: TrendClaim, where: str) -> list[int]:
+    """The epochs the trend runs over; fewer than 2 raise :class:`OneLevel` (one x value: no slope)."""
     have = sorted(int(e) for e in df.epoch.unique())
     if claim.epochs is None:
+        if len(have) < 2:
+            got = f"one epoch ({have[0]})" if have else "no epoch"
+            raise OneLevel(f"the table holds {got}: a trend over epochs needs at least 2", where, "epochs")
         return have
     missing = [e for e in claim.epochs if e not in have]
     if missing:
         raise StudyError(f"epochs {missing} are not in the table (it has {have})", where, "epochs")
-    return sorted(claim.epochs)
+    if len(set(claim.epochs)) < 2:
+        raise OneLevel(
+            f"one epoch ({claim.epochs[0]}): a trend over epochs needs at least 2", where, "epochs"
+        )
+    return sorted(set(claim.epochs))
 
 
 def _trend_arrays(
@@ -129,6 +137,10 @@ def _trend_arrays(
     assert claim.subset.dataset is not None  # required without a knob (the model checks it)
     df = view.slice(claim.metric, claim.subset.dataset, claim.subset.token_set, where)
     if claim.over == "layer":
+        if len(set(claim.layers)) < 2:
+            raise OneLevel(
+                f"one layer ({claim.layers[0]}): a trend over layers needs at least 2", where, "layers"
+            )
         df, _ = view.at_epoch(df, claim.subset.epoch, where, "subset.epoch")
         wide = view.wide(df, list(claim.layers), where, "layers")
         order = df.drop_duplicates("layer").set_index("layer").layer_index

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from analysis.inference import t_test
 from analysis.kinds._parts.claim import ClaimBase
@@ -61,6 +61,21 @@ class Regions(Strict):
         if isinstance(v, str) and v != "leave_one_seed_out":
             raise ValueError("expected a list of layers or 'leave_one_seed_out'")
         return v
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> Regions:
+        """A layer belongs to one region: an overlap tests a contrast of a layer with itself."""
+        seen: dict[str, str] = {}
+        for region in ("early", "bottleneck", "late"):
+            layers = getattr(self, region)
+            for layer in layers if isinstance(layers, list) else []:
+                other = seen.setdefault(layer, region)
+                if other != region:
+                    raise ValueError(
+                        f"the regions overlap: {layer} is in {other} and in {region} (each layer belongs "
+                        "to one region; the bottleneck lies strictly between early and late)"
+                    )
+        return self
 
 
 class UShapeClaim(ClaimBase):

@@ -132,6 +132,9 @@ class AcrossBase(ClaimBase):
     def named(self) -> list[tuple[str, str, object]]:
         return [(f if f.startswith("subset.") else f"claim.{f}", w, v) for f, w, v in self.claim.named()]
 
+    def token_set_of(self, fld: str) -> str:
+        return self.claim.token_set_of(fld.removeprefix("claim."))
+
 
 class DiffersClaim(AcrossBase):
     """The inner claim's per-seed effect in condition ``a`` differs from that in ``b`` (two-sided)."""

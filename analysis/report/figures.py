@@ -211,6 +211,7 @@ def profile_figure(
         ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
     plotted = {"datasets": drawn, "epochs": [ep], "layers": layer_order, "colours": drawn_colours}
+    plotted["regions"] = {r: [x for x in layers if x in layer_order] for r, layers in (regions or {}).items()}
     return Figure(name, caption, png=_png(fig), plotted=plotted)
 
 

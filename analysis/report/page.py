@@ -42,7 +42,7 @@ from vitstudy_core.errors import StudyError
 from vitstudy_core.faults import fault_point
 from vitstudy_core.fmt import fmt_interval, fmt_p
 from vitstudy_core.io import atomic_write_bytes, atomic_write_text
-from vitstudy_core.provenance import package_versions
+from vitstudy_core.provenance import arithmetic_lines, package_versions
 from vitstudy_core.runfolder import RunFolder
 
 if TYPE_CHECKING:
@@ -109,11 +109,22 @@ def read_study(
 
 
 def _run_environment(inp: ReportInput) -> dict:
-    for key in inp.runs:
-        env = (RunFolder(inp.runs_dir / key).read_result() or {}).get("environment") or {}
+    for env in _run_environments(inp).values():
         if env:
             return env
     return {}
+
+
+def _run_environments(inp: ReportInput) -> dict[str, dict | None]:
+    """Run key -> its ``result.json``'s ``environment`` (None where the folder or the field is missing)."""
+    return {key: (RunFolder(inp.runs_dir / key).read_result() or {}).get("environment") for key in inp.runs}
+
+
+def _arithmetic_note(inp: ReportInput) -> list[str]:
+    """The note that the runs' arithmetic differs (``vitstudy_core.provenance.arithmetic_lines``'s lead),
+    or none when every run agrees (or none recorded it)."""
+    lines = arithmetic_lines(_run_environments(inp))
+    return lines[:1] if len(lines) > 1 else []
 
 
 _CSS = """
@@ -161,7 +172,7 @@ def header_lines(inp: ReportInput) -> list[str]:
             f"batches of {seq['batch']}): {len(seq['looks'])} looks ({looks}); stopped at {seq['stopped_at']} "
             f"seeds: {seq['stopped_because']}"
         )
-    return lines
+    return lines + _arithmetic_note(inp)
 
 
 def _registration_why(reg: dict) -> str:
@@ -201,6 +212,7 @@ def _verdict_rows(sections: list[Section]) -> list[list[str]]:
 def _reproduce(inp: ReportInput, vers: dict) -> tuple[str, str]:
     command = inp.command or (f"python -m study run {inp.file}" if inp.file else "n/a")
     lines = [f"{k}: {v}" for k, v in vers.items()]
+    lines += arithmetic_lines(_run_environments(inp))  # every run's, and whether they differ
     lines += [f"run environment {k}: {v}" for k, v in _run_environment(inp).items()]
     return command, "\n".join(lines)
 
@@ -336,6 +348,16 @@ def _markdown(
     return "\n".join(out)
 
 
+def _drop_stale_claim_figures(folder: Path, written: set[str]) -> None:
+    """Remove the claim figures (``claim<i>_*.png``) this report did not write: a claim removed from the
+    file, or a report written before claims were numbered from 0 (its ``claim1_`` was the first claim)."""
+    import re
+
+    for path in folder.glob("claim*_*.png") if folder.is_dir() else []:
+        if re.match(r"^claim\d+_", path.name) and path.stem not in written:
+            path.unlink(missing_ok=True)
+
+
 def write_report(study_dir: str | Path, inp: ReportInput) -> tuple[Path, Path]:
     """Write ``report.html`` and ``report.md`` (figures under ``figures/``) into ``study_dir``.
 
@@ -362,6 +384,7 @@ def write_report(study_dir: str | Path, inp: ReportInput) -> tuple[Path, Path]:
         if f.png is not None:
             atomic_write_bytes(study_dir / "figures" / f"{f.name}.png", f.png)
             fig_paths[f.name] = f"figures/{f.name}.png"
+    _drop_stale_claim_figures(study_dir / "figures", set(fig_paths))
     html_path, md_path = study_dir / "report.html", study_dir / "report.md"
     atomic_write_text(html_path, _html(inp, sections, covs, missing, vers))
     fault_point("report.write")

@@ -173,11 +173,11 @@ def findings(claim, result: ClaimResult) -> list[str]:
         ]
     if result.verdict == INCONCLUSIVE and result.n_seeds >= 2:
         need = (
-            f"{result.seeds_needed} seeds"
+            f"80% power needs {result.seeds_needed} seeds"
             if result.seeds_needed
-            else "no number of seeds (the effect points the other way)"
+            else "more seeds cannot give it power: the observed effect points the other way"
         )
-        lines.append(f"power {fmt_num(result.power)} at the observed effect; 80% power needs {need}")
+        lines.append(f"power {fmt_num(result.power)} at the observed effect; {need}")
     lines += [f"warning: {w}" for w in result.warnings]
     lines += [f"seed {s} excluded: {why}" for s, why in result.seeds_excluded.items()]
     return lines
@@ -205,10 +205,10 @@ def build_sections(inp: ReportInput) -> list[Section]:
         unit = effect_unit(claim, result)
         figures.append(effect_figure(result, unit))
         for f in figures:
-            f.name = f"claim{i + 1}_{f.name}"
+            f.name = f"claim{i}_{f.name}"  # numbered from 0, as claims[i] in messages and claim_i/ in MLflow
         sections.append(
             Section(
-                f"Claim {i + 1}: {result.name}",
+                f"Claim {i}: {result.name}",
                 result,
                 subset_text(claim, result),
                 findings(claim, result),

@@ -22,7 +22,12 @@ class TrainingSource(SourceBase):
         """The checkpoint epochs lie within the training (0 = before the first step)."""
         for ep in sorted(set(design.checkpoints or ())):
             if not 0 <= ep <= design.trained_epochs:
-                raise StudyError(f"checkpoint epoch {ep} outside 0..{design.trained_epochs}", None, "design")
+                raise StudyError(
+                    f"checkpoint epoch {ep} outside 0..{design.trained_epochs} (0 = initialisation, "
+                    f"{design.trained_epochs} = training.epochs)",
+                    None,
+                    "design.checkpoints",
+                )
 
     def check(self, run: dict) -> None:
         from runners.datasets import check_dataset_folder

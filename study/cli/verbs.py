@@ -79,16 +79,34 @@ def _scale_verbs(args, names: dict[str, str]) -> int | None:
     if args.verb == "status":
         from study.cluster.jobs import format_status, ray_jobs
 
-        print(format_status(args.leases or args.out / "leases", names["--leases"]))
+        here = args.out.is_dir()
+        if not args.leases and not (args.address and not here):  # --address alone: the cluster's jobs
+            existing_out(args.out)  # file leases are read from --out: a mistyped path is no empty store
+            print(format_status(args.out / "leases", names["--leases"]))
+        elif args.leases:
+            print(format_status(args.leases, names["--leases"]))
         if args.address:
             print(ray_jobs(args.address))
         from runners.executors.slurm import job_table
 
-        slurm = job_table(args.out / "slurm")  # runs submitted with --executor slurm into this --out
+        slurm = job_table(args.out / "slurm") if here else None  # runs submitted with --executor slurm
         if slurm:
             print(slurm)
         return 0
     return None
+
+
+def existing_out(out: Path, option: str = "--out") -> Path:
+    """The output folder a verb reads (``status``, ``doctor``, ``ui``, ``table``, ``report``): it must
+    exist; a mistyped path is one line and exit 2, and nothing is created there.
+
+    Raises:
+        StudyError: ``out`` is not a folder.
+    """
+    if not Path(out).is_dir():
+        what = "is a file" if Path(out).exists() else "no such folder"
+        raise StudyError(f"{what}: expected the output folder of `python -m study run`", str(out), option)
+    return Path(out)
 
 
 def _results_verbs(args) -> int | None:
@@ -96,6 +114,8 @@ def _results_verbs(args) -> int | None:
     if args.verb == "report":
         from study import api
 
+        if Path(args.study).is_file():  # a hypothesis file: its study folder is looked up under --out
+            existing_out(args.out)
         html_path, md_path = api.report(args.study, args.out)
         print(f"report: {html_path}\nsummary: {md_path}")
         return 0
@@ -104,14 +124,17 @@ def _results_verbs(args) -> int | None:
     if args.verb == "doctor":
         from study.doctor import doctor
 
-        return doctor(args.out, repair=args.repair)
+        return doctor(existing_out(args.out), repair=args.repair)
     return None
 
 
 def _ui_verb(args) -> int:
     """Start the MLflow server on the study store; print (and open) the study's runs table once it is up."""
+    from study.tracking.store import default_tracking_uri
     from study.tracking.ui import announce_when_up, ui_plan
 
+    if default_tracking_uri(args.out).startswith("sqlite:///"):  # the folder's own store (no server)
+        existing_out(args.out)
     plan = ui_plan(args.out, args.port, args.study)
     if plan.cmd:
         print("starting: mlflow " + " ".join(plan.cmd[3:]), flush=True)
@@ -185,6 +208,7 @@ def _table_verb(args: argparse.Namespace) -> int:
     from study.schema import load_hypothesis
 
     hyp = load_hypothesis(args.hypothesis)
+    existing_out(args.out)
     specs = plan(hyp, args.out / "data")  # recorded fingerprints: the data need not be on this host
     unknown = unknown_fingerprints(specs)
     if unknown:
@@ -407,7 +431,10 @@ def _api_verbs(args: argparse.Namespace, argv: list[str] | None, names: dict[str
         print(plan.to_json() if args.json else str(plan))
         return 0
     if args.verb == "validate":
-        print(api.validate(args.hypothesis, args.out).message)
+        checked = api.validate(args.hypothesis, args.out)
+        print(checked.message)
+        for line in checked.warnings:
+            print(f"warning: {checked.file}: {line}", file=sys.stderr)
         return 0
     if args.verb == "analyze":
         return _analyze_verb(args)

@@ -37,6 +37,7 @@ from study.preflight import check_hypothesis
 from study.schema import Hypothesis
 from study.tracking.store import store_path
 from study.tracking.tracker import TrackerProtocol, open_tracker
+from vitstudy_core.fmt import count
 from vitstudy_core.io import remove_temporaries
 from vitstudy_core.locks import file_lock
 
@@ -261,7 +262,9 @@ def _run_study(hyp, hyp_path, out_dir: Path, opts: stages.RunOptions, sequential
                 "sequential",
                 f"{len(seq['looks'])} looks, stopped at {seq['stopped_at']} seeds: {seq['stopped_because']}",
             )
-        out = outputs.Outcome(hyp_path, looked.runs, looked.collected.table, looked.results, opts.command)
+        out = outputs.Outcome(
+            hyp_path, looked.runs, looked.collected.table, looked.results, opts.command, list(hyp.claims)
+        )
         done = _finish(final_hyp, study_dir, runs_dir, out, seq, tracker, opts.report, log)
     if sequential is None and not done.failed:  # every run finished: an unchanged rerun reads this back
         keys = [s.key for s in looked.runs.specs]
@@ -289,7 +292,7 @@ def _unchanged_rerun(
     if not rerun.unchanged(study_dir, now, asked):
         return None, specs
     registration.check_binding(study_dir, hyp, None)
-    log(f"study {hyp.name}: {len(keys)} runs planned, {len(keys)} reused, 0 to train")
+    log(f"study {hyp.name}: {count(len(keys), 'run')} planned, {len(keys)} reused, 0 to train")
     log(
         "unchanged since the last run (claims, runs, code and outputs): verdicts read from "
         f"{study_dir / 'verdicts.json'}; nothing recomputed, nothing new for MLflow"
@@ -328,8 +331,9 @@ def _finish(
         remove_temporaries(study_dir)
         paths = outputs.write_outputs(study_dir, out, {"hypothesis": study_dir.name, **extra})
         if report:
-            report_paths = outputs.write_study_report(study_dir, hyp, out, runs_dir, seq)
-            log(f"report: {report_paths[0]}")
+            report_paths = outputs.write_study_report(
+                study_dir, hyp, out, runs_dir, seq
+            )  # the CLI prints it last
     tracker.log_seed_aggregates(list(hyp.claims), out.table)  # the study-level curves in MLflow's views
     summary = f"**{hyp.name}**: {hyp.description}\n\n```\n{format_verdicts(out.results)}\n```"
     tracker.log_results(

@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -13,6 +15,7 @@ from analysis.table import save_table
 from analysis.verdicts import ClaimResult, format_verdicts
 from study.pipeline.stages import Filled
 from study.schema import Hypothesis
+from vitstudy_core.errors import StudyError
 from vitstudy_core.io import atomic_write_json, atomic_write_text
 
 
@@ -25,6 +28,51 @@ class Outcome:
     table: pd.DataFrame
     results: list[ClaimResult]
     command: str | None = None
+    claims: list | None = None  # the claims of ``results`` (a study's): each gets its mean profile
+
+
+def mean_profiles(claim: Any, table: pd.DataFrame) -> list[dict[str, Any]]:
+    """The claim's metric by layer across seeds: the mean and its 95% t CI per layer
+    (``analysis.table.seed_profile``), at the claim's epoch (``last`` for a claim over epochs) and token
+    set(s), per dataset it names (every dataset of the table when it names none) and per condition.
+
+    Returns:
+        ``[{"dataset", "condition", "token_set", "epoch", "layers": [{"layer", "mean", "ci_low",
+        "ci_high", "n"}]}]`` (None for a number that is not finite); a slice the table lacks is left out.
+    """
+    from analysis.table import conditions_of, seed_profile
+
+    subset = claim.subset
+    epoch = subset.epoch if claim.reads_subset_epoch() else "last"
+    token_sets = list(
+        dict.fromkeys([subset.token_set, *(c.token_set for _, _, c in claim.operands() if c.token_set)])
+    )
+    datasets = claim.datasets_named() or sorted(map(str, table["dataset"].unique()))
+    out = []
+    for ds in datasets:
+        for token_set in token_sets:
+            conditions: list[str | None] = [*conditions_of(table)] or [None]
+            for cond in conditions:
+                try:
+                    prof = seed_profile(table, claim.metric, ds, epoch, token_set, condition=cond)
+                except StudyError:
+                    continue
+                rows = [
+                    {
+                        "layer": str(layer),
+                        **{k: _finite(prof.at[k, layer]) for k in ("mean", "ci_low", "ci_high", "n")},
+                    }
+                    for layer in prof.columns
+                ]
+                out.append(
+                    {"dataset": ds, "condition": cond, "token_set": token_set, "epoch": epoch, "layers": rows}
+                )
+    return out
+
+
+def _finite(value: Any) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def write_outputs(
@@ -46,6 +94,8 @@ def write_outputs(
         "command": out.command,
         "claims": [r.to_dict() for r in out.results],
     }
+    for entry, claim in zip(payload["claims"], out.claims or [], strict=False):
+        entry["mean_profile"] = mean_profiles(claim, out.table)
     paths = {"table": save_table(out.table, folder / "table.parquet")}
     for name, frame in (tables or {}).items():
         paths[Path(name).stem] = save_table(frame, folder / name)

@@ -35,6 +35,7 @@ from study.pipeline.triage import Triage, clear_for_training, dataset_key, fetch
 from study.runspecs import RunSpec
 from study.schema import Hypothesis
 from vitstudy_core.errors import Interrupted, machine_fault
+from vitstudy_core.fmt import count
 
 if TYPE_CHECKING:
     from runners.executors.base import Executor
@@ -176,7 +177,7 @@ def log_triage(log: Log, heading: str, specs: list[RunSpec], tri: Triage) -> Non
     """One line of counts under ``heading``, one per damaged run folder saying what replaces it, then one
     per reused run naming where it came from."""
     reused = tri.reused_from
-    log(f"{heading}: {len(specs)} runs planned, {len(reused)} reused, {len(tri.todo)} to train")
+    log(f"{heading}: {count(len(specs), 'run')} planned, {len(reused)} reused, {len(tri.todo)} to train")
     for spec in specs:
         if spec.key in tri.damaged:
             fix = (

@@ -92,6 +92,8 @@ def triage(
     """
     out = Triage()
     for spec in specs:
+        if stored is not None and spec.key in stored:
+            out.logged[spec.key] = stored[spec.key].info.run_id
         folder = RunFolder(runs_dir / spec.key)
         # an ended run's files are read in full once here (a truncated zip passes the finished test)
         why = folder.damage() if not force and folder.file(RESULT).exists() else None

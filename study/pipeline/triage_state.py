@@ -24,12 +24,15 @@ class Triage:
         todo: runs to fill (train), in plan order.
         damaged: key -> why, for each run whose folder says finished but cannot be read
             (``RunFolder.damage``): it is in ``stored`` when the store holds a copy, else in ``todo``.
+        logged: key -> the MLflow run id of the store's finished child of the run, for every planned run
+            the store holds (reused from this folder or downloaded): what the parent run links to.
     """
 
     finished: list[str] = field(default_factory=list)
     stored: dict[str, StoredRun] = field(default_factory=dict)
     todo: list[RunSpec] = field(default_factory=list)
     damaged: dict[str, str] = field(default_factory=dict)
+    logged: dict[str, str] = field(default_factory=dict)
 
     @property
     def reused_from(self) -> dict[str, str]:

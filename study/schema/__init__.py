@@ -191,6 +191,7 @@ class Hypothesis(Strict):
         datasets = sorted(d.name for d in self.design.datasets)
         layers = set(self.design.layers)
         epochs = self.design.checkpoint_epochs
+        check_claim_names(self.claims)
         for i, claim in enumerate(self.claims):
             for fld, what, value in claim.named():
                 where = f"claims[{i}].{fld}"
@@ -200,12 +201,43 @@ class Hypothesis(Strict):
                     )
                 if what == "layer" and value not in layers:
                     raise _FieldError(where, f"unknown layer {value!r}; expected one of {self.design.layers}")
+                if what == "layer" and value == "patch_embed" and claim.token_set_of(fld) == "cls":
+                    raise _FieldError(
+                        where,
+                        "the cls token set has no patch_embed (the patch embedding's output holds patch tokens "
+                        "only; the class token joins at pos_embed): use token_set all or patch, or a later layer",
+                    )
                 if what == "epoch" and value != "last" and epochs and value not in epochs:
                     raise _FieldError(where, f"expected a checkpoint epoch {epochs} or 'last', got {value}")
+            self._check_trend_points(i, claim, epochs)
         self._check_units()
         self._check_conditions_named()
         self._check_adjust_for()
         return self
+
+    def _check_trend_points(self, i: int, claim: Claim, epochs: list[int]) -> None:
+        """A claim over epochs neither fixes the epoch nor runs over one epoch; one over layers has >= 2."""
+        over = getattr(claim, "over", None)
+        if not claim.reads_subset_epoch():
+            if "epoch" in claim.subset.model_fields_set and claim.subset.epoch != "last":
+                raise _FieldError(
+                    f"claims[{i}].subset.epoch",
+                    f"a {claim.kind} over epochs runs over the checkpoint epochs and cannot fix the epoch: "
+                    "leave subset.epoch out (list the epochs it uses under epochs)",
+                )
+            own = getattr(claim, "epochs", None)
+            points = sorted(set(own or epochs))
+            if points and len(points) < 2:
+                raise _FieldError(
+                    f"claims[{i}].epochs" if own else f"claims[{i}]",
+                    f"a {claim.kind} over epochs needs >= 2 epochs (its x values), got {points}"
+                    + ("" if own else " (the design's checkpoint epochs: add some to design.checkpoints)"),
+                )
+        elif over == "layer" and len(set(layers := list(getattr(claim, "layers", [])))) < 2:
+            raise _FieldError(
+                f"claims[{i}].layers",
+                f"a {claim.kind} over layers needs >= 2 layers (x values), got {layers}",
+            )
 
     def _check_adjust_for(self) -> None:
         """A claim's ``adjust_for`` scalar is one its runs record, in every cell (checked before training)."""
@@ -261,6 +293,18 @@ class Hypothesis(Strict):
                     )
 
 
+def check_claim_names(claims: list[Claim]) -> None:
+    """Each claim's name is its own: the verdicts, the report and MLflow tell claims apart by it."""
+    first: dict[str, int] = {}
+    for i, claim in enumerate(claims):
+        j = first.setdefault(claim.name, i)
+        if j != i:
+            raise _FieldError(
+                f"claims[{i}].name",
+                f"claim name {claim.name!r} is used twice (also claims[{j}]): give each claim its own name",
+            )
+
+
 def parse_hypothesis(data: object, file: str = "<hypothesis>", trains: bool = True) -> Hypothesis:
     """Validate already-parsed YAML data; raise StudyError naming file, field and expectation.
 
@@ -289,10 +333,15 @@ def parse_claims(data: object, file: str = "<claims>") -> list:
             f"expected a claim mapping or a non-empty list of them, got {type(data).__name__}", file
         )
     try:
-        return TypeAdapter(list[Claim]).validate_python(items)
+        claims = TypeAdapter(list[Claim]).validate_python(items)
     except ValidationError as exc:
         err = _study_error(exc, file)
         raise StudyError(err.message, file, f"claims{err.field}" if err.field else "claims") from None
+    try:
+        check_claim_names(claims)
+    except _FieldError as exc:
+        raise StudyError(exc.message, file, exc.field) from None
+    return claims
 
 
 def load_hypothesis(path: str | os.PathLike[str], trains: bool = True) -> Hypothesis:
@@ -302,6 +351,10 @@ def load_hypothesis(path: str | os.PathLike[str], trains: bool = True) -> Hypoth
     deeper than :data:`MAX_DEPTH`, an alias bomb or a file over :data:`MAX_FILE_BYTES` is an error.
     """
     path = Path(path)
+    if path.is_dir():
+        raise StudyError(
+            "is a directory (expected a hypothesis YAML file, such as hypotheses/u_shape.yaml)", str(path)
+        )
     if not path.is_file():
         raise StudyError("file not found (expected a hypothesis YAML file)", str(path))
     return parse_hypothesis(_read_yaml(path), str(path), trains)

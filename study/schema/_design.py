@@ -188,6 +188,17 @@ class Design(Strict):
             data = {**data, "objective": obj}
         return data
 
+    @field_validator("seeds", "checkpoints", mode="before")
+    @classmethod
+    def _no_bools(cls, v: object, info: ValidationInfo) -> object:
+        """YAML's ``true`` would pass as the integer 1: a bool is neither a seed nor an epoch."""
+        if isinstance(v, list):
+            what = "seed" if info.field_name == "seeds" else "checkpoint epoch"
+            for i, x in enumerate(v):
+                if isinstance(x, bool):
+                    raise ValueError(f"expected integers; [{i}] is {str(x).lower()}, a bool, not a {what}")
+        return v
+
     @field_validator("seeds", "checkpoints")
     @classmethod
     def _each_once(cls, v: list[int] | None, info: ValidationInfo) -> list[int] | None:
@@ -206,7 +217,10 @@ class Design(Strict):
         self._check_source()
         m = self.model.resolved()
         if "embed_dim" in m and "num_heads" in m and m["embed_dim"] % m["num_heads"]:
-            raise ValueError(f"embed_dim {m['embed_dim']} is not divisible by num_heads {m['num_heads']}")
+            raise _FieldError(
+                "design.model.num_heads",
+                f"embed_dim {m['embed_dim']} is not divisible by num_heads {m['num_heads']}",
+            )
         problem = self.objective.check_model(TimmModel.model_validate(m))
         if problem is not None:
             raise _FieldError(f"design.objective.{problem[0]}", problem[1])

@@ -66,6 +66,31 @@ def _expanded_size(node, memo: dict[int, int]) -> int:
     return n
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """What yaml expected, in words: the indentation it wanted rather than its parser's token names
+    (``expected <block end>, but found '<block mapping start>'``)."""
+    problem = str(getattr(exc, "problem", None) or exc)
+    mark, start = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    col = f"column {mark.column + 1}" if mark is not None else "this line"
+    if problem.startswith("expected <block end>") and start is not None:
+        return (
+            f"bad indentation: the line at {col} does not continue the block that starts on line "
+            f"{start.line + 1} (yaml expected another line of that block at column {start.column + 1}, or a "
+            "line further left to end it; indent with spaces)"
+        )
+    if problem == "mapping values are not allowed here":
+        return (
+            f"a 'key:' at {col} where yaml expected a value: the line is indented deeper than the keys "
+            "beside it, or a plain value holds ': ' (quote the value)"
+        )
+    if "'\\t'" in problem:
+        return f"a tab at {col}: YAML indents with spaces"
+    context = getattr(exc, "context", None)
+    if context and start is not None:
+        return f"{problem} at {col} ({context} from line {start.line + 1})"
+    return f"{problem} at {col}" if mark is not None else problem
+
+
 def _read_yaml(path: Path) -> object:
     """Parse a YAML file with :class:`StrictLoader`; one-line StudyError on any problem."""
     if path.stat().st_size > MAX_FILE_BYTES:
@@ -88,8 +113,7 @@ def _read_yaml(path: Path) -> object:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise StudyError(f"invalid YAML: {problem}", str(path), where) from None
+        raise StudyError(f"invalid YAML: {yaml_problem(exc)}", str(path), where) from None
     except RecursionError:  # a recursive alias through a merge key
         raise StudyError(f"invalid YAML: nested deeper than {MAX_DEPTH} levels", str(path)) from None
     finally:

@@ -270,7 +270,6 @@ def _conclude(optuna_study, hyp, hyp_path, out_dir, tracker, opts, log, filled, 
     report_path = None
     if opts.report:
         report_path = write_sweep_report(sweep_dir, hyp, knob_claims, out, trials, optuna_study, out_dir)
-        log(f"report: {report_path}")
     tracker.log_results(
         [*paths.values(), *([report_path] if report_path else [])],
         results,

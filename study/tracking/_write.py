@@ -48,12 +48,43 @@ def metric_name(metric: str, layer: str, token_set: str) -> str:
     return sanitize_metric_name(f"{metric}/{token_set}/{layer}")
 
 
-def _flatten(prefix: str, obj, out: dict) -> dict:
+def _flatten(prefix: str, obj, out: dict, lists: bool = False) -> dict:
+    """``{"a.b": value}`` of a nested mapping; ``lists``: a list of mappings too, by index (``a.0.b``)."""
     if isinstance(obj, dict):
         for k, v in obj.items():
-            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out, lists)
+    elif lists and isinstance(obj, list) and obj and all(isinstance(v, dict) for v in obj):
+        for i, v in enumerate(obj):
+            _flatten(f"{prefix}.{i}", v, out, lists)
     else:
         out[prefix] = obj
+    return out
+
+
+def _settings_text(settings: Any) -> str:
+    """A settings model (an objective) as the JSON of its fields, keys sorted: readable in the UI."""
+    dumped = settings.model_dump(mode="json") if hasattr(settings, "model_dump") else settings
+    return json.dumps(dumped, sort_keys=True)
+
+
+ARCHITECTURE = ("patch_size", "embed_dim", "depth", "num_heads")
+
+
+def _model_params(model: Any, preset: str | None) -> dict[str, Any]:
+    """A child run's architecture as built (``architecture.patch_size``, ``.embed_dim``, ``.depth``,
+    ``.num_heads``: timm's shape of the resolved model, else the fields the spec sets) and its preset
+    (``model.preset``): the spec's ``model.name`` is the timm name the preset builds from, whatever the
+    overrides (``vit_small_patch16_224`` for a 16-wide, 3-deep model)."""
+    out: dict[str, Any] = {"model.preset": preset} if preset else {}
+    if not isinstance(model, dict) or not model.get("name"):
+        return out
+    from runners.model_table import built_shape
+
+    shape = built_shape(model) or {}
+    for field in ARCHITECTURE:
+        value = shape.get(field, model.get(field))
+        if value is not None:
+            out[f"architecture.{field}"] = value
     return out
 
 
@@ -87,13 +118,20 @@ class RunWriter:
         triage: Triage | None = None,
         command: str | None = None,
     ) -> None:
-        """The study's params, file and command on the parent run; the runs ``triage`` reused, linked."""
-        params = {
+        """The study's params (a summary, and the design flattened: ``design.training.epochs``,
+        ``design.datasets.0.n_train``, ...), file and command on the parent run; the runs ``triage``
+        reused, linked by their MLflow run ids."""
+        params: dict[str, Any] = {
             "hypothesis": hyp.name,
             "n_runs": len(plan),
             "seeds": ",".join(map(str, hyp.design.seeds)),
             "datasets": ",".join(d.name for d in hyp.design.datasets),
-            "objective": hyp.design.objective,
+            "objective": _settings_text(hyp.design.objective),
+        }
+        params.update(_flatten("design", hyp.design.model_dump(mode="json"), {}, lists=True))
+        cells_by_name = {c.name: c.design for c in hyp.design.cells()}
+        self._presets = {
+            s.key: getattr((cells_by_name.get(s.condition) or hyp.design).model, "preset", None) for s in plan
         }
         cells = [c for c in hyp.design.cells() if c.name is not None]
         if cells:  # the cells, each with its runs (an untrained cell's are its twin's)
@@ -113,7 +151,8 @@ class RunWriter:
                         "key": s.key,
                         "label": s.label,
                         "source": reused[s.key].split(":")[0],
-                        "mlflow_run_id": triage.stored[s.key].info.run_id if s.key in triage.stored else None,
+                        # the store's child of the run, whether its files came from there or from this folder
+                        "mlflow_run_id": triage.logged.get(s.key),
                     }
                     for s in plan
                     if s.key in reused
@@ -123,8 +162,9 @@ class RunWriter:
     def log_reused(self, reused: list[dict]) -> None:
         """Link the runs this invocation reused: ``[{key, label, source, mlflow_run_id}]``.
 
-        A reused run is not logged again as a child; the parent names it in tag ``reused_runs`` and in
-        the artifact ``reused_runs.json`` (with the MLflow run id of the original child, when known).
+        A reused run is not logged again as a child; the parent names it in tag ``reused_runs``
+        (``label=key@mlflow_run_id``: the original child's id; ``@local`` only where the store holds no
+        child of it, a run made with ``--no-mlflow``) and in the artifact ``reused_runs.json``.
         """
         if not reused:
             return
@@ -347,6 +387,9 @@ class RunWriter:
         from mlflow.entities import Metric
 
         params = _flatten("", {k: v for k, v in spec.model_dump().items() if k != "key"}, {})
+        params.update(
+            _model_params(getattr(spec, "model", None), getattr(self, "_presets", {}).get(spec.key))
+        )
         self._log_params(rid, params)
         fault_point("mlflow.log")
 

@@ -224,3 +224,68 @@ def test_only_the_loading_thread_s_imports_count_against_a_plugin():
     with plugins._application_imports() as seen:
         __import__("study.rerun")
     assert seen == ["study.rerun"]
+
+
+def _twin_package(root: Path) -> Path:
+    """A distribution whose package registers an observable (entry point ``norm_cv = "twinpkg"``) and
+    whose module below it fails to register (``clash = "twinpkg.clash"``, a taken metric name)."""
+    _distribution(
+        root,
+        "twin-plugin",
+        "[vitstudy.observables]\nnorm_cv = twinpkg\n[vitstudy.metrics]\nclash = twinpkg.clash\n",
+        {},
+    )
+    (root / "twinpkg").mkdir()
+    (root / "twinpkg" / "__init__.py").write_text(
+        "import numpy as np\n"
+        "from analysis.observables import register_observable\n\n\n"
+        "@register_observable('norm_cv', on='sample', bounds=(0.0, None))\n"
+        "def norm_cv(x):\n"
+        "    norms = np.linalg.norm(np.asarray(x, dtype=np.float64), axis=1)\n"
+        "    return float(norms.std() / norms.mean())\n"
+    )
+    (root / "twinpkg" / "clash.py").write_text(
+        "from analysis.spectral import register_metric\n\n"
+        "register_metric('clash_so_far')(lambda lam: 0.0)\n"
+        "register_metric('effective_rank')(lambda lam: 0.0)\n"
+    )
+    return root
+
+
+def test_an_entry_point_s_registrations_stand_when_a_module_below_its_package_fails(tmp_path):
+    """Before: importing ``twinpkg.clash`` (the metrics group loads before the observables) ran
+    ``twinpkg``'s registration, which was undone with ``clash``'s failure; the later import of ``twinpkg``
+    was a no-op, so ``plugins`` named the failure but no longer listed ``norm_cv``, and a claim on it was
+    refused as an unknown metric."""
+    from tests.conftest import TINY_HYPOTHESIS
+
+    (tmp_path / "site").mkdir()
+    root = _twin_package(tmp_path / "site")
+    hyp = tmp_path / "h.yaml"
+    hyp.write_text(TINY_HYPOTHESIS.replace("metric: eed_pct", "metric: norm_cv"))
+    env = {**__import__("os").environ, "PYTHONPATH": f"{ROOT}:{root}"}
+
+    def study(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "study", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+
+    broken = (
+        "vitstudy: plug-in 'clash' (vitstudy.metrics) of distribution twin-plugin 0.1 not loaded: "
+        "ValueError: metric 'effective_rank' is registered twice"
+    )
+    listed = study("plugins", "--json")
+    assert listed.returncode == 0 and listed.stderr.strip().splitlines() == [broken]
+    out = json.loads(listed.stdout)
+    observables = next(r for r in out["registries"].values() if r["group"] == "vitstudy.observables")
+    metrics = next(r for r in out["registries"].values() if r["group"] == "vitstudy.metrics")
+    assert "norm_cv" in observables["names"] and observables["origins"]["norm_cv"] == "twin-plugin 0.1"
+    assert "clash_so_far" not in metrics["names"]  # the failing module's parts fall with it
+    checked = study("validate", str(hyp), "--out", str(tmp_path / "out"))
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.startswith(f"ok: {hyp}: 1 claim(s)")

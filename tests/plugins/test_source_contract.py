@@ -140,7 +140,10 @@ def test_fill_leaves_a_finished_run_folder(name, tmp_path, trained):
 @pytest.mark.parametrize(
     "design,expected",
     [
-        ({"checkpoints": [0, 9]}, "design: checkpoint epoch 9 outside 0..1"),
+        (
+            {"checkpoints": [0, 9]},
+            "design.checkpoints: checkpoint epoch 9 outside 0..1 (0 = initialisation, 1 = training.epochs)",
+        ),
         (
             {"datasets": [{"name": "objects", "kind": "external"}]},
             "design.datasets: dataset 'objects' (kind external) needs a "
@@ -174,8 +177,8 @@ def test_fill_leaves_a_finished_run_folder(name, tmp_path, trained):
         ),
         (
             {"source": {"kind": "nope", "path": "/c"}},
-            "design.source: Input tag 'nope_source' found using _source_kind() does not match any of the "
-            "expected tags: " + ", ".join(f"'{tag}'" for tag in SOURCE_TAGS),  # every imported source's tag
+            "design.source.kind: unknown source kind 'nope'; expected one of "
+            + ", ".join(tag.removesuffix("_source") for tag in SOURCE_TAGS),  # every imported source's kind
         ),
     ],
 )

@@ -445,3 +445,19 @@ def test_the_location_is_one_text_and_only_where_every_replicate_has_an_interior
     from analysis.kinds.base import bottleneck_text
 
     assert "in every probe block the lowest layer" in bottleneck_text(r.details)
+
+
+def test_the_compare_figure_marks_the_two_layers_it_compares(drawn):
+    """Before: the compare claim's profile showed every layer alike, nothing marking ``a`` and ``b``."""
+    hyp = load_hypothesis(ROOT / "hypotheses" / "u_shape.yaml")
+    table = pd.read_parquet(ROOT / "tests" / "fixtures" / "behaviour" / "table_u_shape.parquet")
+    claim = {"name": "c", "kind": "compare", "metric": "eed_pct", "subset": {"dataset": "objects"},
+             "a": {"layers": ["block_02"]}, "b": {"layers": ["block_05", "block_06"]}}  # fmt: skip
+    data = {**hyp.model_dump(mode="json", exclude_unset=True), "claims": [claim]}
+    one = parse_hypothesis(data)
+    results = evaluate_claims(one, table)
+    (sec,) = build_sections(ReportInput(one.name, "", list(one.claims), results, table, ROOT))
+    profile = next(f for f in sec.figures if f.name.startswith("claim0_profile"))
+    assert profile.plotted["regions"] == {"a": ["block_02"], "b": ["block_05", "block_06"]}
+    ax = drawn[0].axes[0]
+    assert {t.get_text() for t in ax.texts} >= {"a", "b"} and len(ax.patches) >= 2

@@ -64,13 +64,13 @@ def test_a_claim_section_leads_with_its_verdict_sentence_and_figure(tmp_path):
     figures."""
     page, inp = _controls(tmp_path)
     r = inp.results[0]
-    section = page.split(f"<h2>Claim 1: {r.name}</h2>", 1)[1].split("<h2>", 1)[0]
+    section = page.split(f"<h2>Claim 0: {r.name}</h2>", 1)[1].split("<h2>", 1)[0]
     lead = re.search(r'<p class="verdict-line"><span class="badge (\w+)">([^<]+)</span> ([^<]+)</p>', section)
     assert lead is not None and section.startswith("\n" + lead.group(0)), section[:300]
     assert lead.group(2) == f"{r.verdict} (post hoc)" and lead.group(1) == r.verdict
     assert lead.group(3).startswith(r.reason) and "95% CI" in lead.group(3)
     assert section.index("<figure>") < section.index("<h3>Details</h3>") < section.index('class="findings"')
-    md = (tmp_path / "report.md").read_text().split(f"## Claim 1: {r.name}", 1)[1]
+    md = (tmp_path / "report.md").read_text().split(f"## Claim 0: {r.name}", 1)[1]
     assert md.lstrip().startswith(f"**{r.verdict} (post hoc)**: {r.reason}")
     assert md.index("![") < md.index("Details:")
 
@@ -169,3 +169,58 @@ def test_a_unit_images_claim_counts_probe_blocks_not_seeds(tmp_path):
     lines = "\n".join(findings(hyp.claims[0], r))
     assert "5 probe blocks (0, 1, 2, 3, 4)" in lines and "per probe block block 0:" in lines
     assert " seeds (" not in lines and "seed 0:" not in lines
+
+
+def test_claims_are_numbered_from_0_in_sections_and_figure_files_as_in_messages_and_mlflow(tmp_path):
+    """Before: ``Claim 1`` and ``claim1_*.png`` in the report for what messages call ``claims[0]`` and MLflow
+    ``claim_0/``; a report written again over such a folder drops the old numbering's files."""
+    stale = tmp_path / "figures" / "claim9_profile.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    (tmp_path / "figures" / "notes.png").write_bytes(b"mine")
+    page, inp = _controls(tmp_path)
+    titles = re.findall(r"<h2>(Claim \d+): ([^<]+)</h2>", page)
+    assert titles == [(f"Claim {i}", r.name) for i, r in enumerate(inp.results)]
+    names = sorted(p.name for p in (tmp_path / "figures").glob("claim*_*.png"))
+    assert names and {int(re.match(r"claim(\d+)_", n).group(1)) for n in names} == set(
+        range(len(inp.results))
+    )
+    assert not stale.exists() and (tmp_path / "figures" / "notes.png").exists()
+
+
+def _env(cpu: str, capability: str) -> dict:
+    return {"cpu_model": cpu, "cpu_flags": "avx2 fma", "torch_cpu_capability": capability, "blas": "mkl 2024.2",
+            "onednn": "v3.12.0", "torch_threads": 1, "torch": "2.14.1+cpu", "gpu": None}  # fmt: skip
+
+
+def test_the_reproduce_section_shows_the_runs_arithmetic_and_notes_when_it_differs(tmp_path):
+    """Before: the report named versions only (the first run's), never the CPU, torch's CPU capability or
+    the BLAS, so numbers that depend on them said nothing of it; a run written before they were recorded
+    reads "not recorded"."""
+    from analysis.report.page import _reproduce
+    from vitstudy_core.runfolder import RunFolder
+
+    runs = {
+        "a": _env("Intel Xeon Platinum 8480+", "AVX512"),
+        "b": _env("Intel Xeon Platinum 8480+", "AVX512"),
+    }
+    for key, env in runs.items():
+        RunFolder(tmp_path / key).write_result({"status": "finished", "environment": env})
+    inp = ReportInput("s", "", [], [], None, tmp_path, runs=list(runs))
+    _, text = _reproduce(inp, {})
+    assert text.splitlines()[0] == (
+        "arithmetic of every run (2): cpu_model Intel Xeon Platinum 8480+; cpu_flags avx2 fma; "
+        "torch_cpu_capability AVX512; blas mkl 2024.2; onednn v3.12.0; torch_threads 1; torch 2.14.1+cpu; gpu none"
+    )
+    assert not [ln for ln in header_lines(inp) if "arithmetic" in ln]
+    RunFolder(tmp_path / "c").write_result({"status": "finished", "environment": _env("AMD EPYC", "AVX2")})
+    RunFolder(tmp_path / "old").write_result({"status": "finished", "environment": {"torch": "2.2.0"}})
+    inp = ReportInput("s", "", [], [], None, tmp_path, runs=[*runs, "c", "old"])
+    _, text = _reproduce(inp, {})
+    lines = text.splitlines()
+    assert lines[0].startswith("arithmetic differs across the runs: they come from 3 machines or settings")
+    assert lines[1].startswith("arithmetic of 2 run(s) (a, b): cpu_model Intel Xeon Platinum 8480+;")
+    assert any(ln.startswith("arithmetic of 1 run(s) (c): cpu_model AMD EPYC;") for ln in lines)
+    old = next(ln for ln in lines if ln.startswith("arithmetic of 1 run(s) (old)"))
+    assert "cpu_model not recorded" in old and "torch 2.2.0" in old
+    assert [ln for ln in header_lines(inp) if ln.startswith("arithmetic differs")] == [lines[0]]

@@ -320,7 +320,7 @@ def test_shuffled_and_untrained_cells_train_once_end_to_end(tmp_path, capsys):
     single = tmp_path / "single.yaml"
     single.write_text(yaml.safe_dump(_data(seeds=[0])))
     assert main(["run", str(single), "--out", str(out), "--no-report"]) == 0
-    assert "1 runs planned, 1 reused, 0 to train" in capsys.readouterr().out
+    assert "1 run planned, 1 reused, 0 to train" in capsys.readouterr().out  # was "1 runs"
     shuffled = next(s for s in plan_runs(parse_hypothesis(data)) if s.condition.startswith("labels=shuffled"))
     result = json.loads((out / "runs" / shuffled.key / "result.json").read_text())
     assert result["run"]["labels"] == "shuffled" and result["labels"]["kind"] == "shuffled"

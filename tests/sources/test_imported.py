@@ -250,7 +250,7 @@ def test_tgo_i_import_file_on_a_tgo_layout_log(tmp_path, capsys):
     assert "'diagonality' is not in the table" in diag["reason"] and "spectral_flatness" in diag["reason"]
     report = (out / "studies" / "tgo_i_import" / "report.md").read_text()
     assert "descriptive, within seed 0 (not a verdict" in report
-    assert (out / "studies" / "tgo_i_import" / "figures" / "claim1_epochs_effective_rank.png").is_file()
+    assert (out / "studies" / "tgo_i_import" / "figures" / "claim0_epochs_effective_rank.png").is_file()
     (run_dir,) = (p for p in (out / "runs").iterdir() if p.is_dir())
     source = json.loads((run_dir / "result.json").read_text())["source"]
     assert source["format"] == "jsonl" and source["mapping"]["layers"]["Layer_13_CLS_Final"] == "norm/cls"

@@ -403,3 +403,19 @@ def test_the_boundary_check_fails_a_tost_that_rejects_on_its_90_percent_ci(monke
     monkeypatch.setattr(analysis.inference, "CI_LEVEL", 0.90)
     rejected = _rejected("equivalence", 5, BOUNDARY_REPS, np.random.default_rng([30, 3, 5, 11]))
     assert rejected > boundary_bound(), rejected
+
+
+def test_an_effect_pointing_the_other_way_is_said_plainly():
+    """Before: "80% power needs no number of seeds (effect points the other way)"."""
+    from analysis.report.sections import findings
+
+    values = {(s, 8, b): 10.0 + s + (0.3 * ((s * 7) % 3) if b == "block_05" else 0.0)
+              for s in range(5) for b in ("block_04", "block_05")}  # fmt: skip
+    claim = {"kind": "compare", "subset": {"dataset": "objects"}, "a": {"layers": ["block_04"]},
+             "b": {"layers": ["block_05"]}}  # fmt: skip
+    r = _analyze(claim, _rows(values))
+    assert r.verdict == INCONCLUSIVE and r.seeds_needed is None and r.effect < 0, (r.verdict, r.effect)
+    text = format_verdicts([r])
+    assert "no number of seeds" not in text and "80% power needs" not in text
+    assert "more seeds cannot give it power: the observed effect points the other way" in text
+    assert any("more seeds cannot give it power" in line for line in findings(None, r))

@@ -333,3 +333,17 @@ def test_plan_prints_a_u_shape_effect_with_the_verdict_s_sign():
     for k in ("80", "90", "80_upper", "90_upper"):
         row[f"run_hours_{k}"] = None
     assert f" {fmt_num(verdict.effect, 3)} (pilot)" in format_plan(plan)
+
+
+def test_run_times_under_an_hour_are_shown_in_minutes_or_seconds():
+    """Before: ``run time objects: 0.000 h`` for a tiny design."""
+    from vitstudy_core.fmt import fmt_hours
+
+    assert [fmt_hours(h) for h in (2.5, 72.0 / 3600, 4 / 3600, None)] == ["2.50 h", "1.2 min", "4.0 s", "?"]
+    plan = {
+        "claims": [],
+        "pilot": None,
+        "file_seeds": 3,
+        "per_run": {"objects": {"hours": 4 / 3600, "source": "timed"}},
+    }
+    assert "run time objects: 4.0 s (timed)" in format_plan(plan).splitlines()

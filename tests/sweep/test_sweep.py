@@ -246,7 +246,7 @@ def test_tiny_sweep_end_to_end(tmp_path, capsys):
     # issue 27: the report counts the trials' runs, shows their covariances and environment
     assert "6 runs (0 reused, 0 failed)." in md, md
     assert "covariance snapshots not recorded" not in md and "run environment" in md
-    assert "## Sweep" in md and "figures/sweep_texture_reliance.png" in md and "figures/claim2_knob" in md
+    assert "## Sweep" in md and "figures/sweep_texture_reliance.png" in md and "figures/claim1_knob" in md
     import json
 
     claims = json.loads((sweep_dir / "verdicts.json").read_text())["claims"]
@@ -275,7 +275,7 @@ def test_tiny_sweep_end_to_end(tmp_path, capsys):
     assert (
         "## Sweep" in again
         and "figures/sweep_texture_reliance.png" in again
-        and "figures/claim2_knob" in again
+        and "figures/claim1_knob" in again
     )
     # editing the grid (3 -> 5 levels) and rerunning into the same --out: one line, the journal untouched
     path.write_text(TINY_SWEEP.replace("[0.0, 0.5, 1.0]", "[0.0, 0.25, 0.5, 0.75, 1.0]"))

@@ -162,6 +162,7 @@ def test_cached_rerun_trains_nothing_and_is_fast(study, capsys):
     elapsed = time.perf_counter() - t0
     text = capsys.readouterr().out
     assert "2 reused, 0 to train" in text and "reused objects/seed0" in text and "report:" in text
+    assert text.count("report:") == 1, text  # was printed twice: as the report was written, then at the end
     assert elapsed < 30, elapsed
     print(f"cached rerun: {elapsed:.1f}s")
 
@@ -400,3 +401,47 @@ def test_a_copied_store_is_refused_from_its_marker_before_the_store_opens(tmp_pa
         assert "copied or moved" in msg and str(a / "mlartifacts" / "tiny") in msg and "'tiny'" in msg, msg
     (b / "mlflow.db").rename(tmp_path / "aside.db")  # what the refusal says to do: a fresh store
     assert check_home(b, "tiny") is False
+
+
+def test_the_parent_logs_the_design_and_the_children_their_architecture_and_preset(study):
+    """Before: the parent held 5 params, ``objective`` a Python repr (``kind='supervised' preset=None``);
+    a child said ``model.name = vit_small_patch16_224`` for a 16-wide, 3-deep model and no preset."""
+    root, out, _ = study
+    runs = _runs(out, "first")
+    parent = next(r for r in runs if r.data.tags.get("study.role") == "study")
+    params = parent.data.params
+    assert json.loads(params["objective"]) == {"kind": "supervised", "preset": None}
+    assert params["design.training.epochs"] == "1" and params["design.datasets.0.n_train"] == "32"
+    assert params["design.model.preset"] == "vit_cpu12" and params["design.model.embed_dim"] == "16"
+    assert params["design.probe.size"] == "8" and params["design.seeds"] == "[0, 1]"
+    child = next(r for r in runs if r.data.tags.get("study.role") == "training")
+    got = {k: v for k, v in child.data.params.items() if k.startswith(("architecture.", "model.preset"))}
+    assert got == {
+        "model.preset": "vit_cpu12",
+        "architecture.patch_size": "4",
+        "architecture.embed_dim": "16",
+        "architecture.depth": "3",
+        "architecture.num_heads": "2",
+    }
+
+
+def test_a_rerun_reusing_this_folder_s_runs_links_their_mlflow_children(study):
+    """Before: runs reused from the output folder were tagged ``objects/seed0=<key>@local``, with no link
+    to their child runs in the store (docs/tracking.md: ``label=key@mlflow_run_id``)."""
+    root, out, first = study
+    third = root / "third.yaml"
+    third.write_text(FIRST.replace("name: first", "name: third"))
+    again = run_study(load_hypothesis(third), third, out, RunOptions(workers=1), log=lambda s: None)
+    assert again.trained == [] and all(v == "local" for v in again.reused_from.values())
+    client = _client(out)
+    (parent,) = _runs(out, "third")
+    listed = dict(item.split("=", 1) for item in parent.data.tags["reused_runs"].split(", "))
+    assert {v.split("@")[0] for v in listed.values()} == set(again.reused)
+    for text in listed.values():  # each names a finished child of that run key in the store
+        key, rid = text.split("@")
+        child = client.get_run(rid)
+        assert child.data.tags["run_key"] == key and child.info.status == "FINISHED"
+        assert child.data.tags["study.role"] == "training"
+    art = client.download_artifacts(parent.info.run_id, "reused_runs.json", str(root))
+    ids = {r["key"]: r["mlflow_run_id"] for r in json.loads(open(art).read())}
+    assert ids == {v.split("@")[0]: v.split("@")[1] for v in listed.values()}

@@ -123,6 +123,13 @@ def test_result_records_environment_and_checkpoints(tmp_path):
     env = result["environment"]
     for key in ("torch", "timm", "numpy", "git_commit", "git_dirty", "seed_offsets"):
         assert key in env
+    # what decides the arithmetic (issue 66: the default study's numbers differ between AVX-512 and AVX2)
+    from vitstudy_core.provenance import ARITHMETIC
+
+    assert set(ARITHMETIC) <= set(env)
+    assert env["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert env["torch_threads"] == torch.get_num_threads() and env["cpu_model"]
+    assert env["blas"].split()[0] in torch.__config__.show()
     assert len(env["git_commit"] or "") == 40 and isinstance(env["git_dirty"], bool)
     assert result["run"] == spec  # the resolved config
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
@@ -184,3 +191,21 @@ def test_epoch_meter_reports_the_first_non_finite_step_at_its_next_check():
     at_once = EpochMeter(torch.device("cpu"), epoch=1)  # the CPU default: stop at that step
     with pytest.raises(RunFailedError, match="step 0"):
         at_once.add(0, losses[4], 1)
+
+
+def test_the_recorded_cpu_capability_is_the_one_torch_dispatches_to():
+    """``ATEN_CPU_CAPABILITY`` lowers the kernels torch uses (the README's numbers were re-measured with
+    ``avx2`` on an AVX-512 machine): the run's environment records what torch ran, not what the CPU has."""
+    import os
+    import sys
+
+    code = "import json; from runners.train import arithmetic; print(json.dumps(arithmetic()))"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.splitlines()[-1])
+    from runners.train import arithmetic
+
+    here = arithmetic()
+    assert got["torch_cpu_capability"] == "DEFAULT" != here["torch_cpu_capability"]
+    assert got["cpu_flags"] == here["cpu_flags"] and got["cpu_model"] == here["cpu_model"]  # the CPU's own

@@ -38,6 +38,16 @@ RUN_SCALARS = {
 CONDITION_NAME = r"^[A-Za-z0-9_.=,-]+$"
 
 
+def _epoch_number_or_last(v: object) -> object:
+    """An epoch field holds an epoch number or ``last``: one message for any other value (pydantic's would
+    name the union's member, ``epoch.int``, and not ``last``); a bool (YAML ``true``) is no epoch number."""
+    if v is None or v == "last" or (isinstance(v, int) and not isinstance(v, bool)):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    raise ValueError("expected an epoch number or 'last'")
+
+
 class Subset(Strict):
     """Which slice of the tidy table a claim is tested on.
 
@@ -49,6 +59,8 @@ class Subset(Strict):
     token_set: TokenSet = "all"
     epoch: int | Literal["last"] = "last"
     condition: str | None = Field(None, pattern=CONDITION_NAME)
+
+    _epoch = field_validator("epoch", mode="before")(_epoch_number_or_last)
 
 
 class Condition(Strict):
@@ -62,6 +74,8 @@ class Condition(Strict):
     epoch: int | Literal["last"] | None = None
     layers: list[str] = Field(min_length=1)
     condition: str | None = Field(None, pattern=CONDITION_NAME)  # default: the claim's subset.condition
+
+    _epoch = field_validator("epoch", mode="before")(_epoch_number_or_last)
 
 
 class ClaimBase(Strict):
@@ -206,6 +220,15 @@ class ClaimBase(Strict):
                 what = {"layers": "layer", "datasets": "dataset", "epochs": "epoch"}[fld]
                 out += [(fld, what, v) for v in values]
         return out
+
+    def token_set_of(self, fld: str) -> str:
+        """The token set a field of :meth:`named` is read in: its operand's own ``token_set`` (``a.layers``
+        of a compare claim), else ``subset.token_set``."""
+        head = fld.split(".", 1)[0]
+        for name, i, cond in self.operands():
+            if head == (name if i is None else f"{name}[{i}]"):
+                return cond.token_set or self.subset.token_set
+        return self.subset.token_set
 
     def datasets_named(self) -> list[str]:
         """The datasets the claim reads, sorted."""

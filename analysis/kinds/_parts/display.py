@@ -38,11 +38,16 @@ class FigureContext:
 
 
 def condition_figures(ctx: FigureContext) -> list[Figure]:
-    """For claims over conditions: the metric by layer at the claim's epoch for every dataset they name."""
+    """For claims over conditions: the metric by layer at the claim's epoch for every dataset they name,
+    the layers each operand reads marked and named (``a``, ``b``; ``a, b`` where both read the same)."""
     from analysis.report.figures import profile_figure
 
     conds = ctx.result.details.get("conditions") or {}
     datasets = list(dict.fromkeys(c["dataset"] for c in conds.values())) or [ctx.claim.subset.dataset]
+    marks: dict[tuple[str, ...], list[str]] = {}
+    for name, cond in conds.items():
+        marks.setdefault(tuple(cond.get("layers") or ()), []).append(name)
+    regions = {", ".join(names): list(layers) for layers, names in marks.items() if layers}
     return [
         profile_figure(
             ctx.table,
@@ -50,6 +55,7 @@ def condition_figures(ctx: FigureContext) -> list[Figure]:
             ctx.claim.subset.token_set,
             datasets,
             ctx.claim.subset.epoch,
+            regions=regions or None,
             colours=ctx.colours,
             ylim=ctx.ylim,
         )
