@@ -18,12 +18,33 @@ activations with large means): ``n``, ``s = sum y``, ``Q = sum y y^T``; then
 ``C = (Q - s s^T / n) / (n - 1)``, symmetrised, ``eigh`` in float64, eigenvalues below the round-off
 level ``(D + n) * eps64 * max_i Q_ii / (n - 1)`` (negative ones included) set to 0.
 Only two Grams are formed per batch and point: ``all`` (every token) and the prefix (the class token,
-one per image); ``patch = all - prefix`` exactly, because both share the point's shift. Each Gram is
-symmetric, so on CPU only its lower block triangle is multiplied (``gram_blocks``: 56% of the float64
-work of a full ``Y^T Y`` at D = 384) from a float64 buffer reused by every point, filled at most
-``CHUNK_ROWS`` tokens at a time on CPU (``runners.token_moments``). Memory is O(D^2) per point (its lower
-block triangle) plus that chunk (a batch on a GPU) and a fixed token subsample, independent of the number
-of probe images and, on CPU, of the batch size. Sums live on the model's device.
+one per image); ``patch = all - prefix`` exactly, because both share the point's shift.
+
+One batched update per forward pass, not a handful of small operator calls per point and token set (on a
+GPU each is a kernel launch, and the hooked pass was host-bound at 10x a plain forward): the hooks only
+keep each point's activations ``(B, T, D)``; consecutive points of one shape form a *piece*
+(``_Piece``: on a ViT ``patch_embed``, then every point after it), and when a piece's last point is
+reached its K activations are stacked once into a float64 buffer ``(K, B T + 1, D + 2)`` of rows
+``[y, 1, |y|^2]`` (``runners.token_moments._Stacked``; the extra row is all zero, the padding of a
+gather). One broadcast subtraction shifts every point, one norm call fills ``|y|^2``, and each Gram block
+is one ``baddbmm`` over the K points: the Gram of the augmented rows holds ``Q`` and, in its last two
+rows, ``s``, ``n``, ``u = sum y |y|^2`` and ``w = sum |y|^4`` (``_MomentBank``). The small token sets of
+all K points (prefix, the class token where registers exist, the two matched subsamples) are one gather
+of their rows, each set padded to a common row count with the zero row (exactly nothing added), and one
+``baddbmm`` per block over all of them; the observables' sampled rows are one gather before the shift. A
+batch is split at the probe-size cuts only for the Gram updates (a cut image ends a segment). Every view
+the updates use is made once per layout, so a batch costs about 20 operator calls per piece (2.2-2.6
+per point on ViT-S: ``bench/extract.py`` counts them). A piece is also cut where its stack would pass
+``STACK_BYTES_CPU`` (``STACK_BYTES_CUDA`` on a GPU): the stack and the activations it keeps are the
+memory this costs (at 16 px, batch 64, ViT-S: a 47 MB stack, peak +140 MiB against +64 before; a
+smaller budget means more pieces, more calls per point and less memory).
+
+Each Gram is symmetric, so on CPU only its lower block triangle is multiplied (``gram_blocks``: at most
+``CPU_BLOCKS`` = 4 blocks, 62.5% of the float64 work of a full ``Y^T Y`` at D = 384); on a GPU one full
+GEMM. Memory is O(D^2) per point (its lower block triangle) plus the stacks of a pass and a fixed token
+subsample, independent of the number of probe images. Sums live on the model's device.
+``_Moments.add`` (one set alone) runs the same arithmetic on a one-set bank, in chunks of at most
+``CHUNK_ROWS`` rows on CPU.
 
 Besides eigenvalues, each (point, token set) gets every observable registered in
 ``analysis.observables.OBSERVABLES``: those computed on the covariance (``diagonality``) from its

@@ -313,7 +313,9 @@ def test_probe_sizes_are_the_sums_of_their_tokens():
                     for k, v in values.items():
                         assert v == values_r[k] or (np.isnan(v) and np.isnan(values_r[k])), (name, label, k)
                     continue
-                np.testing.assert_allclose(lam, lam_r, rtol=0, atol=1e-12 * lam_r[0], err_msg=f"{name} {tset} {label}")
+                np.testing.assert_allclose(
+                    lam, lam_r, rtol=0, atol=1e-12 * lam_r[0], err_msg=f"{name} {tset} {label}"
+                )
                 for k, v in values.items():  # the bias-corrected PR of 5 near-constant class tokens: 6e-8
                     assert v == pytest.approx(values_r[k], rel=1e-7, nan_ok=True), (name, tset, label, k)
     # with block sums the fractions come from snapshot copies of the same running sums: the same bits
