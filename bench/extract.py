@@ -5,6 +5,7 @@
     PYTHONPATH=. python bench/extract.py --naive one-pass       # the fast, memory-hungry naive variant
     PYTHONPATH=. python bench/extract.py --images 512           # a quick smoke run (fewer tokens)
     PYTHONPATH=. python bench/extract.py --side-by-side         # with and without the probe-size extras
+    PYTHONPATH=. python bench/extract.py --overhead             # operator calls, time and memory over a plain forward
 
 Model: timm ``vit_small_patch16_224`` at ViT-Small width (D = 384, 12 blocks, 6 heads), by default on
 16x16 images with patch 4 (16 patches + 1 class token = 17 tokens per image: attention is negligible, so
@@ -37,8 +38,23 @@ What is measured, side by side in one process, on the same probe tensor:
    metrics, points and token sets of ``|ours - ref| / |ref|`` (``spectral_flatness``: ``|ours - ref|``,
    see ``ABSOLUTE_METRICS``); the per-metric table (``metric_errors``) is printed above it.
 
+4. **operator calls** (every mode prints them first): torch.profiler's count of the torch operator calls
+   that Python makes (``aten::`` events with no ``aten::`` event above them: views included, the kernels
+   inside one call not) in one plain forward of a batch and in one hooked batch (``observer.observe``,
+   a batch with no probe-size cut, after two warm-up batches), with the default observer (probe sizes
+   and observables on), and ``per_point`` = (hooked - plain) / observation points. A count does not
+   depend on the device or the load, so it says on a CPU how many small kernels a GPU would launch
+   (``operator_counts``); the calls inside them (``aten::`` events at any depth) are printed beside it.
+
+``--overhead`` prints, side by side, those operator calls, the CPU (or GPU) time of the hooked passes and
+``result()`` over the plain forward's (interleaved batch by batch, with the default extras), and the peak
+resident memory of the extraction above that of the plain forward alone (each phase's peak above its own
+start, ``--stack-mib`` sets ``runners.extract.STACK_BYTES_CPU`` in the children: the float64 stack per
+update, which trades memory for operator calls).
+
 The last line printed is machine-readable:
-``overhead=<x> naive_speedup=<x> naive_memory=<x> max_rel_err=<x>``.
+``overhead=<x> naive_speedup=<x> naive_memory=<x> max_rel_err=<x>``
+(``--overhead``: ``ops_per_point=<x> overhead=<x> peak_mib=<x> plain_peak_mib=<x>``).
 """
 
 from __future__ import annotations
@@ -151,6 +167,10 @@ def naive_spectra(
 
 
 def _setup(args: argparse.Namespace) -> tuple[torch.nn.Module, torch.Tensor, torch.device]:
+    if getattr(args, "stack_mib", 0):  # in the child that runs the phase: the observer reads it when built
+        import runners.extract
+
+        runners.extract.STACK_BYTES_CPU = int(args.stack_mib * 2**20)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -209,6 +229,100 @@ def phase_streaming(args: argparse.Namespace) -> dict:
         "eig": eig,
         "device": str(device),
     }
+
+
+def _python_calls(fn) -> tuple[int, int, dict[str, int]]:
+    """Run ``fn()`` under torch.profiler: (operator calls made by Python, ``aten::`` calls at any depth,
+    the first per operator name). A call made by Python is an ``aten::`` event with no ``aten::`` event
+    above it (views count; the calls one operator makes inside itself do not)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    top: dict[str, int] = {}
+    every = 0
+    for event in prof.events():
+        if not event.name.startswith("aten::"):
+            continue
+        every += 1
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        if parent is None:
+            top[event.name] = top.get(event.name, 0) + 1
+    return sum(top.values()), every, top
+
+
+def operator_counts(
+    model: torch.nn.Module, images: torch.Tensor, batch_size: int, **observer_kw: object
+) -> dict:
+    """Torch operator calls of one plain forward of a batch and of one hooked batch (module docstring, 4).
+
+    The observer sees a probe of 8 batches (its cuts after batches 2 and 4); batches 0 and 1 warm it up
+    (its first batch lays out the stacks, the second ends at a cut), batch 2 is counted: a batch that no
+    cut splits or ends, as most batches of a probe are.
+
+    Args:
+        images: (>= batch_size, 3, H, W); the first batch_size images are reused for every batch.
+
+    Returns:
+        ``{"plain", "hooked", "points", "per_point", "plain_all", "hooked_all", "extra_by_op"}``: calls
+        made by Python, per batch; ``per_point`` = (hooked - plain) / points; ``*_all``: ``aten::`` calls
+        at any depth; ``extra_by_op``: the hooked batch's calls beyond the plain forward's, per operator.
+    """
+    batch = images[:batch_size]
+    with torch.inference_mode():
+        model.forward_features(batch)  # warm-up
+        plain, plain_all, plain_ops = _python_calls(lambda: model.forward_features(batch))
+    observer = SpectralObserver(model, 8 * batch_size, **observer_kw)
+    with observer:
+        observer.observe(batch)
+        observer.observe(batch)
+        hooked, hooked_all, hooked_ops = _python_calls(lambda: observer.observe(batch))
+    points = len(observation_points(model))
+    extra = {k: v - plain_ops.get(k, 0) for k, v in hooked_ops.items() if v != plain_ops.get(k, 0)}
+    return {
+        "plain": plain,
+        "hooked": hooked,
+        "points": points,
+        "per_point": (hooked - plain) / points,
+        "plain_all": plain_all,
+        "hooked_all": hooked_all,
+        "extra_by_op": dict(sorted(extra.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def phase_ops(args: argparse.Namespace) -> dict:
+    """:func:`operator_counts` of the benchmark's model (in a fresh process): with the observer as the
+    benchmark times it (``"timed"``: no observables, probe sizes unless ``--no-probe-sizes``) and as
+    ``extract_spectra`` runs it by default (``"default"``: observables and probe sizes on)."""
+    model, images, _ = _setup(args)
+    timed = {"observables": False, "probe_sizes": not args.no_probe_sizes, "blocks": args.blocks}
+    return {
+        "timed": operator_counts(model, images, args.batch_size, **timed),
+        "default": operator_counts(model, images, args.batch_size),
+    }
+
+
+def format_ops(ops: dict) -> str:
+    """:func:`operator_counts` as two lines of text."""
+    by_op = ", ".join(f"{name.removeprefix('aten::')} {n}" for name, n in ops["extra_by_op"].items())
+    return (
+        f"operator calls per batch: plain forward {ops['plain']}, hooked {ops['hooked']} "
+        f"(+{ops['hooked'] - ops['plain']}), per point {ops['per_point']:.2f} over {ops['points']} points; "
+        f"at any depth {ops['plain_all']} vs {ops['hooked_all']}\n  extra calls by operator: {by_op}"
+    )
+
+
+def phase_overhead(args: argparse.Namespace) -> dict:
+    """The plain forward's own peak over the probe, then :func:`phase_streaming` with the default extras,
+    in one fresh process (each peak above the resident size at its own start)."""
+    model, images, device = _setup(args)
+    with PeakRSS() as plain_mem, torch.inference_mode():
+        for i in range(0, args.images, args.batch_size):
+            model.forward_features(images[i : i + args.batch_size])
+    del model, images
+    return {**phase_streaming(args), "plain_peak": plain_mem.peak}
 
 
 def phase_side_by_side(args: argparse.Namespace) -> dict:
@@ -426,6 +540,14 @@ def main() -> None:
     ap.add_argument("--no-probe-sizes", action="store_true", help="extraction as before probe sizes existed")
     ap.add_argument("--extract-only", action="store_true", help="skip the naive comparison")
     ap.add_argument(
+        "--overhead",
+        action="store_true",
+        help="operator calls, time and peak memory of the default extraction over a plain forward",
+    )
+    ap.add_argument(
+        "--stack-mib", type=float, default=0, help="runners.extract.STACK_BYTES_CPU in MiB (0: its default)"
+    )
+    ap.add_argument(
         "--side-by-side",
         action="store_true",
         help="time the extraction without and with the probe-size extras in one process (times only)",
@@ -442,6 +564,28 @@ def main() -> None:
         f"probe: {args.images} images x {tokens} tokens = {args.images * tokens} tokens; "
         f"batch {args.batch_size} images; pos_embed offset {args.offset}"
     )
+    counted = _in_child(phase_ops, args)
+    print(f"as timed here: {format_ops(counted['timed'])}")
+    print(f"extract_spectra's defaults (observables too): {format_ops(counted['default'])}")
+    ops = counted["timed"]
+    if args.overhead:
+        res = _in_child(phase_overhead, args)
+        t_plain, t_stream = res["t_plain"], res["t_stream"]
+        peak, plain_peak = res["peak"] / 2**20, res["plain_peak"] / 2**20
+        print(f"plain forward:        {t_plain:8.2f} s  peak +{plain_peak:.0f} MiB")
+        print(
+            f"hooked extraction:    {t_stream:8.2f} s  peak +{peak:.0f} MiB (result() {res['t_result']:.2f} s)"
+        )
+        print(
+            f"side by side: operator calls {ops['hooked']} vs {ops['plain']} per batch "
+            f"({ops['per_point']:.2f} per point); time {t_stream / t_plain:.3f}x; "
+            f"peak memory +{peak:.0f} vs +{plain_peak:.0f} MiB (+{peak - plain_peak:.0f} MiB)"
+        )
+        print(
+            f"ops_per_point={ops['per_point']:.2f} overhead={t_stream / t_plain:.3f} "
+            f"peak_mib={peak:.0f} plain_peak_mib={plain_peak:.0f}"
+        )
+        return
     if args.side_by_side:
         both = _in_child(phase_side_by_side, args)
         print(f"plain forward:                 {both['t_plain']:8.2f} s")

@@ -461,6 +461,13 @@ def step_extraction(rep: Report, work: Path) -> bool:
                 name: {k: r.get(k) for k in ("err", "kind", "tol", "at")} for name, r in table.items()
             },
             "zero_variance_sets": len(degenerate),
+            # torch operator calls per hooked batch beyond a plain forward's, per point (the default
+            # observer; on the device: autocast's casts included)
+            "operator_calls": {
+                k: v
+                for k, v in bx.operator_counts(model, probe, args.batch_size).items()
+                if k != "extra_by_op"
+            },
         }
         agree = all(r["err"] <= r["tol"] for r in table.values())
         res["agreement_ok"] = agree

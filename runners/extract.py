@@ -18,12 +18,33 @@ activations with large means): ``n``, ``s = sum y``, ``Q = sum y y^T``; then
 ``C = (Q - s s^T / n) / (n - 1)``, symmetrised, ``eigh`` in float64, eigenvalues below the round-off
 level ``(D + n) * eps64 * max_i Q_ii / (n - 1)`` (negative ones included) set to 0.
 Only two Grams are formed per batch and point: ``all`` (every token) and the prefix (the class token,
-one per image); ``patch = all - prefix`` exactly, because both share the point's shift. Each Gram is
-symmetric, so on CPU only its lower block triangle is multiplied (``gram_blocks``: 56% of the float64
-work of a full ``Y^T Y`` at D = 384) from a float64 buffer reused by every point, filled at most
-``CHUNK_ROWS`` tokens at a time on CPU (``runners.token_moments``). Memory is O(D^2) per point (its lower
-block triangle) plus that chunk (a batch on a GPU) and a fixed token subsample, independent of the number
-of probe images and, on CPU, of the batch size. Sums live on the model's device.
+one per image); ``patch = all - prefix`` exactly, because both share the point's shift.
+
+One batched update per forward pass, not a handful of small operator calls per point and token set (on a
+GPU each is a kernel launch, and the hooked pass was host-bound at 10x a plain forward): the hooks only
+keep each point's activations ``(B, T, D)``; consecutive points of one shape form a *piece*
+(``_Piece``: on a ViT ``patch_embed``, then every point after it), and when a piece's last point is
+reached its K activations are stacked once into a float64 buffer ``(K, B T + 1, D + 2)`` of rows
+``[y, 1, |y|^2]`` (``runners.token_moments._Stacked``; the extra row is all zero, the padding of a
+gather). One broadcast subtraction shifts every point, one norm call fills ``|y|^2``, and each Gram block
+is one ``baddbmm`` over the K points: the Gram of the augmented rows holds ``Q`` and, in its last two
+rows, ``s``, ``n``, ``u = sum y |y|^2`` and ``w = sum |y|^4`` (``_MomentBank``). The small token sets of
+all K points (prefix, the class token where registers exist, the two matched subsamples) are one gather
+of their rows, each set padded to a common row count with the zero row (exactly nothing added), and one
+``baddbmm`` per block over all of them; the observables' sampled rows are one gather before the shift. A
+batch is split at the probe-size cuts only for the Gram updates (a cut image ends a segment). Every view
+the updates use is made once per layout, so a batch costs about 20 operator calls per piece (2.2-2.6
+per point on ViT-S: ``bench/extract.py`` counts them). A piece is also cut where its stack would pass
+``STACK_BYTES_CPU`` (``STACK_BYTES_CUDA`` on a GPU): the stack and the activations it keeps are the
+memory this costs (at 16 px, batch 64, ViT-S: a 47 MB stack, peak +140 MiB against +64 before; a
+smaller budget means more pieces, more calls per point and less memory).
+
+Each Gram is symmetric, so on CPU only its lower block triangle is multiplied (``gram_blocks``: at most
+``CPU_BLOCKS`` = 4 blocks, 62.5% of the float64 work of a full ``Y^T Y`` at D = 384); on a GPU one full
+GEMM. Memory is O(D^2) per point (its lower block triangle) plus the stacks of a pass and a fixed token
+subsample, independent of the number of probe images. Sums live on the model's device.
+``_Moments.add`` (one set alone) runs the same arithmetic on a one-set bank, in chunks of at most
+``CHUNK_ROWS`` rows on CPU.
 
 Besides eigenvalues, each (point, token set) gets every observable registered in
 ``analysis.observables.OBSERVABLES``: those computed on the covariance (``diagonality``) from its
@@ -37,6 +58,7 @@ The streamed sums are in ``runners.token_moments``; what a checkpoint writes int
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import cast
@@ -45,11 +67,25 @@ import numpy as np
 import torch
 
 from analysis.observables import compute_observables
-from runners.token_moments import _Moments, _spectrum, _summary, _Workspace, token_metrics
+from runners.token_moments import (
+    AUG,
+    _MomentBank,
+    _Moments,
+    _spectrum,
+    _Stacked,
+    _summary,
+    token_metrics,
+)
 from vitstudy_core.errors import RunFailedError
 
 SUBSAMPLE = 1024  # tokens per (point, token set) for cosine anisotropy / TwoNN: O(m^2) distances stay cheap
 SUBSAMPLE_SEED = 0  # fixed: every checkpoint and run that shares a probe set sees the same token positions
+# float64 rows stacked per update (a piece of points, _Piece): more points per stack mean fewer operator
+# calls per point, each stack also keeps its points' activations alive until it is added. On CPU 64 MiB
+# takes ViT-S at 16 px in batches of 64 (1,088 tokens) in two stacks (patch_embed; the 14 points after it,
+# 47 MB); on a GPU the whole pass, whatever the batch, is one stack per shape up to 1 GiB
+STACK_BYTES_CPU = 64 * 2**20
+STACK_BYTES_CUDA = 2**30
 
 
 @dataclass
@@ -106,7 +142,7 @@ def observation_points(model: torch.nn.Module) -> list[tuple[str, torch.nn.Modul
 
 
 class _Subsampler:
-    """Fixed seeded token positions per token count, gathered batch by batch.
+    """Fixed seeded token positions per token count, and the rows of a batch they fall on.
 
     Positions index the flattened ``(image, token)`` grid of one token set: ``image * T + t``. They depend
     only on (number of images, tokens per image, m, seed), so every point with the same token count, every
@@ -116,12 +152,7 @@ class _Subsampler:
     def __init__(self, n_images: int, m: int, seed: int):
         self.n_images, self.m, self.seed = n_images, m, seed
         self._idx: dict[int, np.ndarray] = {}
-        self._dev: dict[tuple[int, str], torch.Tensor] = {}
-        # (tokens per image, device) -> (image index, token index) of the current batch's rows, or None:
-        # every point of a forward pass asks for the same rows, so they are found once per batch
-        self._batch: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor] | None] = {}
-        self._batch_at: tuple[int, int] = (-1, -1)  # (first image, images) the cached rows belong to
-        self.parts: dict[tuple[str, str], list[torch.Tensor]] = {}
+        self.parts: dict[tuple[str, str], list[torch.Tensor]] = {}  # kept empty: rows are not stored here
 
     def positions(self, tokens_per_image: int) -> np.ndarray:
         if tokens_per_image not in self._idx:
@@ -130,42 +161,59 @@ class _Subsampler:
             self._idx[tokens_per_image] = np.sort(rng.choice(total, size=min(self.m, total), replace=False))
         return self._idx[tokens_per_image]
 
-    def rows(self, tokens: torch.Tensor, first_image: int) -> torch.Tensor | None:
-        """The subsample's rows ``(r, D)`` among ``tokens: (B, T, D)`` of one token set for images
-        ``first_image .. first_image + B - 1``, in the tokens' dtype (None: none of them is drawn).
+    def rows(self, per_image: int, offset: int, tokens: int, first: int, last: int, base: int) -> np.ndarray:
+        """Rows of the drawn tokens of images ``[first, last)`` among a point's stacked tokens.
 
-        No host synchronisation on a GPU: the row range comes from the host's positions, and the positions
-        go to the device once per token count (not per batch). The rows are gathered by (image, token)
-        index from ``tokens`` as given: a token set that is a slice of the point's tokens (``patch``:
-        ``x[:, 1:]``) is not copied whole first, as flattening the slice would."""
-        b, t, _ = tokens.shape
-        if self._batch_at != (first_image, b):
-            self._batch_at, self._batch = (first_image, b), {}
-        key = (t, str(tokens.device))
-        if key not in self._batch:
-            pos = self.positions(t)
-            lo, hi = np.searchsorted(pos, [first_image * t, (first_image + b) * t])
-            sel = self._on_device(t, tokens.device)[lo:hi] - first_image * t
-            self._batch[key] = (sel // t, sel % t) if hi > lo else None
-        index = self._batch[key]
-        return None if index is None else tokens[index]
+        Args:
+            per_image: tokens of the token set per image (its grid is ``image * per_image + t``).
+            offset: the set's first token within an image of the point (1 for ``patch`` after a class
+                token, 0 else).
+            tokens: tokens of the point per image (T: a row is ``image * T + offset + t``).
+            first, last: the images, as probe indices.
+            base: the probe index of the image in row 0.
 
-    def add(self, key: tuple[str, str], tokens: torch.Tensor, first_image: int) -> None:
-        """Keep this batch's :meth:`rows` (as float32, on the tokens' device until :meth:`get`)."""
-        rows = self.rows(tokens, first_image)
-        if rows is not None:
-            self.parts.setdefault(key, []).append(rows.float())
+        Returns:
+            (r,) int64 row indices, ascending (in probe order, as the positions are).
+        """
+        pos = self.positions(per_image)
+        lo, hi = np.searchsorted(pos, [first * per_image, last * per_image])
+        sel = pos[lo:hi]
+        return (sel // per_image - base) * tokens + offset + sel % per_image
 
-    def _on_device(self, tokens_per_image: int, device: torch.device) -> torch.Tensor:
-        key = (tokens_per_image, str(device))
-        if key not in self._dev:
-            self._dev[key] = torch.as_tensor(self.positions(tokens_per_image), device=device)
-        return self._dev[key]
 
-    def get(self, key: tuple[str, str]) -> np.ndarray:
-        if key not in self.parts:
-            return np.zeros((0, 0), np.float32)
-        return torch.cat(self.parts[key]).cpu().numpy()
+@dataclass
+class _Piece:
+    """Consecutive observation points of one activation shape ``(B, T, D)``, updated together.
+
+    The points' activations of a forward pass are kept (not copied) as each point's hook sees them, and
+    when the piece's last point is reached they are stacked into float64 once and every token set's sums
+    updated by batched GEMMs (:meth:`SpectralObserver._flush`). The points are grouped on the first batch:
+    a run of points of one shape, cut where its float64 stack would pass the device's ``STACK_BYTES``.
+
+    Attributes:
+        names: the points, in depth order.
+        n_prefix: prefix tokens per image at these points (0: no prefix, e.g. ``patch_embed``).
+        small: the small token sets per point whose rows are gathered: ``prefix`` (prefix tokens), ``cls``
+            (only with register tokens besides it), ``match_all``/``match_patch`` (the matched subsample).
+        samples: the sampled token sets, in the order their rows are gathered (``all``, ``patch``, ``cls``).
+        pending: this pass's activations ``(B, T, D)`` of the points seen so far.
+        main, minor: the sums of token set ``all`` (one set per point) and of the small sets (``len(small)``
+            per point, point-major); None until the first batch is added.
+        capacity: rows per small set in a gather (the most any batch needed; fewer are padded with the
+            zero row).
+    """
+
+    names: list[str]
+    n_prefix: int
+    small: list[str]
+    samples: list[str]
+    pending: list[torch.Tensor] = field(default_factory=list)
+    shift: torch.Tensor | None = None  # (K, 1, D) float64
+    main: _MomentBank | None = None
+    minor: _MomentBank | None = None
+    capacity: int = 0
+    gathered: torch.Tensor | None = None  # (K, len(small) * capacity, D + AUG) float64: the small sets' rows
+    minor_views: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
 
 
 class SpectralObserver:
@@ -219,66 +267,229 @@ class SpectralObserver:
         self.n_prefix = int(getattr(model, "num_prefix_tokens", 1))
         self.has_cls = bool(getattr(model, "cls_token", None) is not None)
         self.moments: dict[tuple[str, str], _Moments] = {}
-        self.work = _Workspace()
         self.sampler = _Subsampler(n_images, subsample, subsample_seed) if observables else None
         self.first_image = 0
+        self.stack_bytes = STACK_BYTES_CUDA if self.device.type == "cuda" else STACK_BYTES_CPU
+        self.pieces: list[_Piece] = []  # in depth order, grouped on the first batch
+        self._piece_of: dict[str, tuple[_Piece, int]] = {}  # point -> (its piece, its index there)
+        self._open: _Piece | None = None  # first batch: the piece still growing
+        # (B T, D, device) -> (float64 buffer, piece size -> its layout): kept while the batch size stays
+        self._stacks: dict[tuple[int, int, str], tuple[torch.Tensor, dict[int, _Stacked]]] = {}
+        self._indices: dict[tuple, torch.Tensor] = {}  # this batch's row indices, shared by its pieces
+        self._samples: list[tuple[_Piece, list[int], torch.Tensor]] = []  # (piece, rows per set, rows)
+        self._batch_size = 0
         self._handles: list = []
         self._was_training = model.training
 
     def _record(self, name: str, x: torch.Tensor) -> None:
-        d = x.shape[-1]
-        flat = x.reshape(-1, d)
-        if (name, "all") not in self.moments:  # one shift per point, shared by its token sets
-            self.moments[(name, "all")] = _Moments(shift=flat.to(torch.float64).mean(0))
-        mom = self.moments[(name, "all")]
-        prefixed = name != "patch_embed" and self.n_prefix > 0
-        # the batch is added in segments split at the cut images, so the sums can be snapshot there
-        first, b = self.first_image, x.shape[0]
+        """A point's hook: keep ``x: (B, T, D)`` for its piece's update (no arithmetic of its own), and
+        update the piece once its last point is reached."""
+        if name in self._piece_of:  # after the first batch the pieces are fixed
+            piece, j = self._piece_of[name]
+            piece.pending.append(x)
+            if j == len(piece.names) - 1:
+                self._flush(piece)
+            return
+        # first batch: grow the open piece while the shape (and prefix) is the same and the stack fits
+        n_prefix = self.n_prefix if name != "patch_embed" else 0
+        open_ = self._open
+        if open_ is not None:
+            fits = self._stack_bytes(len(open_.names) + 1, x.shape) <= self.stack_bytes
+            if open_.pending[0].shape != x.shape or open_.n_prefix != n_prefix or not fits:
+                self._close()
+        if self._open is None:
+            self._open = self._new_piece(n_prefix)
+            self.pieces.append(self._open)
+        self._open.names.append(name)
+        self._open.pending.append(x)
+
+    @staticmethod
+    def _stack_bytes(k: int, shape: torch.Size) -> int:
+        """Bytes of the float64 stack of ``k`` points of activations ``shape = (B, T, D)``."""
+        b, t, d = shape
+        return k * (b * t + 1) * (d + AUG) * 8
+
+    def _new_piece(self, n_prefix: int) -> _Piece:
+        small = (["prefix"] + (["cls"] if self.has_cls and n_prefix > 1 else [])) if n_prefix else []
+        if self.matcher is not None:  # a seeded subsample of as many tokens as images, per token set
+            small += ["match_all"] + (["match_patch"] if n_prefix else [])
+        samples = []
+        if self.sampler is not None:
+            samples = ["all"] + ((["patch"] + (["cls"] if self.has_cls else [])) if n_prefix else [])
+        return _Piece(names=[], n_prefix=n_prefix, small=small, samples=samples)
+
+    def _close(self) -> None:
+        """First batch: the open piece is complete; add its points."""
+        piece, self._open = self._open, None
+        if piece is not None:
+            for j, name in enumerate(piece.names):
+                self._piece_of[name] = (piece, j)
+            self._flush(piece)
+
+    def _stacked(self, k: int, shape: torch.Size, device: torch.device) -> _Stacked:
+        """The float64 stack of ``k`` points of activations ``(B, T, D)``: one buffer per ``(B T, D)``,
+        sized by its largest piece, with each piece size's views made once."""
+        b, t, d = shape
+        key = (b * t, d, str(device))
+        work, layouts = self._stacks.get(key, (None, {}))
+        need = self._stack_bytes(k, shape) // 8
+        if work is None or work.numel() < need:
+            work, layouts = torch.empty(need, dtype=torch.float64, device=device), {}
+            self._stacks[key] = (work, layouts)
+        if k not in layouts:
+            layouts[k] = _Stacked(k, b * t, d, work[:need])
+        return layouts[k]
+
+    def _flush(self, piece: _Piece) -> None:
+        """Add this pass's activations of a piece's points to their sums, in one stacked update.
+
+        One float64 stack ``(K, B T + 1, D + AUG)`` (:class:`_Stacked`) for the piece's K points; the
+        sampled rows gathered from it (unshifted, kept as float32); then the shift and ``|y|^2`` of every
+        row at once; then per segment of the batch (split at the cut images) one batched GEMM per Gram
+        block for token set ``all`` and one gather plus one batched GEMM per block for all small sets
+        (prefix, class token, matched subsample) of every point together."""
+        xs, piece.pending = piece.pending, []
+        k, shape, device = len(xs), xs[0].shape, xs[0].device
+        b, t, _ = shape
+        stack = self._stacked(k, shape, device)
+        stack.load(xs)
+        del xs  # the activations are free for the rest of the forward pass
+        first = self.first_image
+        if piece.main is None:
+            self._start(piece, stack)
+        assert piece.main is not None and piece.shift is not None  # set by _start
+        if piece.samples:
+            self._sample(piece, stack, t, b)
+        stack.shift_and_square(piece.shift)
         edges = [first] + [c for c in self.cuts if first < c < first + b] + [first + b]
         for lo, hi in zip(edges[:-1], edges[1:], strict=True):
-            self._add(name, x[lo - first : hi - first], mom, prefixed)
+            whole = (lo, hi) == (first, first + b)
+            lhs, rhs = (
+                (stack.lhs, stack.rhs) if whole else stack.block_views((lo - first) * t, (hi - first) * t)
+            )
+            piece.main.update(lhs, rhs)
+            for mom in piece.main.sets:
+                mom.n += (hi - lo) * t
+            if piece.small:
+                self._gather(piece, stack, t, lo, hi)
             if hi in self.cuts:
-                self._cut(name, hi)
-        # a NaN/Inf activation makes the float64 running sum non-finite: one (D,) check, not a full pass;
-        # on a GPU the check would stall the device every point and batch, so it waits for result()
-        if self.device.type != "cuda":
-            self._check_finite(name)
-        if self.matcher is not None:  # a seeded subsample of as many tokens as images, per token set
-            self._match((name, "all"), x, first, mom.shift)
-            if prefixed:
-                self._match((name, "patch"), x[:, self.n_prefix :], first, mom.shift)
-        if self.sampler is not None:
-            self.sampler.add((name, "all"), x, first)
-            if prefixed:
-                self.sampler.add((name, "patch"), x[:, self.n_prefix :], first)
-                if self.has_cls:
-                    self.sampler.add((name, "cls"), x[:, :1], first)
+                self._cut(piece, hi)
+        # a NaN/Inf activation makes the float64 running sums non-finite: one sum over the piece's s; on
+        # a GPU the check would stall the device every batch, so it waits for result()
+        if device.type != "cuda" and not math.isfinite(piece.main.s.sum().item()):
+            for name in piece.names:  # depth order: the first non-finite point
+                self._check_finite(name)
 
-    def _cut(self, name: str, image: int) -> None:
-        """The running sums of point ``name`` reached cut ``image``: with block sums, snapshot them (the
+    def _start(self, piece: _Piece, stack: _Stacked) -> None:
+        """First batch of a piece: each point's shift (its first batch's mean, shared by its token sets)
+        and the sums of all its token sets, entered in :attr:`moments` and :attr:`matched`."""
+        shifts = stack.y.mean(1)  # (K, D) float64
+        piece.shift = shifts.unsqueeze(1)
+        piece.main = _MomentBank(shifts)
+        n_small = len(piece.small)
+        if n_small:
+            piece.minor = _MomentBank(shifts.repeat_interleave(n_small, 0))
+        for j, name in enumerate(piece.names):
+            self.moments[(name, "all")] = piece.main.sets[j]
+            for i, small in enumerate(piece.small):
+                assert piece.minor is not None  # made above where there are small sets
+                mom = piece.minor.sets[j * n_small + i]
+                if small.startswith("match_"):
+                    self.matched[(name, small.removeprefix("match_"))] = mom
+                else:
+                    self.moments[(name, small)] = mom
+
+    def _sample(self, piece: _Piece, stack: _Stacked, t: int, b: int) -> None:
+        """Keep the sampled rows of this batch (every point's, one gather) before they are shifted."""
+        assert self.sampler is not None  # a piece has sampled sets only with observables
+        first, p = self.first_image, piece.n_prefix
+        layout = {"all": (t, 0), "patch": (t - p, p), "cls": (1, 0)}
+        parts = [self.sampler.rows(*layout[name], t, first, first + b, first) for name in piece.samples]
+        counts = [len(r) for r in parts]
+        if sum(counts):
+            index = self._index(
+                ("sample", t, p, tuple(piece.samples), first, b), lambda: np.concatenate(parts)
+            )
+            rows = torch.index_select(stack.work, 1, index).float()  # exact: the rows are unshifted
+            self._samples.append((piece, counts, rows))
+
+    def _gather(self, piece: _Piece, stack: _Stacked, t: int, lo: int, hi: int) -> None:
+        """Add images ``[lo, hi)`` of the batch to every small set of the piece: one gather of each set's
+        rows (padded to ``piece.capacity`` with the stack's zero row), then batched GEMMs over all sets."""
+        first, p = self.first_image, piece.n_prefix
+        images = np.arange(lo - first, hi - first)
+        parts = []
+        for small in piece.small:
+            if small == "prefix":
+                parts.append((images[:, None] * t + np.arange(p)).ravel())
+            elif small == "cls":
+                parts.append(images * t)
+            else:
+                assert self.matcher is not None  # matched sets exist only with probe sizes
+                per, off = (t, 0) if small == "match_all" else (t - p, p)
+                parts.append(self.matcher.rows(per, off, t, lo, hi, first))
+        need = max(len(r) for r in parts)
+        if not need:  # no row of any small set in these images (a matched set alone, at patch_embed)
+            return
+        if need > piece.capacity or piece.gathered is None:
+            piece.capacity = max(need, piece.capacity)
+            n_small = len(piece.small)
+            piece.gathered = torch.empty(
+                stack.k,
+                n_small * piece.capacity,
+                stack.d + AUG,
+                dtype=torch.float64,
+                device=stack.work.device,
+            )
+            piece.minor_views = _Stacked.operands(
+                piece.gathered.view(-1, piece.capacity, stack.d + AUG), stack.d
+            )
+
+        def padded() -> np.ndarray:
+            index = np.full((len(parts), piece.capacity), stack.n, dtype=np.int64)  # row n: all zero
+            for i, r in enumerate(parts):
+                index[i, : len(r)] = r
+            return index.ravel()
+
+        key = ("small", t, p, tuple(piece.small), first, lo, hi, piece.capacity, stack.n)
+        torch.index_select(stack.work, 1, self._index(key, padded), out=piece.gathered)
+        assert piece.minor is not None and piece.minor_views is not None  # made with the small sets
+        piece.minor.update(*piece.minor_views)
+        for j in range(stack.k):
+            for i, r in enumerate(parts):
+                piece.minor.sets[j * len(parts) + i].n += len(r)
+
+    def _index(self, key: tuple, make: Callable[[], np.ndarray]) -> torch.Tensor:
+        """A row index of this batch on the model's device, made once for every piece that shares it."""
+        if key not in self._indices:
+            index = torch.from_numpy(make())
+            # from pageable memory, staged at once: no wait for the device
+            self._indices[key] = (
+                index if self.device.type == "cpu" else index.to(self.device, non_blocking=True)
+            )
+        return self._indices[key]
+
+    def _cut(self, piece: _Piece, image: int) -> None:
+        """The running sums of a piece's points reached cut ``image``: with block sums, snapshot them (the
         blocks and probe fractions are read from the copies in :meth:`result`); else summarise the probe
         fractions that end here at once, so no copy of the sums lives on."""
+        names = set(piece.names)
         if self.n_blocks > 1:
             for key, m in self.moments.items():
-                if key[0] == name:
+                if key[0] in names:
                     self.snapshots.setdefault(key, {})[image] = m.copy()
             return
         labels = [label for label, div in FRACTIONS.items() if self.n_images // div == image >= 2]
-        # non-finite sums are not summarised (eigh of NaN): result() raises for them
-        if not labels or not torch.isfinite(self.moments[(name, "all")].filled()[0]).all():
+        if not labels:
             return
-        for tset, mom in self._sets(name, self.moments.__getitem__).items():
-            summary = _summary(mom)
-            for label in labels:
-                self.fractions[(name, tset, label)] = summary
-
-    def _match(self, key: tuple[str, str], tokens: torch.Tensor, first: int, shift: torch.Tensor) -> None:
-        """Stream this batch's rows of the matched subsample (``self.matcher``) into its sums for ``key``:
-        one Gram triangle per (point, token set), the sample itself is never kept."""
-        assert self.matcher is not None  # set with probe_sizes, the only caller's condition
-        rows = self.matcher.rows(tokens, first)
-        if rows is not None:
-            self.matched.setdefault(key, _Moments(shift=shift)).add(rows, self.work)
+        for name in piece.names:
+            # non-finite sums are not summarised (eigh of NaN): result() raises for them
+            if not torch.isfinite(self.moments[(name, "all")].filled()[0]).all():
+                continue
+            for tset, mom in self._sets(name, self.moments.__getitem__).items():
+                summary = _summary(mom)
+                for label in labels:
+                    self.fractions[(name, tset, label)] = summary
 
     def _check_finite(self, name: str) -> None:
         """RunFailedError if the running sum of point ``name`` is not finite (a NaN/Inf activation)."""
@@ -287,16 +498,18 @@ class SpectralObserver:
                 f"non-finite activation at layer {name} (checkpoint epoch {self.epoch})", self.epoch
             )
 
-    def _add(self, name: str, x: torch.Tensor, mom: _Moments, prefixed: bool) -> None:
-        """Add images ``x: (B, T, D)`` to the point's running sums (all tokens, prefix, class token)."""
-        d = x.shape[-1]
-        mom.add(x.reshape(-1, d), self.work)
-        if prefixed:
-            # prefix tokens (class token, plus any register tokens) are subtracted from `all` for `patch`
-            pre = x[:, : self.n_prefix].reshape(-1, d)
-            self.moments.setdefault((name, "prefix"), _Moments(shift=mom.shift)).add(pre, self.work)
-            if self.has_cls and self.n_prefix > 1:
-                self.moments.setdefault((name, "cls"), _Moments(shift=mom.shift)).add(x[:, 0], self.work)
+    def _sample_of(self, name: str, tset: str) -> np.ndarray:
+        """The sampled tokens ``(m, D)`` float32 of (point, token set), in probe order (a set without a
+        sample of its own, ``patch`` of ``patch_embed``, has that of ``all``)."""
+        piece, j = self._piece_of[name]
+        i = piece.samples.index(tset if tset in piece.samples else "all")
+        d = self.moments[(name, "all")].shift.shape[0]
+        chunks = [
+            rows[j, sum(counts[:i]) : sum(counts[: i + 1]), :d]
+            for owner, counts, rows in self._samples
+            if owner is piece and counts[i]
+        ]
+        return torch.cat(chunks).cpu().numpy() if chunks else np.zeros((0, 0), np.float32)
 
     def __enter__(self) -> SpectralObserver:
         for name, module, kind in observation_points(self.model):
@@ -321,6 +534,9 @@ class SpectralObserver:
     def observe(self, batch: torch.Tensor) -> None:
         """One forward pass of ``batch: (B, 3, H, W)`` (the next B probe images, in order)."""
         batch = batch.to(self.device, non_blocking=True)
+        if batch.shape[0] != self._batch_size:  # another geometry: the stacks of the last one are freed
+            self._stacks, self._batch_size = {}, batch.shape[0]
+        self._indices = {}
         # timm's method, which torch's typing of a Module attribute sees as Tensor | Module
         forward_features = cast(Callable[[torch.Tensor], torch.Tensor], self.model.forward_features)
         if self.device.type == "cuda":
@@ -328,6 +544,7 @@ class SpectralObserver:
                 forward_features(batch)
         else:
             forward_features(batch)
+        self._close()  # first batch: the last piece ends with the pass
         self.first_image += batch.shape[0]
 
     def _sets(self, name: str, get) -> dict[str, _Moments]:
@@ -359,8 +576,7 @@ class SpectralObserver:
                     out.scalars[(name, tset, metric)] = value
                 if self.sampler is None:
                     continue
-                key = (name, tset) if (name, tset) in self.sampler.parts else (name, "all")
-                sample = self.sampler.get(key)
+                sample = self._sample_of(name, tset)
                 out.n_subsample[(name, tset)] = int(sample.shape[0])
                 for obs, value in compute_observables(cov, sample).items():
                     out.scalars[(name, tset, obs)] = value
