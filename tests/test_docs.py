@@ -414,7 +414,7 @@ RULES: list[Rule] = [
         ),
     ),
     Rule(
-        r"^(?:nice )?PYTHONPATH=\. python bench/(calibration|cli|extract|train|data|scale|faults|executor|probe_coverage|step_profile|slurm_overhead|pretrained_study)\.py",
+        r"^(?:nice )?PYTHONPATH=\. python bench/(calibration|cli|extract|train|data|scale|faults|executor|probe_coverage|step_profile|slurm_overhead|pretrained_study|dino_learns)\.py",
         Bench(),
     ),
     # ---- other tools' set-up commands
