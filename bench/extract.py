@@ -524,7 +524,25 @@ def format_errors(table: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def _print_overhead(args: argparse.Namespace, ops: dict) -> None:
+    """--overhead: the default extraction's calls, time and peak memory beside a plain forward's."""
+    res = _in_child(phase_overhead, args)
+    t_plain, t_stream = res["t_plain"], res["t_stream"]
+    peak, plain_peak = res["peak"] / 2**20, res["plain_peak"] / 2**20
+    print(f"plain forward:        {t_plain:8.2f} s  peak +{plain_peak:.0f} MiB")
+    print(f"hooked extraction:    {t_stream:8.2f} s  peak +{peak:.0f} MiB (result() {res['t_result']:.2f} s)")
+    print(
+        f"side by side: operator calls {ops['hooked']} vs {ops['plain']} per batch "
+        f"({ops['per_point']:.2f} per point); time {t_stream / t_plain:.3f}x; "
+        f"peak memory +{peak:.0f} vs +{plain_peak:.0f} MiB (+{peak - plain_peak:.0f} MiB)"
+    )
+    print(
+        f"ops_per_point={ops['per_point']:.2f} overhead={t_stream / t_plain:.3f} "
+        f"peak_mib={peak:.0f} plain_peak_mib={plain_peak:.0f}"
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--img-size", type=int, default=16)
     ap.add_argument("--patch-size", type=int, default=4)
@@ -552,7 +570,11 @@ def main() -> None:
         action="store_true",
         help="time the extraction without and with the probe-size extras in one process (times only)",
     )
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = _parser().parse_args()
     if args.embed_dim:
         args.arch = {
             "embed_dim": args.embed_dim,
@@ -569,22 +591,7 @@ def main() -> None:
     print(f"extract_spectra's defaults (observables too): {format_ops(counted['default'])}")
     ops = counted["timed"]
     if args.overhead:
-        res = _in_child(phase_overhead, args)
-        t_plain, t_stream = res["t_plain"], res["t_stream"]
-        peak, plain_peak = res["peak"] / 2**20, res["plain_peak"] / 2**20
-        print(f"plain forward:        {t_plain:8.2f} s  peak +{plain_peak:.0f} MiB")
-        print(
-            f"hooked extraction:    {t_stream:8.2f} s  peak +{peak:.0f} MiB (result() {res['t_result']:.2f} s)"
-        )
-        print(
-            f"side by side: operator calls {ops['hooked']} vs {ops['plain']} per batch "
-            f"({ops['per_point']:.2f} per point); time {t_stream / t_plain:.3f}x; "
-            f"peak memory +{peak:.0f} vs +{plain_peak:.0f} MiB (+{peak - plain_peak:.0f} MiB)"
-        )
-        print(
-            f"ops_per_point={ops['per_point']:.2f} overhead={t_stream / t_plain:.3f} "
-            f"peak_mib={peak:.0f} plain_peak_mib={plain_peak:.0f}"
-        )
+        _print_overhead(args, ops)
         return
     if args.side_by_side:
         both = _in_child(phase_side_by_side, args)

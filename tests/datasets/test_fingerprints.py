@@ -80,7 +80,8 @@ def test_table_finds_runs_on_a_host_without_the_data(roots, tmp_path, monkeypatc
     capsys.readouterr()
     assert main(["table", str(hyp), "--out", str(out)]) == 0
     assert "1 run(s)" in capsys.readouterr().out
-    assert main(["table", str(hyp), "--out", str(tmp_path / "other")]) == 2  # nothing recorded there
+    (tmp_path / "other").mkdir()  # a folder with nothing recorded in it (a missing one is refused first)
+    assert main(["table", str(hyp), "--out", str(tmp_path / "other")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "fingerprint" in err and "ucm" in err
 

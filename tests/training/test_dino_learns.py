@@ -39,8 +39,13 @@ def test_dino_small_raises_the_teachers_knn_on_generated_objects(tmp_path):
                 "probe": {"size": 64},
             },
             "claims": [
-                {"name": "x", "kind": "u_shape", "metric": "eed_pct", "subset": {"dataset": "objects"},
-                 "regions": {"early": ["block_01"], "bottleneck": ["block_06"], "late": ["block_12"]}}  # fmt: skip
+                {
+                    "name": "x",
+                    "kind": "u_shape",
+                    "metric": "eed_pct",
+                    "subset": {"dataset": "objects"},
+                    "regions": {"early": ["block_01"], "bottleneck": ["block_06"], "late": ["block_12"]},
+                }  # fmt: skip
             ],
         }
     )

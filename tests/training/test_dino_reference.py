@@ -129,18 +129,10 @@ def _grads(module: torch.nn.Module) -> list[torch.Tensor | None]:
     return [None if p.grad is None else p.grad.clone() for p in module.parameters()]
 
 
-def test_training_steps_equal_lightly_and_main_dino_on_fixed_crops_and_weights():
-    torch.manual_seed(0)
+def _lightly_reference(trainer, crops):
+    """The reference run: the same initial weights in lightly's modules, main_dino's loop over ``crops``;
+    returns the four modules, the loss (with its centre), the losses and the first step's gradients."""
     o, tr = RUN["objective"], RUN["training"]
-    trainer = DinoTrainer(
-        TrainerSetup.from_run(RUN, 2, 16, steps_per_epoch=STEPS_PER_EPOCH), torch.device("cpu")
-    )
-    trainer.student.double()
-    trainer.teacher.double()
-    trainer.loss_fn.double()
-    crops = _crops(EPOCHS * STEPS_PER_EPOCH)
-
-    # ---- the reference: the same initial weights in lightly's modules ---------------------------------
     s_backbone = copy.deepcopy(trainer.student["backbone"])
     s_head = lightly_head_from(trainer.student["head"], o["norm_last_layer"])
     t_backbone = copy.deepcopy(trainer.teacher["backbone"])
@@ -190,6 +182,24 @@ def test_training_steps_equal_lightly_and_main_dino_on_fixed_crops_and_weights()
         lightly_utils.update_momentum(s_backbone, t_backbone, mom[it])
         lightly_utils.update_momentum(s_head, t_head, mom[it])
         ref_losses.append(loss.item())
+
+    return (s_backbone, s_head, t_backbone, t_head), loss_fn, ref_losses, ref_first_grads
+
+
+def test_training_steps_equal_lightly_and_main_dino_on_fixed_crops_and_weights():
+    torch.manual_seed(0)
+    o = RUN["objective"]
+    trainer = DinoTrainer(
+        TrainerSetup.from_run(RUN, 2, 16, steps_per_epoch=STEPS_PER_EPOCH), torch.device("cpu")
+    )
+    trainer.student.double()
+    trainer.teacher.double()
+    trainer.loss_fn.double()
+    crops = _crops(EPOCHS * STEPS_PER_EPOCH)
+
+    (s_backbone, s_head, t_backbone, t_head), loss_fn, ref_losses, ref_first_grads = _lightly_reference(
+        trainer, crops
+    )
 
     # ---- ours, on the same crops ------------------------------------------------------------------------
     trainer.crops = _FixedCrops(crops)

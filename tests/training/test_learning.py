@@ -191,10 +191,15 @@ def test_a_study_of_runs_that_did_not_learn_says_so_everywhere(tmp_path, capsys)
         assert {"knn_acc", "teacher_entropy", "eval_images"} <= set(result["initial"]) and result[
             "n_classes"
         ] == 10
-    mlflow.set_tracking_uri(f"sqlite:///{out / 'mlflow.db'}")
-    runs = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`study.role` = 'training'")
-    assert len(runs) == 2 and runs["tags.not_learned"].str.contains("not above chance").all()
-    steps = mlflow.MlflowClient().get_metric_history(runs["run_id"].iloc[0], "train/knn_acc")
+    # a client of this store, not mlflow.set_tracking_uri: that sets MLFLOW_TRACKING_URI for every later test
+    client = mlflow.MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    runs = [
+        r
+        for e in client.search_experiments()
+        for r in client.search_runs([e.experiment_id], "tags.`study.role` = 'training'")
+    ]
+    assert len(runs) == 2 and all("not above chance" in r.data.tags["not_learned"] for r in runs)
+    steps = client.get_metric_history(runs[0].info.run_id, "train/knn_acc")
     assert sorted(m.step for m in steps) == [0, 1]  # the evaluation at initialisation is step 0
     assert main(["run", str(hyp), "--out", str(out), "--workers", "1"]) == 0  # reuses every run
     assert "(runs did not learn)" in capsys.readouterr().out
