@@ -45,7 +45,7 @@ def test_dino_small_raises_the_teachers_knn_on_generated_objects(tmp_path):
                     "metric": "eed_pct",
                     "subset": {"dataset": "objects"},
                     "regions": {"early": ["block_01"], "bottleneck": ["block_06"], "late": ["block_12"]},
-                }  # fmt: skip
+                }
             ],
         }
     )
