@@ -227,20 +227,21 @@ def test_only_the_loading_thread_s_imports_count_against_a_plugin():
 
 
 def _twin_package(root: Path) -> Path:
-    """A distribution whose package registers an observable (entry point ``norm_cv = "twinpkg"``) and
+    """A distribution whose package registers an observable (entry point ``twin_norm_cv = "twinpkg"``; a name no other
+    plug-in of the test environments registers, so the test holds with those installed) and
     whose module below it fails to register (``clash = "twinpkg.clash"``, a taken metric name)."""
     _distribution(
         root,
         "twin-plugin",
-        "[vitstudy.observables]\nnorm_cv = twinpkg\n[vitstudy.metrics]\nclash = twinpkg.clash\n",
+        "[vitstudy.observables]\ntwin_norm_cv = twinpkg\n[vitstudy.metrics]\nclash = twinpkg.clash\n",
         {},
     )
     (root / "twinpkg").mkdir()
     (root / "twinpkg" / "__init__.py").write_text(
         "import numpy as np\n"
         "from analysis.observables import register_observable\n\n\n"
-        "@register_observable('norm_cv', on='sample', bounds=(0.0, None))\n"
-        "def norm_cv(x):\n"
+        "@register_observable('twin_norm_cv', on='sample', bounds=(0.0, None))\n"
+        "def twin_norm_cv(x):\n"
         "    norms = np.linalg.norm(np.asarray(x, dtype=np.float64), axis=1)\n"
         "    return float(norms.std() / norms.mean())\n"
     )
@@ -255,14 +256,14 @@ def _twin_package(root: Path) -> Path:
 def test_an_entry_point_s_registrations_stand_when_a_module_below_its_package_fails(tmp_path):
     """Before: importing ``twinpkg.clash`` (the metrics group loads before the observables) ran
     ``twinpkg``'s registration, which was undone with ``clash``'s failure; the later import of ``twinpkg``
-    was a no-op, so ``plugins`` named the failure but no longer listed ``norm_cv``, and a claim on it was
+    was a no-op, so ``plugins`` named the failure but no longer listed ``twin_norm_cv``, and a claim on it was
     refused as an unknown metric."""
     from tests.conftest import TINY_HYPOTHESIS
 
     (tmp_path / "site").mkdir()
     root = _twin_package(tmp_path / "site")
     hyp = tmp_path / "h.yaml"
-    hyp.write_text(TINY_HYPOTHESIS.replace("metric: eed_pct", "metric: norm_cv"))
+    hyp.write_text(TINY_HYPOTHESIS.replace("metric: eed_pct", "metric: twin_norm_cv"))
     env = {**__import__("os").environ, "PYTHONPATH": f"{ROOT}:{root}"}
 
     def study(*args: str) -> subprocess.CompletedProcess:
@@ -284,7 +285,9 @@ def test_an_entry_point_s_registrations_stand_when_a_module_below_its_package_fa
     out = json.loads(listed.stdout)
     observables = next(r for r in out["registries"].values() if r["group"] == "vitstudy.observables")
     metrics = next(r for r in out["registries"].values() if r["group"] == "vitstudy.metrics")
-    assert "norm_cv" in observables["names"] and observables["origins"]["norm_cv"] == "twin-plugin 0.1"
+    assert (
+        "twin_norm_cv" in observables["names"] and observables["origins"]["twin_norm_cv"] == "twin-plugin 0.1"
+    )
     assert "clash_so_far" not in metrics["names"]  # the failing module's parts fall with it
     checked = study("validate", str(hyp), "--out", str(tmp_path / "out"))
     assert checked.returncode == 0, checked.stderr

@@ -26,6 +26,7 @@ DINO = {
     "hidden_dim": 16,
     "bottleneck_dim": 8,
     "n_local_crops": 2,
+    "local_crop_scale": [0.25, 0.5],  # at 8 px a smaller crop is under one 4 px patch (refused)
 }
 
 
