@@ -310,8 +310,10 @@ class DinoTrainer:
         self.measured = self.teacher["backbone"]
         self.knn_train, self.knn_test = KNN_TRAIN, KNN_TEST
         compile_ = tr.compile and device.type == "cuda"
-        self.student_backbone = torch.compile(student) if compile_ else student
-        self.teacher_backbone = torch.compile(teacher) if compile_ else teacher
+        # dynamic=False: the student sees two shapes (global and local crops); without it the second shape
+        # recompiles the graph with symbolic sizes (slower to build and to run) instead of a static second
+        self.student_backbone = torch.compile(student, dynamic=False) if compile_ else student
+        self.teacher_backbone = torch.compile(teacher, dynamic=False) if compile_ else teacher
 
         n_crops = 2 + o.n_local_crops
         self.loss_fn = DINOLoss(o.out_dim, n_crops, o.student_temp, o.center_momentum).to(device)

@@ -202,3 +202,49 @@ def test_gpu_tests_collect_only_the_files_that_mark_tests_gpu():
     assert "tests/scale_out/test_gpu.py" in files
     assert all("pytest.mark.gpu" in (REPO / f).read_text() for f in files)
     assert "tests/tracking/test_tracking.py" not in files and len(files) < 5
+
+
+def test_plan_lists_every_step_and_fits_one_gpu_slot(tmp_path, capsys, monkeypatch):
+    """``--plan`` runs nothing (no CUDA needed, no --out): each step with its expected seconds and limit,
+    and the limits' total within one command on a lent GPU (its 15 minutes include start and transfers)."""
+    gc = _module()
+    monkeypatch.chdir(tmp_path)
+    assert gc.main(["--plan"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split()[1:3] for line in out[1:]}
+    assert list(rows) == [*gc.STEPS, "total"]
+    assert sum(float(rows[s][1]) for s in gc.STEPS) == float(rows["total"][1]) <= gc.FULL_BUDGET_S <= 540
+    assert all(0 < float(rows[s][0]) <= float(rows[s][1]) for s in gc.STEPS)  # expected within its limit
+    assert gc.LIMITS_FULL == {s: float(rows[s][1]) for s in gc.STEPS}
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_the_check_s_gpu_tests_leave_only_the_compiled_dino_resume_to_the_resume_step():
+    """The ``-k`` expression of the gpu_tests step, applied by pytest itself to the GPU test files."""
+    gc = _module()
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-n", "0"]
+    cmd += ["-m", "gpu", "-k", gc.GPU_TESTS_LEFT_TO_STEPS, *gc.gpu_test_files()]
+    listed = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300).stdout
+    assert "test_cuda_bf16_compiled_run_resumes_within_tolerance[supervised]" in listed
+    assert "compiled_run_resumes_within_tolerance[dino_small]" not in listed
+    assert "[dino_small]" in listed  # the other DINO GPU tests stay
+
+
+def test_wheels_install_only_what_is_missing_offline(tmp_path, capsys, monkeypatch):
+    gc = _module()
+    assert gc.main(["--out", str(tmp_path / "out"), "--wheels", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.strip() == f"gpu_check: --wheels: no such folder: {tmp_path / 'none'}"
+    assert not (tmp_path / "out").exists()  # nothing half-written
+    ran: list[list[str]] = []
+    monkeypatch.setattr(gc.subprocess, "run", lambda cmd, check: ran.append(cmd))
+    monkeypatch.setattr(gc, "CARRIED", {"json": ["not-needed"], "surely_absent_module_x": ["absent-dist"]})
+    assert gc.install_wheels(tmp_path) == ["surely_absent_module_x"]
+    assert ran == [
+        [sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(tmp_path), "absent-dist"]
+    ]
+    ran.clear()
+    monkeypatch.setattr(gc, "CARRIED", {"json": ["not-needed"]})
+    assert gc.install_wheels(tmp_path) == [] and ran == []  # nothing missing: pip is not run
+    assert gc.fetch_wheels(tmp_path / "w", "3.12") == ["not-needed"]
+    assert ran[0][:6] == [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--no-deps"]
+    assert ran[0][ran[0].index("--python-version") + 1] == "3.12" and ran[0][-1] == "not-needed"
