@@ -282,13 +282,13 @@ class Design(Strict):
         return self.run_source.default_epochs(self.training.epochs)
 
     def _check_cnn(self, model: dict) -> None:
-        """A CNN is trained here (published and imported CNNs are not read yet), timm builds it, and it has
-        residual blocks the extraction can observe."""
-        if self.source is not None:
+        """A CNN is trained here or published (``source: pretrained``; imported runs are read for ViTs only),
+        timm builds it, and it has residual blocks the extraction can observe."""
+        if self.source is not None and self.source.kind != "pretrained":
             raise _FieldError(
                 "design.model.name",
-                f"{model['name']} is a CNN: CNNs are trained by the study (no design.source); published and "
-                "imported runs are read for timm Vision Transformers only",
+                f"{model['name']} is a CNN: CNNs are trained by the study or published (source: pretrained); "
+                f"imported runs (source: {self.source.kind}) are read for timm Vision Transformers only",
             )
         from runners.model_table import built_shape
 
