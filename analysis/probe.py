@@ -232,7 +232,7 @@ def sensitivity(
 # --------------------------------------------------------------------------------------------------
 # The seed x probe multibootstrap
 # --------------------------------------------------------------------------------------------------
-def _block_sums(probe: ProbeData, rows: pd.DataFrame, where: str) -> dict[str, np.ndarray]:
+def _block_sums(probe: ProbeData, rows: pd.DataFrame, where: str) -> dict[str, Any]:
     """Stacked per-block sums of every row's covariance: ``n`` (C, K), ``s``/``u`` (C, K, D), ``q``
     (C, K, D, D), ``w`` (C, K), in the rows' order. Where the rows' widths D differ (a CNN's layers), ``s``,
     ``q`` and ``u`` are lists of each row's ``(K, ...)`` arrays instead (:func:`resampled_values` takes both)."""
@@ -260,7 +260,7 @@ def _block_sums(probe: ProbeData, rows: pd.DataFrame, where: str) -> dict[str, n
     return {k: list(v) if ragged and k in ("s", "q", "u") else np.stack(v) for k, v in parts.items()}
 
 
-def resampled_values(sums: dict[str, np.ndarray], weights: np.ndarray, metric: str) -> np.ndarray:
+def resampled_values(sums: dict[str, Any], weights: np.ndarray, metric: str) -> np.ndarray:
     """The metric of each covariance rebuilt from block sums weighted by ``weights: (K,)`` (block counts
     of a bootstrap draw): ``n = sum w_k n_k``, ``s``, ``q``, ``u``, ``w`` likewise; returns (C,).
 
