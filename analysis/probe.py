@@ -232,9 +232,10 @@ def sensitivity(
 # --------------------------------------------------------------------------------------------------
 # The seed x probe multibootstrap
 # --------------------------------------------------------------------------------------------------
-def _block_sums(probe: ProbeData, rows: pd.DataFrame, where: str) -> dict[str, np.ndarray]:
+def _block_sums(probe: ProbeData, rows: pd.DataFrame, where: str) -> dict[str, Any]:
     """Stacked per-block sums of every row's covariance: ``n`` (C, K), ``s``/``u`` (C, K, D), ``q``
-    (C, K, D, D), ``w`` (C, K), in the rows' order."""
+    (C, K, D, D), ``w`` (C, K), in the rows' order. Where the rows' widths D differ (a CNN's layers), ``s``,
+    ``q`` and ``u`` are lists of each row's ``(K, ...)`` arrays instead (:func:`resampled_values` takes both)."""
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("n", "s", "q", "u", "w")}
     for r in _rows(rows):
         f = probe.read(BLOCKS, str(r.run_key))
@@ -255,10 +256,11 @@ def _block_sums(probe: ProbeData, rows: pd.DataFrame, where: str) -> dict[str, n
         for k in ("n", "s", "u", "w"):
             parts[k].append(f[f"{key}/{k}"])
         parts["q"].append(q)
-    return {k: np.stack(v) for k, v in parts.items()}
+    ragged = len({a.shape for a in parts["s"]}) > 1
+    return {k: list(v) if ragged and k in ("s", "q", "u") else np.stack(v) for k, v in parts.items()}
 
 
-def resampled_values(sums: dict[str, np.ndarray], weights: np.ndarray, metric: str) -> np.ndarray:
+def resampled_values(sums: dict[str, Any], weights: np.ndarray, metric: str) -> np.ndarray:
     """The metric of each covariance rebuilt from block sums weighted by ``weights: (K,)`` (block counts
     of a bootstrap draw): ``n = sum w_k n_k``, ``s``, ``q``, ``u``, ``w`` likewise; returns (C,).
 
@@ -266,8 +268,12 @@ def resampled_values(sums: dict[str, np.ndarray], weights: np.ndarray, metric: s
     OpenBLAS's default of one thread per core a jackknife of 6 covariances (16 blocks) took 37.7 s instead
     of 1.1 s on a 2-core machine with one other busy process (threads spinning against each other)."""
     n = sums["n"] @ weights
-    s = np.einsum("k,ckd->cd", weights, sums["s"])
-    q = np.einsum("k,ckde->cde", weights, sums["q"])
+    if isinstance(sums["s"], list):  # rows of different widths: each row on its own
+        s = [weights @ x for x in sums["s"]]
+        q = [np.einsum("k,kde->de", weights, x) for x in sums["q"]]
+    else:
+        s = np.einsum("k,ckd->cd", weights, sums["s"])
+        q = np.einsum("k,ckde->cde", weights, sums["q"])
     out = np.empty(len(n))
     with threadpool_limits(limits=1, user_api="blas"):
         for c in range(len(n)):

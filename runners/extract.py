@@ -12,6 +12,12 @@ Observation points (timm ``VisionTransformer``), in depth order:
 Token sets: ``all`` (every token of every probe image), ``cls`` (the class token only) and ``patch``
 (patch tokens only). ``patch_embed`` has no class token, so its ``all`` equals its ``patch``.
 
+A CNN of residual blocks (``runners.models.residual_blocks``) is observed at ``stem`` (the stem's output),
+``block_01`` .. ``block_NN`` (each residual block's output) and ``pool`` (``forward_head(...,
+pre_logits=True)``: the pooled feature, one token per image). A feature map ``(B, C, H, W)`` is read as
+``B H W`` tokens of ``C`` columns (its spatial positions); a CNN has no prefix tokens, so ``all`` and
+``patch`` are the same tokens and there is no ``cls``.
+
 Per point the covariance is accumulated by streaming float64 sums of shifted activations ``y = x - k``
 (``k``: the first batch's mean at that point, a shift that keeps float64 sums exact even for
 activations with large means): ``n``, ``s = sum y``, ``Q = sum y y^T``; then
@@ -67,6 +73,7 @@ import numpy as np
 import torch
 
 from analysis.observables import compute_observables
+from runners.models import residual_blocks
 from runners.token_moments import (
     AUG,
     _MomentBank,
@@ -131,8 +138,23 @@ def cuts(n_images: int, blocks: int) -> list[int]:
     return sorted(e for e in edges if 0 < e < n_images)
 
 
+def is_cnn(model: torch.nn.Module) -> bool:
+    """Whether the extraction reads ``model`` as a CNN (no ViT ``blocks`` after a ``patch_embed``)."""
+    return not (hasattr(model, "patch_embed") and hasattr(model, "blocks"))
+
+
 def observation_points(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
-    """(name, module, 'pre'|'post') for each observation point of a timm VisionTransformer."""
+    """(name, module, 'pre'|'post'|'head') for each observation point of a timm VisionTransformer, or of a
+    CNN of residual blocks (``pool`` is 'head': read from ``forward_head`` by :meth:`SpectralObserver.observe`,
+    not hooked)."""
+    if is_cnn(model):
+        found = residual_blocks(model)
+        if found is None:
+            raise ValueError(f"{type(model).__name__} has no residual blocks to observe")
+        stem, residual = found
+        points = [("stem", stem, "post")]
+        points += [(f"block_{i + 1:02d}", blk, "post") for i, blk in enumerate(residual)]
+        return [*points, ("pool", model, "head")]
     sub = model.get_submodule  # typed nn.Module, where torch types a submodule attribute Tensor | Module
     points = [("patch_embed", sub("patch_embed"), "post"), ("pos_embed", sub("pos_drop"), "pre")]
     blocks = cast(Iterable[torch.nn.Module], sub("blocks"))  # an nn.Sequential (nn.ModuleList in Eva)
@@ -230,7 +252,7 @@ class SpectralObserver:
     a plain forward pass.
 
     Args:
-        model: a timm VisionTransformer.
+        model: a timm VisionTransformer, or a CNN of residual blocks.
         n_images: probe images that will be observed in total (fixes the subsample positions).
         epoch: the checkpoint epoch, only for error messages.
         covariances: also keep the float32 ``(D, D)`` covariance of token set ``all`` per point.
@@ -264,8 +286,9 @@ class SpectralObserver:
         self.matcher = _Subsampler(n_images, n_images, MATCH_SEED) if probe_sizes else None
         self.matched: dict[tuple[str, str], _Moments] = {}  # (point, set) -> the matched subsample's sums
         self.device = next(model.parameters()).device
-        self.n_prefix = int(getattr(model, "num_prefix_tokens", 1))
-        self.has_cls = bool(getattr(model, "cls_token", None) is not None)
+        self.cnn = is_cnn(model)
+        self.n_prefix = 0 if self.cnn else int(getattr(model, "num_prefix_tokens", 1))
+        self.has_cls = not self.cnn and bool(getattr(model, "cls_token", None) is not None)
         self.moments: dict[tuple[str, str], _Moments] = {}
         self.sampler = _Subsampler(n_images, subsample, subsample_seed) if observables else None
         self.first_image = 0
@@ -283,7 +306,12 @@ class SpectralObserver:
 
     def _record(self, name: str, x: torch.Tensor) -> None:
         """A point's hook: keep ``x: (B, T, D)`` for its piece's update (no arithmetic of its own), and
-        update the piece once its last point is reached."""
+        update the piece once its last point is reached. A CNN's ``(B, C, H, W)`` is kept as the view
+        ``(B, H W, C)``, its pooled ``(B, C)`` as ``(B, 1, C)``."""
+        if x.dim() == 4:
+            x = x.flatten(2).transpose(1, 2)
+        elif x.dim() == 2:
+            x = x.unsqueeze(1)
         if name in self._piece_of:  # after the first batch the pieces are fixed
             piece, j = self._piece_of[name]
             piece.pending.append(x)
@@ -513,6 +541,8 @@ class SpectralObserver:
 
     def __enter__(self) -> SpectralObserver:
         for name, module, kind in observation_points(self.model):
+            if kind == "head":  # fed by observe()
+                continue
             if kind == "pre":
                 hook = module.register_forward_pre_hook(
                     lambda m, args, name=name: self._record(name, args[0])
@@ -541,11 +571,17 @@ class SpectralObserver:
         forward_features = cast(Callable[[torch.Tensor], torch.Tensor], self.model.forward_features)
         if self.device.type == "cuda":
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                forward_features(batch)
+                self._forward(forward_features, batch)
         else:
-            forward_features(batch)
+            self._forward(forward_features, batch)
         self._close()  # first batch: the last piece ends with the pass
         self.first_image += batch.shape[0]
+
+    def _forward(self, forward_features: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor) -> None:
+        features = forward_features(batch)
+        if self.cnn:  # the pooled feature, as the classifier reads it
+            forward_head = cast(Callable[..., torch.Tensor], self.model.forward_head)
+            self._record("pool", forward_head(features, pre_logits=True))
 
     def _sets(self, name: str, get) -> dict[str, _Moments]:
         """Token set -> sums of one point, from ``get(key)`` of the accumulated ``all``/``prefix``/``cls``."""
@@ -640,7 +676,8 @@ def extract_spectra(
     """Covariance spectra and observables at every observation point and token set over a probe set.
 
     Args:
-        model: a timm VisionTransformer (put into eval mode here, restored afterwards).
+        model: a timm VisionTransformer or a CNN of residual blocks (put into eval mode here, restored
+            afterwards).
         images: (N, 3, H, W) float tensor, already normalised; moved to the model's device per batch.
         batch_size: probe images per forward pass.
         epoch: the checkpoint epoch, only for error messages.

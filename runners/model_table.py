@@ -202,11 +202,14 @@ def _build(model: dict) -> dict[str, int] | None:
         import timm
         import torch
 
-        from runners.models import TimmModel
+        from runners.models import TimmModel, family, residual_blocks
 
         spec = TimmModel.model_validate(model)
         with torch.device("meta"):
             built: Any = timm.create_model(spec.name, pretrained=False, **spec.timm_kwargs())
+        if family(spec.name) == "cnn":
+            found = residual_blocks(built)  # a CNN: its blocks (None: none this package can read)
+            return {"blocks": len(found[1])} if found is not None else {"blocks": 0}
         side = built.patch_embed.patch_size  # an int or (h, w)
         shape = {"patch_size": int(side[0] if isinstance(side, tuple | list) else side)}
         for field, value in (
@@ -224,9 +227,10 @@ def _build(model: dict) -> dict[str, int] | None:
 
 
 def built_shape(model: dict) -> dict[str, int] | None:
-    """``{"patch_size", "depth", "embed_dim", "num_heads"}`` of the model timm builds from a resolved model
-    (``ModelSpec.resolved()``: the name and its overrides), or None when timm cannot build it. Asked of
-    timm once per model and overrides, then read from the table."""
+    """``{"patch_size", "depth", "embed_dim", "num_heads"}`` of the ViT timm builds from a resolved model
+    (``ModelSpec.resolved()``: the name and its overrides), ``{"blocks": N}`` of a CNN (its residual blocks,
+    ``runners.models.residual_blocks``; 0: none this package reads), or None when timm cannot build it.
+    Asked of timm once per model and overrides, then read from the table."""
     found = table()
     key = _key(model)
     if key not in found["built"]:
@@ -234,6 +238,29 @@ def built_shape(model: dict) -> dict[str, int] | None:
         _save(found)
     shape = found["built"][key]
     return dict(shape) if shape is not None else None
+
+
+def _ask_size(model: dict, size: int) -> str | None:
+    """Why the model cannot take ``size`` px images (a forward pass on the meta device), or None."""
+    import timm
+    import torch
+
+    from runners.models import TimmModel
+
+    spec = TimmModel.model_validate(model)
+    try:
+        with torch.device("meta"):
+            built: Any = timm.create_model(spec.name, pretrained=False, **spec.timm_kwargs())
+            built.eval()(torch.empty(1, 3, size, size))
+    except Exception as exc:  # noqa: BLE001 - the failure is the answer
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return None
+
+
+def size_problem(model: dict, size: int) -> str | None:
+    """Why a CNN (a resolved model) cannot take ``size`` x ``size`` images, or None: asked of timm once
+    per model and size (one forward pass on the meta device: no memory, no weights)."""
+    return _remembered("sizes", f"{_key(model)}@{size}", lambda: _ask_size(model, size))
 
 
 def _remembered(part: str, key: str, ask: Any) -> Any:

@@ -1,4 +1,9 @@
-"""ViT models from ``timm.create_model`` (never hand-written): presets plus architecture overrides.
+"""Models from ``timm.create_model`` (never hand-written): presets plus architecture overrides.
+
+Two families are read: timm Vision Transformers (``blocks`` after ``patch_embed``; the overrides
+``patch_size``, ``embed_dim``, ``depth``, ``num_heads``) and CNNs made of residual blocks (timm's ResNet
+family, ``layer1`` .. ``layer4``, and the stage-based families whose ``stages[i].blocks`` hold them, such
+as ConvNeXt), whose own timm arguments go in ``model_args`` (:func:`residual_blocks` finds their blocks).
 
 The settings (:class:`ModelSpec`, the design's ``model:`` section, and :class:`TimmModel`, what it
 resolves to and what a run spec holds) import without torch or timm, so the hypothesis schema can use
@@ -7,9 +12,9 @@ them; :func:`build_model` imports timm when it is called.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from vitstudy_core.settings import Strict
 
@@ -28,37 +33,126 @@ MODEL_PRESETS: dict[str, dict] = {
     # timm's own configurations; img_size always comes from the dataset.
     "vit_tiny": {"name": "vit_tiny_patch16_224"},
     "vit_small": {"name": "vit_small_patch16_224"},
+    # CNNs sized like vit_cpu12 (minutes on 2 cores): timm's resnet18 (8 basic blocks) 16-128 channels wide,
+    # 0.72 M parameters; convnext_atto (2 blocks a stage here) 16-128 wide, 0.42 M
+    "resnet_cpu": {"name": "resnet18", "model_args": {"channels": [16, 32, 64, 128], "stem_width": 16}},
+    "convnext_cpu": {
+        "name": "convnext_atto",
+        "model_args": {"dims": [16, 32, 64, 128], "depths": [2, 2, 2, 2]},
+    },
 }
+VIT_FIELDS = ("patch_size", "embed_dim", "depth", "num_heads")  # the overrides a ViT takes, a CNN not
+ModelArg = int | float | str | bool | list[int] | list[float] | list[str]
+
+
+def _refused_arg(key: str) -> str | None:
+    if key in ("num_classes", "img_size", "pretrained"):
+        return f"{key} is set by the study (the dataset's classes and image size; weights are never loaded)"
+    return None
 
 
 class ModelSpec(Strict):
-    """A timm ViT: a preset or any timm model name, plus architecture overrides."""
+    """A timm model: a preset or any timm model name, plus overrides (a ViT's fields, or ``model_args``:
+    further ``timm.create_model`` arguments, a CNN's ``channels`` or ``depths`` for instance)."""
 
-    preset: Literal["vit_cpu12", "vit_tiny", "vit_small"] | None = "vit_cpu12"
+    preset: Literal["vit_cpu12", "vit_tiny", "vit_small", "resnet_cpu", "convnext_cpu"] | None = "vit_cpu12"
     name: str | None = None
     patch_size: int | None = Field(None, ge=1)
     embed_dim: int | None = Field(None, ge=4)
     depth: int | None = Field(None, ge=1, le=48)
     num_heads: int | None = Field(None, ge=1)
     drop_path_rate: float = Field(0.0, ge=0.0, lt=1.0)
+    model_args: dict[str, ModelArg] | None = None
+
+    @field_validator("model_args")
+    @classmethod
+    def _own_args(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key in v or {}:
+            why = _refused_arg(key)
+            if why:
+                raise ValueError(f"model_args.{key}: {why}")
+        return v
+
+    @model_validator(mode="after")
+    def _fields_fit_the_family(self) -> ModelSpec:
+        """A CNN takes no ViT field: its own arguments go in ``model_args``."""
+        given = [key for key in VIT_FIELDS if getattr(self, key) is not None]
+        if given and self.name and family(self.name) == "cnn":
+            raise ValueError(
+                f"{given[0]}: {self.name} is not a Vision Transformer: {', '.join(VIT_FIELDS)} are ViT fields; "
+                "give a CNN's own timm arguments in model_args (e.g. resnet's channels, convnext's depths)"
+            )
+        return self
+
+    def _base(self) -> dict:
+        """The preset's fields, where one applies: the default preset (a ViT's) is not applied to a
+        ``name`` of another family given without a preset."""
+        preset = self.preset
+        if self.name and "preset" not in self.model_fields_set and preset == "vit_cpu12":
+            from runners.model_table import VIT_MODULE, model_module
+
+            module = model_module(self.name)
+            if module is not None and module != VIT_MODULE:
+                preset = None
+        return dict(MODEL_PRESETS[preset]) if preset else {}
 
     def resolved(self) -> dict:
         """The timm arguments (without img_size/num_classes), presets filled in, overrides applied.
 
-        This dict is what a run spec (and so its run key) holds: its keys and values must not change.
+        This dict is what a run spec (and so its run key) holds: its keys and values must not change. A ViT's
+        holds ``depth`` (12 unless set); ``model_args`` appears only where a preset or the file sets it.
         """
-        base = dict(MODEL_PRESETS[self.preset]) if self.preset else {}
+        base = self._base()
         if self.name:
             base["name"] = self.name
         if "name" not in base:
             raise ValueError("give a preset or a timm model name")
-        for key in ("patch_size", "embed_dim", "depth", "num_heads"):
+        for key in VIT_FIELDS:
             value = getattr(self, key)
             if value is not None:
                 base[key] = value
-        base.setdefault("depth", 12)
+        args = {**base.pop("model_args", {}), **(self.model_args or {})}
+        if family(base["name"]) == "vit":
+            base.setdefault("depth", 12)
         base["drop_path_rate"] = self.drop_path_rate
+        if args:
+            base["model_args"] = args
         return base
+
+
+def family(name: str) -> Literal["vit", "cnn"] | None:
+    """``vit`` for a timm Vision Transformer (timm's ``vision_transformer`` module), ``cnn`` for another
+    model timm registers (whether it has residual blocks is asked when it is built), None for a name timm
+    does not know. From timm's registry as a table (``runners.model_table``): no torch, no timm."""
+    from runners.model_table import VIT_MODULE, model_module
+
+    module = model_module(name)
+    return None if module is None else "vit" if module == VIT_MODULE else "cnn"
+
+
+def cnn_blocks(model: dict) -> int:
+    """The residual blocks of the CNN timm builds from a resolved model (0: timm cannot build it, or it has
+    none this package reads; ``validate`` refuses both with one line)."""
+    from runners.model_table import built_shape
+
+    return int((built_shape(model) or {}).get("blocks", 0))
+
+
+def residual_blocks(model: torch.nn.Module) -> tuple[torch.nn.Module, list[torch.nn.Module]] | None:
+    """A CNN's stem (its output: the first feature map) and every residual block in depth order, or None
+    for a model that has neither form: timm's ResNet family (``maxpool`` after the stem, then the blocks
+    of ``layer1``, ``layer2``, ...) and stage-based models (``stem``, then each ``stages[i].blocks``:
+    ConvNeXt and others)."""
+    layers: list[torch.nn.Module] = []
+    while hasattr(model, f"layer{len(layers) + 1}"):
+        layers.append(model.get_submodule(f"layer{len(layers) + 1}"))
+    if layers and hasattr(model, "maxpool"):  # each layerN an nn.Sequential of blocks
+        return model.get_submodule("maxpool"), [blk for layer in layers for blk in layer.children()]
+    stages, stem = getattr(model, "stages", None), getattr(model, "stem", None)
+    if stages is not None and stem is not None and all(hasattr(s, "blocks") for s in stages):
+        blocks = [blk for stage in stages for blk in stage.blocks]
+        return (stem, blocks) if blocks else None
+    return None
 
 
 class TimmModel(Strict):
@@ -73,14 +167,19 @@ class TimmModel(Strict):
     depth: int | None = None
     num_heads: int | None = None
     drop_path_rate: float | None = None
+    model_args: dict[str, ModelArg] | None = None
 
     def timm_kwargs(self) -> dict:
-        """The ``timm.create_model`` keyword arguments this model sets (all but ``name``; None left out)."""
-        return {k: v for k, v in self.model_dump(exclude={"name"}).items() if v is not None}
+        """The ``timm.create_model`` keyword arguments this model sets (all but ``name``; None left out;
+        ``model_args`` merged in, its lists as tuples as timm's signatures declare them)."""
+        out = {k: v for k, v in self.model_dump(exclude={"name", "model_args"}).items() if v is not None}
+        for key, value in (self.model_args or {}).items():
+            out[key] = tuple(value) if isinstance(value, list) else value
+        return out
 
 
 def build_model(model: TimmModel | dict, img_size: int, num_classes: int, **extra: object) -> torch.nn.Module:
-    """Create a randomly initialised timm ViT.
+    """Create a randomly initialised timm model (a ViT or a CNN of residual blocks).
 
     Args:
         model: the resolved model (:class:`TimmModel`, or its dict as a run spec holds it).
@@ -93,6 +192,6 @@ def build_model(model: TimmModel | dict, img_size: int, num_classes: int, **extr
 
     spec = TimmModel.model_validate(model) if isinstance(model, dict) else model
     kwargs = {**spec.timm_kwargs(), **extra}
-    return timm.create_model(
-        spec.name, pretrained=False, img_size=img_size, num_classes=num_classes, **kwargs
-    )
+    if family(spec.name) != "cnn":  # a CNN takes any image size: timm's CNNs have no img_size argument
+        kwargs["img_size"] = img_size
+    return timm.create_model(spec.name, pretrained=False, num_classes=num_classes, **kwargs)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runners.models import cnn_blocks, family, residual_blocks
 from vitstudy_core.errors import StudyError
 from vitstudy_core.runfolder import RunFolder
 
@@ -142,12 +143,14 @@ def build(record: dict):
     from runners.checkpoints.importer import check_fit, read_state_dict
 
     sd, key, _ = read_state_dict(weights)
-    head = sd.get("head.weight")
+    # the classifier's weight: a ViT's head, a ResNet's fc, a ConvNeXt's head.fc (none: a headless file)
+    head = next((sd[k] for k in ("head.weight", "fc.weight", "head.fc.weight") if k in sd), None)
     n_classes = int(head.shape[0]) if head is not None and head.ndim == 2 else 0
+    args = dict(record["model_args"])
+    if family(record["timm"]) == "cnn":
+        args.pop("img_size", None)  # the preprocessing's size (data_config); a CNN takes any size
     try:
-        model = timm.create_model(
-            record["timm"], pretrained=False, num_classes=n_classes, **record["model_args"]
-        )
+        model = timm.create_model(record["timm"], pretrained=False, num_classes=n_classes, **args)
     except Exception as exc:  # noqa: BLE001
         why = " ".join(str(exc).split())[:300]
         raise StudyError(f"timm cannot build {record['timm']!r}: {why}", None, _FIELD) from None
@@ -157,11 +160,25 @@ def build(record: dict):
 
 
 def check_pretrained(run: dict) -> None:
-    """The weights are there, build, and the model is a ViT of the design's depth."""
+    """The weights are there, build, and the model is a ViT of the design's depth, or a CNN with as many
+    residual blocks as the design's CNN (whose layers the claims name)."""
     record = run["imported"]
     if record.get("fingerprint") is None:
         raise _missing(record)
     model, _ = build(record)
+    if family(run["model"]["name"]) == "cnn":
+        found = residual_blocks(model)
+        want = cnn_blocks(run["model"])
+        if found is None:
+            raise StudyError(f"model {record['model']!r} is no CNN of residual blocks", None, _FIELD)
+        if len(found[1]) != want:
+            raise StudyError(
+                f"model {record['model']!r} has {len(found[1])} residual blocks and design.model {want}: "
+                "name a design.model of its architecture (the claims' layers are named from it)",
+                None,
+                "design.model",
+            )
+        return
     blocks = getattr(model, "blocks", None)
     depth = run["model"].get("depth")
     if blocks is None or not hasattr(model, "patch_embed"):

@@ -145,13 +145,37 @@ def patch_size(hyp: Hypothesis) -> int | None:
     if model.get("patch_size"):
         return int(model["patch_size"])
     from runners.model_table import built_shape, patch_in_name  # a table: no timm, no torch
+    from runners.models import family
 
+    if family(model["name"]) == "cnn":
+        return None  # a CNN takes any image size
     shape = built_shape(model)
     return shape["patch_size"] if shape is not None else patch_in_name(model["name"])
 
 
+def _check_cnn_sizes(hyp: Hypothesis, file: str) -> None:
+    """A CNN takes each dataset's images: its downsampling leaves at least what its last layers need."""
+    from runners.model_table import size_problem
+
+    model = hyp.design.model.resolved()
+    for i, ds in enumerate(hyp.design.datasets):
+        size = ds.image_size if isinstance(ds, ImageDatasetSettings) else None
+        problem = size_problem(model, size) if size is not None else None
+        if problem is not None:
+            raise StudyError(
+                f"{model['name']} cannot take {size} px images ({problem}): expected a larger image_size",
+                file,
+                f"design.datasets[{i}].image_size",
+            )
+
+
 def _check_patch(hyp: Hypothesis, file: str) -> None:
     """Every image size (each dataset's, and each level of a swept ``image_size``) is a multiple of the patch."""
+    from runners.models import family
+
+    if family(hyp.design.model.resolved()["name"]) == "cnn":
+        _check_cnn_sizes(hyp, file)
+        return
     patch = patch_size(hyp)
     if patch is None:
         return
@@ -183,12 +207,13 @@ def _check_patch(hyp: Hypothesis, file: str) -> None:
 
 def _check_model(hyp: Hypothesis, file: str) -> None:
     from runners.model_table import is_vit  # timm's registry as a cached table: no timm, no torch
+    from runners.models import family
 
     name = hyp.design.model.resolved()["name"]
-    if not is_vit(name):
-        vits = "vit_tiny_patch16_224, vit_small_patch16_224, ..."
+    if not is_vit(name) and family(name) != "cnn":  # a CNN's blocks are checked with the design
+        vits = "vit_tiny_patch16_224, vit_small_patch16_224, ..., or a CNN: resnet18, convnext_atto, ..."
         raise StudyError(
-            f"expected a timm Vision Transformer ({vits}), got {name!r}", file, "design.model.name"
+            f"expected a timm Vision Transformer or CNN ({vits}), got {name!r}", file, "design.model.name"
         )
 
 

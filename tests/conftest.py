@@ -25,6 +25,7 @@ CLUSTER_FILES = frozenset(
     {
         "test_cluster_cases.py",
         "test_cluster_cli.py",
+        "test_cnn_on_clusters.py",
         "test_executors.py",
         "test_leases.py",
         "test_plugins_on_clusters.py",

@@ -143,7 +143,16 @@ class DinoObjective(ObjectiveSettings):
         return "dino_paper" if self.preset == "dino_paper" else None
 
     def check_model(self, model: TimmModel) -> tuple[str, str] | None:
-        """Local crops are made of whole patches."""
+        """A ViT (one student takes the crops of both sizes through its patch embedding), and local crops
+        are made of whole patches."""
+        from runners.models import family
+
+        if family(model.name) == "cnn":
+            return (
+                "kind",
+                f"dino trains a timm Vision Transformer here, got the CNN {model.name}: "
+                "train a CNN with objective supervised",
+            )
         patch = model.patch_size or 16
         if self.local_crop_size is not None and self.local_crop_size % patch:
             return (

@@ -50,7 +50,10 @@ class ModelFile(Strict):
 
     timm: str = Field(min_length=1)
     file: str = Field(min_length=1)
-    model_args: dict[str, int | float | str | bool] = Field(default_factory=dict)  # e.g. {img_size: 224}
+    # e.g. {img_size: 224}; a CNN's own arguments ({channels: [16, 32, 64, 128]}) as design.model takes them
+    model_args: dict[str, int | float | str | bool | list[int] | list[float] | list[str]] = Field(
+        default_factory=dict
+    )
 
     @field_validator("model_args")
     @classmethod

@@ -190,6 +190,7 @@ class Hypothesis(Strict):
         """Every dataset, layer and epoch a claim names must exist in the design."""
         datasets = sorted(d.name for d in self.design.datasets)
         layers = set(self.design.layers)
+        cnn = "stem" in layers  # a CNN's points (vitstudy_core.layers.cnn_layer_names)
         epochs = self.design.checkpoint_epochs
         check_claim_names(self.claims)
         for i, claim in enumerate(self.claims):
@@ -201,6 +202,12 @@ class Hypothesis(Strict):
                     )
                 if what == "layer" and value not in layers:
                     raise _FieldError(where, f"unknown layer {value!r}; expected one of {self.design.layers}")
+                if what == "layer" and cnn and claim.token_set_of(fld) == "cls":
+                    raise _FieldError(
+                        where,
+                        f"a CNN has no class token (token_set cls at {value}): use token_set all (a feature "
+                        "map's positions; the pooled feature is the layer pool)",
+                    )
                 if what == "layer" and value == "patch_embed" and claim.token_set_of(fld) == "cls":
                     raise _FieldError(
                         where,

@@ -15,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from runners.models import ModelSpec, TimmModel
+from runners.models import ModelSpec, TimmModel, cnn_blocks, family
 from runners.objectives import (
     DEFAULT_OBJECTIVE,
     OBJECTIVES,
@@ -31,7 +31,7 @@ from study.schema._conditions import FieldError as _FieldError
 from study.schema._errors import _error_of
 from study.schema._unions import DatasetSpec, ObjectiveSpec, SourceSpec
 from vitstudy_core.errors import StudyError
-from vitstudy_core.layers import layer_names
+from vitstudy_core.layers import cnn_layer_names, layer_names
 from vitstudy_core.settings import Strict
 
 
@@ -221,6 +221,8 @@ class Design(Strict):
                 "design.model.num_heads",
                 f"embed_dim {m['embed_dim']} is not divisible by num_heads {m['num_heads']}",
             )
+        if family(m["name"]) == "cnn":
+            self._check_cnn(m)
         problem = self.objective.check_model(TimmModel.model_validate(m))
         if problem is not None:
             raise _FieldError(f"design.objective.{problem[0]}", problem[1])
@@ -279,7 +281,34 @@ class Design(Strict):
             return sorted(set(self.checkpoints))
         return self.run_source.default_epochs(self.training.epochs)
 
+    def _check_cnn(self, model: dict) -> None:
+        """A CNN is trained here or published (``source: pretrained``; imported runs are read for ViTs only),
+        timm builds it, and it has residual blocks the extraction can observe."""
+        if self.source is not None and self.source.kind != "pretrained":
+            raise _FieldError(
+                "design.model.name",
+                f"{model['name']} is a CNN: CNNs are trained by the study or published (source: pretrained); "
+                f"imported runs (source: {self.source.kind}) are read for timm Vision Transformers only",
+            )
+        from runners.model_table import built_shape
+
+        shape = built_shape(model)
+        args = f" with model_args {model['model_args']}" if model.get("model_args") else ""
+        if shape is None:
+            raise _FieldError("design.model", f"timm cannot build {model['name']}{args}")
+        if not shape.get("blocks"):
+            raise _FieldError(
+                "design.model.name",
+                f"{model['name']} has no residual blocks to observe: expected a timm ViT, a ResNet-family CNN "
+                "(layer1, layer2, ...) or a CNN of stages[i].blocks (ConvNeXt, ...)",
+            )
+
     @property
     def layers(self) -> list[str]:
-        """Observation points in depth order: patch_embed, pos_embed, block_01..block_NN, norm."""
-        return layer_names(self.model.resolved()["depth"])
+        """Observation points in depth order: a ViT's patch_embed, pos_embed, block_01..block_NN, norm; a
+        CNN's stem, block_01..block_NN (its residual blocks, counted on the model timm builds on the meta
+        device: ``runners.model_table.built_shape``), pool."""
+        model = self.model.resolved()
+        if family(model["name"]) == "cnn":
+            return cnn_layer_names(cnn_blocks(model))
+        return layer_names(model["depth"])

@@ -67,7 +67,7 @@ def _settings_text(settings: Any) -> str:
     return json.dumps(dumped, sort_keys=True)
 
 
-ARCHITECTURE = ("patch_size", "embed_dim", "depth", "num_heads")
+ARCHITECTURE = ("patch_size", "embed_dim", "depth", "num_heads", "blocks")  # blocks: a CNN's residual blocks
 
 
 def _model_params(model: Any, preset: str | None) -> dict[str, Any]:
