@@ -1066,7 +1066,7 @@ def install_wheels(folder: Path) -> list[str]:
     return missing
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="folder for gpu_check.json, gpu_check.txt and logs/")
     ap.add_argument("--cpu-smoke", action="store_true", help="every step at tiny sizes (runs on the CPU)")
@@ -1098,19 +1098,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step", choices=STEPS, help=argparse.SUPPRESS)  # internal: run one step (child)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.step:
-        return run_child(args.step, args.result, args.work, args.cpu_smoke, args.profile)
+    return ap
 
-    if args.fetch_wheels is not None:
-        dists = fetch_wheels(args.fetch_wheels, args.python_version)
-        print(
-            f"gpu_check: {len(dists)} distributions for Python {args.python_version} in {args.fetch_wheels}"
-        )
-        return 0
-    if args.out is None and not args.plan:
-        print("gpu_check: --out: expected a folder for the results", file=sys.stderr)
-        return 2
+
+def _steps_and_limits(args: argparse.Namespace) -> tuple[list[str], dict[str, float]] | None:
+    """The steps to run and their limits (``--steps``, ``--limit``); None after a one-line error."""
     named = args.steps if args.steps is not None else ",".join(SMOKE_STEPS if args.cpu_smoke else STEPS)
     steps = [s.strip() for s in named.split(",") if s.strip()]
     unknown = [s for s in steps if s not in STEPS]
@@ -1118,7 +1110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"gpu_check: --steps: expected names from {list(STEPS)}, got {unknown or steps}", file=sys.stderr
         )
-        return 2
+        return None
     limits = dict(LIMITS_SMOKE if args.cpu_smoke else LIMITS_FULL)
     for item in args.limit:
         name, _, value = item.partition("=")
@@ -1131,14 +1123,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"gpu_check: --limit: expected STEP=SECONDS with STEP in {list(STEPS)}, got {item!r}",
                 file=sys.stderr,
             )
-            return 2
-    if args.plan:
-        print(format_plan(steps, limits, args.cpu_smoke))
-        return 0
+            return None
+    return steps, limits
+
+
+def _ready(args: argparse.Namespace) -> bool:
+    """``--wheels`` installed and, for the full check, a CUDA device; False after a one-line error."""
     if args.wheels is not None:
         if not args.wheels.is_dir():
             print(f"gpu_check: --wheels: no such folder: {args.wheels}", file=sys.stderr)
-            return 2
+            return False
         installed = install_wheels(args.wheels)
         print(
             f"[gpu_check] installed from {args.wheels}: {', '.join(installed) or 'nothing missing'}",
@@ -1152,7 +1146,32 @@ def main(argv: list[str] | None = None) -> int:
                 "gpu_check: no CUDA device: the full check needs a GPU (use --cpu-smoke on a CPU)",
                 file=sys.stderr,
             )
-            return 2
+            return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.step:
+        return run_child(args.step, args.result, args.work, args.cpu_smoke, args.profile)
+    if args.fetch_wheels is not None:
+        dists = fetch_wheels(args.fetch_wheels, args.python_version)
+        print(
+            f"gpu_check: {len(dists)} distributions for Python {args.python_version} in {args.fetch_wheels}"
+        )
+        return 0
+    if args.out is None and not args.plan:
+        print("gpu_check: --out: expected a folder for the results", file=sys.stderr)
+        return 2
+    chosen = _steps_and_limits(args)
+    if chosen is None:
+        return 2
+    steps, limits = chosen
+    if args.plan:
+        print(format_plan(steps, limits, args.cpu_smoke))
+        return 0
+    if not _ready(args):
+        return 2
     out = args.out
     for sub in ("steps", "logs", "work"):
         (out / sub).mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ import os
 import re
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 FILE = "timm_models.json"
 SHIPPED = Path(__file__).with_name("timm_models.json")  # timm version -> module -> its architectures
@@ -192,6 +192,30 @@ def is_vit(name: str) -> bool:
     return model_module(name) == VIT_MODULE
 
 
+def family(name: str) -> Literal["vit", "cnn"] | None:
+    """``vit`` for a timm Vision Transformer (timm's ``vision_transformer`` module), ``cnn`` for another
+    model timm registers (whether it has residual blocks is asked when it is built), None for a name timm
+    does not know. From the table: no torch, no timm."""
+    module = model_module(name)
+    return None if module is None else "vit" if module == VIT_MODULE else "cnn"
+
+
+def cnn_blocks(model: dict) -> int:
+    """The residual blocks of the CNN timm builds from a resolved model (0: timm cannot build it, or it has
+    none this package reads; ``validate`` refuses both with one line)."""
+    return int((built_shape(model) or {}).get("blocks", 0))
+
+
+def timm_kwargs(model: dict) -> dict:
+    """The ``timm.create_model`` keyword arguments a resolved model (``ModelSpec.resolved()``, a run spec's
+    ``model``) sets: all but ``name``, None left out, ``model_args`` merged in with its lists as tuples (as
+    timm's signatures declare them)."""
+    out = {k: v for k, v in model.items() if k not in ("name", "model_args") and v is not None}
+    for key, value in (model.get("model_args") or {}).items():
+        out[key] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
 def _key(model: dict) -> str:
     return json.dumps(model, sort_keys=True, default=str)
 
@@ -202,12 +226,11 @@ def _build(model: dict) -> dict[str, int] | None:
         import timm
         import torch
 
-        from runners.models import TimmModel, family, residual_blocks
+        from runners.residual import residual_blocks
 
-        spec = TimmModel.model_validate(model)
         with torch.device("meta"):
-            built: Any = timm.create_model(spec.name, pretrained=False, **spec.timm_kwargs())
-        if family(spec.name) == "cnn":
+            built: Any = timm.create_model(model["name"], pretrained=False, **timm_kwargs(model))
+        if family(model["name"]) == "cnn":
             found = residual_blocks(built)  # a CNN: its blocks (None: none this package can read)
             return {"blocks": len(found[1])} if found is not None else {"blocks": 0}
         side = built.patch_embed.patch_size  # an int or (h, w)
@@ -245,12 +268,9 @@ def _ask_size(model: dict, size: int) -> str | None:
     import timm
     import torch
 
-    from runners.models import TimmModel
-
-    spec = TimmModel.model_validate(model)
     try:
         with torch.device("meta"):
-            built: Any = timm.create_model(spec.name, pretrained=False, **spec.timm_kwargs())
+            built: Any = timm.create_model(model["name"], pretrained=False, **timm_kwargs(model))
             built.eval()(torch.empty(1, 3, size, size))
     except Exception as exc:  # noqa: BLE001 - the failure is the answer
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -16,7 +16,19 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from runners.model_table import cnn_blocks, family, timm_kwargs
+from runners.residual import residual_blocks
 from vitstudy_core.settings import Strict
+
+__all__ = [  # family, cnn_blocks and residual_blocks live with the table and the blocks; named here too
+    "MODEL_PRESETS",
+    "ModelSpec",
+    "TimmModel",
+    "build_model",
+    "cnn_blocks",
+    "family",
+    "residual_blocks",
+]
 
 if TYPE_CHECKING:
     import torch
@@ -120,41 +132,6 @@ class ModelSpec(Strict):
         return base
 
 
-def family(name: str) -> Literal["vit", "cnn"] | None:
-    """``vit`` for a timm Vision Transformer (timm's ``vision_transformer`` module), ``cnn`` for another
-    model timm registers (whether it has residual blocks is asked when it is built), None for a name timm
-    does not know. From timm's registry as a table (``runners.model_table``): no torch, no timm."""
-    from runners.model_table import VIT_MODULE, model_module
-
-    module = model_module(name)
-    return None if module is None else "vit" if module == VIT_MODULE else "cnn"
-
-
-def cnn_blocks(model: dict) -> int:
-    """The residual blocks of the CNN timm builds from a resolved model (0: timm cannot build it, or it has
-    none this package reads; ``validate`` refuses both with one line)."""
-    from runners.model_table import built_shape
-
-    return int((built_shape(model) or {}).get("blocks", 0))
-
-
-def residual_blocks(model: torch.nn.Module) -> tuple[torch.nn.Module, list[torch.nn.Module]] | None:
-    """A CNN's stem (its output: the first feature map) and every residual block in depth order, or None
-    for a model that has neither form: timm's ResNet family (``maxpool`` after the stem, then the blocks
-    of ``layer1``, ``layer2``, ...) and stage-based models (``stem``, then each ``stages[i].blocks``:
-    ConvNeXt and others)."""
-    layers: list[torch.nn.Module] = []
-    while hasattr(model, f"layer{len(layers) + 1}"):
-        layers.append(model.get_submodule(f"layer{len(layers) + 1}"))
-    if layers and hasattr(model, "maxpool"):  # each layerN an nn.Sequential of blocks
-        return model.get_submodule("maxpool"), [blk for layer in layers for blk in layer.children()]
-    stages, stem = getattr(model, "stages", None), getattr(model, "stem", None)
-    if stages is not None and stem is not None and all(hasattr(s, "blocks") for s in stages):
-        blocks = [blk for stage in stages for blk in stage.blocks]
-        return (stem, blocks) if blocks else None
-    return None
-
-
 class TimmModel(Strict):
     """A resolved model (:meth:`ModelSpec.resolved`, a run spec's ``model``) as typed settings.
 
@@ -172,10 +149,7 @@ class TimmModel(Strict):
     def timm_kwargs(self) -> dict:
         """The ``timm.create_model`` keyword arguments this model sets (all but ``name``; None left out;
         ``model_args`` merged in, its lists as tuples as timm's signatures declare them)."""
-        out = {k: v for k, v in self.model_dump(exclude={"name", "model_args"}).items() if v is not None}
-        for key, value in (self.model_args or {}).items():
-            out[key] = tuple(value) if isinstance(value, list) else value
-        return out
+        return timm_kwargs(self.model_dump())
 
 
 def build_model(model: TimmModel | dict, img_size: int, num_classes: int, **extra: object) -> torch.nn.Module:

@@ -166,6 +166,8 @@ class SourceBase:
     # its settings' ``models`` mapping names published models, one per seed 0 .. M-1 in order: claims
     # then need unit: images or unit: models (analysis.units)
     models_are_seeds: ClassVar[bool] = False
+    # it reads CNNs as well as ViTs (design.model may be a CNN of residual blocks: runners.models)
+    reads_cnns: ClassVar[bool] = False
 
     def accepts_dataset(self, kind: str) -> bool:
         from runners.datasets import DATASETS

@@ -133,6 +133,7 @@ class PretrainedSource(ImportedSourceBase):
     name = "pretrained"
     settings = PretrainedSettings
     models_are_seeds = True
+    reads_cnns = True
     example = {
         "source": {
             "kind": "pretrained",

@@ -15,6 +15,7 @@ class TrainingSource(SourceBase):
 
     name = "train"
     trains = True
+    reads_cnns = True
     settings = None  # no ``design.source`` section: training is what a design without one means
     example = {"checkpoints": [0, 1]}
 

@@ -284,7 +284,7 @@ class Design(Strict):
     def _check_cnn(self, model: dict) -> None:
         """A CNN is trained here or published (``source: pretrained``; imported runs are read for ViTs only),
         timm builds it, and it has residual blocks the extraction can observe."""
-        if self.source is not None and self.source.kind != "pretrained":
+        if self.source is not None and not declares(self.source.kind, "reads_cnns"):
             raise _FieldError(
                 "design.model.name",
                 f"{model['name']} is a CNN: CNNs are trained by the study or published (source: pretrained); "
