@@ -38,7 +38,10 @@ ALLOWED = {
     ("study.runspecs", "checkpoints"): "the run payload's checkpoint epochs, not the checkpoints source",
     ("runners.sources.train", "checkpoints"): "the design field in its example, not the checkpoints source",
     ("study.pipeline.stages", "local"): "a run reused from the runs/ folder, not the local executor",
-    ("runners.models", "pretrained"): "timm.create_model's argument (set by the study), not the pretrained source",
+    (
+        "runners.models",
+        "pretrained",
+    ): "timm.create_model's argument (set by the study), not the pretrained source",
     **{
         (f"runners.datasets.{m}", "train"): "the training split, not the train source"
         for m in ("disk", "imagefolder", "procedural", "tiny_imagenet", "ucmerced")
