@@ -230,20 +230,25 @@ def expand(
     return _with_twins(cells, [s[3] for s in specs])
 
 
+def _blocks(cell: Cell) -> str:
+    """``12 blocks`` (a ViT's), ``8 residual blocks`` (a CNN's): what names a design's layers."""
+    n = sum(name.startswith("block_") for name in cell.design.layers)
+    return f"{n} residual blocks" if "stem" in cell.design.layers else f"{n} blocks"
+
+
 def _with_twins(cells: list[Cell], wheres: list[str]) -> list[Cell]:
     """Each untrained cell with the name of its trained twin; the cells' models of one depth."""
     trained = {
         signature(c.design.model_copy(update={"untrained": True})): c.name for c in cells if not c.untrained
     }
-    depth = cells[0].design.model.resolved()["depth"]
+    layers = cells[0].design.layers
     out = []
     for cell, where in zip(cells, wheres, strict=True):
-        d = cell.design.model.resolved()["depth"]
-        if d != depth:
+        if cell.design.layers != layers:
             raise FieldError(
                 f"{where}.model",
-                f"condition {cell.name!r} has {d} blocks, {cells[0].name!r} {depth}: the cells of a design "
-                "share one depth (its claims name one set of layers)",
+                f"condition {cell.name!r} has {_blocks(cell)}, {cells[0].name!r} {_blocks(cells[0])}: the "
+                "cells of a design share one depth and family (its claims name one set of layers)",
             )
         if not cell.untrained:
             out.append(cell)

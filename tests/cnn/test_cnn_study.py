@@ -116,3 +116,19 @@ def test_a_cnn_study_trains_measures_every_block_and_tests_its_claim(tmp_path, c
     # a rerun reuses every run
     assert main(["run", str(path), "--out", str(out), "--no-report"]) == 0
     assert "3 reused, 0 to train" in capsys.readouterr().out
+
+
+def test_conditions_that_mix_a_vit_and_a_cnn_are_one_line(tmp_path, capsys):
+    """The cells of a design share their layers (its claims name them): a ViT and a CNN do not (until
+    claims can compare them on a relative-depth axis). It crashed with KeyError: 'depth'."""
+    path = tmp_path / "h.yaml"
+    path.write_text(
+        TINY_HYPOTHESIS.replace(
+            "  training:", "  factors: {model: [vit_cpu12, resnet_cpu]}\n  training:"
+        ).replace("subset: {dataset: objects}", "subset: {dataset: objects, condition: model=vit_cpu12}")
+    )
+    assert main(["validate", str(path)]) == 2
+    assert _one_line(capsys).endswith(
+        "design.factors.model: condition 'model=resnet_cpu' has 8 residual blocks, 'model=vit_cpu12' 12 blocks: "
+        "the cells of a design share one depth and family (its claims name one set of layers)"
+    )
