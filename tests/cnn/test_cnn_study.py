@@ -132,3 +132,19 @@ def test_conditions_that_mix_a_vit_and_a_cnn_are_one_line(tmp_path, capsys):
         "design.factors.model: condition 'model=resnet_cpu' has 8 residual blocks, 'model=vit_cpu12' 12 blocks: "
         "the cells of a design share one depth and family (its claims name one set of layers)"
     )
+
+
+def test_a_sweep_over_a_dataset_knob_trains_cnns(tmp_path, capsys):
+    """The sweep path: optuna's grid over texture reliance, each trial's runs a CNN, its claims tested."""
+    from tests.conftest import TINY_SWEEP
+
+    sweep = TINY_SWEEP.replace(TINY_MODEL, SMALL_RESNET).replace("image_size: 8", "image_size: 16")
+    sweep = sweep.replace("[block_01, block_02, block_03]", "[block_01, block_02, block_03, block_04]")
+    path = tmp_path / "s.yaml"
+    path.write_text(sweep)
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "--out", str(out), "--no-mlflow"]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "eed floor rises with texture reliance" in printed
+    results = [json.loads(p.read_text()) for p in (out / "runs").glob("*/result.json")]
+    assert len(results) == 6 and {r["run"]["model"]["name"] for r in results} == {"resnet18"}
