@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.cnn.test_cnn_study import CNN
 from tests.plugins.test_plugins_everywhere import ROOT, install
 
@@ -36,6 +38,7 @@ def test_the_api_validates_runs_loads_and_reanalyses_a_cnn_study(tmp_path):
     assert list(again.frame.verdict) == list(result.verdicts.verdict)
 
 
+@pytest.mark.slow  # two CNN trainings in two spawned workers, with the plug-in installed (~30 s on 2 cores)
 def test_a_plugin_observable_and_token_metric_are_measured_at_every_cnn_point(tmp_path):
     doc = CNN.replace("seeds: [0, 1, 2]", "seeds: [0, 1]").replace("metric: eed_pct", "metric: norm_spread")
     path = tmp_path / "h.yaml"

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import yaml
 
@@ -58,6 +59,7 @@ def _study(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a whole study of two published files in a subprocess (~20 s on 2 cores)
 def test_a_published_cnn_is_measured_at_stem_every_block_and_pool(tmp_path):
     (tmp_path / "w").mkdir()
     _weights(tmp_path / "w" / "a.safetensors", 0, ARGS)
