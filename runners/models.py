@@ -124,7 +124,7 @@ class ModelSpec(Strict):
             if value is not None:
                 base[key] = value
         args = {**base.pop("model_args", {}), **(self.model_args or {})}
-        if family(base["name"]) == "vit":
+        if family(base["name"]) != "cnn":  # a ViT (or a name timm lacks: refused by validate, named there)
             base.setdefault("depth", 12)
         base["drop_path_rate"] = self.drop_path_rate
         if args:

@@ -37,6 +37,12 @@ def _one_line(capsys) -> str:
             "design.model",
             "timm cannot build resnet18",
         ),
+        # a name timm does not know (it crashed with KeyError: 'depth' while the ViT fields were resolved)
+        (
+            lambda h: h.replace(SMALL_RESNET, "name: resnet_nope"),
+            "design.model.name",
+            "expected a timm Vision Transformer or CNN",
+        ),
         # no residual blocks this package reads
         (
             lambda h: h.replace(SMALL_RESNET, "name: mobilenetv3_small_050"),
