@@ -20,12 +20,20 @@ RISE_FLOOR = 0.08
 def test_dino_small_raises_the_teachers_knn_on_generated_objects(tmp_path):
     import torch
 
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the slow suite runs two workers on two cores
+    try:
+        _learns(tmp_path)
+    finally:
+        torch.set_num_threads(before)  # the worker's later tests train with the count they expect
+
+
+def _learns(tmp_path) -> None:
     from runners.objectives import learning_status
     from runners.train import train_run
     from study.runspecs import plan_runs
     from study.schema import parse_hypothesis
 
-    torch.set_num_threads(1)  # the slow suite runs two workers on two cores
     hyp = parse_hypothesis(
         {
             "name": "dino_learns",

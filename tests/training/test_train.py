@@ -49,7 +49,6 @@ def _run(spec_file: Path, run_dir: Path, data_dir: Path, pause: str | None = Non
 def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted(objective, tmp_path):
     """Bitwise on CPU: history, spectra and final weights. (DINO: slow-marked, ~30 s of subprocesses.)"""
     from runners.datasets import load_split
-    from runners.train import train_run
 
     spec = _spec(DINO if objective == "dino" else "supervised")
     spec_file = tmp_path / "spec.json"
@@ -81,7 +80,12 @@ def test_sigkill_mid_epoch_then_rerun_equals_uninterrupted(objective, tmp_path):
     resumed = json.loads((tmp_path / "a" / "result.json").read_text())
 
     # 3) an uninterrupted run of the same spec
-    straight = train_run(spec, tmp_path / "b", data_dir)
+    # (in a process of its own as the other two: a test before it in this worker may have set torch's
+    # thread count, and another count rounds differently)
+    proc = _run(spec_file, tmp_path / "b", data_dir)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    straight = json.loads((tmp_path / "b" / "result.json").read_text())
 
     timing = ("images_per_s", "epoch_s")  # wall-clock, not results
     assert [{k: v for k, v in h.items() if k not in timing} for h in resumed["history"]] == [
