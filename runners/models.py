@@ -101,10 +101,7 @@ class ModelSpec(Strict):
         ``name`` of another family given without a preset."""
         preset = self.preset
         if self.name and "preset" not in self.model_fields_set and preset == "vit_cpu12":
-            from runners.model_table import VIT_MODULE, model_module
-
-            module = model_module(self.name)
-            if module is not None and module != VIT_MODULE:
+            if family(self.name) == "cnn":
                 preset = None
         return dict(MODEL_PRESETS[preset]) if preset else {}
 

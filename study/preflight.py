@@ -206,11 +206,10 @@ def _check_patch(hyp: Hypothesis, file: str) -> None:
 
 
 def _check_model(hyp: Hypothesis, file: str) -> None:
-    from runners.model_table import is_vit  # timm's registry as a cached table: no timm, no torch
-    from runners.models import family
+    from runners.models import family  # timm's registry as a cached table: no timm, no torch
 
     name = hyp.design.model.resolved()["name"]
-    if not is_vit(name) and family(name) != "cnn":  # a CNN's blocks are checked with the design
+    if family(name) is None:  # a ViT or a CNN (whose blocks are checked with the design): timm knows it
         vits = "vit_tiny_patch16_224, vit_small_patch16_224, ..., or a CNN: resnet18, convnext_atto, ..."
         raise StudyError(
             f"expected a timm Vision Transformer or CNN ({vits}), got {name!r}", file, "design.model.name"

@@ -9,17 +9,11 @@ import pytest
 
 from study.cli import main
 from tests.conftest import TINY_HYPOTHESIS
+from tests.schema.test_bad_input import TINY_MODEL, _one_line
 
-TINY_MODEL = "preset: vit_cpu12, embed_dim: 16, depth: 3, num_heads: 2"
 # a 4-block ResNet (timm's resnet18 with one basic block a stage), 8-64 channels: seconds to train
 SMALL_RESNET = "name: resnet18, model_args: {layers: [1, 1, 1, 1], channels: [8, 16, 32, 64], stem_width: 8}"
 CNN = TINY_HYPOTHESIS.replace(TINY_MODEL, SMALL_RESNET).replace("image_size: 8", "image_size: 16")
-
-
-def _one_line(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
 
 
 @pytest.mark.parametrize(
